@@ -1,0 +1,25 @@
+# Two entry points: `make dev` (embedded service with a demo build) and `make test` (the whole suite).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: dev test lint install bench
+
+$(BIN)/compilesvc: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[cpu,dev]'
+	touch $@
+
+install: $(BIN)/compilesvc
+
+dev: install
+	$(BIN)/compilesvc dev --demo
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/pytest
+
+bench: install
+	$(BIN)/python -m bench.run_all

@@ -1,0 +1,195 @@
+"""Peak-memory benchmark of the artifact stores: put_file, put_stream and download_blob of a 1 GiB blob.
+
+Run from the repository root: ``python -m bench.stream_memory [--size-mib 1024] [--limit-mb 100]``.
+
+It starts a real S3 server (``weed mini``, as the tests do), writes a random file, and measures each
+operation on LocalStore and S3Store in a fresh child process: the child builds the store, records its
+RSS, resets the kernel's peak-RSS counter (``/proc/self/clear_refs``), runs the one operation and reads
+``VmHWM``. The difference is the operation's extra peak memory, unmixed with imports or other runs.
+Exit status 1 if any operation needs more than the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MB = 1000 * 1000
+OPERATIONS = ("put_file", "put_stream", "download_blob")
+
+
+# -- child: one measurement ---------------------------------------------------------------------------
+
+
+def _status_kib(field: str) -> int:
+    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    if not match:
+        raise RuntimeError(f"{field} missing from /proc/self/status")
+    return int(match.group(1))
+
+
+def _measure(args: argparse.Namespace) -> dict[str, Any]:
+    from compilesvc.config import Settings
+    from compilesvc.store import open_store
+
+    settings = Settings(
+        data_dir=Path(args.workdir) / "data",
+        store_url=args.store_url,
+        s3_endpoint_url=args.endpoint,
+        secret_key="bench-secret",
+    )
+    store = open_store(settings)
+    source = Path(args.file)
+
+    baseline = _status_kib("VmRSS")
+    # "5" resets VmHWM to the current RSS (Linux >= 4.0), so the peak we read is this operation's alone.
+    Path("/proc/self/clear_refs").write_text("5")
+    started = time.perf_counter()
+    if args.op == "put_file":
+        info = store.put_file(source)
+        result = {"sha256": info.sha256, "created": info.created}
+    elif args.op == "put_stream":
+        with open(source, "rb") as stream:
+            info = store.put_stream(stream, max_bytes=source.stat().st_size)
+        result = {"sha256": info.sha256, "created": info.created}
+    else:
+        dest = Path(args.workdir) / "downloaded.bin"
+        store.download_blob(args.sha256, dest)
+        result = {"sha256": args.sha256, "created": False}
+        dest.unlink()
+    seconds = time.perf_counter() - started
+    peak = _status_kib("VmHWM")
+    return {**result, "seconds": seconds, "baseline_kib": baseline, "extra_bytes": (peak - baseline) * 1024}
+
+
+# -- parent: orchestration ----------------------------------------------------------------------------
+
+
+def _child(
+    op: str, store_url: str, workdir: Path, source: Path, endpoint: str, env: dict[str, str], sha256: str = ""
+) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-m",
+        "bench.stream_memory",
+        "--measure",
+        op,
+        "--store-url",
+        store_url,
+        "--workdir",
+        str(workdir),
+        "--file",
+        str(source),
+        "--endpoint",
+        endpoint,
+        "--sha256",
+        sha256,
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{op} on {store_url} failed:\n{done.stderr}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _write_random_file(path: Path, size: int) -> None:
+    chunk = 16 * 1024 * 1024
+    with open(path, "wb") as out:
+        remaining = size
+        while remaining:
+            n = min(chunk, remaining)
+            out.write(os.urandom(n))
+            remaining -= n
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--limit-mb", type=float, default=100.0)
+    parser.add_argument("--workdir", help="scratch directory (default: a new temp dir, removed afterwards)")
+    parser.add_argument("--measure", choices=OPERATIONS, help=argparse.SUPPRESS)
+    parser.add_argument("--store-url", help=argparse.SUPPRESS)
+    parser.add_argument("--file", help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--sha256", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.measure:
+        args.op = args.measure
+        print(json.dumps(_measure(args)))
+        return 0
+
+    from tests.fixtures.s3server import start_weed, stop_weed
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="stream-memory-")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc = None
+    try:
+        print(f"starting weed mini and writing a {args.size_mib} MiB random file under {workdir} ...", flush=True)
+        proc, server = start_weed(workdir / "weed")
+        bucket = server.new_bucket("bench")
+        source = workdir / "model.bin"
+        _write_random_file(source, args.size_mib * 1024 * 1024)
+        spool = workdir / "spool"
+        spool.mkdir(exist_ok=True)
+        env = {
+            **os.environ,
+            **server.env(),
+            "TMPDIR": str(spool),
+            "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+        }
+        env.pop("AWS_PROFILE", None)
+
+        rows: list[tuple[str, str, dict[str, Any]]] = []
+        for kind in ("local", "s3"):
+
+            def url(name: str, kind: str = kind) -> str:
+                return (workdir / f"local-{name}").as_uri() if kind == "local" else f"s3://{bucket}/{name}"
+
+            put_file = _child("put_file", url("a"), workdir, source, server.endpoint_url, env)
+            rows.append((kind, "put_file", put_file))
+            # A second, empty store: put_stream must really upload, not find the blob already there.
+            rows.append((kind, "put_stream", _child("put_stream", url("b"), workdir, source, server.endpoint_url, env)))
+            rows.append(
+                (
+                    kind,
+                    "download_blob",
+                    _child("download_blob", url("a"), workdir, source, server.endpoint_url, env, put_file["sha256"]),
+                )
+            )
+            if kind == "local":
+                shutil.rmtree(workdir / "local-a")
+                shutil.rmtree(workdir / "local-b")
+
+        size = args.size_mib * 1024 * 1024
+        limit = args.limit_mb * MB
+        print(f"\npeak RSS increase per operation, {args.size_mib} MiB blob, limit < {args.limit_mb:g} MB extra")
+        print(f"{'store':<6} {'operation':<14} {'seconds':>8} {'MB/s':>8} {'extra peak RSS':>15}  result")
+        failed = False
+        for kind, op, row in rows:
+            ok = row["extra_bytes"] < limit and row["sha256"] == rows[0][2]["sha256"]
+            failed |= not ok
+            print(
+                f"{kind:<6} {op:<14} {row['seconds']:>8.1f} {size / MB / row['seconds']:>8.0f} "
+                f"{row['extra_bytes'] / MB:>12.1f} MB  {'PASS' if ok else 'FAIL'}"
+            )
+        print(f"\nsha256 {rows[0][2]['sha256']}; overall: {'FAIL' if failed else 'PASS'}")
+        return 1 if failed else 0
+    finally:
+        if proc is not None:
+            stop_weed(proc)
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

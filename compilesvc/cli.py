@@ -1,0 +1,302 @@
+"""The ``compilesvc`` command line: artifact keys, migrations, and subcommands other packages register.
+
+Core commands live here (``key``, ``migrate``, ``version``). Commands from outside the core (``serve`` from
+``web/``, ``worker`` from ``workers/``) are registered under the entry-point group ``compilesvc.commands``
+and loaded only when named or listed, so the core never imports them and a broken plugin costs one warning
+line instead of the whole CLI.
+
+Every failure is reported as one ``error: …`` line on stderr, never a traceback. Exit status 2 means the
+command line or the spec is wrong (usage, unreadable or invalid spec file, spec validation); 1 means the
+work itself failed (model file unreadable, model lookup, database migration).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import unquote, urlsplit
+
+import click
+
+import compilesvc
+from compilesvc.keys import KEY_SCHEMA, compute_keys, explain
+from compilesvc.spec import ISA_RE, CompileSpec, SpecError, load_spec_file
+
+if TYPE_CHECKING:
+    from compilesvc.config import Settings
+
+ENTRY_POINT_GROUP = "compilesvc.commands"
+#: How many spec errors one ``error:`` line lists before summarising the rest.
+MAX_ERRORS_SHOWN = 5
+
+
+def _one_line(text: str) -> str:
+    """Collapse whitespace so multi-line library messages still make one ``error:`` line."""
+    return " ".join(text.split())
+
+
+def _warn(message: str) -> None:
+    click.echo(f"warning: {_one_line(message)}", err=True)
+
+
+class BadInput(click.UsageError):
+    """The input named on the command line is wrong (exit status 2); reported without a --help hint."""
+
+
+class SpecUsageError(BadInput):
+    """The spec file is missing, unreadable, not JSON/YAML, or does not validate (exit status 2)."""
+
+    def __init__(self, path: str, exc: SpecError):
+        shown = [f"{e['field']}: {e['message']}" if e["field"] else e["message"] for e in exc.errors]
+        more = len(shown) - MAX_ERRORS_SHOWN
+        text = "; ".join(shown[:MAX_ERRORS_SHOWN]) + (f" (and {more} more)" if more > 0 else "")
+        # Messages about reading the file already name it; validation messages get it prefixed.
+        prefix = "" if path in text else f"{path}: "
+        super().__init__(prefix + text)
+
+
+class CommandFailed(click.ClickException):
+    """The command's work failed (exit status 1)."""
+
+
+class _Main(click.Group):
+    """The root group: built-in commands, lazily loaded plugin commands, one-line errors."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._plugins: dict[str, metadata.EntryPoint] | None = None
+        self._loaded: dict[str, click.Command | None] = {}
+
+    def _plugin_entry_points(self) -> dict[str, metadata.EntryPoint]:
+        if self._plugins is None:
+            self._plugins = {}
+            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                if ep.name in self.commands:
+                    _warn(f"ignoring plugin command {ep.name!r} ({ep.value}): a built-in has that name")
+                # The same distribution can be visible twice (an editable install plus a stale egg-info):
+                # the first one found wins, as for any other import.
+                self._plugins.setdefault(ep.name, ep)
+        return self._plugins
+
+    def _load_plugin(self, name: str) -> click.Command | None:
+        if name not in self._loaded:
+            ep = self._plugin_entry_points().get(name)
+            command: click.Command | None = None
+            if ep is not None:
+                try:
+                    loaded = ep.load()
+                except Exception as exc:  # any import-time failure of someone else's module
+                    _warn(f"skipping command {name!r} ({ep.value}): {type(exc).__name__}: {exc}")
+                else:
+                    if isinstance(loaded, click.Command):
+                        command = loaded
+                    else:
+                        _warn(f"skipping command {name!r} ({ep.value}): not a click command")
+            self._loaded[name] = command
+        return self._loaded[name]
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        builtin = sorted(self.commands)
+        plugins = sorted(n for n in self._plugin_entry_points() if n not in self.commands)
+        return builtin + plugins
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = self.commands.get(cmd_name)
+        if command is not None:
+            return command
+        return self._load_plugin(cmd_name)
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        # click's standalone mode prints usage plus "Error: …" over several lines; errors here are one
+        # line a script or a log search can rely on.
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except BadInput as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except click.UsageError as exc:
+            if _is_no_args_help(exc):  # bare `compilesvc`: the help text is the answer, not an error line
+                exc.show()
+                sys.exit(exc.exit_code)
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            _fail(exc.format_message() + hint, exc.exit_code)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except click.Abort:
+            _fail("aborted", 1)
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+            # The reader went away (`compilesvc key … | head -c1`): say nothing, as click does, and keep
+            # Python's exit-time flush of stdout from failing a second time.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
+        # In non-standalone mode click returns the exit code of ctx.exit()/--help, or the callback's result
+        # (None for every command here).
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+def _is_no_args_help(exc: click.UsageError) -> bool:
+    # click >= 8.2 raises NoArgsIsHelpError for a group run without a command; 8.1 prints help itself.
+    no_args = getattr(click.exceptions, "NoArgsIsHelpError", None)
+    return no_args is not None and isinstance(exc, no_args)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"error: {_one_line(message)}", err=True)
+    sys.exit(code)
+
+
+def _settings() -> Settings:
+    from pydantic import ValidationError
+
+    from compilesvc.config import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        errors = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise click.UsageError(f"invalid COMPILESVC_* settings: {errors}") from None
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """compilesvc: compile artifacts for AWS Neuron (inf2/trn) and CPU targets."""
+
+
+def _hash_file(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as exc:
+        raise CommandFailed(f"cannot read model file {path}: {exc.strerror or exc}") from None
+
+
+def model_sha256(spec: CompileSpec, settings: Settings | None = None) -> str:
+    """The content identity of the spec's model: what the key names instead of the URI."""
+    uri = spec.model.uri
+    if uri.startswith("blob:sha256:"):
+        return uri.removeprefix("blob:sha256:")
+    if uri.startswith("file://"):
+        # Local to whoever runs the CLI, so always allowed here (the API gates file:// by settings).
+        return _hash_file(Path(unquote(urlsplit(uri).path)))
+    if uri.startswith("s3://"):
+        try:
+            from compilesvc.model_identity import content_sha256_for_key
+
+            digest: str = content_sha256_for_key(spec.model, settings or _settings())
+        except click.ClickException:
+            raise
+        except ValueError as exc:  # model_identity's client mistakes (no such object, a prefix): exit 2
+            raise BadInput(f"model.uri: {exc}") from None
+        except Exception as exc:  # S3 outages, credentials: one error line, exit 1
+            raise CommandFailed(f"cannot identify model {uri}: {type(exc).__name__}: {exc}") from None
+        return digest
+    raise CommandFailed(f"unsupported model URI {uri!r}")  # pragma: no cover - the spec refuses it first
+
+
+def _check_isa(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not ISA_RE.match(value):
+        raise click.BadParameter("expected <arch>-<level>, e.g. x86_64-avx512", ctx=ctx, param=param)
+    return value
+
+
+@main.command("key")
+@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--explain", "explain_", is_flag=True, help="Show every key component and its value.")
+@click.option("--json", "as_json", is_flag=True, help="Print {key, schema, buckets, components} as JSON.")
+@click.option(
+    "--isa",
+    metavar="ISA",
+    callback=_check_isa,
+    help="ISA for cpu aotinductor specs that name none (default: this host's, e.g. x86_64-avx512).",
+)
+@click.option("--salt", metavar="S", help="Key salt (default: COMPILESVC_KEY_SALT, else empty).")
+def key_command(spec_path: str, explain_: bool, as_json: bool, isa: str | None, salt: str | None) -> None:
+    """Print the artifact key of the spec in SPEC (.json, .yaml or .yml).
+
+    The key names the model by content: blob:sha256: URIs carry it, file:// models are hashed here,
+    s3:// models are looked up in S3.
+    """
+    if explain_ and as_json:
+        raise click.UsageError("--explain and --json exclude each other")
+    try:
+        spec = load_spec_file(spec_path)
+    except SpecError as exc:
+        raise SpecUsageError(spec_path, exc) from None
+    settings = None
+    if salt is None:
+        settings = _settings()
+        salt = settings.key_salt
+    if isa is None:
+        from compilesvc.hostinfo import host_isa
+
+        isa = host_isa()
+    sha = model_sha256(spec, settings)
+    try:
+        keys = compute_keys(spec, model_sha256=sha, default_isa=isa, salt=salt)
+    except ValueError as exc:  # a model identity that is not a digest (from a lookup) or an unusable ISA
+        raise CommandFailed(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(keys.as_json(), indent=2, sort_keys=True))
+    elif explain_:
+        click.echo("\n".join(explain(keys)))
+    else:
+        click.echo(keys.key)
+
+
+@main.command("migrate")
+@click.option(
+    "--database-url", metavar="URL", help="SQLAlchemy URL (default: COMPILESVC_DATABASE_URL, else SQLite in data_dir)."
+)
+def migrate_command(database_url: str | None) -> None:
+    """Upgrade the ledger database to the newest schema (alembic upgrade head)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    url = database_url or _settings().resolved_database_url
+    try:
+        parsed = make_url(url)
+        parsed.get_dialect()  # an unknown scheme is the caller's mistake (exit 2), not a failed migration
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise click.BadParameter(str(exc), param_hint="'--database-url'") from None
+    if parsed.drivername.startswith("sqlite") and parsed.database not in (None, "", ":memory:"):
+        # Embedded mode on a fresh checkout: the data_dir may not exist yet, and SQLite won't create it.
+        try:
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CommandFailed(f"cannot create a directory for {parsed.database}: {exc.strerror}") from None
+    from compilesvc.migrate import upgrade
+
+    try:
+        upgrade(url)
+    except Exception as exc:  # driver, network and migration errors alike: one line, exit 1
+        raise CommandFailed(f"migration failed: {type(exc).__name__}: {exc}") from None
+    click.echo(f"migrated {parsed.render_as_string(hide_password=True)} to head")
+
+
+@main.command("version")
+def version_command() -> None:
+    """Print the compilesvc version and the artifact key schema."""
+    try:
+        version = metadata.version("compilesvc")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+        version = compilesvc.__version__
+    click.echo(f"compilesvc {version} (key schema {KEY_SCHEMA})")

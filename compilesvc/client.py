@@ -1,0 +1,198 @@
+"""The HTTP client side of the CLI: what a CI pipeline and a serving fleet run.
+
+``compilesvc submit SPEC --wait`` validates the spec locally, submits it (retrying transport failures with
+one Idempotency-Key, so a retried POST never makes a second build), follows the build and exits 0 only
+when the artifact is published, printing its key. ``compilesvc fetch KEY DIR`` downloads a published
+artifact through its expiring URLs, verifying every file's size and sha256 before it appears in DIR.
+
+Only the standard library speaks HTTP here, so the core keeps its dependency list short.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+
+from compilesvc.spec import SpecError, load_spec_file
+
+DEFAULT_API = "http://127.0.0.1:8080"
+TRANSPORT_RETRIES = 4
+
+
+class ApiError(click.ClickException):
+    """The API answered with a problem (exit 1), or could not be reached."""
+
+
+def _problem_line(status: int, body: bytes) -> str:
+    try:
+        problem = json.loads(body)
+    except ValueError:
+        return f"HTTP {status}: {body[:200].decode(errors='replace')}"
+    text = f"HTTP {status} {problem.get('title', '')}: {problem.get('detail', '')}".strip()
+    for err in problem.get("errors", [])[:5]:
+        text += f"; {err.get('field')}: {err.get('message')}"
+    return text
+
+
+class Api:
+    def __init__(self, base: str, timeout: float = 30.0):
+        self.base = base.rstrip("/")
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+        """JSON in, JSON out; transport failures are retried with backoff (the caller makes POSTs safe)."""
+        url = path if path.startswith("http") else f"{self.base}{path}"
+        data = json.dumps(body).encode() if body is not None else None
+        all_headers = {"Accept": "application/json", **(headers or {})}
+        if data is not None:
+            all_headers["Content-Type"] = "application/json"
+        for attempt in range(TRANSPORT_RETRIES + 1):
+            req = urllib.request.Request(url, data=data, method=method, headers=all_headers)
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as response:
+                    return json.loads(response.read() or b"null")
+            except urllib.error.HTTPError as exc:
+                body_bytes = exc.read()
+                if exc.code in (502, 503, 504) and attempt < TRANSPORT_RETRIES and not _is_refusal(body_bytes):
+                    time.sleep(2**attempt)
+                    continue
+                raise ApiError(_problem_line(exc.code, body_bytes)) from None
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+                if attempt == TRANSPORT_RETRIES:
+                    reason = getattr(exc, "reason", exc)
+                    raise ApiError(f"cannot reach the API at {self.base}: {reason}") from None
+                time.sleep(2**attempt)
+        raise AssertionError("unreachable")
+
+
+def _is_refusal(body: bytes) -> bool:
+    """A 503 that is a verdict (no worker can serve this), not a passing outage."""
+    try:
+        return "no-capable-worker" in str(json.loads(body).get("type", ""))
+    except ValueError:
+        return False
+
+
+def _summarise_failure(build: dict[str, Any]) -> str:
+    failed = [b for b in build.get("buckets", []) if b.get("state") in ("failed", "cancelled")]
+    parts = [f"build {build.get('build_id', build.get('id'))} {build['state']}"]
+    for bucket in failed[:3]:
+        parts.append(f"bucket {bucket['key'][:12]} {bucket['state']} ({bucket.get('error_class')}"
+                     f"{' ' + bucket['error_code'] if bucket.get('error_code') else ''}): "
+                     f"{(bucket.get('error_message') or '').strip()[:200]}")
+    return "; ".join(parts)
+
+
+@click.command("submit")
+@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--api", envvar="COMPILESVC_API_URL", default=DEFAULT_API, show_default=True)
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Follow the build until it ends.")
+@click.option("--timeout", type=float, default=6 * 3600, show_default=True, help="Seconds to wait at most.")
+@click.option("--poll", type=float, default=5.0, show_default=True, help="Seconds between status checks.")
+@click.option("--logs", is_flag=True, help="Print the build's compiler log to stderr while waiting.")
+@click.option("--idempotency-key", help="Same key, same build (default: one random key per invocation).")
+@click.option("--queue-anyway", is_flag=True, help="Queue even when no live worker serves the spec yet.")
+@click.option("--submitted-by", envvar="COMPILESVC_SUBMITTED_BY", help="Recorded as who submitted.")
+def submit(spec_path: str, api: str, wait: bool, timeout: float, poll: float, logs: bool,
+           idempotency_key: str | None, queue_anyway: bool, submitted_by: str | None) -> None:
+    """Submit SPEC; print the artifact key once it is published (exit 1 if the build fails)."""
+    try:
+        spec = load_spec_file(spec_path)
+    except SpecError as exc:
+        raise click.UsageError(f"{spec_path}: {exc}") from None
+    client = Api(api)
+    headers = {"Idempotency-Key": idempotency_key or f"cli-{uuid.uuid4()}"}
+    if submitted_by:
+        headers["X-Submitted-By"] = submitted_by
+    path = "/v1/builds" + ("?queue_anyway=true" if queue_anyway else "")
+    result = client.request("POST", path, spec.model_dump(mode="json", exclude_none=True), headers)
+    if "build_id" not in result:  # a hit answers with the artifact itself
+        click.echo(result["key"])
+        return
+    build_id = result["build_id"]
+    click.echo(f"build {build_id} {result['outcome']}: {result.get('status_url', '')}", err=True)
+    if not wait:
+        click.echo(result["artifact_key"])
+        return
+    deadline = time.monotonic() + timeout
+    after = 0
+    while True:
+        if logs:
+            page = client.request("GET", f"/v1/builds/{build_id}/logs?after={after}&limit=1000")
+            for line in page.get("lines", []):
+                click.echo(f"[{line['bucket_key'][:8]}] {line['line']}", err=True)
+            after = page.get("next_after", after)
+        build = client.request("GET", f"/v1/builds/{build_id}")
+        if build["state"] == "succeeded":
+            click.echo(build["artifact_key"])
+            return
+        if build["state"] != "building":
+            raise ApiError(_summarise_failure(build))
+        if time.monotonic() > deadline:
+            raise ApiError(f"build {build_id} still building after {timeout:.0f} s: {result.get('status_url')}")
+        time.sleep(poll)
+
+
+def _download(url: str, dest: Path, size: int, sha256: str) -> None:
+    """Stream ``url`` into ``dest`` via a temp file; it appears only once size and sha256 match."""
+    digest = hashlib.sha256()
+    received = 0
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=dest.parent, prefix=f".{dest.name}.", delete=False) as tmp:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                while chunk := response.read(1 << 20):
+                    digest.update(chunk)
+                    received += len(chunk)
+                    tmp.write(chunk)
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            os.unlink(tmp.name)
+            raise ApiError(f"downloading {dest.name} failed: {getattr(exc, 'reason', exc)}") from None
+    if received != size or digest.hexdigest() != sha256:
+        os.unlink(tmp.name)
+        raise ApiError(f"{dest.name}: expected {size} bytes with sha256 {sha256}, got {received} bytes with "
+                       f"sha256 {digest.hexdigest()}; nothing was written")
+    os.replace(tmp.name, dest)
+
+
+@click.command("fetch")
+@click.argument("key")
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--api", envvar="COMPILESVC_API_URL", default=DEFAULT_API, show_default=True)
+@click.option("--with-logs", is_flag=True, help="Also download each bucket's compile log.")
+def fetch(key: str, dest: Path, api: str, with_logs: bool) -> None:
+    """Download published artifact KEY into DEST/bucket-<position>/, verifying every sha256."""
+    if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
+        raise click.UsageError(f"{key!r} is not an artifact key (64 lowercase hex digits)")
+    manifest = Api(api).request("GET", f"/v1/artifacts/{urllib.parse.quote(key)}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Staged beside DEST so the final rename is atomic: DEST never holds a partial artifact.
+    staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=dest.parent))
+    try:
+        for bucket in manifest["buckets"]:
+            entries = [*bucket["files"], *([bucket["log"]] if with_logs and bucket.get("log") else [])]
+            for entry in entries:
+                relative = Path(entry["path"])
+                if relative.is_absolute() or ".." in relative.parts:
+                    raise ApiError(f"refusing unsafe path {entry['path']!r} in the manifest")
+                _download(entry["url"], staging / f"bucket-{bucket['position']}" / relative, entry["size"],
+                          entry["sha256"])
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        if dest.exists():
+            shutil.rmtree(dest)
+        staging.rename(dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    click.echo(f"{dest}: {sum(len(b['files']) for b in manifest['buckets'])} files verified")

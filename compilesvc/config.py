@@ -1,0 +1,99 @@
+"""Service settings, read once from ``COMPILESVC_*`` environment variables.
+
+Every process (API, relay, reaper, worker) builds one :class:`Settings`. The defaults are the embedded
+mode: a SQLite ledger, a local artifact directory and kombu's filesystem broker under ``data_dir``,
+so a fresh checkout runs with no external service.
+"""
+
+from __future__ import annotations
+
+import secrets
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="COMPILESVC_", extra="ignore")
+
+    data_dir: Path = Field(default=Path(".compilesvc"), description="Root for embedded-mode state.")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite in data_dir.")
+    store_url: str | None = Field(
+        default=None, description="file:///abs/dir or s3://bucket/prefix; default data_dir/artifacts."
+    )
+    s3_endpoint_url: str | None = None
+    s3_region: str = "us-east-1"
+    broker_url: str | None = Field(default=None, description="Celery broker; default filesystem in data_dir.")
+
+    public_url: str = Field(default="http://127.0.0.1:8080", description="How clients reach the API.")
+    secret_key: str | None = Field(default=None, description="HMAC key for local-store download URLs.")
+    url_ttl_seconds: int = Field(default=3600, ge=60, le=7 * 24 * 3600)
+    spool_dir: Path | None = Field(
+        default=None, description="Where S3 uploads spool while hashing (needs max_upload_bytes free); default TMPDIR."
+    )
+    max_upload_bytes: int = Field(default=8 * 1024**3, ge=1)
+    max_request_bytes: int = Field(default=1024**2, ge=1024)
+    allow_file_models: bool = Field(default=False, description="Accept file:// model URIs (embedded/dev).")
+
+    # Disowns every earlier key at once (poisoned artifacts): part of every key.
+    key_salt: str = ""
+
+    lease_seconds: int = Field(default=60, ge=2)
+    heartbeat_seconds: float = Field(default=10.0, gt=0)
+    worker_stale_seconds: int = Field(default=90, ge=2)
+    max_attempts: int = Field(default=3, ge=1)
+    compile_timeout_seconds: int = Field(default=4 * 3600 + 1800, ge=1)
+    relay_interval_seconds: float = Field(default=0.5, gt=0)
+    require_live_worker: bool = True
+
+    @field_validator("database_url", "store_url", "s3_endpoint_url", "broker_url", "secret_key", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # Compose files and shells pass "" for "not set"; boto3 and SQLAlchemy reject an empty URL.
+        return None if value == "" else value
+
+    @cached_property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'compilesvc.db').resolve()}"
+
+    @cached_property
+    def resolved_store_url(self) -> str:
+        if self.store_url:
+            return self.store_url
+        return (self.data_dir / "artifacts").resolve().as_uri()
+
+    @cached_property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @cached_property
+    def broker_folder(self) -> Path:
+        return (self.data_dir / "broker").resolve()
+
+    @cached_property
+    def resolved_secret_key(self) -> bytes:
+        """The configured key, or one generated once and kept in data_dir (embedded mode)."""
+        if self.secret_key:
+            return self.secret_key.encode()
+        path = self.data_dir / "secret_key"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(secrets.token_hex(32))
+            tmp.chmod(0o600)
+            tmp.replace(path)
+        return path.read_text().strip().encode()
+
+    @property
+    def task_hard_limit_seconds(self) -> int:
+        """Celery's hard limit sits above our own subprocess timeout, so ours fires first and is classified."""
+        return self.compile_timeout_seconds + 600
+
+    @property
+    def visibility_timeout_seconds(self) -> int:
+        # Redis re-delivers unacked messages after this; it must outlive the longest task or tasks run twice.
+        return self.task_hard_limit_seconds + 3600

@@ -1,0 +1,200 @@
+"""``compilesvc relay``: the relay + reaper loop process, and plumbing shared by long-running processes.
+
+The loop relays unsent outbox rows every ``relay_interval_seconds`` (the API relays its own rows right
+after commit; this catches what a crash or a broker outage left behind) and runs the reaper
+(:mod:`compilesvc.reaper`) every ``reap_interval``. Any number of these processes may run: outbox rows and
+expired leases are taken with ``SKIP LOCKED``. SIGTERM/SIGINT finish the current pass and exit 0.
+
+Shared plumbing, also used by the worker process (``workers/``):
+
+- :func:`configure_json_logging`: one JSON object per log line, with the record's ``extra`` fields (ids
+  such as ``bucket_compile_id``, ``bucket_key``, ``attempt``, ``worker``) as top-level keys.
+- :func:`service_celery_config` / :func:`make_service_producer`: the Celery configuration of
+  :func:`compilesvc.dispatch.celery_config` plus a Redis key prefix (``global_keyprefix``) taken from the
+  ``COMPILESVC_BROKER_KEY_PREFIX`` environment variable, which lets several deployments (or concurrent test
+  runs) share one Redis without consuming each other's tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any
+
+import click
+from celery import Celery
+from pydantic import ValidationError
+
+from compilesvc.config import Settings
+from compilesvc.dispatch import celery_config
+from compilesvc.outbox import OutboxRelay
+from compilesvc.reaper import ReapReport, reap, relay_all
+from compilesvc.services import Services
+
+log = logging.getLogger("compilesvc.relay")
+
+BROKER_KEY_PREFIX_ENV = "COMPILESVC_BROKER_KEY_PREFIX"
+
+# -- logging ----------------------------------------------------------------------------------------------
+
+# Attributes every LogRecord has; anything else on a record came from ``extra=`` and is emitted as a field.
+_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, extra fields, exception text."""
+
+    def __init__(self, static: dict[str, Any] | None = None):
+        super().__init__()
+        self.static = dict(static or {})
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **self.static,
+        }
+        for name, value in vars(record).items():
+            if name not in _RECORD_ATTRS and not name.startswith("_"):
+                doc[name] = value
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def configure_json_logging(level: str | int = "INFO", static: dict[str, Any] | None = None) -> None:
+    """Route the root logger to stderr as JSON lines (replacing any handlers already there)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(static))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+
+
+# -- broker -----------------------------------------------------------------------------------------------
+
+def broker_key_prefix(settings: Settings) -> str:
+    """The Redis key prefix isolating this deployment on a shared Redis ("" for none)."""
+    configured = getattr(settings, "broker_key_prefix", None)  # once Settings grows the field
+    return str(configured or os.environ.get(BROKER_KEY_PREFIX_ENV, ""))
+
+
+def service_celery_config(settings: Settings) -> dict[str, Any]:
+    """:func:`compilesvc.dispatch.celery_config` plus the deployment's Redis key prefix."""
+    conf = celery_config(settings)
+    prefix = broker_key_prefix(settings)
+    if prefix and str(conf["broker_url"]).startswith(("redis://", "rediss://", "redis+socket://")):
+        options = dict(conf["broker_transport_options"])
+        options.setdefault("global_keyprefix", prefix)
+        conf["broker_transport_options"] = options
+    return conf
+
+
+def make_service_producer(settings: Settings) -> Celery:
+    """A send-only Celery app for relays (the API's producer must be built the same way)."""
+    app = Celery("compilesvc-producer", set_as_current=False)
+    app.conf.update(service_celery_config(settings))
+    return app
+
+
+# -- the loop ---------------------------------------------------------------------------------------------
+
+def default_reap_interval(settings: Settings) -> float:
+    """Often enough that a dead worker's compile is back in the queue soon after its lease ends."""
+    return max(settings.relay_interval_seconds, min(5.0, settings.lease_seconds / 2))
+
+
+class RelayLoop:
+    """Relay every ``relay_interval`` seconds, reap every ``reap_interval``; stops when ``stop`` is set."""
+
+    def __init__(self, services: Services, relay: OutboxRelay, *, reap_interval: float | None = None):
+        self.services = services
+        self.relay = relay
+        self.relay_interval = services.settings.relay_interval_seconds
+        self.reap_interval = reap_interval or default_reap_interval(services.settings)
+        self.stop = threading.Event()
+        self._stale: set[str] = set()
+
+    def run_once(self, *, with_reap: bool = True) -> ReapReport | None:
+        if not with_reap:
+            sent = relay_all(self.relay)
+            if sent:
+                log.info("relayed outbox rows", extra={"sent": sent})
+            return None
+        report = reap(self.services, relay=self.relay)
+        if report.changed:
+            log.info("reaper pass", extra={
+                "requeued": report.requeued, "failed": report.failed, "cancelled": report.cancelled,
+                "published": report.published, "relayed": report.relayed,
+            })
+        stale = set(report.stale_workers)
+        if stale - self._stale:  # report each worker going silent once, not every pass
+            log.warning("workers stopped heartbeating", extra={"workers": sorted(stale - self._stale)})
+        self._stale = stale
+        return report
+
+    def run(self) -> None:
+        next_reap = 0.0
+        failures = 0
+        while not self.stop.is_set():
+            now = time.monotonic()
+            try:
+                self.run_once(with_reap=now >= next_reap)
+                failures = 0
+            except Exception:  # database or broker down: keep the process, back off, try again
+                failures += 1
+                log.exception("relay pass failed", extra={"consecutive_failures": failures})
+            if now >= next_reap:
+                next_reap = now + self.reap_interval
+            self.stop.wait(min(self.relay_interval * (2 ** min(failures, 5)), 30.0))
+
+
+@click.command("relay")
+@click.option("--once", is_flag=True, help="Run one relay and reaper pass, then exit.")
+@click.option("--reap-interval", type=click.FloatRange(min=0.1), default=None,
+              help="Seconds between reaper passes (default: half the lease, at most 5).")
+@click.option("--loglevel", "-l", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
+    """Relay unsent dispatch messages to the broker and recover abandoned compiles (the reaper)."""
+    configure_json_logging(loglevel, {"component": "relay"})
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise click.UsageError(f"invalid COMPILESVC_* settings: {exc}") from None
+    services = Services.from_settings(settings)
+    producer = make_service_producer(settings)
+    loop = RelayLoop(services, OutboxRelay(services.sessions, producer), reap_interval=reap_interval)
+
+    def _stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("stopping", extra={"signal": signal.Signals(signum).name})
+        loop.stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    log.info("relay started", extra={"relay_interval": loop.relay_interval, "reap_interval": loop.reap_interval,
+                                     "pid": os.getpid()})
+    try:
+        if once:
+            loop.run_once()
+        else:
+            loop.run()
+    finally:
+        producer.close()
+        services.close()
+        log.info("relay stopped")
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m compilesvc.daemon` without the entry point
+    relay()

@@ -1,0 +1,162 @@
+"""``compilesvc dev``: the whole service on one machine with no external services.
+
+It migrates a SQLite ledger, then runs the API, one worker and the relay/reaper as child processes
+sharing one data directory (SQLite ledger, local artifact directory, kombu filesystem broker). With
+``--demo`` it uploads the bundled tiny model through the API, submits its three-bucket spec, follows the
+build to the end and prints where to look. The launcher talks to the children only over HTTP and the
+process table, so the core never imports the web or worker code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+
+from compilesvc.config import Settings
+from compilesvc.migrate import upgrade
+
+
+class DevError(click.ClickException):
+    """A one-line failure of the launcher (exit code 1)."""
+
+
+@dataclass
+class Children:
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+        log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "compilesvc", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def check(self, log_dir: Path) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-5:]
+                raise DevError(f"the {name} process exited with {proc.returncode}: " + " | ".join(tail))
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _http(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> Any:
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        raise DevError(f"{method} {url} answered {exc.code}: {detail[:300]}") from None
+
+
+def _wait_until(what: str, check: Any, children: Children, log_dir: Path, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children.check(log_dir)
+        try:
+            result = check()
+        except (urllib.error.URLError, ConnectionError, DevError):
+            result = None
+        if result:
+            return result
+        time.sleep(0.3)
+    raise DevError(f"timed out after {timeout:.0f} s waiting for {what}; logs are in {log_dir}")
+
+
+def run_demo(base: str, children: Children, log_dir: Path) -> dict[str, Any]:
+    """Upload the bundled model, submit its spec and wait for the build; returns the finished build."""
+    demo = resources.files("compilesvc") / "demo"
+    model = (demo / "tiny-model.pt2").read_bytes()
+    spec = json.loads((demo / "spec.json").read_text())
+    started = time.monotonic()
+    uploaded = _http("POST", f"{base}/v1/models", model, {"Content-Type": "application/octet-stream"})
+    spec["model"]["uri"] = uploaded["uri"]
+    _wait_until("a worker to register", lambda: _http("GET", f"{base}/v1/workers").get("workers"),
+                children, log_dir, 120)
+    submitted = _http("POST", f"{base}/v1/builds", json.dumps(spec).encode(),
+                      {"Content-Type": "application/json", "X-Submitted-By": "compilesvc dev --demo"})
+    build_id = submitted["build_id"]
+    click.echo(f"demo build {build_id} ({submitted['outcome']}): {base}/builds/{build_id}")
+
+    def finished() -> dict[str, Any] | None:
+        build: dict[str, Any] = _http("GET", f"{base}/v1/builds/{build_id}")
+        return build if build["state"] != "building" else None
+
+    build = _wait_until(f"demo build {build_id}", finished, children, log_dir, 600)
+    elapsed = time.monotonic() - started
+    click.echo(f"demo build {build_id} {build['state']} in {elapsed:.1f} s; artifact "
+               f"{base}/v1/artifacts/{build['artifact_key']}")
+    if build["state"] != "succeeded":
+        raise DevError(f"the demo build ended {build['state']}; see {base}/builds/{build_id}")
+    return dict(build)
+
+
+@click.command("dev")
+@click.option("--demo", is_flag=True, help="Upload the bundled tiny model and build it.")
+@click.option("--port", default=8080, show_default=True)
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="Where the ledger, artifacts and broker live (default: $COMPILESVC_DATA_DIR or .compilesvc).")
+@click.option("--exit-after-demo", is_flag=True, help="Stop once the demo build finished (for scripts).")
+def dev(demo: bool, port: int, data_dir: Path | None, exit_after_demo: bool) -> None:
+    """Run API, worker and relay on this machine: SQLite, local artifacts, filesystem broker."""
+    data_dir = (data_dir or Settings().data_dir).resolve()
+    log_dir = data_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "COMPILESVC_DATA_DIR": str(data_dir), "COMPILESVC_PUBLIC_URL": base,
+           "COMPILESVC_HEARTBEAT_SECONDS": os.environ.get("COMPILESVC_HEARTBEAT_SECONDS", "2")}
+    settings = Settings(data_dir=data_dir)
+    for name in ("database_url", "store_url", "broker_url"):
+        if getattr(settings, name):
+            click.echo(f"note: {name} is set in the environment; dev uses it instead of the embedded default")
+    upgrade(settings.resolved_database_url)
+
+    children = Children()
+    stop = False
+
+    def _stop(signum: int, _frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        children.start("api", ["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"], env, log_dir)
+        children.start("worker", ["worker", "--concurrency", "2"], env, log_dir)
+        children.start("relay", ["relay"], env, log_dir)
+        _wait_until("the API", lambda: _http("GET", f"{base}/healthz"), children, log_dir, 60)
+        click.echo(f"compilesvc is up: {base}  (data in {data_dir}, logs in {log_dir})")
+        if demo:
+            run_demo(base, children, log_dir)
+            if exit_after_demo:
+                return
+        click.echo("Ctrl-C stops it.")
+        while not stop:
+            children.check(log_dir)
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        children.stop()

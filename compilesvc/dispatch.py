@@ -1,0 +1,87 @@
+"""Dispatch to Celery: queue names, routing, the shared Celery configuration and the outbox relay's sender.
+
+Compiles are routed by target and SDK release (``compile.inf2.2.20.0``, ``compile.cpu.2.13.0``); cpu
+AOTInductor compiles also by the ISA the native code is built for (``compile.cpu.2.13.0.x86_64-avx512``).
+Routing is Celery's own ``task_routes`` with :func:`route_task`; the relay names no queue itself.
+
+The settings here are for hours-long tasks on a Redis broker: late acks, prefetch 1, a visibility timeout
+above the hard time limit everywhere Celery reads it. The ledger's leases, not Celery redelivery, recover
+crashed work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from compilesvc.config import Settings
+
+COMPILE_TASK = "compilesvc.compile_bucket"
+
+
+def queue_name(target: str, sdk: str, backend: str, isa: str | None = None) -> str:
+    """The queue a compile for ``target``/``sdk`` goes to (and a capable worker consumes)."""
+    name = f"compile.{target}.{sdk}"
+    if backend == "aotinductor" and isa:
+        name += f".{isa}"
+    return name
+
+
+def task_id(bucket_compile_id: int, dispatch: int) -> str:
+    """Deterministic Celery task id: a re-sent outbox row never becomes a second task id."""
+    return f"bucket-{bucket_compile_id}-dispatch-{dispatch}"
+
+
+def route_task(name: str, args: Any, kwargs: dict[str, Any] | None, options: Any, task: Any = None,
+               **_: Any) -> dict[str, str] | None:
+    """Celery router: compile tasks go to the queue named in their routing kwargs."""
+    if name == COMPILE_TASK and kwargs:
+        return {"queue": queue_name(kwargs["target"], kwargs["sdk"], kwargs["backend"], kwargs.get("isa"))}
+    return None
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery configuration shared by the producer (relay, API) and the workers."""
+    broker_url = settings.resolved_broker_url
+    transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout_seconds}
+    if broker_url.startswith("filesystem://"):
+        folder = settings.broker_folder
+        for sub in ("queue", "processed", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        transport_options = {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            # Broadcast (pidbox) files default to ./control in the working directory.
+            "control_folder": str(folder / "control"),
+            "store_processed": False,
+            "polling_interval": 0.05,
+        }
+    return {
+        "broker_url": broker_url,
+        "broker_transport_options": transport_options,
+        "broker_connection_retry_on_startup": True,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_routes": (route_task,),
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": False,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "task_time_limit": settings.task_hard_limit_seconds,
+        "task_soft_time_limit": settings.task_hard_limit_seconds - 300,
+        "visibility_timeout": settings.visibility_timeout_seconds,
+        "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout_seconds},
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "worker_hijack_root_logger": False,
+        "task_create_missing_queues": True,
+    }
+
+
+def make_producer(settings: Settings) -> Celery:
+    """A Celery app used only to send (the relay and the API); workers build their own in workers/."""
+    app = Celery("compilesvc-producer", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app

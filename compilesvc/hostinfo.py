@@ -1,0 +1,71 @@
+"""Facts about the host a process runs on: CPU instruction set, instance type.
+
+The cpu target's AOTInductor code is built for the compiling host's vector ISA, so that ISA is part of the
+artifact key and of the queue a compile is routed to. It is read from /proc/cpuinfo (no torch needed, so
+the API host and the worker agree on it).
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+from functools import cache
+from pathlib import Path
+
+# The vector ISA levels inductor chooses between, best first, with the cpu flags each needs.
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+_X86_LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
+    # Inductor emits AMX tile kernels when the compiling host has them (-march=native), and such code
+    # dies on an AVX-512 host without AMX: AMX hosts are their own level, so they never share a key.
+    ("avx512_amx", _AVX512 | {"amx_tile", "amx_bf16", "amx_int8"}),
+    ("avx512", _AVX512),
+    ("avx2", frozenset({"avx2", "fma"})),
+)
+
+
+def _cpu_flags(cpuinfo: str) -> set[str]:
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def isa_from_cpuinfo(machine: str, cpuinfo: str) -> str:
+    """``<arch>-<level>`` for a machine name and /proc/cpuinfo text, e.g. ``x86_64-avx512``."""
+    arch = machine.lower().replace("amd64", "x86_64").replace("arm64", "aarch64")
+    # The result goes into keys and queue names as <arch>-<level>: keep the arch to [a-z0-9_] and never
+    # empty (platform.machine() returns "" when it cannot tell).
+    arch = re.sub(r"[^a-z0-9_]", "_", arch) or "unknown"
+    flags = _cpu_flags(cpuinfo)
+    if arch == "x86_64":
+        for level, needed in _X86_LEVELS:
+            if needed <= flags:
+                return f"{arch}-{level}"
+        return f"{arch}-default"
+    if arch == "aarch64":
+        return f"{arch}-sve" if "sve" in flags else f"{arch}-neon"
+    return f"{arch}-default"
+
+
+@cache
+def host_isa() -> str:
+    """This host's ISA identifier (see :func:`isa_from_cpuinfo`)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    return isa_from_cpuinfo(platform.machine(), cpuinfo)
+
+
+@cache
+def instance_type() -> str | None:
+    """The EC2 instance type if the host exposes it without a network call (DMI product name)."""
+    for path in ("/sys/devices/virtual/dmi/id/product_name", "/sys/class/dmi/id/product_name"):
+        try:
+            name = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if "." in name and name.split(".")[0].isalnum():
+            return name
+    return None

@@ -1,0 +1,265 @@
+"""Fenced leases on bucket compiles: the only code that moves a compile into or out of ``running``.
+
+A worker *claims* a queued compile with one conditional ``UPDATE … WHERE state='queued' RETURNING``, which
+bumps ``lease_token`` and sets a deadline. From then on every write it makes carries that token: renewals
+(:func:`renew`), the success record (:func:`succeed`) and the failure record (:func:`fail`). Anything that
+takes a compile away from a worker (the reaper on an expired lease, a requeue, a cancel of a queued
+compile) bumps the token too, so a worker that was paused, partitioned or merely slow finds that its
+writes match zero rows, and stops. That, not Celery's delivery guarantees, is what makes a compile run to
+completion at most once per dispatch and recorded exactly once.
+
+Lease deadlines are written and judged by the database's clock on Postgres (workers and the reaper run on
+different hosts; their clocks must not decide who owns a lease), and by the process clock on SQLite, which
+only serves a single host.
+
+Lock order, shared with submit and cancel: the artifacts containing a compile first, then the compile.
+Every transition records an ``events`` row in the same transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy.orm import Session
+
+from compilesvc import events
+from compilesvc.artifacts import fail_artifacts_of_bucket
+from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, utcnow
+from compilesvc.submit import requeue_bucket
+
+log = logging.getLogger(__name__)
+
+#: ``error_class`` values: ``compile`` is final (the negative cache); the others are retried.
+ERROR_CLASSES = ("compile", "infra", "timeout", "cancelled")
+RETRIED_ERROR_CLASSES = ("infra", "timeout")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a worker needs to run one attempt of a bucket compile, and the token fencing its writes."""
+
+    bucket_id: int
+    key: str
+    token: int
+    attempt: int
+    max_attempts: int
+    target: str
+    sdk: str
+    backend: str
+    model: dict[str, Any]
+    material: dict[str, Any]
+    inputs: list[Any]
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Renewal:
+    still_ours: bool
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where a failed or expired attempt left the compile; ``outbox_id`` is set when it was requeued and
+    the caller should relay that row after committing."""
+
+    state: str  # queued | failed | cancelled
+    outbox_id: int | None = None
+
+
+def lease_clock(session: Session) -> ColumnElement[datetime] | datetime:
+    """The clock lease deadlines are written and judged by: the database's where there is one to share."""
+    if session.get_bind().dialect.name == "postgresql":
+        return func.now()
+    return utcnow()
+
+
+def _deadline(session: Session, seconds: float) -> ColumnElement[datetime] | datetime:
+    return lease_clock(session) + timedelta(seconds=seconds)
+
+
+def claim(session: Session, bucket_id: int, worker_id: str, lease_seconds: float) -> Claim | None:
+    """Take a queued compile for one attempt; None when there is nothing to claim.
+
+    None covers every reason a delivered message must not run: a duplicate delivery of a message whose
+    compile is already running or done, a compile cancelled while queued, or one that no longer exists.
+    """
+    now = lease_clock(session)
+    row = session.execute(
+        update(BucketCompile)
+        .where(BucketCompile.id == bucket_id, BucketCompile.state == "queued")
+        .values(
+            state="running",
+            lease_token=BucketCompile.lease_token + 1,
+            lease_expires_at=_deadline(session, lease_seconds),
+            worker_id=worker_id,
+            attempts=BucketCompile.attempts + 1,
+            started_at=now,
+            finished_at=None,
+            cancel_requested=False,
+            error_class=None,
+            error_code=None,
+            error_message=None,
+        )
+        .returning(
+            BucketCompile.key, BucketCompile.lease_token, BucketCompile.attempts, BucketCompile.max_attempts,
+            BucketCompile.target, BucketCompile.sdk, BucketCompile.backend, BucketCompile.model,
+            BucketCompile.material, BucketCompile.inputs, BucketCompile.lease_expires_at,
+        )
+        .execution_options(synchronize_session=False)
+    ).one_or_none()
+    if row is None:
+        return None
+    events.record(session, "bucket", bucket_id, "queued", "running", worker=worker_id, attempt=row.attempts,
+                  token=row.lease_token)
+    return Claim(bucket_id=bucket_id, key=row.key, token=row.lease_token, attempt=row.attempts,
+                 max_attempts=row.max_attempts, target=row.target, sdk=row.sdk, backend=row.backend,
+                 model=row.model, material=row.material, inputs=row.inputs,
+                 lease_expires_at=row.lease_expires_at)
+
+
+def renew(session: Session, bucket_id: int, token: int, lease_seconds: float) -> Renewal:
+    """Extend the lease; reports whether it is still ours and whether a cancel was requested.
+
+    A lease that ran out but was not yet taken back by the reaper can still be renewed: expiry only
+    makes a compile *eligible* for recovery, the token bump is what takes it away.
+    """
+    cancel = session.execute(
+        update(BucketCompile)
+        .where(BucketCompile.id == bucket_id, BucketCompile.lease_token == token,
+               BucketCompile.state == "running")
+        .values(lease_expires_at=_deadline(session, lease_seconds))
+        .returning(BucketCompile.cancel_requested)
+        .execution_options(synchronize_session=False)
+    ).scalar_one_or_none()
+    if cancel is None:
+        return Renewal(still_ours=False, cancel_requested=False)
+    return Renewal(still_ours=True, cancel_requested=bool(cancel))
+
+
+def succeed(session: Session, bucket_id: int, token: int, manifest_uri: str, versions: dict[str, Any],
+            compile_seconds: float | None) -> bool:
+    """Record a published bucket manifest; False when the lease was lost (another attempt owns it now).
+
+    A cancel requested meanwhile does not stop a finished compile from counting: the manifest is in the
+    store already, and the next submit of the same bucket is served from it.
+    """
+    done = session.execute(
+        update(BucketCompile)
+        .where(BucketCompile.id == bucket_id, BucketCompile.lease_token == token,
+               BucketCompile.state == "running")
+        .values(state="succeeded", manifest_uri=manifest_uri, versions=versions,
+                compile_seconds=compile_seconds, finished_at=utcnow(), lease_expires_at=None,
+                cancel_requested=False, error_class=None, error_code=None, error_message=None)
+        .returning(BucketCompile.attempts)
+        .execution_options(synchronize_session=False)
+    ).scalar_one_or_none()
+    if done is None:
+        return False
+    events.record(session, "bucket", bucket_id, "running", "succeeded", attempt=done, token=token)
+    return True
+
+
+def _lock_artifacts(session: Session, bucket_id: int) -> list[Artifact]:
+    """Lock the artifacts containing a compile, in id order, before the compile itself (the lock order
+    submit and cancel use; taking them the other way round would deadlock against a concurrent cancel)."""
+    return list(session.scalars(
+        select(Artifact)
+        .join(ArtifactBucket, ArtifactBucket.artifact_id == Artifact.id)
+        .where(ArtifactBucket.bucket_compile_id == bucket_id)
+        .order_by(Artifact.id)
+        .with_for_update(of=Artifact)
+    ))
+
+
+def fail(session: Session, bucket_id: int, token: int, error_class: str, code: str | None,
+         message: str | None) -> Outcome | None:
+    """Record a failed attempt; None when the lease was lost.
+
+    - ``compile``: final. The compile stays failed (the negative cache) and so do the sets containing it.
+    - ``infra`` / ``timeout``: requeued while ``attempts < max_attempts``, else failed with that class.
+    - ``cancelled``: cancelled, unless someone still wants the compile (a submit reopened a set
+      containing it while the cancel was in flight), in which case it is requeued.
+
+    The token check and the write happen under one row lock, so they are as atomic as a conditional
+    UPDATE; the lock is taken after those of the artifacts (see :func:`_lock_artifacts`).
+    """
+    if error_class not in ERROR_CLASSES:
+        raise ValueError(f"unknown error class {error_class!r}; expected one of {ERROR_CLASSES}")
+    artifacts = _lock_artifacts(session, bucket_id)
+    bucket = session.scalars(
+        select(BucketCompile)
+        .where(BucketCompile.id == bucket_id, BucketCompile.lease_token == token,
+               BucketCompile.state == "running")
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).one_or_none()
+    if bucket is None:
+        return None
+    return _settle_attempt(session, bucket, artifacts, error_class, code, message)
+
+
+def expire(session: Session, bucket_id: int) -> Outcome | None:
+    """Take back a running compile whose lease ran out (the reaper's step); None if it is not (any
+    longer) expired, or another reaper holds it.
+
+    The compile is requeued while attempts remain (the token bump fences off the silent worker), else
+    failed as ``infra`` with code ``LEASE_EXPIRED``. A compile whose cancel was requested when its worker
+    went silent is cancelled.
+    """
+    artifacts = _lock_artifacts(session, bucket_id)
+    bucket = session.scalars(
+        select(BucketCompile)
+        .where(BucketCompile.id == bucket_id, BucketCompile.state == "running",
+               BucketCompile.lease_expires_at < lease_clock(session))
+        .with_for_update(skip_locked=True)
+        .execution_options(populate_existing=True)
+    ).one_or_none()
+    if bucket is None:
+        return None
+    worker = bucket.worker_id
+    if bucket.cancel_requested:
+        error_class, code = "cancelled", "CANCELLED"
+        message = f"cancelled; worker {worker} stopped renewing its lease"
+    else:
+        error_class, code = "infra", "LEASE_EXPIRED"
+        message = f"worker {worker} stopped renewing its lease (attempt {bucket.attempts})"
+    return _settle_attempt(session, bucket, artifacts, error_class, code, message, reason="lease expired")
+
+
+def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Artifact], error_class: str,
+                    code: str | None, message: str | None, reason: str | None = None) -> Outcome:
+    wanted = any(a.state == "building" for a in artifacts)
+    attempt = bucket.attempts
+    if error_class == "cancelled" and (wanted or not bucket.cancel_requested):
+        # The cancel lost a race with a resubmit or retry (which clear cancel_requested / reopen the set):
+        # the compile is wanted again, so it goes back to the queue rather than to a dead end.
+        outbox_id = requeue_bucket(session, bucket, "cancel superseded by a new request", reset_attempts=False)
+        return Outcome("queued", outbox_id)
+    if error_class in RETRIED_ERROR_CLASSES and bucket.attempts < bucket.max_attempts:
+        outbox_id = requeue_bucket(
+            session, bucket, reason or f"{error_class} error, attempt {attempt} of {bucket.max_attempts}",
+            reset_attempts=False,
+        )
+        log.info("bucket compile requeued", extra={"bucket_compile_id": bucket.id, "bucket_key": bucket.key,
+                                                   "attempt": attempt, "error_class": error_class})
+        return Outcome("queued", outbox_id)
+    state = "cancelled" if error_class == "cancelled" else "failed"
+    events.record(session, "bucket", bucket.id, bucket.state, state, error_class=error_class, code=code,
+                  attempt=attempt, **({"reason": reason} if reason else {}))
+    bucket.state = state
+    bucket.error_class = error_class
+    bucket.error_code = code
+    bucket.error_message = message
+    bucket.finished_at = utcnow()
+    bucket.lease_expires_at = None
+    bucket.cancel_requested = False
+    bucket.lease_token += 1  # nobody's writes count after a final state
+    if state == "failed":
+        session.flush()
+        fail_artifacts_of_bucket(session, bucket)
+    return Outcome(state)

@@ -1,0 +1,1 @@
+"""The SQL ledger: typed tables (:mod:`compilesvc.ledger.models`) shared by every process."""

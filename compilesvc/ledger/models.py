@@ -1,0 +1,278 @@
+"""Ledger tables: artifacts, bucket compiles, builds, events, workers, log lines, outbox, model pins.
+
+Unique constraints carry the dedupe: one ``artifacts`` row per artifact key, one ``bucket_compiles`` row per
+bucket key, one ``builds`` row per idempotency key. A bucket compile may belong to many artifacts (a set
+that adds a bucket reuses the others), hence the ``artifact_buckets`` link.
+
+State machines (every transition also writes an ``events`` row):
+
+- artifact: building -> published | failed | cancelled; failed/cancelled -> building (retry/resubmit)
+- bucket compile: queued -> running -> succeeded | failed | cancelled; running -> queued (lease expired);
+  failed(infra)/cancelled -> queued (resubmit); failed(compile) -> queued only by explicit retry
+- build: building -> succeeded | failed | cancelled, mirroring its artifact unless cancelled itself
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Autoincrementing 64-bit ids; SQLite only autoincrements "INTEGER PRIMARY KEY".
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+Json = JSON().with_variant(JSONB(), "postgresql")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the ledger; use compilesvc.ledger.models.utcnow()")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: Json, list[Any]: Json}
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    state: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(16))
+    sdk: Mapped[str] = mapped_column(String(32))
+    backend: Mapped[str] = mapped_column(String(32))
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    material: Mapped[dict[str, Any]] = mapped_column(doc="Set-level key material (canonical, no buckets).")
+    components: Mapped[dict[str, Any]]
+    manifest_uri: Mapped[str | None] = mapped_column(String(1024))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    published_at: Mapped[datetime | None]
+
+
+class BucketCompile(Base):
+    __tablename__ = "bucket_compiles"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    state: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(16))
+    sdk: Mapped[str] = mapped_column(String(32))
+    backend: Mapped[str] = mapped_column(String(32))
+    queue: Mapped[str] = mapped_column(String(128))
+    model: Mapped[dict[str, Any]] = mapped_column(doc="How to fetch the model: pinned uri, sha256, size, format.")
+    material: Mapped[dict[str, Any]]
+    inputs: Mapped[list[Any]]
+    attempts: Mapped[int] = mapped_column(default=0)
+    max_attempts: Mapped[int] = mapped_column(default=3)
+    lease_token: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_expires_at: Mapped[datetime | None]
+    worker_id: Mapped[str | None] = mapped_column(String(255))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    error_class: Mapped[str | None] = mapped_column(String(16), doc="compile | infra | timeout | cancelled")
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    manifest_uri: Mapped[str | None] = mapped_column(String(1024))
+    versions: Mapped[dict[str, Any] | None] = mapped_column(Json, doc="Compiler/runtime versions used.")
+    queued_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    compile_seconds: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    __table_args__ = (
+        # The reaper's scan: running compiles whose lease ran out.
+        Index("ix_bucket_compiles_state_lease", "state", "lease_expires_at"),
+    )
+
+
+class ArtifactBucket(Base):
+    __tablename__ = "artifact_buckets"
+
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"), primary_key=True)
+    bucket_compile_id: Mapped[int] = mapped_column(
+        ForeignKey("bucket_compiles.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (Index("ix_artifact_buckets_bucket_compile_id", "bucket_compile_id"),)
+
+
+class Build(Base):
+    __tablename__ = "builds"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id"))
+    artifact_key: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    outcome: Mapped[str] = mapped_column(String(8), doc="hit | join | new")
+    submitted_by: Mapped[str | None] = mapped_column(String(255))
+    labels: Mapped[dict[str, Any]]
+    spec: Mapped[dict[str, Any]] = mapped_column(doc="The spec as submitted (validated).")
+    model_name: Mapped[str | None] = mapped_column(String(200))
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(16))
+    sdk: Mapped[str] = mapped_column(String(32))
+    backend: Mapped[str] = mapped_column(String(32))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        # Keyset-paginated history: newest first by id, optionally filtered by one column.
+        Index("ix_builds_target_id", "target", "id"),
+        Index("ix_builds_sdk_id", "sdk", "id"),
+        Index("ix_builds_state_id", "state", "id"),
+        Index("ix_builds_model_sha256_id", "model_sha256", "id"),
+        Index("ix_builds_model_name_id", "model_name", "id"),
+        Index("ix_builds_submitted_by_id", "submitted_by", "id"),
+        # The two filters the history UI shows side by side; SDK releases follow time (see 0003).
+        Index("ix_builds_target_sdk_id", "target", "sdk", "id"),
+        Index("ix_builds_artifact_id", "artifact_id"),
+        Index("ix_builds_created_at", "created_at"),
+    )
+
+
+class BuildLabel(Base):
+    """Labels exploded for filtering history by ``label=name:value`` without scanning JSON."""
+
+    __tablename__ = "build_labels"
+
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(1024))
+
+    __table_args__ = (Index("ix_build_labels_name_value_build_id", "name", "value", "build_id"),)
+
+
+class Event(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    entity: Mapped[str] = mapped_column(String(16), doc="build | artifact | bucket")
+    entity_id: Mapped[int] = mapped_column(BigInteger)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    __table_args__ = (Index("ix_events_entity_entity_id_id", "entity", "entity_id", "id"),)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255))
+    capabilities: Mapped[dict[str, Any]]
+    queues: Mapped[list[Any]]
+    slots: Mapped[int] = mapped_column(Integer, default=1)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    stopped_at: Mapped[datetime | None]
+
+    __table_args__ = (Index("ix_workers_heartbeat_at", "heartbeat_at"),)
+
+
+class LogLine(Base):
+    __tablename__ = "log_lines"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    bucket_compile_id: Mapped[int] = mapped_column(ForeignKey("bucket_compiles.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    stream: Mapped[str] = mapped_column(String(16), doc="compiler | service")
+    line: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (Index("ix_log_lines_bucket_compile_id_id", "bucket_compile_id", "id"),)
+
+
+class Outbox(Base):
+    """Messages to Celery, written in the same transaction as the rows they announce."""
+
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    bucket_compile_id: Mapped[int] = mapped_column(ForeignKey("bucket_compiles.id", ondelete="CASCADE"))
+    task_name: Mapped[str] = mapped_column(String(128))
+    task_id: Mapped[str] = mapped_column(String(128), unique=True)
+    kwargs: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    sent_at: Mapped[datetime | None]
+    send_attempts: Mapped[int] = mapped_column(default=0)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        Index(
+            "ix_outbox_unsent",
+            "id",
+            postgresql_where=text("sent_at IS NULL"),
+            sqlite_where=text("sent_at IS NULL"),
+        ),
+    )
+
+
+class ModelPin(Base):
+    """An immutable model identity (S3 version id, or ETag + size) and its content sha256, computed once."""
+
+    __tablename__ = "model_pins"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    uri: Mapped[str] = mapped_column(String(1024))
+    version_id: Mapped[str] = mapped_column(String(1024), default="")
+    etag: Mapped[str] = mapped_column(String(255), default="")
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("uri", "version_id", "etag", "size"),)

@@ -1,0 +1,122 @@
+"""The reaper: recovers work that a crash left behind. Every step is idempotent and safe to run from
+several processes at once (each ``compilesvc relay`` process runs it).
+
+1. Running compiles whose lease ran out: requeued (the token bump fences the silent worker off) or,
+   after ``max_attempts``, failed as infra (:func:`compilesvc.leases.expire`).
+2. Artifacts still ``building`` although every compile in them succeeded: a worker died between
+   recording its compile and publishing the set. :func:`publish_if_complete` finishes the job.
+3. Workers whose heartbeat is older than ``worker_stale_seconds``: reported only. The registry's readers
+   ignore them already, and their compiles come back through their leases, not through the registry.
+4. Outbox rows not yet sent (including the requeues of step 1): relayed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from sqlalchemy import exists, select
+from sqlalchemy.orm import Session
+
+from compilesvc import leases
+from compilesvc.artifacts import publish_if_complete
+from compilesvc.db import transaction
+from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile
+from compilesvc.outbox import OutboxRelay
+from compilesvc.registry import stale_workers
+from compilesvc.services import Services
+from compilesvc.store import StoreError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReapReport:
+    requeued: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    cancelled: list[int] = field(default_factory=list)
+    published: list[int] = field(default_factory=list)
+    stale_workers: list[str] = field(default_factory=list)
+    relayed: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.requeued or self.failed or self.cancelled or self.published or self.relayed)
+
+
+def expired_leases(session: Session, limit: int) -> list[int]:
+    """Ids of running compiles whose lease ran out, oldest deadline first; rows another reaper is working
+    on right now are skipped rather than waited for."""
+    return list(session.scalars(
+        select(BucketCompile.id)
+        .where(BucketCompile.state == "running", BucketCompile.lease_expires_at < leases.lease_clock(session))
+        .order_by(BucketCompile.lease_expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ))
+
+
+def complete_unpublished(session: Session, limit: int) -> list[int]:
+    """Artifacts still building whose every compile succeeded."""
+    linked = (select(ArtifactBucket.bucket_compile_id)
+              .where(ArtifactBucket.artifact_id == Artifact.id))
+    unfinished = (
+        select(ArtifactBucket.bucket_compile_id)
+        .join(BucketCompile, BucketCompile.id == ArtifactBucket.bucket_compile_id)
+        .where(ArtifactBucket.artifact_id == Artifact.id, BucketCompile.state != "succeeded")
+    )
+    return list(session.scalars(
+        select(Artifact.id)
+        .where(Artifact.state == "building", exists(linked), ~exists(unfinished))
+        .order_by(Artifact.id)
+        .limit(limit)
+    ))
+
+
+def reap(services: Services, *, relay: OutboxRelay | None = None, limit: int = 100) -> ReapReport:
+    """One pass of every recovery step; returns what it did."""
+    report = ReapReport()
+    settings = services.settings
+    relay = relay or services.relay
+
+    # The scan only finds candidates (its locks end with its transaction). Each candidate is then handled
+    # in its own transaction that takes the artifact locks before the compile's and re-checks the expiry,
+    # so a worker renewing at the last moment keeps its compile.
+    with transaction(services.sessions) as session:
+        candidates = expired_leases(session, limit)
+    for bucket_id in candidates:
+        with transaction(services.sessions) as session:
+            outcome = leases.expire(session, bucket_id)
+        if outcome is None:
+            continue
+        log.warning("lease expired", extra={"bucket_compile_id": bucket_id, "new_state": outcome.state})
+        {"queued": report.requeued, "failed": report.failed, "cancelled": report.cancelled}[
+            outcome.state].append(bucket_id)
+
+    with services.sessions() as session:
+        stuck = complete_unpublished(session, limit)
+    for artifact_id in stuck:
+        try:
+            state = publish_if_complete(services.store, services.sessions, artifact_id)
+        except StoreError as exc:  # the store is down or a manifest is missing: try again next pass
+            log.warning("artifact repair failed", extra={"artifact_id": artifact_id, "error": str(exc)})
+            continue
+        if state == "published":
+            log.info("artifact published by the reaper", extra={"artifact_id": artifact_id})
+            report.published.append(artifact_id)
+
+    with services.sessions() as session:
+        report.stale_workers = [w.id for w in stale_workers(session, settings.worker_stale_seconds)]
+
+    report.relayed = relay_all(relay, limit)
+    return report
+
+
+def relay_all(relay: OutboxRelay, batch: int = 200) -> int:
+    """Relay unsent outbox rows until none are left or the broker refuses one."""
+    total = 0
+    while True:
+        sent = relay.relay(limit=batch)
+        total += sent
+        if sent < batch:
+            return total

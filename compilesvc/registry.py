@@ -1,0 +1,77 @@
+"""The worker registry: which workers are alive, what they can compile and which queues they consume.
+
+Workers register on start (:func:`register`), heartbeat while they run (:func:`heartbeat`) and announce a
+clean stop (:func:`mark_stopped`). A worker that dies without stopping simply ages out: readers consider
+only workers that heartbeated within ``worker_stale_seconds``. Submits consult :func:`live_queues` when
+``require_live_worker`` is set, so registration is what lets the service accept work.
+
+Liveness here is about *capacity*, not about ownership of work: a compile belongs to whoever holds its
+lease (:mod:`compilesvc.leases`), and the reaper recovers it when that lease runs out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from compilesvc.ledger.models import Worker, utcnow
+
+
+def register(session: Session, worker_id: str, hostname: str, capabilities: dict[str, Any],
+             queues: Sequence[str], slots: int) -> None:
+    """Insert or refresh a worker's row (a restart under the same id starts a new life)."""
+    now = utcnow()
+    values = {"id": worker_id, "hostname": hostname, "capabilities": capabilities, "queues": list(queues),
+              "slots": slots, "started_at": now, "heartbeat_at": now, "stopped_at": None}
+    builder = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    stmt = builder(Worker).values(**values)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[Worker.id],
+        set_={k: stmt.excluded[k] for k in values if k != "id"},
+    )
+    session.execute(stmt)
+
+
+def heartbeat(session: Session, worker_id: str) -> bool:
+    """Refresh a worker's heartbeat; False when its row is gone or marked stopped (re-register then)."""
+    updated = session.execute(
+        update(Worker)
+        .where(Worker.id == worker_id, Worker.stopped_at.is_(None))
+        .values(heartbeat_at=utcnow())
+        .returning(Worker.id)
+        .execution_options(synchronize_session=False)
+    ).scalar_one_or_none()
+    return updated is not None
+
+
+def mark_stopped(session: Session, worker_id: str) -> None:
+    session.execute(
+        update(Worker).where(Worker.id == worker_id).values(stopped_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+
+
+def live_workers(session: Session, stale_seconds: int) -> list[Worker]:
+    """Workers that heartbeated within ``stale_seconds`` and have not announced a stop."""
+    cutoff = utcnow() - timedelta(seconds=stale_seconds)
+    return list(session.scalars(
+        select(Worker).where(Worker.heartbeat_at >= cutoff, Worker.stopped_at.is_(None)).order_by(Worker.id)
+    ))
+
+
+def stale_workers(session: Session, stale_seconds: int) -> list[Worker]:
+    """Workers that went silent without announcing a stop (crashed, partitioned, or frozen)."""
+    cutoff = utcnow() - timedelta(seconds=stale_seconds)
+    return list(session.scalars(
+        select(Worker).where(Worker.heartbeat_at < cutoff, Worker.stopped_at.is_(None)).order_by(Worker.id)
+    ))
+
+
+def live_queues(session: Session, stale_seconds: int) -> set[str]:
+    return {queue for worker in live_workers(session, stale_seconds) for queue in worker.queues}

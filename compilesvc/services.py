@@ -1,0 +1,50 @@
+"""The service container: one place that builds the engine, sessions, store, model resolver and producer
+from :class:`~compilesvc.config.Settings`. The API, the relay/reaper and the workers each hold one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from celery import Celery
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from compilesvc.config import Settings
+from compilesvc.db import make_engine, make_sessionmaker
+from compilesvc.dispatch import make_producer
+from compilesvc.hostinfo import host_isa
+from compilesvc.model_identity import ModelResolver
+from compilesvc.outbox import OutboxRelay
+from compilesvc.store import ArtifactStore, open_store
+
+
+@dataclass
+class Services:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    store: ArtifactStore
+    default_isa: str = field(default_factory=host_isa)
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Services:
+        settings = settings or Settings()
+        engine = make_engine(settings.resolved_database_url)
+        return cls(settings=settings, engine=engine, sessions=make_sessionmaker(engine),
+                   store=open_store(settings))
+
+    @cached_property
+    def resolver(self) -> ModelResolver:
+        return ModelResolver(self.settings, self.store, self.sessions)
+
+    @cached_property
+    def producer(self) -> Celery:
+        return make_producer(self.settings)
+
+    @cached_property
+    def relay(self) -> OutboxRelay:
+        return OutboxRelay(self.sessions, self.producer)
+
+    def close(self) -> None:
+        self.engine.dispose()

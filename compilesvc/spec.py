@@ -1,0 +1,345 @@
+"""CompileSpec: the public contract of a compile request, and its validation.
+
+A spec names a model, a target chip, an SDK release, compiler options and the shape buckets to compile.
+Validation is strict (unknown fields are refused) and every error names the field and what was expected;
+:func:`parse_spec` turns pydantic's errors into :class:`SpecError` with that list.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from compilesvc.flags import FlagError, canonical_flags, flag_names
+
+Target = Literal["inf2", "trn1", "trn2", "cpu"]
+ModelFormat = Literal["torchscript", "exported-program", "hf-dir", "hlo"]
+DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"]
+
+NEURON_TARGETS: frozenset[str] = frozenset({"inf2", "trn1", "trn2"})
+#: backend -> model formats it can compile
+BACKEND_FORMATS: dict[str, dict[str, frozenset[str]]] = {
+    "neuron": {
+        "trace": frozenset({"torchscript", "exported-program", "hf-dir"}),
+        "neuronx-cc": frozenset({"hlo"}),
+    },
+    "cpu": {
+        "torchscript": frozenset({"torchscript", "exported-program", "hf-dir"}),
+        "aotinductor": frozenset({"exported-program", "hf-dir"}),
+    },
+}
+#: flags the cpu backends understand; neuron flags go to neuronx-cc, which is their judge.
+CPU_BACKEND_FLAGS: dict[str, frozenset[str]] = {
+    "torchscript": frozenset({"--freeze", "--optimize-for-inference"}),
+    "aotinductor": frozenset({"--freezing", "--max-autotune"}),
+}
+
+_BLOB_RE = re.compile(r"^blob:sha256:[0-9a-f]{64}$")
+_S3_RE = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<key>.+)$")
+_SDK_RE = re.compile(r"^\d+\.\d+(\.\d+){0,2}$")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+#: ``<arch>-<level>``, as :func:`compilesvc.hostinfo.host_isa` reports it (public: the CLI checks --isa).
+ISA_RE = re.compile(r"^[a-z0-9_]+-[a-z0-9_]+$")
+_ISA_RE = ISA_RE
+
+MAX_BUCKETS = 64
+MAX_RANK = 8
+MAX_DIM = 1 << 20
+
+# Strict: a shape is written as integers. Lax mode would quietly read true, "3" and 3.0 as dimensions.
+Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
+
+
+class _FieldError(ValueError):
+    """A validator's complaint about a field *below* the model being validated.
+
+    pydantic locates errors raised by a model validator at the model itself (the top-level spec has the empty
+    path), so a cross-field check would name no field. ``path`` is relative to the model;
+    :func:`validation_errors` appends it to pydantic's location.
+    """
+
+    def __init__(self, path: tuple[str | int, ...], message: str):
+        self.path = path
+        super().__init__(message)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class ModelRef(_Strict):
+    uri: str = Field(description='"blob:sha256:<64 hex>", "s3://bucket/key" or "file:///abs/path".')
+    format: ModelFormat
+    name: str | None = Field(default=None, max_length=200, description="Display only; not in the key.")
+    version_id: str | None = Field(default=None, max_length=1024, description="S3 object version (s3 only).")
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_form(cls, uri: str) -> str:
+        if _BLOB_RE.match(uri):
+            return uri
+        if uri.startswith("s3://"):
+            match = _S3_RE.match(uri)
+            if not match or match["key"].endswith("/"):
+                raise ValueError("expected s3://bucket/key naming one object (not a prefix)")
+            return uri
+        if uri.startswith("file://"):
+            # No host, query or fragment: a literal "#" or "?" in a file name is percent-encoded.
+            if not uri.startswith("file:///") or "?" in uri or "#" in uri:
+                raise ValueError("expected file:///absolute/path")
+            return uri
+        if uri.startswith("blob:"):
+            raise ValueError("expected blob:sha256:<64 lowercase hex digits>")
+        raise ValueError('expected "blob:sha256:<hex>", "s3://bucket/key" or "file:///abs/path"')
+
+    @model_validator(mode="after")
+    def _version_only_for_s3(self) -> ModelRef:
+        if self.version_id is not None and not self.uri.startswith("s3://"):
+            raise _FieldError(("version_id",), "applies only to s3:// models")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split(":", 1)[0]
+
+
+class InputSpec(_Strict):
+    name: str = Field(description="Argument name of the model's forward().")
+    shape: list[Dim] = Field(max_length=MAX_RANK)
+    dtype: DType
+
+    @field_validator("name")
+    @classmethod
+    def _identifier(cls, name: str) -> str:
+        if not _NAME_RE.match(name):
+            raise ValueError("expected a Python identifier of at most 64 characters")
+        return name
+
+
+class Bucket(_Strict):
+    """One static input shape set: one compile, one artifact file set."""
+
+    inputs: list[InputSpec] = Field(min_length=1, max_length=32)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        # {batch_size, seq_len} is the common transformer bucket: input_ids and attention_mask.
+        if isinstance(data, dict) and ("batch_size" in data or "seq_len" in data):
+            # Errors name the shorthand's own fields: the expanded inputs are not what the user wrote.
+            extras = sorted(map(str, set(data) - {"batch_size", "seq_len"}))
+            if extras:
+                raise _FieldError(
+                    (extras[0],), "unknown field (the shorthand takes exactly batch_size and seq_len)"
+                )
+            for name in ("batch_size", "seq_len"):
+                if name not in data:
+                    raise _FieldError((name,), "the shorthand needs both batch_size and seq_len")
+                value = data[name]
+                if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
+                    raise _FieldError((name,), f"expected an integer from 1 to {MAX_DIM}")
+            shape = [data["batch_size"], data["seq_len"]]
+            return {
+                "inputs": [
+                    {"name": "input_ids", "shape": shape, "dtype": "int64"},
+                    {"name": "attention_mask", "shape": shape, "dtype": "int64"},
+                ]
+            }
+        return data
+
+    @field_validator("inputs")
+    @classmethod
+    def _unique_names(cls, inputs: list[InputSpec]) -> list[InputSpec]:
+        seen: set[str] = set()
+        for index, spec in enumerate(inputs):
+            if spec.name in seen:
+                raise _FieldError((index, "name"), f"duplicate input name {spec.name!r} within the bucket")
+            seen.add(spec.name)
+        return inputs
+
+
+class CompilerOptions(_Strict):
+    backend: str | None = Field(
+        default=None,
+        description="neuron targets: trace (default) or neuronx-cc (hlo models); "
+        "cpu: torchscript (default) | aotinductor.",
+    )
+    args: list[Annotated[str, Field(max_length=1024)]] = Field(default_factory=list, max_length=128)
+    tp_degree: int = Field(default=1, ge=1, le=128, strict=True)
+    isa: str | None = Field(
+        default=None,
+        description="cpu aotinductor only: instruction set the native code targets, e.g. x86_64-avx512. "
+        "Defaults to the API host's.",
+    )
+
+    @field_validator("args")
+    @classmethod
+    def _splittable(cls, args: list[str]) -> list[str]:
+        # Checked for every target: an unreadable item must fail here, with its index, not later when the
+        # key is computed (neuron targets never reach the cpu allowlist check below).
+        for index, item in enumerate(args):
+            try:
+                shlex.split(item)
+            except ValueError as exc:
+                raise _FieldError((index,), f"cannot split {item!r} shell-style: {exc}") from None
+        return args
+
+    @field_validator("isa")
+    @classmethod
+    def _isa_form(cls, isa: str | None) -> str | None:
+        if isa is not None and not _ISA_RE.match(isa):
+            raise ValueError("expected <arch>-<isa>, e.g. x86_64-avx512")
+        return isa
+
+
+LabelKey = Annotated[str, Field(min_length=1, max_length=64)]
+LabelValue = Annotated[str, Field(max_length=1024)]
+
+
+class CompileSpec(_Strict):
+    model: ModelRef
+    target: Target
+    sdk: str = Field(description='Neuron SDK release, e.g. "2.20.0"; for cpu the torch version.')
+    compiler: CompilerOptions = Field(default_factory=CompilerOptions)
+    buckets: list[Bucket] = Field(min_length=1, max_length=MAX_BUCKETS)
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=32, description="Recorded with the build; never in the key."
+    )
+
+    @field_validator("sdk")
+    @classmethod
+    def _sdk_form(cls, sdk: str) -> str:
+        if not _SDK_RE.match(sdk):
+            raise ValueError('expected a release number such as "2.20.0"')
+        return sdk
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CompileSpec:
+        family = "cpu" if self.target == "cpu" else "neuron"
+        backends = BACKEND_FORMATS[family]
+        backend = self.backend
+        if backend not in backends:
+            raise _FieldError(
+                ("compiler", "backend"),
+                f"{backend!r} is not available for target {self.target}; expected one of {sorted(backends)}",
+            )
+        if self.model.format not in backends[backend]:
+            raise _FieldError(
+                ("model", "format"),
+                f"{self.model.format!r} cannot be compiled by backend {backend!r}; "
+                f"expected one of {sorted(backends[backend])}",
+            )
+        if family == "cpu":
+            if self.compiler.tp_degree != 1:
+                raise _FieldError(("compiler", "tp_degree"), "must be 1 for target cpu")
+            try:
+                unknown = flag_names(canonical_flags(self.compiler.args)) - CPU_BACKEND_FLAGS[backend]
+            except FlagError as exc:  # pragma: no cover - CompilerOptions._splittable refuses these first
+                raise _FieldError(("compiler", "args"), str(exc)) from None
+            if unknown:
+                raise _FieldError(
+                    ("compiler", "args"),
+                    f"{sorted(unknown)} are not understood by the cpu {backend} backend; "
+                    f"expected some of {sorted(CPU_BACKEND_FLAGS[backend])}",
+                )
+        if self.compiler.isa is not None and backend != "aotinductor":
+            raise _FieldError(("compiler", "isa"), "applies only to the cpu aotinductor backend")
+        return self
+
+    @property
+    def backend(self) -> str:
+        """The compiler backend, with the per-target default filled in."""
+        if self.compiler.backend:
+            return self.compiler.backend
+        if self.target == "cpu":
+            return "torchscript"
+        return "neuronx-cc" if self.model.format == "hlo" else "trace"
+
+
+class SpecError(ValueError):
+    """A spec that does not validate; ``errors`` lists ``{field, message}`` per problem."""
+
+    def __init__(self, errors: list[dict[str, str]]):
+        self.errors = errors
+        first = errors[0] if errors else {"field": "", "message": "invalid spec"}
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        super().__init__(f"{first['field'] or 'spec'}: {first['message']}{more}")
+
+
+_PLAIN_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part == "[key]" or part.startswith("function-"):
+            # "[key]" marks an error in a dict's key (labels); the key itself is the previous part.
+            # "function-…" parts name pydantic's wrapper validators, not fields.
+            continue
+        elif not _PLAIN_KEY_RE.match(part):
+            path += f"[{json.dumps(part, ensure_ascii=False)}]"  # a label key such as "" or "a.b"
+        else:
+            path += f".{part}" if path else part
+    return path
+
+
+def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
+    """pydantic errors as ``[{field, message}]`` with dotted/indexed field paths."""
+    out = []
+    for err in exc.errors(include_url=False):
+        message = err["msg"]
+        loc = tuple(err["loc"])
+        cause = err.get("ctx", {}).get("error")
+        if isinstance(cause, _FieldError):
+            loc += cause.path
+            message = str(cause)
+        elif err["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        out.append({"field": _field_path(loc), "message": message})
+    return out
+
+
+def parse_spec(data: Any) -> CompileSpec:
+    """Validate a decoded JSON/YAML document as a CompileSpec, raising :class:`SpecError`."""
+    if not isinstance(data, dict):
+        raise SpecError([{"field": "", "message": "expected a JSON object"}])
+    try:
+        return CompileSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(validation_errors(exc)) from None
+
+
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    # str() of a YAML error spans lines, with a source excerpt and a caret; errors are reported on one line.
+    text = ": ".join(part for part in (exc.context, exc.problem) if part) or "syntax error"
+    mark = exc.problem_mark or exc.context_mark
+    return f"{text} (line {mark.line + 1}, column {mark.column + 1})" if mark else text
+
+
+def load_spec_file(path: str | Path) -> CompileSpec:
+    """Read a spec from a .json, .yaml or .yml file (the CLI's input)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError([{"field": "", "message": f"cannot read {path}: {exc.strerror}"}]) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError([{"field": "", "message": f"{path} is not UTF-8 text: {exc.reason}"}]) from None
+    is_yaml = path.suffix.lower() in (".yaml", ".yml")
+    try:
+        data = yaml.safe_load(text) if is_yaml else json.loads(text)
+    except (json.JSONDecodeError, yaml.YAMLError, RecursionError) as exc:
+        kind = "YAML" if is_yaml else "JSON"
+        detail = _yaml_problem(exc) if isinstance(exc, yaml.MarkedYAMLError) else " ".join(str(exc).split())
+        raise SpecError([{"field": "", "message": f"{path} is not valid {kind}: {detail}"}]) from None
+    return parse_spec(data)

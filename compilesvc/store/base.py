@@ -1,0 +1,120 @@
+"""The artifact store interface: content-addressed blobs plus create-only documents.
+
+Blobs (compiled files, logs, uploaded models) live under ``blobs/sha256/<aa>/<hex>`` and are named by
+their content, so writing one twice is harmless. Documents (bucket and artifact manifests) are written
+create-only: an existing document is never overwritten, and a writer that loses the race is told so.
+Manifests are written after every blob they name, so a visible manifest is always complete.
+
+Two implementations pass one conformance suite: :class:`compilesvc.store.local.LocalStore` (a
+directory, with HMAC-signed download URLs the API serves) and :class:`compilesvc.store.s3.S3Store`
+(boto3 managed transfers, presigned URLs).
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+class StoreError(Exception):
+    """Base class of store failures. Callers treat them as infrastructure errors (retryable)."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or refuses our credentials."""
+
+
+class BlobNotFound(StoreError):
+    pass
+
+
+class BlobTooLarge(StoreError):
+    def __init__(self, limit: int):
+        self.limit = limit
+        super().__init__(f"blob exceeds the limit of {limit} bytes")
+
+
+class IntegrityError(StoreError):
+    """Bytes read back do not hash to the name they were stored under."""
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    sha256: str
+    size: int
+    created: bool  # False when identical content was already stored
+
+
+def blob_name(sha256: str) -> str:
+    if not SHA256_RE.match(sha256):
+        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+    return f"blobs/sha256/{sha256[:2]}/{sha256}"
+
+
+def artifact_manifest_name(key: str) -> str:
+    return f"artifacts/{key}/manifest.json"
+
+
+def bucket_manifest_name(key: str) -> str:
+    return f"buckets/{key}/manifest.json"
+
+
+class ArtifactStore(abc.ABC):
+    """Where blobs and manifests live. Every method streams; none holds a whole blob in memory."""
+
+    url: str
+
+    @abc.abstractmethod
+    def put_file(self, path: Path) -> BlobInfo:
+        """Store a file's bytes as a blob (hashing it while reading), unless that content exists."""
+
+    @abc.abstractmethod
+    def put_stream(self, stream: BinaryIO, *, max_bytes: int | None = None) -> BlobInfo:
+        """Store a stream as a blob, hashing while reading; :class:`BlobTooLarge` past ``max_bytes``."""
+
+    @abc.abstractmethod
+    def blob_size(self, sha256: str) -> int | None:
+        """The stored size of a blob, or None when it does not exist."""
+
+    def has_blob(self, sha256: str) -> bool:
+        return self.blob_size(sha256) is not None
+
+    @abc.abstractmethod
+    def open_blob(self, sha256: str) -> AbstractContextManager[BinaryIO]:
+        """A streaming reader of a blob; :class:`BlobNotFound` if absent."""
+
+    def iter_blob(self, sha256: str, chunk_size: int = 1024 * 1024) -> Iterator[bytes]:
+        with self.open_blob(sha256) as reader:
+            while chunk := reader.read(chunk_size):
+                yield chunk
+
+    @abc.abstractmethod
+    def download_blob(self, sha256: str, dest: Path) -> None:
+        """Copy a blob to ``dest``, verifying its sha256 (:class:`IntegrityError` on mismatch)."""
+
+    @abc.abstractmethod
+    def create_document(self, name: str, data: bytes) -> bool:
+        """Write a small document if ``name`` does not exist. True if written, False if it already was."""
+
+    @abc.abstractmethod
+    def read_document(self, name: str) -> bytes | None:
+        """A document's bytes, or None when it does not exist."""
+
+    @abc.abstractmethod
+    def document_location(self, name: str) -> str:
+        """Where a document lives, as a URI (``s3://…`` or ``file://…``), for manifests and humans."""
+
+    @abc.abstractmethod
+    def blob_url(self, sha256: str, *, expires_in: int, filename: str | None = None) -> str:
+        """A download URL for a blob that stops working after ``expires_in`` seconds."""
+
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Raise :class:`StoreUnavailable` unless the store answers (readiness probe)."""

@@ -1,0 +1,305 @@
+"""LocalStore: the artifact store as a directory, for the embedded mode and single-host deployments.
+
+Layout under ``root``: ``blobs/sha256/<aa>/<hex>`` (content-addressed blobs), documents at their names
+(``artifacts/<key>/manifest.json`` …) and ``tmp/`` for files being written. Every write goes to a temp
+file in ``tmp/`` (same filesystem) and is published with :func:`os.link`, which fails if the target
+exists: that is the atomic create-only primitive, so a reader never sees a partial file and nothing is
+ever overwritten. Downloads are served by the API through HMAC-signed URLs (:mod:`.signing`).
+
+This module also owns :func:`copy_hashing`, the bounded-memory copy loop both stores use to hash bytes
+while they stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from compilesvc.store.base import (
+    ArtifactStore,
+    BlobInfo,
+    BlobNotFound,
+    BlobTooLarge,
+    IntegrityError,
+    StoreError,
+    StoreUnavailable,
+    blob_name,
+)
+from compilesvc.store.signing import check_filename, sign_blob_url
+
+CHUNK_SIZE = 1024 * 1024
+STALE_TEMP_SECONDS = 24 * 3600
+
+
+class SinkWriteError(Exception):
+    """Raised by :func:`copy_hashing` when writing failed (our side), as opposed to reading the source."""
+
+    def __init__(self, cause: OSError):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+@dataclass
+class HashedCopy:
+    """What :func:`copy_hashing` saw: the full sha256, the size, and optionally per-part sha256 digests."""
+
+    sha256: str
+    size: int
+    part_digests: list[bytes] = field(default_factory=list)
+
+
+def copy_hashing(
+    read: Callable[[int], bytes],
+    write: Callable[[bytes], object] | None,
+    *,
+    max_bytes: int | None = None,
+    part_size: int | None = None,
+    chunk_size: int = CHUNK_SIZE,
+) -> HashedCopy:
+    """Copy ``read`` to ``write`` chunk by chunk, hashing on the way; memory stays at one chunk.
+
+    ``max_bytes`` raises :class:`BlobTooLarge` as soon as it is exceeded (the caller removes what was
+    written). ``part_size`` additionally records the sha256 of every ``part_size`` slice, which is what
+    S3 combines into a multipart object's composite checksum. Errors raised by ``write`` come out
+    wrapped in :class:`SinkWriteError` so callers can tell a failing store from a failing source.
+    """
+    full = hashlib.sha256()
+    part = hashlib.sha256() if part_size else None
+    part_fill = 0
+    parts: list[bytes] = []
+    size = 0
+    while chunk := read(chunk_size):
+        size += len(chunk)
+        if max_bytes is not None and size > max_bytes:
+            raise BlobTooLarge(max_bytes)
+        full.update(chunk)
+        if part is not None and part_size:
+            view = memoryview(chunk)
+            while view:
+                take = min(len(view), part_size - part_fill)
+                part.update(view[:take])
+                part_fill += take
+                view = view[take:]
+                if part_fill == part_size:
+                    parts.append(part.digest())
+                    part, part_fill = hashlib.sha256(), 0
+        if write is not None:
+            try:
+                write(chunk)
+            except OSError as exc:
+                raise SinkWriteError(exc) from exc
+    if part is not None and part_fill:
+        parts.append(part.digest())
+    return HashedCopy(full.hexdigest(), size, parts)
+
+
+def _fsync_dir(path: Path) -> None:
+    # A new directory entry is durable only once its directory is synced.
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalStore(ArtifactStore):
+    """Blobs and documents in a directory; see the module docstring for the layout and guarantees."""
+
+    def __init__(self, root: Path, *, public_url: str, secret_key: bytes):
+        if not secret_key:
+            raise ValueError("LocalStore needs a non-empty secret_key to sign download URLs")
+        self.root = Path(root).resolve()
+        self.public_url = public_url.rstrip("/")
+        self._secret_key = secret_key
+        self.url = self.root.as_uri()
+        self._tmp = self.root / "tmp"
+        try:
+            self._tmp.mkdir(parents=True, exist_ok=True)
+            (self.root / "blobs").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot create the local store at {self.root}: {exc}") from exc
+        self._sweep_stale_temp_files()
+
+    def _sweep_stale_temp_files(self) -> None:
+        # A process killed mid-write leaves its temp file behind; no write takes a day, so older ones
+        # are garbage. Several processes share tmp/, hence the age test rather than "everything".
+        cutoff = time.time() - STALE_TEMP_SECONDS
+        try:
+            entries = list(os.scandir(self._tmp))
+        except OSError:
+            return  # check() reports an unusable tmp/; the sweep is housekeeping only
+        for entry in entries:
+            try:
+                if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+            except OSError:
+                pass  # raced with another sweeper, or not ours to remove: harmless
+
+    # -- paths ---------------------------------------------------------------------------------------
+
+    def local_blob_path(self, sha256: str) -> Path:
+        """Where a blob's file lives (it may not exist); the API streams downloads from here."""
+        return self.root / blob_name(sha256)
+
+    def _document_path(self, name: str) -> Path:
+        # Documents are named by our code (manifest names), but a name is still a path: refuse
+        # anything that could land outside the root or collide with the blob and tmp areas.
+        parts = name.split("/")
+        if "\\" in name or any(p in ("", ".", "..") for p in parts) or parts[0] in ("blobs", "tmp"):
+            raise ValueError(f"invalid document name {name!r}")
+        return self.root.joinpath(*parts)
+
+    @contextmanager
+    def _temp_file(self) -> Iterator[tuple[BinaryIO, Path]]:
+        """A temp file in ``tmp/``, always unlinked on exit (a published file lives on under its link)."""
+        try:
+            fd, name = tempfile.mkstemp(dir=self._tmp, prefix="w-")
+        except OSError as exc:
+            raise StoreError(f"cannot create a temp file in {self._tmp}: {exc}") from exc
+        path = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                yield handle, path
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _publish(self, temp: Path, target: Path) -> bool:
+        """Link ``temp`` into place create-only. True if created, False if ``target`` already existed."""
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(temp, target)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise StoreError(f"cannot write {target}: {exc}") from exc
+        _fsync_dir(target.parent)
+        return True
+
+    # -- blobs ---------------------------------------------------------------------------------------
+
+    def _put(self, read: Callable[[int], bytes], max_bytes: int | None) -> BlobInfo:
+        # Errors reading the source (a client hanging up, a missing file) propagate unchanged; only
+        # failures of the store itself become StoreError, which callers treat as infrastructure.
+        with self._temp_file() as (handle, temp):
+            try:
+                copied = copy_hashing(read, handle.write, max_bytes=max_bytes)
+            except SinkWriteError as exc:
+                raise StoreError(f"cannot write to the local store: {exc.cause}") from exc.cause
+            try:
+                handle.flush()
+                os.fsync(handle.fileno())
+                # Blobs are immutable: make that visible to anyone poking at the directory.
+                os.chmod(temp, 0o444)
+            except OSError as exc:
+                raise StoreError(f"cannot write to the local store: {exc}") from exc
+            created = self._publish(temp, self.local_blob_path(copied.sha256))
+        return BlobInfo(copied.sha256, copied.size, created)
+
+    def put_file(self, path: Path) -> BlobInfo:
+        # Copy rather than hard-link the source: a later change to the caller's file must never
+        # change a stored blob (hard links share the inode).
+        with open(path, "rb") as src:
+            return self._put(src.read, None)
+
+    def put_stream(self, stream: BinaryIO, *, max_bytes: int | None = None) -> BlobInfo:
+        return self._put(stream.read, max_bytes)
+
+    def blob_size(self, sha256: str) -> int | None:
+        try:
+            return self.local_blob_path(sha256).stat().st_size
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot stat blob {sha256}: {exc}") from exc
+
+    @contextmanager
+    def _open(self, sha256: str) -> Iterator[BinaryIO]:
+        try:
+            handle = open(self.local_blob_path(sha256), "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            raise BlobNotFound(f"blob {sha256} not found") from None
+        except OSError as exc:
+            raise StoreError(f"cannot open blob {sha256}: {exc}") from exc
+        with handle:
+            yield handle
+
+    def open_blob(self, sha256: str) -> AbstractContextManager[BinaryIO]:
+        return self._open(sha256)
+
+    def download_blob(self, sha256: str, dest: Path) -> None:
+        dest = Path(dest)
+        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        temp = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as out, self._open(sha256) as src:
+                copied = copy_hashing(src.read, out.write)
+            if copied.sha256 != sha256:
+                raise IntegrityError(
+                    f"blob {sha256} reads back as sha256 {copied.sha256}: the stored file is corrupt"
+                )
+            os.replace(temp, dest)
+        except SinkWriteError as exc:
+            raise exc.cause from None
+        finally:
+            temp.unlink(missing_ok=True)
+
+    # -- documents -----------------------------------------------------------------------------------
+
+    def create_document(self, name: str, data: bytes) -> bool:
+        target = self._document_path(name)
+        if target.exists():
+            return False
+        with self._temp_file() as (handle, temp):
+            try:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            except OSError as exc:
+                raise StoreError(f"cannot write document {name}: {exc}") from exc
+            os.chmod(temp, 0o444)
+            return self._publish(temp, target)
+
+    def read_document(self, name: str) -> bytes | None:
+        try:
+            return self._document_path(name).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read document {name}: {exc}") from exc
+
+    def document_location(self, name: str) -> str:
+        return self._document_path(name).as_uri()
+
+    # -- URLs and health -----------------------------------------------------------------------------
+
+    def blob_url(self, sha256: str, *, expires_in: int, filename: str | None = None) -> str:
+        if expires_in <= 0:
+            raise ValueError("expires_in must be positive")
+        if filename is not None:
+            check_filename(filename)
+        # Round up: the URL must stay valid for at least expires_in seconds, not up to a second less.
+        expires = math.ceil(time.time()) + expires_in
+        sig = sign_blob_url(self._secret_key, sha256, expires, filename)
+        query = {"expires": str(expires), "sig": sig}
+        if filename is not None:
+            query["filename"] = filename
+        encoded = urllib.parse.urlencode(query, quote_via=urllib.parse.quote)
+        return f"{self.public_url}/v1/blobs/{sha256}?{encoded}"
+
+    def check(self) -> None:
+        # Readiness means "a write would succeed": the tmp dir exists and is writable.
+        if not self._tmp.is_dir() or not os.access(self._tmp, os.W_OK | os.X_OK):
+            raise StoreUnavailable(f"the local store {self.root} is missing or not writable")
+        usage = shutil.disk_usage(self._tmp)
+        if usage.free == 0:
+            raise StoreUnavailable(f"the local store {self.root} has no free space")

@@ -1,0 +1,453 @@
+"""Submit: turn a spec into a hit, a join or a new build, deduplicated against the ledger and the store.
+
+One call (:meth:`Submitter.submit`) decides:
+
+- **hit**: the artifact is published in the ledger, or its manifest is in the store (imported on sight);
+- **join**: the same artifact is already in flight (or failed with a compile error: the negative cache);
+- **new**: an artifact row is created and only the bucket compiles that do not exist yet (or whose last
+  attempt failed for infrastructure reasons, or was cancelled) are queued, so adding one bucket to a
+  built set compiles one bucket.
+
+Atomicity comes from unique keys: ``INSERT … ON CONFLICT DO NOTHING RETURNING id`` on the artifact key and
+on each bucket key, in sorted key order so concurrent submits never deadlock. Dispatch messages go into
+the outbox in the same transaction and are relayed only after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from compilesvc import events
+from compilesvc.artifacts import (
+    BUILD_STATE_FOR_ARTIFACT,
+    fail_artifacts_of_bucket,
+    publish_if_complete,
+    read_manifest,
+    set_artifact_state,
+)
+from compilesvc.db import transaction
+from compilesvc.dispatch import queue_name
+from compilesvc.keys import KeySet, compute_keys, digest
+from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, BuildLabel, utcnow
+from compilesvc.ledger.sql import insert_ignore
+from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_manifest
+from compilesvc.model_identity import PinnedModel
+from compilesvc.outbox import enqueue_compile
+from compilesvc.registry import live_queues
+from compilesvc.services import Services
+from compilesvc.spec import CompileSpec
+from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
+
+log = logging.getLogger(__name__)
+
+#: Bucket states a new submit puts back in the queue: an infrastructure failure or a cancel never sticks.
+REQUEUE_ON_SUBMIT = ("cancelled",)
+RETRYABLE_ERROR_CLASSES = ("infra", "timeout", "cancelled")
+
+
+class SubmitRefused(Exception):
+    """A submit the service will not accept as given; ``status`` is the HTTP status to answer with."""
+
+    status = 409
+    code = "submit-refused"
+
+
+class NoCapableWorker(SubmitRefused):
+    status = 503
+    code = "no-capable-worker"
+
+    def __init__(self, queue: str, target: str, sdk: str):
+        self.queue = queue
+        super().__init__(
+            f"no live worker serves target {target} with SDK {sdk} (queue {queue}); start one with "
+            f"`compilesvc worker`, or submit with queue_anyway to wait for one"
+        )
+
+
+class IdempotencyConflict(SubmitRefused):
+    status = 422
+    code = "idempotency-key-reused"
+
+    def __init__(self, key: str):
+        super().__init__(f"Idempotency-Key {key!r} was already used with a different request body")
+
+
+@dataclass(frozen=True)
+class BucketView:
+    key: str
+    position: int
+    inputs: list[dict[str, Any]]
+    state: str
+    attempts: int
+    error_class: str | None
+    error_code: str | None
+    error_message: str | None
+    worker_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    compile_seconds: float | None
+
+    @classmethod
+    def of(cls, bucket: BucketCompile, position: int) -> BucketView:
+        return cls(key=bucket.key, position=position, inputs=bucket.inputs, state=bucket.state,
+                   attempts=bucket.attempts, error_class=bucket.error_class, error_code=bucket.error_code,
+                   error_message=bucket.error_message, worker_id=bucket.worker_id,
+                   started_at=bucket.started_at, finished_at=bucket.finished_at,
+                   compile_seconds=bucket.compile_seconds)
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    build_id: int
+    outcome: str
+    state: str
+    artifact_key: str
+    artifact_state: str
+    buckets: list[BucketView]
+    replayed: bool = False
+    manifest: ArtifactManifest | None = None
+
+
+def bucket_views(session: Session, artifact_id: int) -> list[BucketView]:
+    rows = session.execute(
+        select(BucketCompile, ArtifactBucket.position)
+        .join(ArtifactBucket, ArtifactBucket.bucket_compile_id == BucketCompile.id)
+        .where(ArtifactBucket.artifact_id == artifact_id)
+        .order_by(ArtifactBucket.position)
+    ).all()
+    return [BucketView.of(bucket, position) for bucket, position in rows]
+
+
+def requeue_bucket(session: Session, bucket: BucketCompile, reason: str, *, reset_attempts: bool) -> int:
+    """Put a finished/abandoned bucket compile back in the queue; returns the outbox row id."""
+    events.record(session, "bucket", bucket.id, bucket.state, "queued", reason=reason)
+    bucket.state = "queued"
+    bucket.lease_token += 1  # fences off any worker still holding the old lease
+    bucket.lease_expires_at = None
+    bucket.worker_id = None
+    bucket.cancel_requested = False
+    bucket.error_class = bucket.error_code = bucket.error_message = None
+    bucket.queued_at = utcnow()
+    if reset_attempts:
+        bucket.attempts = 0
+    return enqueue_compile(session, bucket).id
+
+
+class Submitter:
+    """The submit service. Thread-safe; one per process is enough."""
+
+    def __init__(self, services: Services):
+        self.services = services
+        self.settings = services.settings
+
+    # -- public -------------------------------------------------------------------------------------
+
+    def keys_for(self, spec: CompileSpec) -> tuple[PinnedModel, KeySet]:
+        pinned = self.services.resolver.pin(spec.model)
+        keys = compute_keys(spec, model_sha256=pinned.sha256, default_isa=self.services.default_isa,
+                            salt=self.settings.key_salt)
+        return pinned, keys
+
+    def submit(self, spec: CompileSpec, *, submitted_by: str | None = None, idempotency_key: str | None = None,
+               queue_anyway: bool = False) -> SubmitResult:
+        request_hash = digest(spec.model_dump(mode="json"))
+        if idempotency_key:
+            replay = self._replay(idempotency_key, request_hash)
+            if replay is not None:
+                return replay
+        pinned, keys = self.keys_for(spec)
+        context = _Context(spec, pinned, keys, submitted_by, idempotency_key, request_hash)
+
+        try:
+            hit = self._published_hit(context)
+        except _IdempotencyRace:
+            hit = self._replay(idempotency_key or "", request_hash)
+        if hit is not None:
+            return hit
+        imported = self._importable_buckets(keys)
+        self._check_capacity(context, imported, queue_anyway)
+        try:
+            result, outbox_ids, finalize = self._create_or_join(context, imported)
+        except _IdempotencyRace:  # an identical request with the same key committed first
+            replay = self._replay(idempotency_key or "", request_hash)
+            if replay is None:
+                raise RuntimeError("idempotency key vanished after a conflict") from None
+            return replay
+        self._after_commit(outbox_ids, finalize, result)
+        return self._reload(result)
+
+    # -- steps --------------------------------------------------------------------------------------
+
+    def _replay(self, idempotency_key: str, request_hash: str) -> SubmitResult | None:
+        with self.services.sessions() as session:
+            build = session.scalar(select(Build).where(Build.idempotency_key == idempotency_key))
+            if build is None:
+                return None
+            if build.request_hash != request_hash:
+                raise IdempotencyConflict(idempotency_key)
+            artifact = session.get_one(Artifact, build.artifact_id)
+            return SubmitResult(build_id=build.id, outcome=build.outcome, state=build.state,
+                                artifact_key=artifact.key, artifact_state=artifact.state,
+                                buckets=bucket_views(session, artifact.id), replayed=True,
+                                manifest=self._manifest(artifact))
+
+    def _published_hit(self, ctx: _Context) -> SubmitResult | None:
+        """The fast path: one indexed read, one build insert. Falls back to importing from the store."""
+        with transaction(self.services.sessions) as session:
+            artifact = session.scalar(select(Artifact).where(Artifact.key == ctx.keys.key))
+            if artifact is not None and artifact.state == "published":
+                build = self._require_build(self._add_build(session, ctx, artifact, "hit"))
+                return SubmitResult(build_id=build.id, outcome="hit", state=build.state,
+                                    artifact_key=artifact.key, artifact_state=artifact.state, buckets=[],
+                                    manifest=self._manifest(artifact))
+        if artifact is None:
+            manifest = read_manifest(self.services.store, ctx.keys.key)
+            if manifest is not None:
+                return self._import_artifact(ctx, manifest)
+        return None
+
+    def _import_artifact(self, ctx: _Context, manifest: ArtifactManifest) -> SubmitResult:
+        """A manifest in the store but not in the ledger (another region, a rebuilt ledger): record it."""
+        imported = {
+            entry.key: BucketManifest(key=entry.key, material=manifest.material, inputs=entry.inputs,
+                                      files=entry.files, log=entry.log, versions=entry.versions,
+                                      compile_seconds=entry.compile_seconds, created_at=manifest.created_at)
+            for entry in manifest.buckets
+        }
+        with transaction(self.services.sessions) as session:
+            artifact_id = insert_ignore(session, Artifact, self._artifact_row(ctx, "published"), ["key"])
+            artifact = session.scalars(select(Artifact).where(Artifact.key == ctx.keys.key).with_for_update()).one()
+            if artifact_id is not None:
+                artifact.manifest_uri = self.services.store.document_location(artifact_manifest_name(ctx.keys.key))
+                artifact.size_bytes = manifest.size_bytes
+                artifact.published_at = utcnow()
+                events.record(session, "artifact", artifact.id, None, "published", source="store")
+                self._link_buckets(session, ctx, artifact, imported)
+            build = self._require_build(self._add_build(session, ctx, artifact, "hit"))
+            return SubmitResult(build_id=build.id, outcome="hit", state=build.state, artifact_key=artifact.key,
+                                artifact_state=artifact.state, buckets=[], manifest=manifest)
+
+    def _importable_buckets(self, keys: KeySet) -> dict[str, BucketManifest]:
+        """Bucket manifests present in the store for buckets the ledger does not know (read outside any
+        transaction: no row locks are held across network calls)."""
+        with self.services.sessions() as session:
+            known = set(session.scalars(select(BucketCompile.key).where(BucketCompile.key.in_(keys.bucket_keys))))
+        found = {}
+        for key in keys.bucket_keys:
+            if key in known:
+                continue
+            raw = self.services.store.read_document(bucket_manifest_name(key))
+            if raw is not None:
+                found[key] = parse_bucket_manifest(raw)
+        return found
+
+    def _check_capacity(self, ctx: _Context, imported: dict[str, BucketManifest], queue_anyway: bool) -> None:
+        if queue_anyway or not self.settings.require_live_worker:
+            return
+        with self.services.sessions() as session:
+            rows = session.execute(
+                select(BucketCompile.key, BucketCompile.state).where(BucketCompile.key.in_(ctx.keys.bucket_keys))
+            ).all()
+            states = {key: state for key, state in rows}
+            needs_compile = any(
+                key not in imported and states.get(key) in (None, "cancelled", "failed")
+                for key in ctx.keys.bucket_keys
+            )
+            if needs_compile and ctx.queue not in live_queues(session, self.settings.worker_stale_seconds):
+                raise NoCapableWorker(ctx.queue, ctx.spec.target, ctx.spec.sdk)
+
+    def _create_or_join(self, ctx: _Context, imported: dict[str, BucketManifest]
+                        ) -> tuple[SubmitResult, list[int], bool]:
+        outbox_ids: list[int] = []
+        with transaction(self.services.sessions) as session:
+            artifact_id = insert_ignore(session, Artifact, self._artifact_row(ctx, "building"), ["key"])
+            # Lock the row: finishing workers, cancels and other submits serialize on it.
+            artifact = session.scalars(select(Artifact).where(Artifact.key == ctx.keys.key).with_for_update()).one()
+            if artifact_id is not None:
+                outcome = "new"
+                events.record(session, "artifact", artifact.id, None, "building")
+                outbox_ids = self._link_buckets(session, ctx, artifact, imported)
+            elif artifact.state == "published":
+                outcome = "hit"
+            elif artifact.state == "building":
+                outcome = "join"
+            else:  # failed or cancelled: reopen unless a bucket failed with a compile error
+                outcome = "join"
+                outbox_ids = self._reopen(session, artifact)
+            self._settle(session, artifact)
+            build = self._add_build(session, ctx, artifact, outcome)
+            if build is None:
+                raise _IdempotencyRace  # rolls the whole transaction back
+            result = SubmitResult(build_id=build.id, outcome=outcome, state=build.state,
+                                  artifact_key=artifact.key, artifact_state=artifact.state,
+                                  buckets=bucket_views(session, artifact.id))
+            finalize = artifact.state == "building" and all(b.state == "succeeded" for b in result.buckets)
+        return result, outbox_ids, finalize
+
+    def _link_buckets(self, session: Session, ctx: _Context, artifact: Artifact,
+                      imported: dict[str, BucketManifest]) -> list[int]:
+        """Create (or reuse) one bucket compile per unique bucket key and link it to the artifact."""
+        outbox_ids = []
+        positions: dict[str, int] = {}
+        for bucket_key in ctx.keys.buckets:
+            positions.setdefault(bucket_key.key, bucket_key.position)
+        inputs = {b.key: b.inputs for b in ctx.keys.buckets}
+        for key in sorted(positions):  # sorted: concurrent submits take unique-index locks in one order
+            manifest = imported.get(key)
+            row = self._bucket_row(ctx, key, inputs[key], manifest)
+            bucket_id = insert_ignore(session, BucketCompile, row, ["key"])
+            bucket = session.scalars(select(BucketCompile).where(BucketCompile.key == key).with_for_update()).one()
+            if bucket_id is not None:
+                events.record(session, "bucket", bucket.id, None, bucket.state,
+                              source="store" if manifest else "submit")
+                if bucket.state == "queued":
+                    outbox_ids.append(enqueue_compile(session, bucket).id)
+            elif bucket.state in REQUEUE_ON_SUBMIT or (
+                bucket.state == "failed" and bucket.error_class in RETRYABLE_ERROR_CLASSES
+            ):
+                outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True))
+            session.add(ArtifactBucket(artifact_id=artifact.id, bucket_compile_id=bucket.id,
+                                       position=positions[key]))
+        session.flush()
+        return outbox_ids
+
+    def _reopen(self, session: Session, artifact: Artifact) -> list[int]:
+        buckets = [b for b in linked_buckets(session, artifact.id)]
+        if any(b.state == "failed" and b.error_class == "compile" for b in buckets):
+            return []  # negative cache: stays failed until an explicit retry
+        outbox_ids = []
+        for bucket in buckets:
+            if bucket.state in ("failed", "cancelled"):
+                outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True))
+            elif bucket.state == "running" and bucket.cancel_requested:
+                bucket.cancel_requested = False  # still running: let it finish for the new build
+        set_artifact_state(session, artifact, "building", reason="resubmitted")
+        return outbox_ids
+
+    def _settle(self, session: Session, artifact: Artifact) -> None:
+        """A set containing a bucket that already failed with a compile error fails at once."""
+        if artifact.state != "building":
+            return
+        for bucket in linked_buckets(session, artifact.id):
+            if bucket.state == "failed" and bucket.error_class == "compile":
+                fail_artifacts_of_bucket(session, bucket)
+                return
+
+    def _after_commit(self, outbox_ids: list[int], finalize: bool, result: SubmitResult) -> None:
+        if outbox_ids:
+            try:
+                self.services.relay.relay(outbox_ids)
+            except Exception:  # the relay loop sends what we could not; the build is safely recorded
+                log.exception("post-commit relay failed", extra={"build_id": result.build_id})
+        if finalize:
+            with self.services.sessions() as session:
+                artifact_id = session.scalars(select(Artifact.id).where(Artifact.key == result.artifact_key)).one()
+            publish_if_complete(self.services.store, self.services.sessions, artifact_id)
+
+    def _reload(self, result: SubmitResult) -> SubmitResult:
+        with self.services.sessions() as session:
+            build = session.get_one(Build, result.build_id)
+            artifact = session.get_one(Artifact, build.artifact_id)
+            return SubmitResult(build_id=build.id, outcome=result.outcome, state=build.state,
+                                artifact_key=artifact.key, artifact_state=artifact.state,
+                                buckets=bucket_views(session, artifact.id),
+                                manifest=self._manifest(artifact))
+
+    @staticmethod
+    def _require_build(build: Build | None) -> Build:
+        if build is None:
+            raise _IdempotencyRace
+        return build
+
+    # -- rows ---------------------------------------------------------------------------------------
+
+    def _manifest(self, artifact: Artifact) -> ArtifactManifest | None:
+        if artifact.state != "published":
+            return None
+        return read_manifest(self.services.store, artifact.key)
+
+    def _artifact_row(self, ctx: _Context, state: str) -> dict[str, Any]:
+        now = utcnow()
+        return {"key": ctx.keys.key, "state": state, "target": ctx.spec.target, "sdk": ctx.spec.sdk,
+                "backend": ctx.spec.backend, "model_sha256": ctx.pinned.sha256, "material": ctx.keys.material,
+                "components": ctx.keys.components, "created_at": now, "updated_at": now}
+
+    def _bucket_row(self, ctx: _Context, key: str, inputs: list[dict[str, Any]],
+                    manifest: BucketManifest | None) -> dict[str, Any]:
+        now = utcnow()
+        row: dict[str, Any] = {
+            "key": key, "state": "queued", "target": ctx.spec.target, "sdk": ctx.spec.sdk,
+            "backend": ctx.spec.backend, "queue": ctx.queue,
+            "model": {"uri": ctx.pinned.uri, "format": ctx.pinned.format, "sha256": ctx.pinned.sha256,
+                      "size": ctx.pinned.size, "fetch": ctx.pinned.fetch},
+            "material": ctx.keys.material, "inputs": inputs, "attempts": 0,
+            "max_attempts": self.settings.max_attempts, "lease_token": 0, "cancel_requested": False,
+            "queued_at": now, "updated_at": now,
+        }
+        if manifest is not None:
+            row.update(state="succeeded", manifest_uri=self.services.store.document_location(
+                bucket_manifest_name(key)), versions=manifest.versions, compile_seconds=manifest.compile_seconds,
+                finished_at=now)
+        return row
+
+    def _add_build(self, session: Session, ctx: _Context, artifact: Artifact, outcome: str) -> Build | None:
+        now = utcnow()
+        row = {
+            "artifact_id": artifact.id, "artifact_key": artifact.key,
+            "state": BUILD_STATE_FOR_ARTIFACT[artifact.state], "outcome": outcome,
+            "submitted_by": ctx.submitted_by, "labels": dict(ctx.spec.labels),
+            "spec": ctx.spec.model_dump(mode="json", exclude_none=True), "model_name": ctx.spec.model.name,
+            "model_sha256": ctx.pinned.sha256, "target": ctx.spec.target, "sdk": ctx.spec.sdk,
+            "backend": ctx.spec.backend, "idempotency_key": ctx.idempotency_key,
+            "request_hash": ctx.request_hash, "created_at": now,
+            "finished_at": now if artifact.state != "building" else None,
+        }
+        if ctx.idempotency_key:
+            build_id = insert_ignore(session, Build, row, ["idempotency_key"])
+            if build_id is None:
+                return None
+            build = session.get_one(Build, build_id)
+        else:
+            build = Build(**row)
+            session.add(build)
+            session.flush()
+        for name, value in ctx.spec.labels.items():
+            session.add(BuildLabel(build_id=build.id, name=name, value=value))
+        events.record(session, "build", build.id, None, build.state, outcome=outcome)
+        return build
+
+
+class _IdempotencyRace(Exception):
+    """Another request with the same Idempotency-Key committed between our check and our insert."""
+
+
+def linked_buckets(session: Session, artifact_id: int) -> list[BucketCompile]:
+    """The bucket compiles of an artifact, locked, in key order (the lock order every writer uses)."""
+    return list(session.scalars(
+        select(BucketCompile)
+        .join(ArtifactBucket, ArtifactBucket.bucket_compile_id == BucketCompile.id)
+        .where(ArtifactBucket.artifact_id == artifact_id)
+        .order_by(BucketCompile.key)
+        .with_for_update()
+    ))
+
+
+@dataclass(frozen=True)
+class _Context:
+    spec: CompileSpec
+    pinned: PinnedModel
+    keys: KeySet
+    submitted_by: str | None
+    idempotency_key: str | None
+    request_hash: str
+
+    @property
+    def queue(self) -> str:
+        return queue_name(self.spec.target, self.spec.sdk, self.spec.backend,
+                          self.keys.material["toolchain"].get("isa"))

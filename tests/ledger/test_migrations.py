@@ -1,0 +1,166 @@
+"""Alembic migrations on fresh, empty Postgres and SQLite databases: upgrade/downgrade round trips, every
+revision reversible on its own, and no drift between the migrated schema and the ORM models."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import Script, ScriptDirectory
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import pool, text
+
+from compilesvc.db import make_engine
+from compilesvc.ledger.models import Base
+from compilesvc.migrate import alembic_config, downgrade, upgrade
+from tests.fixtures.ledger import create_pg_database, drop_pg_database
+
+VERSION_TABLE = "alembic_version"
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A brand-new database with nothing in it (not the shared, already migrated test ledger)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fresh.db'}"
+        return
+    url = create_pg_database("compilesvc_migr")
+    try:
+        yield url
+    finally:
+        drop_pg_database(url)
+
+
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config("sqlite://"))
+
+
+def _revisions_base_to_head() -> list[Script]:
+    return list(reversed(list(_script().walk_revisions())))
+
+
+def _schema(url: str) -> dict[str, Any]:
+    """Everything the migrations own, in a comparable form: tables, columns, keys, indexes (and on
+    Postgres, any other relation such as a sequence, so a downgrade that leaks one is caught)."""
+    engine = make_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            insp = sa_inspect(conn)
+            tables: dict[str, Any] = {}
+            for name in sorted(insp.get_table_names()):
+                tables[name] = {
+                    "columns": [(c["name"], str(c["type"]), c["nullable"]) for c in insp.get_columns(name)],
+                    "pk": insp.get_pk_constraint(name)["constrained_columns"],
+                    "fks": sorted(
+                        (fk["name"] or "", tuple(fk["constrained_columns"]), fk["referred_table"])
+                        for fk in insp.get_foreign_keys(name)
+                    ),
+                    "indexes": sorted(
+                        (ix["name"] or "", tuple(str(c) for c in ix["column_names"]), bool(ix["unique"]))
+                        for ix in insp.get_indexes(name)
+                    ),
+                    "uniques": sorted(
+                        (uq["name"] or "", tuple(uq["column_names"])) for uq in insp.get_unique_constraints(name)
+                    ),
+                }
+            relations: list[str] = []
+            if conn.dialect.name == "postgresql":
+                relations = list(
+                    conn.scalars(
+                        text(
+                            "SELECT c.relkind::text || ':' || c.relname FROM pg_class c "
+                            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                            "WHERE n.nspname = 'public' ORDER BY 1"
+                        )
+                    )
+                )
+            return {"tables": tables, "relations": relations}
+    finally:
+        engine.dispose()
+
+
+def _current_revision(url: str) -> str | None:
+    engine = make_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def test_single_head() -> None:
+    # Two engineers adding revisions on the same parent gives two heads, and "upgrade head" then fails.
+    assert len(_script().get_heads()) == 1, f"multiple heads: {_script().get_heads()}; add a merge revision"
+
+
+def test_every_revision_has_a_real_downgrade() -> None:
+    for script in _revisions_base_to_head():
+        downgrade_fn = getattr(script.module, "downgrade", None)
+        assert callable(downgrade_fn), f"{script.revision} has no downgrade()"
+        body = ast.parse(inspect.getsource(downgrade_fn)).body[0]
+        assert isinstance(body, ast.FunctionDef)
+        statements = [
+            s
+            for s in body.body
+            if not isinstance(s, ast.Pass)
+            and not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))  # docstring / ...
+        ]
+        assert statements, f"revision {script.revision}: downgrade() does nothing"
+
+
+def test_upgrade_downgrade_upgrade(empty_url: str) -> None:
+    head = _script().get_current_head()
+    upgrade(empty_url)
+    migrated = _schema(empty_url)
+    assert set(migrated["tables"]) == {t.name for t in Base.metadata.sorted_tables} | {VERSION_TABLE}
+    assert _current_revision(empty_url) == head
+
+    downgrade(empty_url, "base")
+    emptied = _schema(empty_url)
+    # Alembic keeps its (now empty) version table; everything else must be gone, indexes and sequences too.
+    assert set(emptied["tables"]) == {VERSION_TABLE}
+    if emptied["relations"]:
+        assert emptied["relations"] == ["i:alembic_version_pkc", "r:alembic_version"]
+    assert _current_revision(empty_url) is None
+
+    upgrade(empty_url)
+    assert _current_revision(empty_url) == head
+    assert _schema(empty_url) == migrated
+
+
+def test_each_revision_downgrades_to_its_parent_schema(empty_url: str) -> None:
+    """The stairway: for every revision, upgrade, downgrade one step, and get exactly the schema of the
+    parent back; then upgrade again (so a downgrade that leaves debris breaks the re-upgrade)."""
+    before = _schema(empty_url)
+    for script in _revisions_base_to_head():
+        parent = script.down_revision
+        assert parent is None or isinstance(parent, str), "merge revisions: extend this test"
+        upgrade(empty_url, script.revision)
+        after = _schema(empty_url)
+        downgrade(empty_url, parent or "base")
+        assert _schema(empty_url)["tables"] == before["tables"] | (
+            {VERSION_TABLE: after["tables"][VERSION_TABLE]} if parent is None else {}
+        ), f"downgrade of {script.revision} does not restore the schema of {parent or 'base'}"
+        upgrade(empty_url, script.revision)
+        assert _schema(empty_url) == after
+        before = after
+
+
+def test_models_match_migrations(empty_url: str) -> None:
+    """What autogenerate would write for the models against a migrated database: nothing. Types and
+    server defaults are compared too, with no exceptions needed on either backend."""
+    upgrade(empty_url)
+    engine = make_engine(empty_url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+            diff = compare_metadata(context, Base.metadata)
+    finally:
+        engine.dispose()
+    assert diff == [], f"models and migrations differ; add a revision (alembic revision --autogenerate): {diff}"

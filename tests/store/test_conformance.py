@@ -1,0 +1,158 @@
+"""One conformance suite for every ArtifactStore: LocalStore and S3Store (on a real weed server)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from compilesvc.store import BlobNotFound, BlobTooLarge, IntegrityError, artifact_manifest_name
+from tests.store.conftest import StoreCase
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_round_trip(case: StoreCase, tmp_path: Path) -> None:
+    store = case.store
+    data = os.urandom(300_000)
+    info = store.put_stream(io.BytesIO(data))
+    assert (info.sha256, info.size, info.created) == (sha(data), len(data), True)
+    assert store.has_blob(info.sha256)
+    assert store.blob_size(info.sha256) == len(data)
+    with store.open_blob(info.sha256) as reader:
+        assert reader.read() == data
+    assert b"".join(store.iter_blob(info.sha256, chunk_size=65536)) == data
+    dest = tmp_path / "out.bin"
+    store.download_blob(info.sha256, dest)
+    assert dest.read_bytes() == data
+
+
+def test_content_addressing_and_created_flag(case: StoreCase, tmp_path: Path) -> None:
+    store = case.store
+    data = b"compiled neff bytes"
+    source = tmp_path / "model.neff"
+    source.write_bytes(data)
+    first = store.put_file(source)
+    assert first.sha256 == sha(data) and first.created
+    # The same content again, by either path, is the same blob and is not "created" again.
+    assert store.put_file(source).created is False
+    again = store.put_stream(io.BytesIO(data))
+    assert (again.sha256, again.size, again.created) == (first.sha256, len(data), False)
+    other = store.put_stream(io.BytesIO(data + b"!"))
+    assert other.sha256 != first.sha256 and other.created
+    assert f"blobs/sha256/{first.sha256[:2]}/{first.sha256}" in case.list_names()
+    # Nothing but the two blobs was left behind (no temp files, no documents).
+    assert [n for n in case.list_names() if not n.startswith("blobs/")] == []
+
+
+def test_empty_blob(case: StoreCase, tmp_path: Path) -> None:
+    info = case.store.put_stream(io.BytesIO(b""))
+    assert (info.sha256, info.size, info.created) == (sha(b""), 0, True)
+    case.store.download_blob(info.sha256, tmp_path / "empty")
+    assert (tmp_path / "empty").read_bytes() == b""
+
+
+def test_missing_blob(case: StoreCase, tmp_path: Path) -> None:
+    missing = sha(b"never stored")
+    assert case.store.blob_size(missing) is None
+    assert not case.store.has_blob(missing)
+    with pytest.raises(BlobNotFound), case.store.open_blob(missing):
+        pass
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(BlobNotFound):
+        case.store.download_blob(missing, out / "x")
+    assert list(out.iterdir()) == []  # no partial download left behind
+
+
+def test_documents_are_create_only(case: StoreCase) -> None:
+    store = case.store
+    name = artifact_manifest_name("a" * 64)
+    assert store.read_document(name) is None
+    assert store.create_document(name, b'{"v": 1}') is True
+    assert store.create_document(name, b'{"v": 2}') is False
+    assert store.read_document(name) == b'{"v": 1}'
+    location = store.document_location(name)
+    assert location.startswith("file://" if case.kind == "local" else "s3://")
+    assert location.endswith(name)
+
+
+def test_concurrent_create_document_has_one_winner(case: StoreCase) -> None:
+    name = "buckets/race/manifest.json"
+    threads = 8
+    barrier = threading.Barrier(threads)
+    results: dict[int, bool] = {}
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = case.store.create_document(name, f'{{"writer": {i}}}'.encode())
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=writer, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
+    winners = [i for i, created in results.items() if created]
+    assert len(winners) == 1 and len(results) == threads
+    assert case.store.read_document(name) == f'{{"writer": {winners[0]}}}'.encode()
+
+
+def test_download_verifies_sha256(case: StoreCase, tmp_path: Path) -> None:
+    data = os.urandom(50_000)
+    info = case.store.put_stream(io.BytesIO(data))
+    case.corrupt_blob(info.sha256, data[:-1] + bytes([data[-1] ^ 1]))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(IntegrityError):
+        case.store.download_blob(info.sha256, out / "dest.bin")
+    assert list(out.iterdir()) == []  # neither the file nor a partial download
+
+
+def test_blob_too_large_leaves_nothing_behind(case: StoreCase, isolated_tmp: Path) -> None:
+    data = os.urandom(4096)
+    with pytest.raises(BlobTooLarge) as raised:
+        case.store.put_stream(io.BytesIO(data), max_bytes=4095)
+    assert raised.value.limit == 4095
+    assert not case.store.has_blob(sha(data))
+    assert case.list_names() == []
+    assert list(isolated_tmp.iterdir()) == []  # no spool file either
+    # Exactly at the limit is fine.
+    assert case.store.put_stream(io.BytesIO(data), max_bytes=4096).created
+    assert list(isolated_tmp.iterdir()) == []
+
+
+def test_blob_url_downloads_then_expires(case: StoreCase) -> None:
+    data = os.urandom(10_000)
+    info = case.store.put_stream(io.BytesIO(data))
+    plain = case.store.blob_url(info.sha256, expires_in=600)
+    # SigV4 dates have whole-second resolution, so a 1-second URL signed at x.99 s is valid for only
+    # ~10 ms: sign at the start of a second so the first download is not racing the clock.
+    time.sleep(1.02 - time.time() % 1)
+    url = case.store.blob_url(info.sha256, expires_in=1, filename="bucket 3.neff")
+    response = requests.get(url, timeout=10)
+    assert response.status_code == 200
+    assert response.content == data
+    assert 'filename="bucket 3.neff"' in response.headers["Content-Disposition"]
+    assert requests.get(plain, timeout=10).content == data
+    time.sleep(2.1)
+    assert requests.get(url, timeout=10).status_code == 403
+    # The filename is part of what is signed: it cannot be swapped on a live URL.
+    tampered = plain + "&filename=evil.sh" if case.kind == "local" else plain.replace(info.sha256, sha(b"x"))
+    assert requests.get(tampered, timeout=10).status_code == 403
+
+
+def test_check(case: StoreCase) -> None:
+    case.store.check()

@@ -1,0 +1,325 @@
+"""docker-compose.yml and the images: valid against the Compose Specification, and wired the way the service
+needs (migrations before everything, a broker that never evicts, Neuron workers behind a profile, settings
+that exist). No Docker engine needed: the file is read as YAML, with compose's ${VAR:-default}
+interpolation emulated using the defaults (an empty environment).
+
+The schema is the Compose Specification's own, vendored in tests/data/ (see tests/data/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from compilesvc.config import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+SCHEMA_FILE = ROOT / "tests" / "data" / "compose-spec.json"
+ENV_EXAMPLE = ROOT / "docker" / "env.example"
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+DOCKERFILE_NEURON = ROOT / "docker" / "Dockerfile.neuron"
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
+
+ENV_PREFIX = "COMPILESVC_"
+#: COMPILESVC_* variables read directly from the environment rather than through Settings (each must
+#: still appear in the code that reads it: see test_environment_names_are_real).
+PROCESS_ENV = {
+    "COMPILESVC_NEURON_SDK",  # workers/versions.py: the host's Neuron SDK release
+    "COMPILESVC_NEURON_TARGETS",  # workers/versions.py
+    "COMPILESVC_LOG_LEVEL",  # compilesvc/jsonlog.py
+    "COMPILESVC_BROKER_KEY_PREFIX",  # compilesvc/daemon.py
+}
+#: Services that run compilesvc long-term: all wait for the migration.
+LONG_RUNNING = ("api", "relay", "worker-cpu", "worker-neuron")
+#: Services built from the compilesvc images.
+COMPILESVC_SERVICES = ("s3-init", "migrate", *LONG_RUNNING)
+
+_VAR_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's variable substitution (${VAR}, ${VAR:-default}, ${VAR-default}, $$), recursively."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1) or match.group(4)
+        op, default = match.group(2), match.group(3) or ""
+        if op == ":-":
+            return env.get(name) or default
+        if op == "-":
+            return env.get(name, default)
+        if op in (":?", "?"):
+            pytest.fail(f"${{{name}}} is required: docker compose config fails without a .env")
+        return env.get(name, "")
+
+    return _VAR_RE.sub(substitute, value)
+
+
+def variables_used(text: str) -> set[str]:
+    return {m.group(1) or m.group(4) for m in _VAR_RE.finditer(text) if m.group(0) != "$$"}
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def compose(raw: dict[str, Any]) -> dict[str, Any]:
+    """The file as compose sees it with no .env: every ${VAR:-default} at its default."""
+    resolved = interpolate(raw, {})
+    assert isinstance(resolved, dict)
+    return resolved
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {str(k): "" if v is None else str(v) for k, v in env.items()}
+
+
+def depends_on(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return {name: {"condition": "service_started"} for name in deps}
+    return deps
+
+
+# -- the Compose Specification ---------------------------------------------------------------------------
+
+def test_valid_against_the_compose_spec_schema(raw: dict[str, Any]) -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema belongs in the dev extra")
+    schema = json.loads(SCHEMA_FILE.read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
+    assert not errors, "\n".join(f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+                                 for e in errors)
+
+
+def test_schema_rejects_what_it_should() -> None:
+    """The vendored schema is the real one: it refuses an unknown service key and a bad condition."""
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema belongs in the dev extra")
+    validator = jsonschema.Draft7Validator(json.loads(SCHEMA_FILE.read_text()))
+    assert not validator.is_valid({"services": {"a": {"image": "x", "imagee": "y"}}})
+    assert not validator.is_valid({"services": {"a": {"image": "x", "depends_on": {"b": {"condition": "up"}}}}})
+    assert validator.is_valid({"services": {"a": {"image": "x"}}, "x-anything": {"k": 1}})
+
+
+def test_no_obsolete_version_and_no_required_variables(raw: dict[str, Any]) -> None:
+    assert "version" not in raw  # obsolete in the Compose Specification; compose v2 warns about it
+    text = COMPOSE_FILE.read_text()
+    assert not re.search(r"\$\{[A-Za-z0-9_]+:?\?", text), "a ${VAR:?} makes `docker compose config` fail without .env"
+
+
+@pytest.mark.parametrize("tool", [["docker", "compose"], ["docker-compose"]], ids=["compose-v2", "compose-v1"])
+def test_compose_cli_accepts_the_file(tool: list[str]) -> None:
+    """`docker compose config` (or docker-compose 1.29's), where installed: the implementation's own check."""
+    if shutil.which(tool[0]) is None:
+        pytest.skip(f"{tool[0]} is not installed")
+    if tool == ["docker", "compose"]:
+        probe = subprocess.run([*tool, "version"], capture_output=True, timeout=30)
+        if probe.returncode != 0:
+            pytest.skip("the docker compose plugin is not installed")
+    for extra in ([], ["--env-file", str(ENV_EXAMPLE)]):
+        proc = subprocess.run([*tool, "-f", str(COMPOSE_FILE), *extra, "--profile", "neuron", "config", "-q"],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+
+
+# -- wiring ----------------------------------------------------------------------------------------------
+
+def test_every_dependency_exists(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        for target in depends_on(service):
+            assert target in services, f"{name} depends on {target}, which is not a service"
+            assert target != name
+
+
+def test_migrate_runs_once_before_everything_that_uses_the_ledger(services: dict[str, dict[str, Any]]) -> None:
+    migrate = services["migrate"]
+    assert migrate["command"] == ["migrate"]
+    assert migrate.get("restart") == "no"
+    assert depends_on(migrate)["postgres"]["condition"] == "service_healthy"
+    for name in LONG_RUNNING:
+        deps = depends_on(services[name])
+        assert deps.get("migrate", {}).get("condition") == "service_completed_successfully", name
+
+
+def test_bucket_exists_before_artifacts_are_touched(services: dict[str, dict[str, Any]]) -> None:
+    init = services["s3-init"]
+    assert init.get("restart") == "no"
+    assert depends_on(init)["s3"]["condition"] == "service_healthy"
+    assert "healthcheck" in services["s3"]
+    for name in ("api", "worker-cpu", "worker-neuron"):
+        assert depends_on(services[name])["s3-init"]["condition"] == "service_completed_successfully", name
+
+
+def test_redis_is_a_broker_that_neither_evicts_nor_forgets(services: dict[str, dict[str, Any]]) -> None:
+    redis = services["redis"]
+    command = redis["command"]
+    words = command if isinstance(command, list) else command.split()
+    assert redis["image"].startswith("redis:7")
+    assert words[words.index("--maxmemory-policy") + 1] == "noeviction"
+    assert words[words.index("--appendonly") + 1] == "yes"
+    assert any(v.startswith("redisdata:") for v in redis["volumes"])
+    for name in LONG_RUNNING:
+        assert depends_on(services[name])["redis"]["condition"] == "service_healthy", name
+
+
+def test_postgres_has_a_healthcheck_and_a_volume(services: dict[str, dict[str, Any]]) -> None:
+    postgres = services["postgres"]
+    assert postgres["image"] == "postgres:15"
+    assert "pg_isready" in postgres["healthcheck"]["test"]
+    assert any(v.startswith("pgdata:/var/lib/postgresql/data") for v in postgres["volumes"])
+
+
+def test_api_serves_on_8080_and_checks_readiness(services: dict[str, dict[str, Any]]) -> None:
+    api = services["api"]
+    assert api["command"] == ["serve", "--host", "0.0.0.0", "--port", "8080", "--workers", "4"]
+    assert "8080:8080" in api["ports"]
+    test = api["healthcheck"]["test"]
+    assert test[0] == "CMD" and any("/readyz" in part for part in test)
+    assert services["relay"]["command"] == ["relay"]
+    assert services["worker-cpu"]["command"] == ["worker", "--concurrency", "2"]
+
+
+def test_neuron_worker_is_behind_a_profile_with_a_neuron_device(services: dict[str, dict[str, Any]]) -> None:
+    neuron = services["worker-neuron"]
+    assert neuron.get("profiles") == ["neuron"]
+    assert neuron["build"]["dockerfile"] == "docker/Dockerfile.neuron"
+    host_devices = [d.split(":")[0] if isinstance(d, str) else d["source"] for d in neuron["devices"]]
+    assert host_devices and all(re.fullmatch(r"/dev/neuron\d+", d) for d in host_devices), host_devices
+    env = environment(neuron)
+    assert env["NEURON_COMPILE_CACHE_URL"].startswith("s3://")
+    sdk = env["COMPILESVC_NEURON_SDK"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", sdk)
+    assert neuron["build"]["args"]["NEURON_SDK"] == sdk
+    assert f"-sdk{sdk}-" in neuron["build"]["args"]["NEURON_DLC_TAG"]
+    assert neuron["image"].endswith(f":{sdk}")
+    # No other service is profile-gated: `docker compose up` starts the whole cpu stack.
+    assert [n for n, s in services.items() if s.get("profiles")] == ["worker-neuron"]
+
+
+def test_compilesvc_services_share_one_environment(services: dict[str, dict[str, Any]]) -> None:
+    base = environment(services["api"])
+    for name in COMPILESVC_SERVICES:
+        env = environment(services[name])
+        assert {k: v for k, v in env.items() if k in base} == base, name
+    extra = set(environment(services["worker-neuron"])) - set(base)
+    assert extra == {"COMPILESVC_NEURON_SDK", "NEURON_COMPILE_CACHE_URL"}
+    # Written once: every key of the shared environment is defined exactly once in the file.
+    text = COMPOSE_FILE.read_text()
+    for key in base:
+        assert len(re.findall(rf"^\s+{key}:", text, re.MULTILINE)) == 1, key
+
+
+def test_environment_names_are_real(services: dict[str, dict[str, Any]]) -> None:
+    fields = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    used = {key for service in services.values() for key in environment(service) if key.startswith(ENV_PREFIX)}
+    unknown = used - fields - PROCESS_ENV
+    assert not unknown, f"not Settings fields (compilesvc/config.py) nor read elsewhere: {sorted(unknown)}"
+    sources = "\n".join(p.read_text() for d in ("compilesvc", "web", "workers") for p in (ROOT / d).rglob("*.py"))
+    for name in sorted((used | PROCESS_ENV) - fields):
+        assert name in sources, f"{name} is in PROCESS_ENV but no code reads it any more"
+
+
+def test_default_environment_is_valid_settings(services: dict[str, dict[str, Any]],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith(ENV_PREFIX):
+            monkeypatch.delenv(key)
+    for key, value in environment(services["api"]).items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    assert settings.database_url and settings.database_url.startswith("postgresql+psycopg://")
+    assert settings.broker_url and settings.broker_url.startswith("redis://")
+    assert settings.store_url and settings.store_url.startswith("s3://")
+    assert settings.s3_endpoint_url  # an empty endpoint would reach boto3 as "" and fail
+
+
+def test_every_variable_is_in_env_example(raw: dict[str, Any]) -> None:
+    documented = {line.split("=", 1)[0] for line in ENV_EXAMPLE.read_text().splitlines()
+                  if line and not line.startswith("#") and "=" in line}
+    missing = variables_used(COMPOSE_FILE.read_text()) - documented
+    assert not missing, f"add to docker/env.example: {sorted(missing)}"
+
+
+def test_secrets_are_placeholders(compose: dict[str, Any]) -> None:
+    """Every secret defaults to an obvious placeholder, never something that looks real."""
+    env = environment(compose["services"]["api"])
+    for key in ("PGPASSWORD", "AWS_SECRET_ACCESS_KEY", "COMPILESVC_SECRET_KEY"):
+        assert env[key].startswith("change-me"), key
+    assert "change-me" in env["COMPILESVC_BROKER_URL"]
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        if any(word in key for word in ("PASSWORD", "SECRET")):
+            assert value.startswith("change-me"), key
+
+
+# -- the images ------------------------------------------------------------------------------------------
+
+def _arg_default(dockerfile: Path, name: str) -> str:
+    match = re.search(rf"^ARG {name}=(\S+)$", dockerfile.read_text(), re.MULTILINE)
+    assert match, f"{dockerfile.name} has no ARG {name}=…"
+    return match.group(1)
+
+
+def test_cpu_image_installs_the_pinned_torch_from_the_cpu_index() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = [r for r in extras["cpu"] if re.match(r"torch\s*==", r)]
+    assert pins, "the cpu extra no longer pins torch"
+    assert _arg_default(DOCKERFILE, "TORCH_VERSION") == pins[0].split("==")[1].strip()
+    assert _arg_default(DOCKERFILE, "TORCH_INDEX_URL") == "https://download.pytorch.org/whl/cpu"
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM \$\{PYTHON_IMAGE\}\s*$", text, re.MULTILINE)
+    assert _arg_default(DOCKERFILE, "PYTHON_IMAGE") == "python:3.11-slim"
+    assert re.search(r"^USER compilesvc$", text, re.MULTILINE)
+    assert 'ENTRYPOINT ["compilesvc"]' in text
+
+
+def test_neuron_image_defaults_agree_with_compose(services: dict[str, dict[str, Any]]) -> None:
+    args = services["worker-neuron"]["build"]["args"]
+    assert _arg_default(DOCKERFILE_NEURON, "NEURON_SDK") == args["NEURON_SDK"]
+    assert _arg_default(DOCKERFILE_NEURON, "NEURON_DLC_TAG") == args["NEURON_DLC_TAG"]
+    assert _arg_default(DOCKERFILE_NEURON, "NEURON_DLC_IMAGE").startswith("public.ecr.aws/neuron/")
+    text = DOCKERFILE_NEURON.read_text()
+    assert "pip.repos.neuron.amazonaws.com" in text
+    assert '"/src[neuron]"' in text and "[cpu" not in text
+    # The DLC's Python must be able to install compilesvc (requires-python).
+    assert re.search(r"-py3(1[1-9])-", args["NEURON_DLC_TAG"]), "compilesvc needs Python >= 3.11"
+
+
+# -- documentation ---------------------------------------------------------------------------------------
+
+def test_deploy_doc_lists_every_setting() -> None:
+    text = DEPLOY_DOC.read_text()
+    missing = [f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields
+               if f"`{ENV_PREFIX}{name.upper()}`" not in text]
+    assert not missing, f"docs/deploy.md's settings table lacks {missing}"

@@ -1,0 +1,323 @@
+"""Submit-time dedupe: hits, joins, new builds, bucket reuse, negative cache, store import, idempotency,
+and exactly-once under concurrent submitters in separate processes (real Postgres and SQLite)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from compilesvc.artifacts import publish_ready_artifacts
+from compilesvc.config import Settings
+from compilesvc.control import cancel_build, retry_build
+from compilesvc.ledger.models import Artifact, BucketCompile, Build, Outbox, utcnow
+from compilesvc.manifest import BucketManifest, FileEntry
+from compilesvc.registry import live_queues
+from compilesvc.services import Services
+from compilesvc.spec import parse_spec
+from compilesvc.store.base import bucket_manifest_name
+from compilesvc.submit import IdempotencyConflict, NoCapableWorker, Submitter
+
+BUCKETS = [{"batch_size": 1, "seq_len": 16}, {"batch_size": 1, "seq_len": 32}, {"batch_size": 2, "seq_len": 32}]
+
+
+def make_settings(tmp_path: Path, database_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "data_dir": tmp_path / "data",
+        "database_url": database_url,
+        "store_url": (tmp_path / "store").as_uri(),
+        "broker_url": "filesystem://",
+        "require_live_worker": False,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def upload_model(services: Services, content: bytes = b"tiny model bytes") -> str:
+    path = services.settings.data_dir / "model.bin"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return f"blob:sha256:{services.store.put_file(path).sha256}"
+
+
+def spec_doc(model_uri: str, buckets: list[dict[str, int]] | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": {"uri": model_uri, "format": "exported-program", "name": "tiny"},
+        "target": "cpu",
+        "sdk": "2.13.0",
+        "buckets": buckets or BUCKETS,
+        **extra,
+    }
+
+
+def complete_bucket(services: Services, key: str, *, state: str = "succeeded", error_class: str | None = None,
+                    error_code: str | None = None) -> None:
+    """Finish a bucket compile the way a worker does: blobs, bucket manifest, ledger row, then publish."""
+    with services.sessions.begin() as session:
+        bucket = session.scalars(select(BucketCompile).where(BucketCompile.key == key)).one()
+        if state == "succeeded":
+            path = services.settings.data_dir / f"{key}.pt"
+            path.write_bytes(f"compiled {key}".encode())
+            blob = services.store.put_file(path)
+            manifest = BucketManifest(key=key, material=bucket.material, inputs=bucket.inputs,
+                                      files=[FileEntry(path="model.pt", role="model", size=blob.size,
+                                                       sha256=blob.sha256)],
+                                      versions={"torch": "2.13.0"}, compile_seconds=1.0,
+                                      created_at=utcnow().isoformat())
+            services.store.create_document(bucket_manifest_name(key), manifest.to_bytes())
+            bucket.manifest_uri = services.store.document_location(bucket_manifest_name(key))
+        bucket.state = state
+        bucket.error_class = error_class
+        bucket.error_code = error_code
+        bucket.finished_at = utcnow()
+        bucket_id = bucket.id
+    if state == "succeeded":
+        publish_ready_artifacts(services.store, services.sessions, bucket_id)
+    else:
+        with services.sessions.begin() as session:
+            from compilesvc.artifacts import fail_artifacts_of_bucket
+
+            fail_artifacts_of_bucket(session, session.get_one(BucketCompile, bucket_id))
+
+
+def count(services: Services, model: type) -> int:
+    with services.sessions() as session:
+        return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+
+@pytest.fixture
+def services(tmp_path: Path, ledger_url: str):  # type: ignore[no-untyped-def]
+    services = Services.from_settings(make_settings(tmp_path, ledger_url))
+    yield services
+    services.close()
+
+
+def test_new_join_then_hit(services: Services) -> None:
+    submitter = Submitter(services)
+    spec = parse_spec(spec_doc(upload_model(services), labels={"team": "search"}))
+    first = submitter.submit(spec, submitted_by="ci")
+    assert (first.outcome, first.state, first.artifact_state) == ("new", "building", "building")
+    assert [b.state for b in first.buckets] == ["queued"] * 3
+    assert count(services, Outbox) == 3
+
+    second = submitter.submit(spec)
+    assert (second.outcome, second.artifact_key) == ("join", first.artifact_key)
+    assert count(services, BucketCompile) == 3 and count(services, Outbox) == 3
+
+    for bucket in first.buckets:
+        complete_bucket(services, bucket.key)
+    third = submitter.submit(spec)
+    assert (third.outcome, third.state) == ("hit", "succeeded")
+    assert third.manifest is not None and len(third.manifest.buckets) == 3
+    with services.sessions() as session:
+        states = session.scalars(select(Build.state).order_by(Build.id)).all()
+    assert states == ["succeeded"] * 3  # the joined builds followed their artifact
+
+
+def test_adding_a_bucket_compiles_only_that_bucket(services: Services) -> None:
+    submitter = Submitter(services)
+    model = upload_model(services)
+    first = submitter.submit(parse_spec(spec_doc(model, BUCKETS[:2])))
+    for bucket in first.buckets:
+        complete_bucket(services, bucket.key)
+    grown = submitter.submit(parse_spec(spec_doc(model, BUCKETS)))
+    assert grown.outcome == "new" and grown.artifact_key != first.artifact_key
+    assert sorted(b.state for b in grown.buckets) == ["queued", "succeeded", "succeeded"]
+    assert count(services, BucketCompile) == 3 and count(services, Outbox) == 3
+
+
+def test_reordered_buckets_and_labels_are_the_same_artifact(services: Services) -> None:
+    submitter = Submitter(services)
+    model = upload_model(services)
+    first = submitter.submit(parse_spec(spec_doc(model, BUCKETS, labels={"a": "1"})))
+    again = submitter.submit(parse_spec(spec_doc(model, list(reversed(BUCKETS)), labels={"b": "2"})))
+    assert again.outcome == "join" and again.artifact_key == first.artifact_key
+
+
+def test_compile_error_is_negatively_cached_until_retry(services: Services) -> None:
+    submitter = Submitter(services)
+    spec = parse_spec(spec_doc(upload_model(services)))
+    first = submitter.submit(spec)
+    complete_bucket(services, first.buckets[0].key, state="failed", error_class="compile",
+                    error_code="CPU_TRACE_ERROR")
+    again = submitter.submit(spec)
+    assert (again.outcome, again.state, again.artifact_state) == ("join", "failed", "failed")
+    assert count(services, Outbox) == 3  # nothing re-dispatched
+
+    # A different set containing the failed bucket fails at once, and queues nothing for it.
+    other = submitter.submit(parse_spec(spec_doc(spec.model.uri, [BUCKETS[0]])))
+    assert other.state == "failed" and count(services, Outbox) == 3
+
+    outbox_ids = retry_build(services, again.build_id)
+    assert len(outbox_ids) == 1
+    with services.sessions() as session:
+        bucket = session.scalars(select(BucketCompile).where(BucketCompile.key == first.buckets[0].key)).one()
+        build = session.get_one(Build, again.build_id)
+    assert (bucket.state, bucket.error_class, bucket.attempts) == ("queued", None, 0)
+    assert build.state == "building"
+
+
+def test_infrastructure_failure_never_sticks(services: Services) -> None:
+    submitter = Submitter(services)
+    spec = parse_spec(spec_doc(upload_model(services)))
+    first = submitter.submit(spec)
+    complete_bucket(services, first.buckets[1].key, state="failed", error_class="infra")
+    again = submitter.submit(spec)
+    assert again.state == "building"
+    by_key = {b.key: b.state for b in again.buckets}
+    assert by_key[first.buckets[1].key] == "queued"
+    assert count(services, Outbox) == 4
+
+
+def test_cancel_then_resubmit_requeues(services: Services) -> None:
+    submitter = Submitter(services)
+    spec = parse_spec(spec_doc(upload_model(services)))
+    first = submitter.submit(spec)
+    cancel_build(services, first.build_id)
+    with services.sessions() as session:
+        assert set(session.scalars(select(BucketCompile.state))) == {"cancelled"}
+        assert session.get_one(Build, first.build_id).state == "cancelled"
+    again = submitter.submit(spec)
+    assert again.state == "building" and {b.state for b in again.buckets} == {"queued"}
+    with services.sessions() as session:
+        assert session.get_one(Build, first.build_id).state == "cancelled"  # the old build stays cancelled
+
+
+def test_cancel_keeps_buckets_other_builds_need(services: Services) -> None:
+    submitter = Submitter(services)
+    model = upload_model(services)
+    small = submitter.submit(parse_spec(spec_doc(model, BUCKETS[:1])))
+    submitter.submit(parse_spec(spec_doc(model, BUCKETS)))
+    cancel_build(services, small.build_id)
+    with services.sessions() as session:
+        assert set(session.scalars(select(BucketCompile.state))) == {"queued"}
+
+
+def test_manifest_in_store_is_imported_into_an_empty_ledger(tmp_path: Path, services: Services,
+                                                            pg_database: str) -> None:
+    submitter = Submitter(services)
+    spec = parse_spec(spec_doc(upload_model(services)))
+    first = submitter.submit(spec)
+    for bucket in first.buckets:
+        complete_bucket(services, bucket.key)
+
+    # A second ledger (a rebuilt database, another region) sharing the same store.
+    other_url = f"sqlite:///{tmp_path / 'other.db'}"
+    from compilesvc.migrate import upgrade
+
+    upgrade(other_url)
+    other = Services.from_settings(make_settings(tmp_path, other_url))
+    try:
+        result = Submitter(other).submit(spec)
+        assert (result.outcome, result.state, result.artifact_key) == ("hit", "succeeded", first.artifact_key)
+        assert count(other, BucketCompile) == 3 and count(other, Outbox) == 0
+        with other.sessions() as session:
+            assert session.scalars(select(Artifact.state)).one() == "published"
+    finally:
+        other.close()
+
+
+def test_bucket_manifest_in_store_is_reused(tmp_path: Path, services: Services) -> None:
+    submitter = Submitter(services)
+    model = upload_model(services)
+    first = submitter.submit(parse_spec(spec_doc(model, BUCKETS[:1])))
+    complete_bucket(services, first.buckets[0].key)
+
+    other_url = f"sqlite:///{tmp_path / 'other.db'}"
+    from compilesvc.migrate import upgrade
+
+    upgrade(other_url)
+    other = Services.from_settings(make_settings(tmp_path, other_url))
+    try:
+        result = Submitter(other).submit(parse_spec(spec_doc(model, BUCKETS[:2])))
+        assert sorted(b.state for b in result.buckets) == ["queued", "succeeded"]
+        assert count(other, Outbox) == 1
+    finally:
+        other.close()
+
+
+def test_idempotency_key(services: Services) -> None:
+    submitter = Submitter(services)
+    spec = parse_spec(spec_doc(upload_model(services)))
+    first = submitter.submit(spec, idempotency_key="ci-run-42")
+    again = submitter.submit(spec, idempotency_key="ci-run-42")
+    assert again.replayed and again.build_id == first.build_id
+    assert count(services, Build) == 1
+    changed = parse_spec(spec_doc(spec.model.uri, BUCKETS[:1]))
+    with pytest.raises(IdempotencyConflict):
+        submitter.submit(changed, idempotency_key="ci-run-42")
+
+
+def test_refuses_work_no_live_worker_can_serve(tmp_path: Path, ledger_url: str) -> None:
+    services = Services.from_settings(make_settings(tmp_path, ledger_url, require_live_worker=True))
+    try:
+        submitter = Submitter(services)
+        spec = parse_spec(spec_doc(upload_model(services)))
+        with pytest.raises(NoCapableWorker, match=r"compile\.cpu\.2\.13\.0"):
+            submitter.submit(spec)
+        assert count(services, Build) == 0
+        assert submitter.submit(spec, queue_anyway=True).outcome == "new"
+
+        from compilesvc.ledger.models import Worker
+
+        with services.sessions.begin() as session:
+            session.add(Worker(id="w1", hostname="h", capabilities={}, queues=["compile.cpu.2.13.0"], slots=2))
+        with services.sessions() as session:
+            assert "compile.cpu.2.13.0" in live_queues(session, 60)
+        other = parse_spec(spec_doc(spec.model.uri, BUCKETS[:1]))
+        assert submitter.submit(other).outcome == "new"
+    finally:
+        services.close()
+
+
+# -- concurrency: separate processes, real Postgres ------------------------------------------------
+
+def _submit_many(settings_json: str, spec_json: str, n: int, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    settings = Settings.model_validate_json(settings_json)
+    services = Services.from_settings(settings)
+    submitter = Submitter(services)
+    spec = parse_spec(json.loads(spec_json))
+    outcomes = []
+    try:
+        for _ in range(n):
+            outcomes.append(submitter.submit(spec).outcome)
+    except Exception as exc:  # reported to the parent, which fails the test
+        queue.put(("error", repr(exc)))
+        return
+    finally:
+        services.close()
+    queue.put(("ok", outcomes))
+
+
+@pytest.mark.slow
+def test_concurrent_identical_submits_create_one_build_row_set(tmp_path: Path, pg_url: str) -> None:
+    settings = make_settings(tmp_path, pg_url)
+    services = Services.from_settings(settings)
+    model = upload_model(services, hashlib.sha256(b"concurrency").digest())
+    spec_json = json.dumps(spec_doc(model))
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_submit_many, args=(settings.model_dump_json(), spec_json, 50, queue))
+             for _ in range(8)]
+    for proc in procs:
+        proc.start()
+    results = [queue.get(timeout=240) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=30)
+    errors = [r for r in results if r[0] == "error"]
+    assert not errors, errors
+    outcomes = [o for _, batch in results for o in batch]
+    assert len(outcomes) == 400
+    assert outcomes.count("new") == 1 and outcomes.count("join") == 399
+    assert count(services, Artifact) == 1
+    assert count(services, BucketCompile) == 3
+    assert count(services, Outbox) == 3
+    assert count(services, Build) == 400
+    sent = list((settings.broker_folder / "queue").iterdir())
+    assert len(sent) == 3  # exactly one dispatch per bucket reached the broker
+    services.close()

@@ -1,0 +1,366 @@
+"""Fenced leases, the reaper and the worker registry against real ledgers (Postgres and SQLite).
+
+Compiles are created through the real :class:`~compilesvc.submit.Submitter`; the broker is kombu's
+filesystem transport in the test's own directory, so nothing leaves the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+
+from compilesvc import leases, registry
+from compilesvc.config import Settings
+from compilesvc.control import cancel_build, retry_build
+from compilesvc.db import transaction
+from compilesvc.ledger.models import Artifact, BucketCompile, Build, Event, Outbox, utcnow
+from compilesvc.manifest import BucketManifest, FileEntry
+from compilesvc.reaper import reap
+from compilesvc.services import Services
+from compilesvc.spec import parse_spec
+from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
+from compilesvc.submit import SubmitResult, Submitter
+
+LEASE = 30.0
+
+
+def make_settings(tmp_path: Path, database_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "data_dir": tmp_path / "data",
+        "database_url": database_url,
+        "store_url": (tmp_path / "store").as_uri(),
+        "broker_url": "filesystem://",
+        "require_live_worker": False,
+        "max_attempts": 2,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+def services(tmp_path: Path, ledger_url: str):  # type: ignore[no-untyped-def]
+    services = Services.from_settings(make_settings(tmp_path, ledger_url))
+    yield services
+    services.close()
+
+
+@pytest.fixture
+def pg_services(tmp_path: Path, pg_url: str):  # type: ignore[no-untyped-def]
+    services = Services.from_settings(make_settings(tmp_path, pg_url))
+    yield services
+    services.close()
+
+
+def submit(services: Services, buckets: int = 1, args: list[str] | None = None) -> SubmitResult:
+    path = services.settings.data_dir / "model.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"a model")
+    uri = f"blob:sha256:{services.store.put_file(path).sha256}"
+    spec = parse_spec({
+        "model": {"uri": uri, "format": "torchscript"}, "target": "inf2", "sdk": "2.20.0",
+        "compiler": {"args": args or []},
+        "buckets": [{"batch_size": 1, "seq_len": 8 * (i + 1)} for i in range(buckets)],
+    })
+    return Submitter(services).submit(spec)
+
+
+def bucket_id(services: Services, key: str) -> int:
+    with services.sessions() as session:
+        return int(session.scalars(select(BucketCompile.id).where(BucketCompile.key == key)).one())
+
+
+def row(services: Services, bucket: int) -> BucketCompile:
+    with services.sessions() as session:
+        return session.get_one(BucketCompile, bucket)
+
+
+def artifact_state(services: Services, key: str) -> str:
+    with services.sessions() as session:
+        return str(session.scalars(select(Artifact.state).where(Artifact.key == key)).one())
+
+
+def claim(services: Services, bucket: int, worker: str = "w1") -> leases.Claim | None:
+    with transaction(services.sessions) as session:
+        return leases.claim(session, bucket, worker, LEASE)
+
+
+def expire_now(services: Services, bucket: int) -> None:
+    with transaction(services.sessions) as session:
+        session.execute(update(BucketCompile).where(BucketCompile.id == bucket)
+                        .values(lease_expires_at=utcnow() - timedelta(seconds=5)))
+
+
+def unsent(services: Services) -> int:
+    with services.sessions() as session:
+        return int(session.scalar(select(func.count()).select_from(Outbox).where(Outbox.sent_at.is_(None))) or 0)
+
+
+def publish_bucket_manifest(services: Services, c: leases.Claim) -> str:
+    path = services.settings.data_dir / f"{c.key}.neff"
+    path.write_bytes(b"compiled " + c.key.encode())
+    blob = services.store.put_file(path)
+    manifest = BucketManifest(key=c.key, material=c.material, inputs=c.inputs,
+                              files=[FileEntry(path="model.pt", role="model", size=blob.size, sha256=blob.sha256)],
+                              created_at=utcnow().isoformat())
+    services.store.create_document(bucket_manifest_name(c.key), manifest.to_bytes())
+    return services.store.document_location(bucket_manifest_name(c.key))
+
+
+def test_claim_is_once_per_queueing(services: Services) -> None:
+    result = submit(services)
+    bid = bucket_id(services, result.buckets[0].key)
+    first = claim(services, bid)
+    assert first is not None
+    assert (first.attempt, first.token, first.key) == (1, 1, result.buckets[0].key)
+    assert first.lease_expires_at > utcnow() + timedelta(seconds=LEASE - 10)
+    assert claim(services, bid, "w2") is None  # a duplicate delivery finds nothing to claim
+    assert claim(services, 999_999) is None
+    bucket = row(services, bid)
+    assert (bucket.state, bucket.worker_id, bucket.attempts) == ("running", "w1", 1)
+
+
+def test_renew_reports_ownership_and_cancel(services: Services) -> None:
+    result = submit(services)
+    bid = bucket_id(services, result.buckets[0].key)
+    c = claim(services, bid)
+    assert c is not None
+    with transaction(services.sessions) as session:
+        assert leases.renew(session, bid, c.token, LEASE) == leases.Renewal(True, False)
+        assert leases.renew(session, bid, c.token + 1, LEASE) == leases.Renewal(False, False)
+    cancel_build(services, result.build_id)
+    with transaction(services.sessions) as session:
+        assert leases.renew(session, bid, c.token, LEASE) == leases.Renewal(True, True)
+
+
+def test_stale_worker_is_fenced_off(services: Services) -> None:
+    """A worker whose lease was taken back cannot renew, succeed or fail; the new owner can."""
+    result = submit(services)
+    bid = bucket_id(services, result.buckets[0].key)
+    stale = claim(services, bid, "stale")
+    assert stale is not None
+    expire_now(services, bid)
+    report = reap(services)
+    assert report.requeued == [bid]
+    assert row(services, bid).state == "queued"
+    fresh = claim(services, bid, "fresh")
+    assert fresh is not None and fresh.token > stale.token and fresh.attempt == 2
+
+    uri = publish_bucket_manifest(services, fresh)
+    with transaction(services.sessions) as session:
+        assert not leases.renew(session, bid, stale.token, LEASE).still_ours
+        assert leases.succeed(session, bid, stale.token, uri, {}, 1.0) is False
+        assert leases.fail(session, bid, stale.token, "compile", "NCC_EVRF001", "late") is None
+    assert row(services, bid).state == "running"  # the stale writes changed nothing
+    with transaction(services.sessions) as session:
+        assert leases.succeed(session, bid, fresh.token, uri, {"neuronx_cc": "2.15"}, 2.5) is True
+        assert leases.succeed(session, bid, fresh.token, uri, {}, 2.5) is False  # once only
+    bucket = row(services, bid)
+    assert (bucket.state, bucket.worker_id, bucket.compile_seconds, bucket.manifest_uri) == (
+        "succeeded", "fresh", 2.5, uri)
+    with services.sessions() as session:
+        transitions = session.execute(
+            select(Event.from_state, Event.to_state).where(Event.entity == "bucket", Event.entity_id == bid)
+            .order_by(Event.id)
+        ).all()
+    assert transitions == [(None, "queued"), ("queued", "running"), ("running", "queued"), ("queued", "running"),
+                           ("running", "succeeded")]
+
+
+def test_concurrent_claims_have_one_winner(pg_services: Services) -> None:
+    result = submit(pg_services)
+    bid = bucket_id(pg_services, result.buckets[0].key)
+    barrier = threading.Barrier(8)
+    won: list[leases.Claim] = []
+
+    def contender(n: int) -> None:
+        barrier.wait()
+        c = claim(pg_services, bid, f"w{n}")
+        if c is not None:
+            won.append(c)
+
+    threads = [threading.Thread(target=contender, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and row(pg_services, bid).attempts == 1
+
+
+def test_compile_error_is_final_and_fails_the_set(services: Services) -> None:
+    result = submit(services, buckets=2)
+    bid = bucket_id(services, result.buckets[0].key)
+    c = claim(services, bid)
+    assert c is not None
+    with transaction(services.sessions) as session:
+        outcome = leases.fail(session, bid, c.token, "compile", "NCC_EOOM001", "over the HBM limit")
+    assert outcome == leases.Outcome("failed")
+    bucket = row(services, bid)
+    assert (bucket.state, bucket.error_class, bucket.error_code, bucket.lease_expires_at) == (
+        "failed", "compile", "NCC_EOOM001", None)
+    assert artifact_state(services, result.artifact_key) == "failed"
+    with services.sessions() as session:
+        assert session.get_one(Build, result.build_id).state == "failed"
+    assert claim(services, bid) is None
+
+
+def test_infra_errors_requeue_until_the_attempt_cap(services: Services) -> None:
+    result = submit(services)
+    bid = bucket_id(services, result.buckets[0].key)
+    sent_before = unsent(services)
+    first = claim(services, bid)
+    assert first is not None
+    with transaction(services.sessions) as session:
+        outcome = leases.fail(session, bid, first.token, "timeout", "TIMEOUT", "time limit reached")
+    assert outcome is not None and outcome.state == "queued" and outcome.outbox_id is not None
+    assert unsent(services) == sent_before + 1
+    with services.sessions() as session:
+        outbox = session.get_one(Outbox, outcome.outbox_id)
+        assert outbox.kwargs["bucket_compile_id"] == bid
+    assert artifact_state(services, result.artifact_key) == "building"
+
+    second = claim(services, bid)
+    assert second is not None and second.attempt == 2  # max_attempts is 2
+    with transaction(services.sessions) as session:
+        assert leases.fail(session, bid, second.token, "infra", "SIGKILL", "killed") == leases.Outcome("failed")
+    bucket = row(services, bid)
+    assert (bucket.state, bucket.error_class, bucket.attempts) == ("failed", "infra", 2)
+    assert artifact_state(services, result.artifact_key) == "failed"
+    # An infra failure is not a negative cache: submitting again requeues it with fresh attempts.
+    again = submit(services)
+    assert again.outcome == "join" and row(services, bid).state == "queued" and row(services, bid).attempts == 0
+
+
+def test_cancel_then_cancelled_attempt(services: Services) -> None:
+    result = submit(services)
+    bid = bucket_id(services, result.buckets[0].key)
+    c = claim(services, bid)
+    assert c is not None
+    cancel_build(services, result.build_id)
+    assert row(services, bid).cancel_requested
+    with transaction(services.sessions) as session:
+        assert leases.fail(session, bid, c.token, "cancelled", "CANCELLED", "cancelled") == leases.Outcome(
+            "cancelled")
+    bucket = row(services, bid)
+    assert (bucket.state, bucket.error_class, bucket.cancel_requested) == ("cancelled", "cancelled", False)
+
+
+def test_cancel_superseded_by_a_retry_requeues(services: Services) -> None:
+    """The worker saw the cancel, but a retry reopened the build before it recorded it."""
+    result = submit(services)
+    bid = bucket_id(services, result.buckets[0].key)
+    c = claim(services, bid)
+    assert c is not None
+    cancel_build(services, result.build_id)
+    retry_build(services, result.build_id)  # clears cancel_requested on the running compile
+    with transaction(services.sessions) as session:
+        outcome = leases.fail(session, bid, c.token, "cancelled", "CANCELLED", "cancelled")
+    assert outcome is not None and outcome.state == "queued"
+    assert artifact_state(services, result.artifact_key) == "building"
+
+
+def test_reaper_fails_after_the_cap_and_cancels_when_asked(services: Services) -> None:
+    result = submit(services, buckets=2)
+    first, second = (bucket_id(services, b.key) for b in result.buckets)
+    for attempt in (1, 2):
+        assert claim(services, first) is not None
+        expire_now(services, first)
+        report = reap(services)
+        assert report.requeued == ([first] if attempt == 1 else [])
+        assert report.failed == ([first] if attempt == 2 else [])
+    bucket = row(services, first)
+    assert (bucket.state, bucket.error_class, bucket.error_code) == ("failed", "infra", "LEASE_EXPIRED")
+    assert artifact_state(services, result.artifact_key) == "failed"
+
+    other = submit(services, buckets=1, args=["--double-behaviour=slow:60"])
+    bid = bucket_id(services, other.buckets[0].key)
+    assert claim(services, bid) is not None
+    cancel_build(services, other.build_id)
+    expire_now(services, bid)
+    assert reap(services).cancelled == [bid]
+    assert row(services, bid).state == "cancelled"
+    assert second  # untouched: still queued
+    assert row(services, second).state == "queued"
+
+
+def test_reaper_leaves_live_leases_alone(services: Services) -> None:
+    result = submit(services)
+    bid = bucket_id(services, result.buckets[0].key)
+    assert claim(services, bid) is not None
+    report = reap(services)
+    assert not report.requeued and not report.failed and row(services, bid).state == "running"
+
+
+def test_reaper_publishes_a_set_left_building(services: Services) -> None:
+    """A worker recorded its compile and died before publishing the set: the reaper publishes it."""
+    result = submit(services, buckets=2)
+    for b in result.buckets:
+        bid = bucket_id(services, b.key)
+        c = claim(services, bid)
+        assert c is not None
+        uri = publish_bucket_manifest(services, c)
+        with transaction(services.sessions) as session:
+            assert leases.succeed(session, bid, c.token, uri, {}, 1.0)
+    assert artifact_state(services, result.artifact_key) == "building"
+    report = reap(services)
+    assert report.published and artifact_state(services, result.artifact_key) == "published"
+    assert services.store.read_document(artifact_manifest_name(result.artifact_key)) is not None
+    assert reap(services).published == []  # idempotent
+
+
+def test_reaper_relays_unsent_rows(services: Services) -> None:
+    submit(services, buckets=3)
+    assert unsent(services) == 0  # the submit relayed its own rows
+    with transaction(services.sessions) as session:
+        session.execute(update(Outbox).values(sent_at=None))
+    assert reap(services).relayed == 3 and unsent(services) == 0
+
+
+def test_registry_lifecycle(services: Services) -> None:
+    caps = {"targets": ["cpu"]}
+    with transaction(services.sessions) as session:
+        registry.register(session, "w1", "host-a", caps, ["compile.cpu.2.13.0"], 2)
+        registry.register(session, "w2", "host-b", caps, ["compile.inf2.2.20.0"], 1)
+    with transaction(services.sessions) as session:
+        assert registry.live_queues(session, 60) == {"compile.cpu.2.13.0", "compile.inf2.2.20.0"}
+        assert registry.heartbeat(session, "w1") and not registry.heartbeat(session, "nobody")
+        registry.mark_stopped(session, "w2")
+    with transaction(services.sessions) as session:
+        assert [w.id for w in registry.live_workers(session, 60)] == ["w1"]
+        assert not registry.heartbeat(session, "w2")  # stopped: must register again
+        session.execute(update(registry.Worker).where(registry.Worker.id == "w1")
+                        .values(heartbeat_at=utcnow() - timedelta(seconds=120)))
+    with transaction(services.sessions) as session:
+        assert registry.live_workers(session, 60) == []
+        assert [w.id for w in registry.stale_workers(session, 60)] == ["w1"]
+        registry.register(session, "w2", "host-b", caps, ["compile.inf2.2.20.0"], 4)  # a restart
+    with services.sessions() as session:
+        worker = session.get_one(registry.Worker, "w2")
+        assert (worker.slots, worker.stopped_at) == (4, None)
+
+
+def test_relay_command_runs_one_pass(tmp_path: Path, pg_services: Services) -> None:
+    """`compilesvc relay --once` in its own process: requeues an expired lease and relays the message."""
+    result = submit(pg_services)
+    bid = bucket_id(pg_services, result.buckets[0].key)
+    assert claim(pg_services, bid) is not None
+    expire_now(pg_services, bid)
+    settings = pg_services.settings
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILESVC_")}
+    env.update({"COMPILESVC_DATA_DIR": str(settings.data_dir), "COMPILESVC_DATABASE_URL": settings.database_url or "",
+                "COMPILESVC_STORE_URL": settings.resolved_store_url, "COMPILESVC_BROKER_URL": "filesystem://",
+                "COMPILESVC_SECRET_KEY": "k"})
+    proc = subprocess.run([str(Path(sys.executable).with_name("compilesvc")), "relay", "--once"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    assert any(r["msg"] == "reaper pass" and r["requeued"] == [bid] and r["relayed"] == 1 for r in records)
+    assert row(pg_services, bid).state == "queued" and unsent(pg_services) == 0

@@ -1,0 +1,193 @@
+"""GET /v1/artifacts/{key} (the cached hot path), POST /v1/artifacts/resolve, and both on an S3 store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import requests
+from sqlalchemy import event, func, select
+
+from compilesvc.ledger.models import Base
+from tests.web.support import Env, complete_build, spec_for
+from tests.web.test_submit import assert_problem
+from web.schemas import ArtifactOut, ResolveOut
+
+
+@contextmanager
+def count_queries(env: Env) -> Iterator[list[str]]:
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    event.listen(env.services.engine, "before_cursor_execute", record)
+    try:
+        yield statements
+    finally:
+        event.remove(env.services.engine, "before_cursor_execute", record)
+
+
+def row_counts(env: Env) -> dict[str, int]:
+    with env.services.sessions() as session:
+        return {t.name: session.scalar(select(func.count()).select_from(t)) or 0 for t in Base.metadata.sorted_tables}
+
+
+def published(env: Env, uri: str | None = None, **spec_kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = spec_for(uri or env.upload(), **spec_kwargs)
+    build = env.submit(spec).json
+    complete_build(env.services, build["build_id"])
+    return spec, build
+
+
+def test_artifact_lookup_and_cache(env: Env) -> None:
+    _, build = published(env)
+    key = build["artifact_key"]
+    with count_queries(env) as cold:
+        first = env.client.get(f"/v1/artifacts/{key}")
+    assert first.status_code == 200 and cold, "a cold lookup asks the ledger"
+    artifact = ArtifactOut.model_validate(first.json)
+    assert artifact.key == key and artifact.urls_expire_in == env.settings.url_ttl_seconds
+    assert [b.position for b in artifact.buckets] == [0, 1]
+    assert artifact.buckets[0].versions == {"torch": "2.13.0", "compilesvc": "0.1.0"}
+    assert artifact.buckets[0].compile_seconds == 1.5
+    assert artifact.size_bytes == sum(f.size for b in artifact.buckets for f in b.files) + sum(
+        b.log.size for b in artifact.buckets if b.log) or artifact.size_bytes > 0
+
+    with count_queries(env) as warm:
+        second = env.client.get(f"/v1/artifacts/{key}")
+    assert second.status_code == 200
+    assert warm == [], "a cached manifest needs no database query"
+    assert second.headers["Cache-Control"] == "no-store"
+    # URLs are signed per request; the manifest is the same.
+    assert {k: v for k, v in second.json.items() if k != "buckets"} == {
+        k: v for k, v in first.json.items() if k != "buckets"}
+
+
+def test_artifact_not_published_or_unknown(env: Env) -> None:
+    build = env.submit(spec_for(env.upload())).json
+    body = assert_problem(env.client.get(f"/v1/artifacts/{build['artifact_key']}"), 404, "artifact-not-published")
+    assert body["state"] == "building"
+    assert "building" in body["detail"]
+    assert_problem(env.client.get("/v1/artifacts/" + "0" * 64), 404, "artifact-not-found")
+    assert_problem(env.client.get("/v1/artifacts/not-a-key"), 404, "artifact-not-found")
+    assert_problem(env.client.post("/v1/artifacts/" + "0" * 64), 405)
+
+
+def test_resolve_never_creates_rows(env: Env) -> None:
+    uri = env.upload()
+    spec = spec_for(uri, buckets=((1, 8), (1, 8), (4, 16)))
+    before = row_counts(env)
+    response = env.client.post("/v1/artifacts/resolve", json=spec)
+    assert response.status_code == 200
+    resolved = ResolveOut.model_validate(response.json)
+    assert resolved.state == "absent" and resolved.artifact is None
+    assert [b.position for b in resolved.buckets] == [0, 1, 2]
+    assert resolved.buckets[0].key == resolved.buckets[1].key  # same shape, same compile
+    assert {b.state for b in resolved.buckets} == {"absent"}
+    assert resolved.model.uri == uri and resolved.model.size > 0
+    assert set(resolved.components) >= {"model", "toolchain", "flags", "buckets"}
+    assert row_counts(env) == before
+
+    submitted = env.submit(spec).json
+    assert submitted["artifact_key"] == resolved.key, "resolve and submit agree on the key"
+    building = ResolveOut.model_validate(env.client.post("/v1/artifacts/resolve", json=spec).json)
+    assert building.state == "building" and {b.state for b in building.buckets} == {"queued"}
+
+    complete_build(env.services, submitted["build_id"])
+    before = row_counts(env)
+    done = ResolveOut.model_validate(env.client.post("/v1/artifacts/resolve", json=spec).json)
+    assert done.state == "published" and done.artifact is not None and done.artifact.key == resolved.key
+    assert row_counts(env) == before
+
+    assert_problem(env.client.post("/v1/artifacts/resolve", json={"target": "cpu"}), 422, "spec-invalid")
+    assert_problem(env.client.post("/v1/artifacts/resolve", data=b"nope"), 400, "invalid-json")
+    missing = spec_for("blob:sha256:" + "cd" * 32)
+    assert_problem(env.client.post("/v1/artifacts/resolve", json=missing), 422, "model-ref-invalid")
+
+
+def test_s3_store_end_to_end(s3_env: Env) -> None:
+    env = s3_env
+    model = b"model bytes in S3" * 100
+    uri = env.upload(model)
+    assert uri == "blob:sha256:" + hashlib.sha256(model).hexdigest()
+    _, build = published(env, uri)
+    hit = env.submit(spec_for(uri)).json
+    assert hit["outcome"] == "hit"
+    artifact = ArtifactOut.model_validate(env.client.get(f"/v1/artifacts/{build['artifact_key']}").json)
+    entry = artifact.buckets[0].files[0]
+    assert entry.url.startswith(env.settings.s3_endpoint_url or "http")
+    download = requests.get(entry.url, timeout=30)
+    assert download.status_code == 200
+    assert hashlib.sha256(download.content).hexdigest() == entry.sha256
+    assert "model.pt" in download.headers.get("Content-Disposition", "")
+    # Blobs of an S3 store are never served by the API.
+    assert_problem(env.client.get(f"/v1/blobs/{entry.sha256}?expires=1&sig=x"), 404, "blob-not-found")
+
+
+def test_spliced_rendering_equals_describe(sqlite_env: Env) -> None:
+    """The hot path serialises a manifest once and splices fresh URLs in; it must say what describe() says."""
+    env = sqlite_env
+    _, build = published(env)
+    ctx = env.app.extensions["compilesvc"]
+    entry = ctx.published(build["artifact_key"])
+    rendered = json.loads(ctx.describe_json(entry))
+    plain = ctx.describe(entry.manifest)
+
+    def without_urls(document: Any) -> Any:
+        if isinstance(document, dict):
+            return {k: without_urls(v) for k, v in document.items() if k != "url"}
+        if isinstance(document, list):
+            return [without_urls(v) for v in document]
+        return document
+
+    assert without_urls(rendered) == without_urls(plain)
+    for bucket in rendered["buckets"]:
+        for entry_file in [*bucket["files"], bucket["log"]]:
+            download = env.client.get(entry_file["url"].removeprefix(env.settings.public_url))
+            assert hashlib.sha256(download.data).hexdigest() == entry_file["sha256"]
+
+
+def test_rendering_falls_back_when_the_layout_cannot_be_recorded(sqlite_env: Env, monkeypatch: Any) -> None:
+    import web.context
+
+    env = sqlite_env
+    _, build = published(env)
+    ctx = env.app.extensions["compilesvc"]
+    manifest = ctx.published(build["artifact_key"]).manifest
+    real_describe = web.context.describe
+
+    def describe_asking_more(manifest: Any, store: Any, ttl: int) -> Any:
+        store.check()  # a store method the recorder does not have
+        return real_describe(manifest, store, ttl)
+
+    monkeypatch.setattr(web.context, "describe", describe_asking_more)
+    entry = web.context.Described.of(manifest, 60)
+    assert entry.segments is None
+    assert ArtifactOut.model_validate(json.loads(entry.render(env.services.store, 60))).key == build["artifact_key"]
+
+
+def test_renders_are_reused_within_a_second_only(sqlite_env: Env, monkeypatch: Any) -> None:
+    import time as time_module
+
+    env = sqlite_env
+    _, build = published(env)
+    now = [1_900_000_000.2]
+    monkeypatch.setattr(time_module, "time", lambda: now[0])  # the store's clock and the cache's
+    first = env.client.get(f"/v1/artifacts/{build['artifact_key']}").get_data(as_text=True)
+    now[0] += 0.5
+    assert env.client.get(f"/v1/artifacts/{build['artifact_key']}").get_data(as_text=True) == first
+    store = env.services.store
+    url = json.loads(first)["buckets"][0]["files"][0]["url"]
+    assert url == store.blob_url(json.loads(first)["buckets"][0]["files"][0]["sha256"],
+                                 expires_in=env.settings.url_ttl_seconds, filename="model.pt"), \
+        "a reused render is exactly what signing now would give"
+    now[0] += 1.0
+    later = json.loads(env.client.get(f"/v1/artifacts/{build['artifact_key']}").get_data(as_text=True))
+    entry = later["buckets"][0]["files"][0]
+    assert entry["url"] != url, "a new second signs again"
+    assert entry["url"] == store.blob_url(entry["sha256"], expires_in=env.settings.url_ttl_seconds,
+                                          filename="model.pt")

@@ -1,0 +1,175 @@
+"""POST /v1/builds on both ledgers: new, join and hit; idempotency; capacity; and every way a body is refused.
+
+Artifacts are published without a compiler through the worker's ledger paths (see tests/web/support.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+
+import pytest
+from sqlalchemy import func, select
+from werkzeug.test import EnvironBuilder
+from werkzeug.wrappers import Request
+
+from compilesvc.ledger.models import Build
+from tests.web.support import PUBLIC_URL, Env, complete_build, spec_for
+from web.schemas import ArtifactOut, BuildAccepted, BuildOut, ProblemDetails
+
+
+def assert_problem(response, status: int, type_suffix: str | None = None) -> dict:  # type: ignore[no-untyped-def]
+    assert response.status_code == status, response.get_data(as_text=True)
+    assert response.mimetype == "application/problem+json"
+    body = response.json
+    ProblemDetails.model_validate(body)
+    assert body["status"] == status
+    if type_suffix is not None:
+        assert body["type"] == f"/problems/{type_suffix}"
+    return body
+
+
+def test_new_join_hit(env: Env) -> None:
+    spec = spec_for(env.upload(), labels={"team": "vision"})
+
+    new = env.submit(spec, **{"X-Submitted-By": "ci-pipeline-17"})
+    assert new.status_code == 202
+    body = BuildAccepted.model_validate(new.json)
+    assert body.outcome == "new" and body.state == "building" and body.artifact_state == "building"
+    assert [b.position for b in body.buckets] == [0, 1]
+    assert all(b.state == "queued" for b in body.buckets)
+    assert new.headers["Location"] == body.status_url == f"{PUBLIC_URL}/v1/builds/{body.build_id}"
+    assert body.logs_url == f"{PUBLIC_URL}/v1/builds/{body.build_id}/logs"
+    assert body.artifact is None
+
+    join = env.submit(spec)
+    assert join.status_code == 202
+    assert join.json["outcome"] == "join"
+    assert join.json["artifact_key"] == body.artifact_key
+    assert join.json["build_id"] != body.build_id
+
+    complete_build(env.services, body.build_id)
+
+    hit = env.submit(spec)
+    assert hit.status_code == 200
+    accepted = BuildAccepted.model_validate(hit.json)
+    assert accepted.outcome == "hit" and accepted.state == "succeeded"
+    assert accepted.artifact is not None and accepted.artifact.key == body.artifact_key
+    files = [f for bucket in accepted.artifact.buckets for f in bucket.files]
+    assert len(files) == 2 and all(f.url.startswith(f"{PUBLIC_URL}/v1/blobs/") for f in files)
+
+    # Both earlier builds followed the artifact; the submitter and labels were recorded.
+    for build_id in (body.build_id, join.json["build_id"]):
+        status = env.client.get(f"/v1/builds/{build_id}")
+        detail = BuildOut.model_validate(status.json)
+        assert detail.state == "succeeded" and detail.artifact is not None
+    first = env.client.get(f"/v1/builds/{body.build_id}").json
+    assert first["submitted_by"] == "ci-pipeline-17"
+    assert first["labels"] == {"team": "vision"}
+    assert [e["to_state"] for e in first["events"] if e["entity"] == "build"] == ["building", "succeeded"]
+
+
+def test_hit_urls_download_the_files(sqlite_env: Env) -> None:
+    env = sqlite_env
+    build = env.submit(spec_for(env.upload(), buckets=((1, 4),))).json
+    complete_build(env.services, build["build_id"])
+    artifact = ArtifactOut.model_validate(env.client.get(f"/v1/artifacts/{build['artifact_key']}").json)
+    entry = artifact.buckets[0].files[0]
+    url = entry.url.removeprefix(PUBLIC_URL)
+    download = env.client.get(url)
+    assert download.status_code == 200
+    assert hashlib.sha256(download.data).hexdigest() == entry.sha256
+    assert len(download.data) == entry.size
+    assert download.headers["Content-Disposition"] == 'attachment; filename="model.pt"'
+
+
+def test_idempotency_key(env: Env) -> None:
+    spec = spec_for(env.upload())
+    first = env.submit(spec, **{"Idempotency-Key": "ci-run-42"})
+    again = env.submit(spec, **{"Idempotency-Key": "ci-run-42"})
+    assert first.status_code == again.status_code == 202
+    assert again.json["build_id"] == first.json["build_id"]
+    assert again.json["replayed"] is True and again.headers["Idempotent-Replayed"] == "true"
+
+    different = dict(spec, labels={"other": "body"})
+    conflict = env.submit(different, **{"Idempotency-Key": "ci-run-42"})
+    body = assert_problem(conflict, 422, "idempotency-key-reused")
+    assert "ci-run-42" in body["detail"]
+    with env.services.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Build)) == 1
+
+
+def test_no_capable_worker_is_503_unless_queue_anyway(sqlite_env: Env) -> None:
+    env = sqlite_env
+    spec = spec_for(env.upload())
+    refused = env.submit(spec, queue_anyway=False)
+    body = assert_problem(refused, 503, "no-capable-worker")
+    assert body["queue"] == "compile.cpu.2.13.0"
+    assert refused.headers["Retry-After"]
+    assert env.submit(spec, queue_anyway=True).status_code == 202
+    assert_problem(env.client.post("/v1/builds?queue_anyway=maybe", json=spec), 400, "invalid-request")
+
+
+def test_spec_errors_are_422_with_fields(sqlite_env: Env) -> None:
+    env = sqlite_env
+    spec = spec_for(env.upload())
+    spec["target"] = "tpu"
+    spec["buckets"] = [{"batch_size": 0, "seq_len": 8}]
+    spec["surprise"] = 1
+    body = assert_problem(env.submit(spec), 422, "spec-invalid")
+    fields = {e["field"] for e in body["errors"]}
+    assert {"target", "buckets[0].batch_size", "surprise"} <= fields
+
+    not_object = assert_problem(env.client.post("/v1/builds", json=[1, 2]), 422, "spec-invalid")
+    assert not_object["errors"] == [{"field": "", "message": "expected a JSON object"}]
+
+    nul = spec_for(env.upload(), labels={"team": "a\u0000b"})
+    nul_body = assert_problem(env.submit(nul), 422, "spec-invalid")
+    assert nul_body["errors"][0]["field"] == "labels.team"
+
+
+def test_model_ref_errors_are_422(sqlite_env: Env) -> None:
+    env = sqlite_env
+    missing = spec_for("blob:sha256:" + "ab" * 32)
+    body = assert_problem(env.submit(missing), 422, "model-ref-invalid")
+    assert body["errors"][0]["field"] == "model.uri"
+    file_model = spec_for("file:///etc/hostname")
+    assert_problem(env.submit(file_model), 422, "model-ref-invalid")
+
+
+@pytest.mark.parametrize("raw, detail", [
+    (b"{not json", "line 1 column 2"),
+    (b"", "empty"),
+    (b"\xff\xfe{}", "not UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "cannot decode"),
+])
+def test_invalid_json_is_400(sqlite_env: Env, raw: bytes, detail: str) -> None:
+    response = sqlite_env.client.post("/v1/builds", data=raw, content_type="application/json")
+    body = assert_problem(response, 400, "invalid-json")
+    assert detail in body["detail"]
+
+
+def test_body_over_limit_is_413(make_env, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    env = make_env(sqlite_url, max_request_bytes=4096)
+    big = json.dumps(spec_for(env.upload(), labels={"pad": "x" * 1000, "pad2": "y" * 1000, "p3": "z" * 1000,
+                                                   "p4": "w" * 1000}))
+    body = assert_problem(env.client.post("/v1/builds", data=big, content_type="application/json"), 413,
+                          "request-too-large")
+    assert body["max_bytes"] == 4096
+    # The limit holds on endpoints that never read a body, too.
+    assert_problem(env.client.get("/v1/builds", data=b"x" * 5000), 413)
+    # And for a body without Content-Length (chunked), where the limit cuts the read.
+    environ = EnvironBuilder(path="/v1/builds", method="POST", content_type="application/json").get_environ()
+    environ["wsgi.input"] = io.BytesIO(big.encode())
+    environ.pop("CONTENT_LENGTH", None)
+    environ["wsgi.input_terminated"] = True
+    assert_problem(env.client.open(Request(environ)), 413, "request-too-large")
+
+
+def test_header_validation(sqlite_env: Env) -> None:
+    env = sqlite_env
+    spec = spec_for(env.upload())
+    body = assert_problem(env.submit(spec, **{"Idempotency-Key": "k" * 256}), 400, "invalid-request")
+    assert body["errors"][0]["field"] == "header Idempotency-Key"
+    assert_problem(env.submit(spec, **{"X-Submitted-By": "x" * 300}), 400, "invalid-request")

@@ -1,0 +1,244 @@
+"""The Neuron backends through the real compile child, against the Neuron SDK TEST DOUBLE.
+
+The double (tests/doubles/neuron) stands in for torch-neuronx / neuronx-cc, which cannot be installed here;
+it is put on the child's PYTHONPATH and PATH only. What is tested is our code: the child protocol, how the
+compiler is invoked, how its output is streamed and read, and how each outcome is classified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env
+from tests.workers import DEMO_MODEL, PYTHON, REPO, make_request, run_child, text_inputs
+from workers.classify import classify
+
+SDK = "2.20.0"
+
+
+@pytest.fixture
+def env() -> dict[str, str]:
+    return neuron_double_env(sdk=SDK)
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The demo model as a TorchScript file: loads in milliseconds in each child (export.load takes ~1 s)."""
+    import torch
+
+    path = tmp_path_factory.mktemp("models") / "demo.pt"
+    example = (torch.randint(0, 100, (2, 16)), torch.ones(2, 16, dtype=torch.int64))
+    with torch.no_grad():
+        torch.jit.save(torch.jit.trace(torch.export.load(str(DEMO_MODEL)).module(), example), str(path))
+    return str(path)
+
+
+@pytest.fixture
+def hlo(tmp_path: Path) -> Path:
+    path = tmp_path / "model.hlo.pb"
+    path.write_bytes(b"HloModule fake_for_the_double\n")
+    return path
+
+
+def _trace(tmp_path: Path, name: str, env: dict[str, str], args: list[str], **fields: Any) -> Any:
+    return run_child(tmp_path, name, env=env, backend="trace", target="trn1", sdk=SDK, args=args,
+                     inputs=text_inputs(2, 16), **fields)
+
+
+def _outcome(run: Any) -> Any:
+    return classify(run.returncode, run.result, run.lines[-200:], timed_out=False, cancelled=False)
+
+
+def test_trace_writes_a_loadable_module_and_streams_compiler_logs(tmp_path: Path, env: dict[str, str]) -> None:
+    import torch
+
+    env = {**env, "NEURON_CC_FLAGS": "--cache_dir=s3://neuron-cache/cc --verbose=info",
+           "NEURON_COMPILE_CACHE_URL": "s3://neuron-cache/cc"}
+    run = _trace(tmp_path, "ok", env, ["--auto-cast=none", "--model-type=transformer", "--target=inf2"])
+    assert run.returncode == 0, run.describe()
+    assert run.result["files"][0]["path"] == "model.pt"
+    versions = run.result["versions"]
+    assert versions["torch_neuronx"] == "0.0.0+testdouble" and versions["neuronx_cc"] == "0.0.0.0+testdouble"
+    assert versions["neuron_sdk"] == SDK and versions["target"] == "trn1" and versions["torch"] == torch.__version__
+    # The wrapper's cache settings are logged and stay in the environment, never in the compiler args.
+    assert "NEURON_CC_FLAGS='--cache_dir=s3://neuron-cache/cc --verbose=info'" in run.stdout
+    assert "NEURON_COMPILE_CACHE_URL='s3://neuron-cache/cc'" in run.stdout
+    command = next(line for line in run.lines if "Call compiler with cmd:" in line)
+    assert "--target trn1" in command and "--target=inf2" not in command and "s3://" not in command
+    assert "--auto-cast=none --model-type=transformer" in command
+    assert "--retry_failed_compilation" in next(line for line in run.lines if "TEST DOUBLE 0.0.0" in line)
+    assert "Compiler status PASS" in run.stdout  # the compiler's own output passes through
+    assert (run.work_dir / "neuron").is_dir()
+
+    loaded = torch.jit.load(str(run.out_dir / "model.pt"))
+    eager = torch.export.load(str(DEMO_MODEL)).module()
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, mask), eager(ids, mask), atol=1e-4, rtol=1e-3)
+
+
+def test_trace_compiler_error_code_is_a_compile_error(tmp_path: Path, env: dict[str, str], scripted: str) -> None:
+    run = _trace(tmp_path, "ncc", env, ["--double-behaviour=ncc-error"], model_path=scripted,
+                 model_format="torchscript")
+    assert run.returncode == 3, run.describe()
+    assert run.result["status"] == "compile_error" and run.result["code"] == "NCC_EOOM001"
+    assert run.result["message"].startswith("[NCC_EOOM001] Estimated peak HBM usage")
+    outcome = _outcome(run)
+    assert (outcome.error_class, outcome.code, outcome.retryable) == ("compile", "NCC_EOOM001", False)
+
+
+def test_trace_crash_is_infrastructure_without_a_result(tmp_path: Path, env: dict[str, str], scripted: str) -> None:
+    run = _trace(tmp_path, "crash", env, ["--double-behaviour=crash"], model_path=scripted,
+                 model_format="torchscript")
+    assert run.returncode == -signal.SIGKILL, run.describe()
+    assert run.result is None
+    outcome = _outcome(run)
+    assert (outcome.error_class, outcome.code, outcome.retryable) == ("infra", "SIGKILL", True)
+    assert "possibly OOM-killed" in outcome.message
+
+
+def test_trace_refuses_output_changing_neuron_cc_flags(tmp_path: Path, env: dict[str, str]) -> None:
+    env = {**env, "NEURON_CC_FLAGS": "--cache_dir=/var/cache/neuron --auto-cast=all"}
+    run = _trace(tmp_path, "flags", env, [])
+    assert run.returncode == 4, run.describe()
+    assert run.result["code"] == "WORKER_MISCONFIGURED" and "--auto-cast=all" in run.result["message"]
+    assert _outcome(run).error_class == "infra"
+
+
+def test_trace_with_tp_degree_uses_the_parallel_tracer(tmp_path: Path, env: dict[str, str], scripted: str) -> None:
+    run = _trace(tmp_path, "tp", env, [], tp_degree=2, model_path=scripted, model_format="torchscript")
+    assert run.returncode == 0, run.describe()
+    files = run.result["files"]
+    assert [(f["path"], f["role"], f["rank"]) for f in files] == [("model/tp_0.pt", "model-shard", 0),
+                                                                   ("model/tp_1.pt", "model-shard", 1)]
+    assert sum("tracing rank" in line for line in run.lines) == 2
+
+
+def test_trace_on_a_host_with_another_sdk_release_is_infrastructure(tmp_path: Path) -> None:
+    run = _trace(tmp_path, "sdk", neuron_double_env(sdk="2.19.0"), [])
+    assert run.returncode == 4 and run.result["code"] == "WRONG_SDK", run.describe()
+
+
+# behaviour, child exit code, result status, classified (error_class, code)
+HLO_CASES = [
+    ("ok", 0, "ok", (None, None)),
+    ("ncc-error:NCC_EVRF007", 3, "compile_error", ("compile", "NCC_EVRF007")),
+    ("unsupported-op", 3, "compile_error", ("compile", "UNSUPPORTED_OPERATOR")),
+    ("exit:70", 70, "infra_error", ("infra", "NEURONX_CC_EXIT_70")),
+    ("exit:1", 4, "infra_error", ("infra", "NEURONX_CC_EXIT_1")),
+    ("crash", 4, "infra_error", ("infra", "COMPILER_KILLED")),
+    ("segfault", 4, "infra_error", ("infra", "COMPILER_KILLED")),
+    ("missing-lib", 4, "infra_error", ("infra", "SHARED_LIBRARY")),
+]
+
+
+@pytest.mark.parametrize(("behaviour", "exit_code", "status", "classified"), HLO_CASES,
+                         ids=[case[0] for case in HLO_CASES])
+def test_neuronx_cc_on_hlo(tmp_path: Path, env: dict[str, str], hlo: Path, behaviour: str, exit_code: int,
+                           status: str, classified: tuple[str | None, str | None]) -> None:
+    run = run_child(tmp_path, "hlo", env=env, backend="neuronx-cc", target="inf2", sdk=SDK, model_format="hlo",
+                    model_path=str(hlo), args=[f"--double-behaviour={behaviour}", "-O2"], tp_degree=8)
+    assert run.returncode == exit_code, run.describe()
+    assert run.result is not None and run.result["status"] == status
+    outcome = _outcome(run)
+    assert (outcome.error_class, outcome.code) == classified
+    running = next(line for line in run.lines if "[compile-child] running:" in line)
+    assert f"compile {hlo} --framework XLA --target inf2 --output {run.out_dir}/model.neff" in running
+    if status == "ok":
+        assert (run.out_dir / "model.neff").read_bytes().startswith(b"NEFF\0TESTDOUBLE")
+        assert run.result["files"][0]["path"] == "model.neff"
+        assert run.result["versions"]["neuronx_cc"] == "0.0.0.0+testdouble"
+        assert "Compiler status PASS" in run.stdout
+    if behaviour == "crash":
+        assert "SIGKILL" in run.result["message"]
+
+
+def test_slow_compiler_streams_lines_and_dies_with_the_process_group(tmp_path: Path, env: dict[str, str],
+                                                                    hlo: Path) -> None:
+    path, request = make_request(tmp_path, "slow", backend="neuronx-cc", target="trn2", sdk=SDK,
+                                 model_format="hlo", model_path=str(hlo), args=["--double-behaviour=slow:30"])
+    proc = subprocess.Popen([PYTHON, "-m", "workers.compile_child", str(path)], cwd=request["work_dir"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    assert proc.stdout is not None
+    started = time.monotonic()
+    progress = 0
+    for raw in proc.stdout:  # lines arrive while the compiler runs, not when it ends
+        if b"progress: pass" in raw:
+            progress += 1
+            if progress == 3:
+                break
+    assert progress == 3 and time.monotonic() - started < 20
+    os.killpg(proc.pid, signal.SIGKILL)  # what the runner does on timeout/cancel
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    # The compiler was in the group: nothing of it keeps running (zombies awaiting a reaper are dead).
+    deadline = time.monotonic() + 5
+    while _live_group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _live_group_members(proc.pid) == []
+    proc.stdout.close()
+    assert not (Path(request["work_dir"]) / "result.json").exists()
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    """Pids in process group ``pgid`` that are not zombies (from /proc)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+def _capabilities(env: dict[str, str], hide_torch: bool = False) -> dict[str, Any]:
+    code = ("import json, sys\n"
+            + ("sys.modules['torch'] = None\n" if hide_torch else "")
+            + "from workers.versions import detect_capabilities, capability_queues\n"
+            "caps = detect_capabilities()\n"
+            "caps['queues'] = capability_queues(caps)\n"
+            "print(json.dumps(caps))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_capabilities_with_the_neuron_double(env: dict[str, str]) -> None:
+    caps = _capabilities(env)
+    assert caps["targets"] == ["cpu", "inf2", "trn1", "trn2"]
+    assert caps["sdk"] == {"cpu": "2.13.0", "inf2": SDK, "trn1": SDK, "trn2": SDK}
+    assert caps["backends"]["cpu"] == ["aotinductor", "torchscript"]
+    assert caps["backends"]["trn1"] == ["neuronx-cc", "trace"]
+    assert caps["versions"]["torch_neuronx"] == "0.0.0+testdouble"
+    assert caps["versions"]["neuronx_cc"] == "0.0.0.0+testdouble"
+    assert caps["neuron"]["release"] == SDK
+    assert caps["neuron"]["neuronx_cc_path"] == str(NEURON_DOUBLE_DIR / "bin" / "neuronx-cc")
+    assert f"compile.cpu.2.13.0.{caps['isa']}" in caps["queues"] and f"compile.trn2.{SDK}" in caps["queues"]
+
+    narrowed = _capabilities({**env, "COMPILESVC_NEURON_TARGETS": "inf2"})
+    assert narrowed["targets"] == ["cpu", "inf2"]
+
+
+def test_capabilities_without_sdk_release_or_torch() -> None:
+    no_release = neuron_double_env(sdk=None)
+    no_release.pop("COMPILESVC_NEURON_SDK", None)
+    caps = _capabilities(no_release)
+    assert caps["targets"] == ["cpu"]
+    assert any("COMPILESVC_NEURON_SDK" in warning for warning in caps["warnings"])
+
+    plain = {k: v for k, v in os.environ.items() if k not in ("COMPILESVC_NEURON_SDK", "PYTHONPATH")}
+    caps = _capabilities(plain, hide_torch=True)
+    assert caps["targets"] == [] and caps["queues"] == [] and caps["versions"]["torch"] is None
+    assert caps["isa"] and "torch is not installed: no cpu target" in caps["warnings"]

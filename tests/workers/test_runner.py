@@ -1,0 +1,312 @@
+"""The runner in-process, without Celery: real compile children (the Neuron TEST DOUBLE), a real Postgres
+ledger, a local artifact store and kombu's filesystem broker in the test's directory."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, func, select, update
+
+from compilesvc.config import Settings
+from compilesvc.control import cancel_build
+from compilesvc.db import make_sessionmaker
+from compilesvc.ledger.models import Artifact, BucketCompile, Event, LogLine, Outbox, utcnow
+from compilesvc.manifest import BucketManifest, FileEntry, parse_bucket_manifest
+from compilesvc.reaper import reap
+from compilesvc.services import Services
+from compilesvc.spec import parse_spec
+from compilesvc.store.base import blob_name, bucket_manifest_name
+from compilesvc.submit import SubmitResult, Submitter
+from tests.doubles import neuron_double_env
+from tests.workers.test_pipeline import group_members
+from workers.logstream import LogStream
+from workers.runner import OWNER_LOCK, RunResult, child_environment, run_compile, sweep_orphaned_attempts, work_root
+
+WORKER = "runner-test@host"
+
+
+@pytest.fixture
+def services(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Services]:
+    for name in ("PYTHONPATH", "PATH", "COMPILESVC_NEURON_SDK"):  # the compile child finds the double
+        monkeypatch.setenv(name, neuron_double_env()[name])
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # this test's own work root
+    (tmp_path / "tmp").mkdir()
+    services = Services.from_settings(Settings(
+        data_dir=tmp_path / "data", database_url=pg_url, store_url=(tmp_path / "store").as_uri(),
+        broker_url="filesystem://", secret_key="k", require_live_worker=False, allow_file_models=True,
+        lease_seconds=3, heartbeat_seconds=0.5, max_attempts=2, compile_timeout_seconds=60,
+    ))
+    yield services
+    services.close()
+
+
+def submit(services: Services, behaviour: str = "ok", *, uri: str | None = None) -> SubmitResult:
+    if uri is None:
+        path = services.settings.data_dir / "model.hlo.pb"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"hlo bytes")
+        uri = f"blob:sha256:{services.store.put_file(path).sha256}"
+    return Submitter(services).submit(parse_spec({
+        "model": {"uri": uri, "format": "hlo"}, "target": "inf2", "sdk": "2.20.0",
+        "compiler": {"args": [f"--double-behaviour={behaviour}"]}, "buckets": [{"batch_size": 1, "seq_len": 16}],
+    }))
+
+
+def bucket(services: Services, result: SubmitResult) -> BucketCompile:
+    with services.sessions() as session:
+        return session.scalars(select(BucketCompile).where(BucketCompile.key == result.buckets[0].key)).one()
+
+
+def run_in_thread(services: Services, bucket_id: int) -> tuple[threading.Thread, list[RunResult]]:
+    out: list[RunResult] = []
+    thread = threading.Thread(target=lambda: out.append(run_compile(services, bucket_id, WORKER)))
+    thread.start()
+    return thread, out
+
+
+def wait_compiling(services: Services, bucket_id: int, caplog: pytest.LogCaptureFixture) -> int:
+    """Wait until the compiler prints progress; return its process group id."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with services.sessions() as session:
+            progress = session.scalar(select(func.count()).select_from(LogLine).where(
+                LogLine.bucket_compile_id == bucket_id, LogLine.line.contains("progress: pass")))
+        started = [r for r in caplog.records if r.getMessage() == "compiler started"]
+        if progress and started:
+            return int(started[-1].pid)
+        time.sleep(0.1)
+    raise AssertionError("the compiler never got going")
+
+
+def test_child_environment_keeps_only_what_compilers_need() -> None:
+    env = child_environment({
+        "PATH": "/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C", "PYTHONPATH": "/x",
+        "NEURON_CC_FLAGS": "--cache_dir=/c", "NEURON_RT_VISIBLE_CORES": "0", "TORCHINDUCTOR_CACHE_DIR": "/t",
+        "TORCH_HOME": "/th", "COMPILESVC_NEURON_SDK": "2.20.0",
+        "COMPILESVC_DATABASE_URL": "postgresql://u:pw@db/x", "COMPILESVC_SECRET_KEY": "s",
+        "COMPILESVC_BROKER_URL": "redis://:pw@r/0", "DATABASE_URL": "postgres://u:pw@db", "REDIS_URL": "redis://x",
+        "CELERY_BROKER_URL": "redis://x", "AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_SESSION_TOKEN": "t", "NEURON_SECRET_TOKEN": "t", "GITHUB_TOKEN": "t", "PGPASSWORD": "pw",
+    })
+    assert env == {"PATH": "/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C", "PYTHONPATH": "/x",
+                   "NEURON_CC_FLAGS": "--cache_dir=/c", "NEURON_RT_VISIBLE_CORES": "0",
+                   "TORCHINDUCTOR_CACHE_DIR": "/t", "TORCH_HOME": "/th", "COMPILESVC_NEURON_SDK": "2.20.0",
+                   "PYTHONUNBUFFERED": "1"}
+
+
+def test_success_publishes_files_log_and_manifest(services: Services) -> None:
+    result = submit(services)
+    row = bucket(services, result)
+    outcome = run_compile(services, row.id, WORKER)
+    assert (outcome.status, outcome.attempt) == ("succeeded", 1)
+    assert list(work_root().iterdir()) == []  # the attempt cleaned up after itself
+
+    store = services.store
+    raw = store.read_document(bucket_manifest_name(row.key))
+    assert raw is not None
+    manifest = parse_bucket_manifest(raw)
+    assert manifest.worker == WORKER and manifest.inputs == row.inputs and manifest.material == row.material
+    assert [f.role for f in manifest.files] == ["model"] and manifest.versions
+    assert manifest.log is not None
+    log_text = b"".join(store.iter_blob(manifest.log.sha256)).decode()
+    assert "[neuronx-cc]" in log_text and "[compilesvc] attempt 1 of 2" in log_text
+    done = bucket(services, result)
+    assert (done.state, done.manifest_uri, done.worker_id) == ("succeeded", outcome.manifest_uri, WORKER)
+    assert done.versions == manifest.versions
+    with services.sessions() as session:
+        assert session.scalars(select(Artifact.state)).one() == "published"
+        streams = session.execute(select(LogLine.stream, func.count()).where(LogLine.bucket_compile_id == row.id)
+                                  .group_by(LogLine.stream)).all()
+    assert {stream for stream, n in streams if n} == {"compiler", "service"}
+
+
+def test_nothing_to_claim_runs_nothing(services: Services, caplog: pytest.LogCaptureFixture) -> None:
+    result = submit(services)
+    row = bucket(services, result)
+    assert run_compile(services, row.id, WORKER).status == "succeeded"
+    caplog.set_level(logging.INFO, logger="workers.runner")
+    assert run_compile(services, row.id, WORKER).status == "nothing-to-claim"
+    assert [r for r in caplog.records if r.getMessage() == "duplicate delivery: nothing to claim"]
+    assert bucket(services, result).attempts == 1
+
+
+def test_cancel_kills_the_compiler_process_group(services: Services, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="workers.runner")
+    result = submit(services, "slow:30")
+    row = bucket(services, result)
+    thread, out = run_in_thread(services, row.id)
+    pgid = wait_compiling(services, row.id, caplog)
+    assert len(group_members(pgid)) >= 2  # the child and the compiler it started
+    started = time.monotonic()
+    cancel_build(services, result.build_id)
+    thread.join(15)
+    assert out and out[0].status == "cancelled" and time.monotonic() - started < 6
+    assert group_members(pgid) == []
+    assert list(work_root().iterdir()) == []
+    assert bucket(services, result).state == "cancelled"
+
+
+def test_a_lost_lease_stops_the_attempt_and_writes_nothing(services: Services,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="workers.runner")
+    result = submit(services, "slow:30")
+    row = bucket(services, result)
+    thread, out = run_in_thread(services, row.id)
+    pgid = wait_compiling(services, row.id, caplog)
+    with services.sessions.begin() as session:  # the worker looks dead to the reaper...
+        session.execute(update(BucketCompile).where(BucketCompile.id == row.id)
+                        .values(lease_expires_at=utcnow()))
+    assert reap(services).requeued == [row.id]  # ...which takes the compile back
+    thread.join(15)
+    assert out and out[0].status == "lease-lost"
+    assert group_members(pgid) == []
+    after = bucket(services, result)
+    assert (after.state, after.attempts, after.error_class) == ("queued", 1, None)  # the runner wrote nothing
+    with services.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Event).where(
+            Event.entity == "bucket", Event.to_state.in_(["failed", "succeeded", "cancelled"]))) == 0
+
+
+def test_timeout_is_recorded_and_requeued(services: Services) -> None:
+    services.settings.compile_timeout_seconds = 1
+    result = submit(services, "slow:30")
+    row = bucket(services, result)
+    started = time.monotonic()
+    outcome = run_compile(services, row.id, WORKER)
+    assert (outcome.status, outcome.error_class, outcome.code) == ("queued", "timeout", "TIMEOUT")
+    assert time.monotonic() - started < 10
+    with services.sessions() as session:
+        requeue = session.scalars(select(Outbox).where(Outbox.bucket_compile_id == row.id).order_by(Outbox.id)).all()
+    assert len(requeue) == 2 and requeue[-1].sent_at is not None  # the worker relayed its own requeue
+    assert bucket(services, result).attempts == 1
+
+
+@pytest.mark.parametrize(("behaviour", "status", "error_class"), [
+    ("crash", "queued", "infra"),              # the compiler killed: retried
+    ("missing-lib", "queued", "infra"),        # a broken host: retried
+    ("ncc-error:NCC_EVRF007", "failed", "compile"),  # the compiler's verdict: final
+])
+def test_failures_are_classified(services: Services, behaviour: str, status: str, error_class: str) -> None:
+    result = submit(services, behaviour)
+    outcome = run_compile(services, bucket(services, result).id, WORKER)
+    assert (outcome.status, outcome.error_class) == (status, error_class), outcome
+    with services.sessions() as session:
+        lines = session.scalars(select(LogLine.line).where(LogLine.line.startswith("full log archived"))).all()
+    assert len(lines) == 1
+
+
+def test_a_changed_model_is_a_final_error(services: Services, tmp_path: Path) -> None:
+    model = tmp_path / "model.hlo.pb"
+    model.write_bytes(b"pinned bytes")
+    result = submit(services, uri=model.as_uri())
+    model.write_bytes(b"other bytes!")  # changed after it was pinned
+    outcome = run_compile(services, bucket(services, result).id, WORKER)
+    assert (outcome.status, outcome.error_class, outcome.code) == ("failed", "compile", "MODEL_UNAVAILABLE")
+    with services.sessions() as session:
+        assert session.scalars(select(Artifact.state)).one() == "failed"
+
+
+def test_a_missing_model_blob_is_an_infra_error(services: Services, tmp_path: Path) -> None:
+    result = submit(services)
+    row = bucket(services, result)
+    (tmp_path / "store" / blob_name(row.model["sha256"])).unlink()
+    outcome = run_compile(services, row.id, WORKER)
+    assert (outcome.status, outcome.error_class, outcome.code) == ("queued", "infra", "MODEL_FETCH_FAILED")
+
+
+def test_an_earlier_attempts_manifest_is_reused(services: Services) -> None:
+    """An attempt that published its manifest and died before recording it: the next one reuses it."""
+    result = submit(services)
+    row = bucket(services, result)
+    path = services.settings.data_dir / "earlier.neff"
+    path.write_bytes(b"the earlier attempt's output")
+    blob = services.store.put_file(path)
+    earlier = BucketManifest(key=row.key, material=row.material, inputs=row.inputs,
+                             files=[FileEntry(path="model.neff", role="model", size=blob.size, sha256=blob.sha256)],
+                             versions={"neuronx_cc": "earlier"}, worker="earlier@host", compile_seconds=9.0,
+                             created_at=utcnow().isoformat())
+    assert services.store.create_document(bucket_manifest_name(row.key), earlier.to_bytes())
+    outcome = run_compile(services, row.id, WORKER)
+    assert outcome.status == "succeeded"
+    assert services.store.read_document(bucket_manifest_name(row.key)) == earlier.to_bytes()
+    done = bucket(services, result)
+    assert (done.versions, done.compile_seconds) == ({"neuronx_cc": "earlier"}, 9.0)
+
+
+def test_logstream_batches_in_order(services: Services, tmp_path: Path) -> None:
+    result = submit(services)
+    row = bucket(services, result)
+    logs = LogStream(services.sessions, row.id, 1, tmp_path / "a.log", flush_interval=0.3, batch_lines=200)
+
+    def central() -> list[tuple[str, str]]:
+        with services.sessions() as session:
+            return [(s, line) for s, line in session.execute(
+                select(LogLine.stream, LogLine.line).where(LogLine.bucket_compile_id == row.id)
+                .order_by(LogLine.id))]
+
+    logs.service("starting")
+    for n in range(450):
+        logs.compiler(f"line {n}")
+    logs.service("between")
+    logs.compiler("last")
+    deadline = time.monotonic() + 5
+    while len(central()) < 453 and time.monotonic() < deadline:  # flushed without being closed
+        time.sleep(0.05)
+    expected = [("service", "starting"), *[("compiler", f"line {n}") for n in range(450)],
+                ("service", "between"), ("compiler", "last")]
+    assert central() == expected
+    logs.close()
+    text = (tmp_path / "a.log").read_text().splitlines()
+    assert text[0] == "[compilesvc] starting" and text[1:451] == [f"line {n}" for n in range(450)]
+    assert list(logs.tail)[-1] == "last" and len(logs.tail) == 200
+
+
+def test_logstream_keeps_lines_while_the_database_is_away(services: Services, tmp_path: Path,
+                                                          pg_url: str) -> None:
+    result = submit(services)
+    row = bucket(services, result)
+    dead = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/nowhere")
+    sessions = make_sessionmaker(dead)
+    logs = LogStream(sessions, row.id, 1, tmp_path / "b.log", flush_interval=0.1)
+    for n in range(5):
+        logs.compiler(f"line {n}")
+    assert logs.flush() is False
+    sessions.configure(bind=services.engine)  # the database is back
+    logs.close()
+    with services.sessions() as session:
+        lines: list[Any] = list(session.scalars(select(LogLine.line).where(LogLine.bucket_compile_id == row.id)
+                                                .order_by(LogLine.id)))
+    assert lines == [f"line {n}" for n in range(5)]
+    dead.dispose()
+
+
+def test_orphaned_attempt_directories_are_swept(tmp_path: Path) -> None:
+    """Directories of an attempt whose worker died are removed; a live attempt's (locked) are kept."""
+    root = tmp_path / "root"
+    for name in ("dead", "live"):
+        (root / f"job-1-{name}").mkdir(parents=True)
+        (root / f"work-1-{name}").mkdir()
+        (root / f"work-1-{name}" / "scratch").write_bytes(b"x" * 1024)
+        (root / f"job-1-{name}" / OWNER_LOCK).touch()
+    old_unpaired = root / "work-2-gone"
+    old_unpaired.mkdir()
+    os.utime(old_unpaired, (time.time() - 7200, time.time() - 7200))
+    fresh_unpaired = root / "work-3-starting"
+    fresh_unpaired.mkdir()
+    ownerless = root / "job-4-half-removed"  # no owner lock: swept once it is old
+    ownerless.mkdir()
+    os.utime(ownerless, (time.time() - 7200, time.time() - 7200))
+    with open(root / "job-1-live" / OWNER_LOCK) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        removed = sweep_orphaned_attempts(root)
+    assert sorted(removed) == ["job-1-dead", "job-4-half-removed", "work-2-gone"]
+    assert sorted(p.name for p in root.iterdir()) == ["job-1-live", "work-1-live", "work-3-starting"]

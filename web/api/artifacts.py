@@ -1,0 +1,76 @@
+"""``/v1/artifacts``: look up a published artifact by key (the serving fleet's hot path) and resolve a spec
+to its keys without building anything.
+
+``GET /v1/artifacts/{key}`` on a cached manifest touches neither the ledger nor the store: it signs the
+download URLs and serialises. See :class:`web.context.ManifestCache`.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, g
+from sqlalchemy import select
+
+from compilesvc.keys import KEY_SCHEMA
+from compilesvc.ledger.models import Artifact, BucketCompile
+from compilesvc.model_identity import ModelRefError
+from compilesvc.spec import CompileSpec
+from compilesvc.store.base import SHA256_RE
+from web.api.builds import model_ref_problem
+from web.context import web
+from web.openapi import operation
+from web.params import json_response, raw_json_response, spec_body
+from web.problems import Problem
+from web.schemas import ArtifactOut, ResolveOut
+
+bp = Blueprint("artifacts", __name__, url_prefix="/v1/artifacts")
+
+
+@bp.get("/<key>")
+@operation(summary="A published artifact: manifest and fresh download URLs", tag="artifacts",
+           description="Files with sizes and sha256, compiler versions, timings, and download URLs that expire "
+                       "after `urls_expire_in` seconds. 404 while the artifact is not published (`state` says "
+                       "what it is doing) or when the key is unknown.",
+           responses={200: ArtifactOut}, problems=(404,))
+def get_artifact(key: str) -> Response:
+    if not SHA256_RE.match(key):
+        raise Problem("artifact-not-found", "an artifact key is 64 lowercase hex digits")
+    g.artifact_key = key
+    ctx = web()
+    return raw_json_response(ctx.describe_json(ctx.published(key)), headers={"Cache-Control": "no-store"})
+
+
+@bp.post("/resolve")
+@operation(summary="Resolve a spec to its keys and state (never builds)", tag="artifacts", request=CompileSpec,
+           description="The artifact key, bucket keys and key components a submit of this spec would use, "
+                       "what the ledger knows about them, and the artifact if it is published. Read-only.",
+           responses={200: ResolveOut}, problems=(400, 413, 422))
+def resolve() -> Response:
+    ctx = web()
+    spec = spec_body()
+    try:
+        pinned, keys = ctx.submitter.keys_for(spec)
+    except ModelRefError as exc:
+        raise model_ref_problem(exc) from None
+    g.artifact_key = keys.key
+    with ctx.services.sessions() as session:
+        state = session.scalar(select(Artifact.state).where(Artifact.key == keys.key))
+        bucket_states = {key: bucket_state for key, bucket_state in session.execute(
+            select(BucketCompile.key, BucketCompile.state).where(BucketCompile.key.in_(keys.bucket_keys))
+        )}
+    artifact = None
+    if state is None or state == "published":
+        try:
+            manifest = ctx.published_manifest(keys.key)
+        except Problem:
+            manifest = None  # not in the ledger nor the store: nothing is built yet
+        if manifest is not None:
+            state = "published"
+            artifact = ctx.describe(manifest)
+    return json_response({
+        "key": keys.key, "schema_version": KEY_SCHEMA, "components": keys.components,
+        "buckets": [{"key": b.key, "position": b.position, "inputs": b.inputs,
+                     "state": bucket_states.get(b.key, "absent")} for b in keys.buckets],
+        "state": state or "absent",
+        "model": {"uri": pinned.uri, "sha256": pinned.sha256, "size": pinned.size},
+        "artifact": artifact,
+    })

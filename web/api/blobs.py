@@ -1,0 +1,97 @@
+"""Model uploads (``POST /v1/models``) and local-store downloads (``GET /v1/blobs/{sha256}``).
+
+Uploads stream: the request body goes straight to :meth:`ArtifactStore.put_stream`, which hashes while
+it writes, so an 8 GiB model never sits in memory. The limit is ``max_upload_bytes`` (not the general
+``max_request_bytes``): a declared Content-Length over it is refused before a byte is read, and a
+chunked body is cut off as soon as it passes it.
+
+Downloads exist only for the local store (S3 hands out presigned URLs): the URL's HMAC signature and
+expiry are checked by :func:`compilesvc.store.signing.verify_blob_signature`, then the file is streamed
+(with Range support) from the store's directory.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import BinaryIO, cast
+
+from flask import Blueprint, Response, request, send_file
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from compilesvc.store.base import BlobTooLarge
+from compilesvc.store.local import LocalStore
+from compilesvc.store.signing import content_disposition, verify_blob_signature
+from web.context import web
+from web.openapi import Param, operation
+from web.params import json_response
+from web.problems import Problem
+from web.schemas import UploadOut
+
+bp = Blueprint("blobs", __name__, url_prefix="/v1")
+
+UPLOAD_ENDPOINT = "blobs.upload_model"
+
+
+@bp.post("/models")
+@operation(summary="Upload a model (raw body, streamed)", tag="models",
+           description="Send the model file as the raw request body (any content type, Content-Length or "
+                       "chunked). Use the returned `uri` as the spec's `model.uri`.",
+           request_media="application/octet-stream",
+           request_schema={"type": "string", "contentMediaType": "application/octet-stream"},
+           responses={201: UploadOut}, problems=(400, 413, 503))
+def upload_model() -> Response:
+    ctx = web()
+    limit = ctx.settings.max_upload_bytes
+    too_large = Problem("upload-too-large", f"model uploads are limited to {limit} bytes", max_bytes=limit)
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise too_large  # refuse before reading a byte
+    if declared == 0:
+        raise Problem("invalid-request", "the body is empty; send the model file as the request body",
+                      errors=[{"field": "body", "message": "empty"}])
+    # One byte of headroom: the store sees the oversize and raises BlobTooLarge itself (it cleans up).
+    request.max_content_length = limit + 1
+    try:
+        info = ctx.services.store.put_stream(cast(BinaryIO, request.stream), max_bytes=limit)
+    except (BlobTooLarge, RequestEntityTooLarge):
+        raise too_large from None
+    if info.size == 0:
+        raise Problem("invalid-request", "the body is empty; send the model file as the request body",
+                      errors=[{"field": "body", "message": "empty"}])
+    return json_response({"uri": f"blob:sha256:{info.sha256}", "sha256": info.sha256, "size": info.size,
+                          "created": info.created}, 201)
+
+
+@bp.get("/blobs/<sha256:sha256>")
+@operation(summary="Download a blob through a signed URL (local store only)", tag="artifacts",
+           description="The URLs come from artifact manifests; they expire. 403 when the signature is wrong "
+                       "or expired.",
+           params=[Param("expires", "query", "Unix time the URL expires.", {"type": "integer"}, required=True),
+                   Param("sig", "query", "HMAC signature.", required=True),
+                   Param("filename", "query", "Download file name (signed).")],
+           responses={200: "application/octet-stream"}, problems=(403, 404))
+def download_blob(sha256: str) -> Response:
+    ctx = web()
+    store = ctx.services.store
+    if not isinstance(store, LocalStore):
+        raise Problem("blob-not-found", "this service keeps blobs in S3; use the URLs in the artifact manifest")
+    denied = Problem("signature-invalid", "the download URL is invalid or has expired")
+    expires_raw = request.args.get("expires", "")
+    sig = request.args.get("sig", "")
+    filename = request.args.get("filename")
+    if not expires_raw.isascii() or not expires_raw.isdigit() or len(expires_raw) > 12 or not sig:
+        raise denied
+    expires = int(expires_raw)
+    if not verify_blob_signature(ctx.settings.resolved_secret_key, sha256, expires, filename, sig):
+        raise denied
+    path = store.local_blob_path(sha256)
+    if not path.is_file():
+        raise Problem("blob-not-found", f"blob {sha256} is not in the store")
+    response = send_file(path, mimetype="application/octet-stream", conditional=True, etag=sha256,
+                         max_age=max(0, min(expires - int(time.time()), 86400)))
+    if filename:
+        response.headers["Content-Disposition"] = content_disposition(filename)
+    # The content never changes for a name; only the URL expires.
+    response.cache_control.private = True
+    response.cache_control.immutable = True
+    return response

@@ -1,0 +1,357 @@
+"""``/v1/builds``: submit a spec, follow a build (status, logs, live log stream), list history, cancel, retry.
+
+Submit answers 202 with the build's state and bucket compiles while it builds, or 200 with the artifact
+(manifest and fresh download URLs) when the spec is a cache hit, so a CI job can always continue from
+one response: poll ``status_url`` on 202, use ``artifact`` on 200.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from flask import Blueprint, Response, current_app, g, request
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
+
+from compilesvc.control import BuildNotFound, cancel_build, retry_build
+from compilesvc.history import HistoryFilter, InvalidCursor, InvalidLimit, get_build_detail, list_builds
+from compilesvc.ledger.models import Artifact, Build
+from compilesvc.logs import read_build_logs
+from compilesvc.model_identity import ModelRefError
+from compilesvc.spec import CompileSpec
+from compilesvc.submit import NoCapableWorker, SubmitRefused, SubmitResult, bucket_views
+from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
+from web.context import WebContext, web
+from web.openapi import Param, operation
+from web.params import (
+    MAX_ID,
+    header_text,
+    json_response,
+    parse_int,
+    query_bool,
+    query_int,
+    query_problems,
+    raw_json_response,
+    spec_body,
+)
+from web.problems import PROBLEM_TYPES, Problem
+from web.schemas import BuildAccepted, BuildList, BuildListQuery, BuildOut, BuildStateOut, LogPage
+
+log = logging.getLogger(__name__)
+bp = Blueprint("builds", __name__, url_prefix="/v1/builds")
+
+MAX_LOG_LIMIT = 5000
+DEFAULT_LOG_LIMIT = 1000
+SSE_BATCH = 500
+FILTERS = ("model", "target", "sdk", "state", "label", "submitted_by")
+
+
+def refused(exc: SubmitRefused) -> Problem:
+    """A core refusal (its ``status`` and ``code``) as a problem response."""
+    code = exc.code if exc.code in PROBLEM_TYPES else "submit-refused"
+    extensions: dict[str, Any] = {}
+    headers = {}
+    if isinstance(exc, NoCapableWorker):
+        extensions["queue"] = exc.queue
+        headers["Retry-After"] = "30"
+    return Problem(code, str(exc), status=exc.status, headers=headers, **extensions)
+
+
+def model_ref_problem(exc: ModelRefError) -> Problem:
+    return Problem("model-ref-invalid", str(exc), errors=[{"field": exc.field, "message": exc.message}])
+
+
+@bp.post("")
+@operation(
+    summary="Submit a compile spec", tag="builds", request=CompileSpec,
+    description="Deduplicated against everything built or building: a published artifact answers 200 at "
+                "once (outcome hit); an artifact in flight is joined (join); otherwise only the bucket "
+                "compiles that do not exist yet are queued (new).",
+    responses={200: BuildAccepted, 202: BuildAccepted},
+    problems=(400, 413, 422, 503),
+    params=[
+        Param("Idempotency-Key", "header", "Replays the first response for the same key and body; "
+              "a different body with the same key is refused (422).", {"type": "string", "maxLength": 255}),
+        Param("X-Submitted-By", "header", "Recorded as who submitted the build (history filter).",
+              {"type": "string", "maxLength": 255}),
+        Param("queue_anyway", "query", "Queue even when no live worker serves the target/SDK "
+              "(otherwise 503 no-capable-worker).", {"type": "boolean", "default": False}),
+    ],
+    headers={202: {"Location": "The build's status URL."}},
+)
+def submit() -> Response:
+    ctx = web()
+    idempotency_key = header_text("Idempotency-Key", max_length=255)
+    submitted_by = header_text("X-Submitted-By", max_length=255)
+    queue_anyway = query_bool("queue_anyway")
+    spec = spec_body()
+    ctx.metrics.submits.labels(spec.target, spec.sdk).inc()
+    try:
+        result = ctx.submitter.submit(spec, submitted_by=submitted_by, idempotency_key=idempotency_key,
+                                      queue_anyway=queue_anyway)
+    except ModelRefError as exc:
+        raise model_ref_problem(exc) from None
+    except SubmitRefused as exc:
+        raise refused(exc) from None
+    g.build_id = result.build_id
+    g.artifact_key = result.artifact_key
+    if not result.replayed:
+        ctx.metrics.outcomes.labels(spec.target, spec.sdk, result.outcome).inc()
+    return accepted_response(ctx, result)
+
+
+def accepted_response(ctx: WebContext, result: SubmitResult) -> Response:
+    headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
+    if result.artifact_state == "published":
+        # The hit path: the artifact comes from the manifest cache as pre-serialised JSON with fresh URLs
+        # spliced in, so the document is encoded around a marker rather than dumped and re-encoded.
+        marker = uuid.uuid4().hex
+        text = json.dumps(accepted_json(ctx, result, marker), ensure_ascii=False, separators=(",", ":"),
+                          default=str)
+        artifact = ctx.describe_json(ctx.published(result.artifact_key))
+        return raw_json_response(text.replace(f'"{marker}"', artifact, 1), 200, headers)
+    body = accepted_json(ctx, result, None)
+    headers["Location"] = body["status_url"]
+    return json_response(body, 202, headers)
+
+
+@bp.get("")
+@operation(summary="Build history", tag="builds", query_model=BuildListQuery,
+           description="Newest first, keyset-paginated: follow `next` (or pass `next_cursor` as `cursor`). "
+                       "Filters combine with AND.",
+           responses={200: BuildList}, problems=(400,), headers={200: {"Link": 'rel="next" page URL'}})
+def list_history() -> Response:
+    ctx = web()
+    args = {name: request.args[name] for name in (*FILTERS, "limit", "cursor") if name in request.args}
+    try:
+        query = BuildListQuery.model_validate(args)
+        filters = HistoryFilter(**{name: getattr(query, name) for name in FILTERS})
+    except ValidationError as exc:
+        raise query_problems(exc) from None
+    try:
+        with ctx.services.sessions() as session:
+            page = list_builds(session, filters, limit=query.limit, cursor=query.cursor)
+            items = [summary_json(ctx, build) for build in page.items]
+    except InvalidCursor as exc:
+        raise Problem("invalid-cursor", str(exc)) from None
+    except InvalidLimit as exc:  # pragma: no cover - BuildListQuery bounds the limit first
+        raise Problem("invalid-request", str(exc)) from None
+    next_url = None
+    headers = {}
+    if page.next_cursor is not None:
+        params = {k: v for k, v in args.items() if k != "cursor" and v != ""}
+        params["cursor"] = page.next_cursor
+        next_url = ctx.url("/v1/builds?" + urllib.parse.urlencode(params))
+        headers["Link"] = f'<{next_url}>; rel="next"'
+    return json_response({"items": items, "next_cursor": page.next_cursor, "next": next_url}, 200, headers)
+
+
+def build_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
+    """GET /v1/builds/{id}'s body (also rendered by the UI)."""
+    with ctx.services.sessions() as session:
+        detail = get_build_detail(session, build_id)
+        if detail is None:
+            raise Problem("build-not-found", f"no build {build_id}")
+        buckets = bucket_views(session, detail.artifact.id)
+    build, artifact = detail.build, detail.artifact
+    described = None
+    if artifact.state == "published":
+        described = ctx.describe(ctx.published_manifest(artifact.key))
+    return {
+        "build_id": build.id, "state": build.state, "outcome": build.outcome, "artifact_key": artifact.key,
+        "artifact_state": artifact.state, "submitted_by": build.submitted_by, "labels": build.labels,
+        "model_name": build.model_name, "model_sha256": build.model_sha256, "target": build.target,
+        "sdk": build.sdk, "backend": build.backend, "created_at": build.created_at.isoformat(),
+        "finished_at": build.finished_at.isoformat() if build.finished_at else None, "spec": build.spec,
+        "buckets": [bucket_json(view) for view in buckets],
+        "events": [event_json(event) for event in detail.events],
+        "status_url": ctx.build_url(build.id), "logs_url": ctx.build_url(build.id, "/logs"),
+        "artifact": described,
+    }
+
+
+@bp.get("/<build_id:build_id>")
+@operation(summary="A build: state, buckets, events, and the artifact once published", tag="builds",
+           responses={200: BuildOut}, problems=(404,))
+def get_build(build_id: int) -> Response:
+    g.build_id = build_id
+    return json_response(build_document(web(), build_id))
+
+
+def _state_response(ctx: WebContext, build_id: int, status: int) -> Response:
+    with ctx.services.sessions() as session:
+        row = session.execute(
+            select(Build.state, Artifact.state).join(Artifact, Artifact.id == Build.artifact_id)
+            .where(Build.id == build_id)
+        ).one()
+    status_url = ctx.build_url(build_id)
+    body = {"build_id": build_id, "state": row[0], "artifact_state": row[1], "status_url": status_url}
+    return json_response(body, status, {"Location": status_url} if status == 202 else None)
+
+
+@bp.post("/<build_id:build_id>/cancel")
+@operation(summary="Cancel a build", tag="builds",
+           description="The build is cancelled at once; its compiles only when no other build waits for them.",
+           responses={200: BuildStateOut}, problems=(404, 409))
+def cancel(build_id: int) -> Response:
+    g.build_id = build_id
+    ctx = web()
+    try:
+        cancel_build(ctx.services, build_id)
+    except BuildNotFound:
+        raise Problem("build-not-found", f"no build {build_id}") from None
+    except SubmitRefused as exc:
+        raise refused(exc) from None
+    return _state_response(ctx, build_id, 200)
+
+
+@bp.post("/<build_id:build_id>/retry")
+@operation(summary="Retry a build's failed or cancelled compiles", tag="builds",
+           responses={202: BuildStateOut}, problems=(404, 409), headers={202: {"Location": "The build's status URL."}})
+def retry(build_id: int) -> Response:
+    g.build_id = build_id
+    ctx = web()
+    try:
+        retry_build(ctx.services, build_id)
+    except BuildNotFound:
+        raise Problem("build-not-found", f"no build {build_id}") from None
+    except SubmitRefused as exc:
+        raise refused(exc) from None
+    return _state_response(ctx, build_id, 202)
+
+
+def _build_state(ctx: WebContext, build_id: int) -> str | None:
+    with ctx.services.sessions() as session:
+        return session.scalar(select(Build.state).where(Build.id == build_id))
+
+
+@bp.get("/<build_id:build_id>/logs")
+@operation(summary="Compile log lines of a build, in order", tag="logs",
+           params=[Param("after", "query", "Return lines with id > after (the previous `next_after`).",
+                         {"type": "integer", "minimum": 0, "default": 0}),
+                   Param("limit", "query", "At most this many lines.",
+                         {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LIMIT, "default": DEFAULT_LOG_LIMIT})],
+           responses={200: LogPage}, problems=(400, 404))
+def logs(build_id: int) -> Response:
+    g.build_id = build_id
+    ctx = web()
+    after = query_int("after", 0, minimum=0, maximum=MAX_ID)
+    limit = query_int("limit", DEFAULT_LOG_LIMIT, minimum=1, maximum=MAX_LOG_LIMIT)
+    # State before lines: if the build was finished when we looked, every line it will ever have was
+    # committed before that, so the read below sees them all and `finished` is exact.
+    state = _build_state(ctx, build_id)
+    if state is None:
+        raise Problem("build-not-found", f"no build {build_id}")
+    with ctx.services.sessions() as session:
+        entries = read_build_logs(session, build_id, after=after, limit=limit)
+    next_after = entries[-1].id if entries else after
+    return json_response({
+        "build_id": build_id, "build_state": state, "lines": [log_json(e) for e in entries],
+        "next_after": next_after, "finished": state != "building" and len(entries) < limit,
+    })
+
+
+@bp.get("/<build_id:build_id>/logs/stream")
+@operation(summary="Live compile log (Server-Sent Events)", tag="logs",
+           description="`line` events carry a log line (JSON, as in /logs) with the line id as the event id, "
+                       "so a reconnecting EventSource resumes after Last-Event-ID. An `end` event "
+                       "(data: {state}) closes the stream once the build finished and every line was sent. "
+                       "Streams are closed after a bounded lifetime; clients reconnect.",
+           params=[Param("Last-Event-ID", "header", "Resume after this line id.", {"type": "string"}),
+                   Param("after", "query", "Resume after this line id (when there is no Last-Event-ID).",
+                         {"type": "integer", "minimum": 0})],
+           responses={200: "text/event-stream"}, problems=(400, 404, 503))
+def stream_logs(build_id: int) -> Response:
+    g.build_id = build_id
+    ctx = web()
+    last_event_id = request.headers.get("Last-Event-ID", "").strip()
+    if last_event_id:
+        after = parse_int("header Last-Event-ID", last_event_id, minimum=0, maximum=MAX_ID)
+    else:
+        after = query_int("after", 0, minimum=0, maximum=MAX_ID)
+    if _build_state(ctx, build_id) is None:
+        raise Problem("build-not-found", f"no build {build_id}")
+    # Each open stream holds a server thread for its lifetime: past the cap, refuse rather than let
+    # watchers starve the API (the UI then polls /logs instead).
+    if not ctx.streams.acquire(blocking=False):
+        raise Problem("too-many-streams", "too many live log streams on this server; poll /logs instead",
+                      headers={"Retry-After": "10"})
+    config = current_app.config
+    events = _sse_events(ctx, build_id, after, poll=float(config["SSE_POLL_SECONDS"]),
+                         lifetime=float(config["SSE_MAX_SECONDS"]),
+                         heartbeat=float(config["SSE_HEARTBEAT_SECONDS"]))
+    return Response(_Releasing(events, ctx.streams.release), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class _Releasing:
+    """A response iterable that calls ``release`` exactly once when the server closes it (WSGI servers
+    always call ``close()``), even if the stream was never iterated: a generator's own ``finally`` would
+    not run then."""
+
+    def __init__(self, inner: Iterator[str], release: Callable[[], None]):
+        self._inner = inner
+        self._release: Callable[[], None] | None = release
+
+    def __iter__(self) -> Iterator[str]:
+        return self._inner
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._inner, "close", None)
+            if close is not None:
+                close()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
+
+
+def _sse_events(ctx: WebContext, build_id: int, after: int, *, poll: float, lifetime: float,
+                heartbeat: float) -> Iterator[str]:
+    """Poll the ledger and yield SSE frames. Holds no database connection between polls."""
+    deadline = time.monotonic() + lifetime
+    last_sent = time.monotonic()
+    yield f"retry: {int(max(poll, 1.0) * 1000)}\n\n"
+    while True:
+        try:
+            state = _build_state(ctx, build_id)
+            with ctx.services.sessions() as session:
+                entries = read_build_logs(session, build_id, after=after, limit=SSE_BATCH)
+        except SQLAlchemyError as exc:
+            # The status line went out long ago: end the stream; the client resumes after its last id.
+            log.warning("log stream ended by a ledger error",
+                        extra={"build_id": build_id, "error": f"{type(exc).__name__}: {exc}"})
+            return
+        if state is None:  # deleted while we streamed
+            yield _frame("end", {"state": "unknown"})
+            return
+        for entry in entries:
+            yield _frame("line", log_json(entry), entry.id)
+            after = entry.id
+        if entries:
+            last_sent = time.monotonic()
+        if state != "building" and len(entries) < SSE_BATCH:
+            yield _frame("end", {"state": state, "after": after})
+            return
+        if len(entries) == SSE_BATCH:
+            continue  # a backlog: drain it before sleeping
+        now = time.monotonic()
+        if now >= deadline:
+            return  # bounded lifetime: the client's EventSource reconnects with Last-Event-ID
+        if now - last_sent >= heartbeat:
+            yield ": keep-alive\n\n"  # a comment: keeps proxies from timing out an idle stream
+            last_sent = now
+        time.sleep(min(poll, max(0.0, deadline - now)))
+
+
+def _frame(event: str, data: dict[str, Any], event_id: int | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"

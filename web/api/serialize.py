@@ -1,0 +1,61 @@
+"""Ledger rows and core results as the JSON documents of :mod:`web.schemas` (dicts, built directly:
+constructing pydantic models per response would double the cost of the hot paths; the tests check the
+documents against the models instead)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from compilesvc.ledger.models import BucketCompile, Build, Event
+from compilesvc.logs import LogEntry
+from compilesvc.submit import BucketView, SubmitResult
+from web.context import WebContext
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def bucket_json(bucket: BucketView) -> dict[str, Any]:
+    return {
+        "key": bucket.key, "position": bucket.position, "inputs": bucket.inputs, "state": bucket.state,
+        "attempts": bucket.attempts, "error_class": bucket.error_class, "error_code": bucket.error_code,
+        "error_message": bucket.error_message, "worker_id": bucket.worker_id,
+        "started_at": iso(bucket.started_at), "finished_at": iso(bucket.finished_at),
+        "compile_seconds": bucket.compile_seconds,
+    }
+
+
+def bucket_row_json(bucket: BucketCompile, position: int) -> dict[str, Any]:
+    return bucket_json(BucketView.of(bucket, position))
+
+
+def accepted_json(ctx: WebContext, result: SubmitResult, artifact: dict[str, Any] | str | None) -> dict[str, Any]:
+    return {
+        "build_id": result.build_id, "state": result.state, "outcome": result.outcome,
+        "replayed": result.replayed, "artifact_key": result.artifact_key,
+        "artifact_state": result.artifact_state, "buckets": [bucket_json(b) for b in result.buckets],
+        "status_url": ctx.build_url(result.build_id), "logs_url": ctx.build_url(result.build_id, "/logs"),
+        "artifact": artifact,
+    }
+
+
+def summary_json(ctx: WebContext, build: Build) -> dict[str, Any]:
+    return {
+        "build_id": build.id, "state": build.state, "outcome": build.outcome, "artifact_key": build.artifact_key,
+        "model_name": build.model_name, "model_sha256": build.model_sha256, "target": build.target,
+        "sdk": build.sdk, "backend": build.backend, "submitted_by": build.submitted_by,
+        "labels": build.labels, "created_at": iso(build.created_at), "finished_at": iso(build.finished_at),
+        "status_url": ctx.build_url(build.id),
+    }
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    return {"id": event.id, "at": iso(event.at), "entity": event.entity, "entity_id": event.entity_id,
+            "from_state": event.from_state, "to_state": event.to_state, "detail": event.detail}
+
+
+def log_json(entry: LogEntry) -> dict[str, Any]:
+    return {"id": entry.id, "bucket_key": entry.bucket_key, "attempt": entry.attempt, "at": iso(entry.at),
+            "stream": entry.stream, "line": entry.line}

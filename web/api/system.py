@@ -1,0 +1,148 @@
+"""Operational endpoints: liveness, readiness, metrics, the worker registry, and the API description.
+
+``/healthz`` is static (it answers while the process can answer at all); ``/readyz`` checks what a
+request needs: the ledger (``SELECT 1``), the broker (a connection) and the store (``check()``), each
+bounded in time, and lists what failed in a 503 problem.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flask import Blueprint, Response, current_app, redirect, render_template
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import func, select, text
+from werkzeug.exceptions import NotFound
+from werkzeug.wrappers import Response as WerkzeugResponse
+
+from compilesvc.ledger.models import BucketCompile, Worker
+from compilesvc.registry import live_workers
+from web.context import WebContext, web
+from web.openapi import Param, build_spec, operation
+from web.params import json_response, query_bool
+from web.problems import PROBLEM_TYPES, Problem
+from web.schemas import HealthOut, ReadyOut, WorkersOut
+
+log = logging.getLogger(__name__)
+bp = Blueprint("system", __name__)
+
+_HEALTH_BODY = b'{"status":"ok"}'
+BROKER_TIMEOUT_SECONDS = 2.0
+
+
+@bp.get("/healthz")
+@operation(summary="Liveness (static)", tag="system", responses={200: HealthOut})
+def healthz() -> Response:
+    return Response(_HEALTH_BODY, mimetype="application/json")
+
+
+def _check_db(ctx: WebContext) -> None:
+    with ctx.services.engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+
+
+def _check_broker(ctx: WebContext) -> None:
+    with ctx.services.producer.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, interval_max=0,
+                               timeout=BROKER_TIMEOUT_SECONDS)
+
+
+def _check_store(ctx: WebContext) -> None:
+    ctx.services.store.check()
+
+
+@bp.get("/readyz")
+@operation(summary="Readiness: ledger, broker and store reachable", tag="system",
+           responses={200: ReadyOut}, problems=(503,))
+def readyz() -> Response:
+    ctx = web()
+    checks: dict[str, str] = {}
+    failed: list[str] = []
+    probes: dict[str, Callable[[WebContext], None]] = {
+        "database": _check_db, "broker": _check_broker, "store": _check_store,
+    }
+    for name, probe in probes.items():
+        started = time.perf_counter()
+        try:
+            probe(ctx)
+        except Exception as exc:  # every failure mode of a dependency is "not ready", never a 500
+            checks[name] = f"failed: {type(exc).__name__}: {exc}"[:500]
+            failed.append(name)
+            log.warning("readiness check failed", extra={"check": name, "error": checks[name]})
+        else:
+            checks[name] = f"ok ({(time.perf_counter() - started) * 1000:.1f} ms)"
+    if failed:
+        raise Problem("not-ready", f"not ready: {', '.join(failed)} failed", checks=checks, failed=failed,
+                      headers={"Retry-After": "5"})
+    return json_response({"status": "ready", "checks": checks})
+
+
+@bp.get("/metrics")
+@operation(summary="Prometheus metrics", tag="system", responses={200: CONTENT_TYPE_LATEST.split(";")[0]})
+def metrics() -> Response:
+    return Response(generate_latest(web().metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@bp.get("/v1/workers")
+@operation(summary="Workers and queues", tag="system",
+           params=[Param("all", "query", "Include stopped and stale workers.", {"type": "boolean"})],
+           responses={200: WorkersOut})
+def workers() -> Response:
+    ctx = web()
+    include_all = query_bool("all")
+    stale = ctx.settings.worker_stale_seconds
+    with ctx.services.sessions() as session:
+        live = live_workers(session, stale)
+        live_ids = {w.id for w in live}
+        shown = list(session.scalars(select(Worker).order_by(Worker.id))) if include_all else live
+        counts = session.execute(
+            select(BucketCompile.queue, BucketCompile.state, func.count())
+            .where(BucketCompile.state.in_(("queued", "running")))
+            .group_by(BucketCompile.queue, BucketCompile.state)
+        ).all()
+    queues: dict[str, dict[str, Any]] = {}
+
+    def queue(name: str) -> dict[str, Any]:
+        return queues.setdefault(name, {"name": name, "live_workers": 0, "queued": 0, "running": 0})
+
+    for worker in live:
+        for name in worker.queues:
+            queue(name)["live_workers"] += 1
+    for name, state, count in counts:
+        queue(name)[state] = count
+    body = {
+        "workers": [{
+            "id": w.id, "hostname": w.hostname, "capabilities": w.capabilities, "queues": w.queues,
+            "slots": w.slots, "started_at": w.started_at.isoformat(), "heartbeat_at": w.heartbeat_at.isoformat(),
+            "stopped_at": w.stopped_at.isoformat() if w.stopped_at else None, "live": w.id in live_ids,
+        } for w in shown],
+        "queues": sorted(queues.values(), key=lambda q: q["name"]),
+    }
+    return json_response(body)
+
+
+def openapi_document() -> dict[str, Any]:
+    ctx = web()
+    if ctx.openapi is None:  # routes do not change after startup: build once
+        ctx.openapi = build_spec(current_app)
+    return ctx.openapi
+
+
+@bp.get("/openapi.json")
+def openapi_json() -> Response:
+    return json_response(openapi_document())
+
+
+@bp.get("/docs")
+def docs() -> str:
+    return render_template("docs.html", spec=openapi_document(), problems=PROBLEM_TYPES.values())
+
+
+@bp.get("/problems/<code>")
+def problem_type(code: str) -> WerkzeugResponse:
+    if code not in PROBLEM_TYPES:
+        raise NotFound()
+    return redirect(f"/docs#problem-{code}", 303)

@@ -1,0 +1,145 @@
+"""``compilesvc serve``: the API and UI under gunicorn (or Werkzeug's server with ``--dev``).
+
+Registered under the ``compilesvc.commands`` entry-point group, so the core CLI never imports the web
+layer. Gunicorn runs programmatically (``BaseApplication``) with threaded workers: live log streams hold a
+thread for their (bounded) lifetime, and a sync worker would be blocked, then killed, by one.
+
+With more than one worker, Prometheus counters are kept in a multiprocess directory so that a scrape
+sees the sum over workers; ``PROMETHEUS_MULTIPROC_DIR`` must be set before prometheus_client is first
+imported, which is why this module imports neither it nor the app at import time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from compilesvc import jsonlog
+
+
+def _bind(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def _prepare_multiprocess_metrics(workers: int) -> None:
+    """Give gunicorn's workers a shared, empty directory for their metric files."""
+    if workers < 2:
+        return
+    if "prometheus_client" in sys.modules:
+        click.echo("warning: prometheus_client was imported before serve set up multiprocess metrics; "
+                   "counters will be per worker", err=True)
+        return
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        # Files of a previous run would be summed into this one's counters.
+        for stale in Path(directory).glob("*.db"):
+            stale.unlink(missing_ok=True)
+    else:
+        directory = tempfile.mkdtemp(prefix="compilesvc-metrics-")
+        atexit.register(shutil.rmtree, directory, True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+
+
+def _child_exit(_server: Any, worker: Any) -> None:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+
+
+#: Settings only some supported gunicorn versions have.
+OPTIONAL_SETTINGS = frozenset({"control_socket_disable"})
+
+
+def run_gunicorn(app_factory: Callable[[], Any], options: dict[str, Any]) -> None:
+    """Serve the WSGI app ``app_factory()`` with gunicorn and ``options`` (gunicorn setting names)."""
+    from gunicorn.app.base import BaseApplication
+
+    class Server(BaseApplication):  # type: ignore[misc]
+        def load_config(self) -> None:
+            for name, value in options.items():
+                if name in OPTIONAL_SETTINGS and name not in self.cfg.settings:
+                    continue  # a setting newer than the installed gunicorn
+                self.cfg.set(name, value)
+
+        def load(self) -> Any:
+            return app_factory()
+
+    Server().run()
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 128), help="Worker processes.")
+@click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 512),
+              help="Threads per worker; each live log stream holds one.")
+@click.option("--timeout", default=60, show_default=True, type=click.IntRange(1),
+              help="Seconds a worker may be silent before it is restarted.")
+@click.option("--dev", is_flag=True, help="Werkzeug's development server instead of gunicorn (one process).")
+@click.option("--migrate", "run_migrations", is_flag=True, help="Upgrade the ledger schema before serving.")
+def serve(host: str, port: int, workers: int, threads: int, timeout: int, dev: bool, run_migrations: bool) -> None:
+    """Serve the HTTP API and web UI."""
+    from pydantic import ValidationError
+
+    from compilesvc.config import Settings
+
+    level = jsonlog.level_from_env()
+    jsonlog.configure(level, service="api")
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
+        raise click.UsageError(f"invalid COMPILESVC_* settings: {errors}") from None
+    if run_migrations:
+        from compilesvc.migrate import upgrade
+
+        url = settings.resolved_database_url
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            upgrade(url)
+        except Exception as exc:
+            raise click.ClickException(f"migration failed: {type(exc).__name__}: {exc}") from None
+
+    # Live log streams may take at most half of a worker's threads; the rest keep serving the API.
+    config = {"SSE_MAX_STREAMS": max(1, threads // 2)}
+    if dev:
+        from web.app import create_app
+
+        create_app(settings, config=config).run(host=host, port=port, threaded=True, use_reloader=False,
+                                                debug=False)
+        return
+
+    _prepare_multiprocess_metrics(workers)
+
+    def factory() -> Any:
+        from web.app import create_app
+
+        return create_app(settings, config=config)  # in each worker, after the fork: its own engine and pools
+
+    run_gunicorn(factory, {
+        "bind": _bind(host, port),
+        "workers": workers,
+        "worker_class": "gthread",
+        "threads": threads,
+        "timeout": timeout,
+        "graceful_timeout": 30,
+        "keepalive": 5,  # serving fleets and CI reuse connections
+        "preload_app": False,
+        "logconfig_dict": jsonlog.gunicorn_logconfig(level, service="api"),
+        "accesslog": None,
+        "child_exit": _child_exit,
+        "proc_name": "compilesvc-api",
+        # gunicorn 24+ opens a control socket at one fixed per-user path: two servers on a host (tests,
+        # benchmarks, several instances) would fight over it, and nothing here uses it.
+        "control_socket_disable": True,
+    })

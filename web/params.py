@@ -1,0 +1,199 @@
+"""Reading what a client sent (JSON bodies, query parameters, headers) into values or 400/422 problems.
+
+Everything here treats input as hostile: malformed JSON, deep nesting, NUL characters and lone UTF-16
+surrogates (which Postgres refuses, and which would otherwise surface as a 500 deep in a query) are
+turned into problem responses before any core code sees them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import Response, current_app, request
+from pydantic import ValidationError
+
+from compilesvc.spec import CompileSpec, SpecError, parse_spec, validation_errors
+from web.problems import Problem
+
+_TRUE = frozenset({"", "1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+MAX_ID = 2**63 - 1
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A compact JSON response (cheaper than jsonify: no pretty-printing, no key sorting)."""
+    response = Response(json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=_default),
+                        status=status, mimetype="application/json")
+    if headers:
+        for name, value in headers.items():
+            response.headers[name] = value
+    return response
+
+
+def raw_json_response(text: str, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A response whose body is already JSON text."""
+    response = Response(text, status=status, mimetype="application/json")
+    if headers:
+        for name, value in headers.items():
+            response.headers[name] = value
+    return response
+
+
+def _default(value: Any) -> Any:
+    isoformat = getattr(value, "isoformat", None)
+    if isoformat is not None:
+        return isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _text_problems(data: Any) -> list[dict[str, str]]:
+    """Strings (keys or values) holding NUL or unpaired surrogates, as {field, message}; iterative so
+    that nesting depth cannot exhaust the stack."""
+    problems: list[dict[str, str]] = []
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack and len(problems) < 20:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else str(key)
+                if _bad_text(key):
+                    problems.append({"field": child.encode("utf-8", "replace").decode(),
+                                     "message": "keys must be Unicode text without NUL characters"})
+                else:
+                    stack.append((child, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
+        elif isinstance(value, str) and _bad_text(value):
+            problems.append({"field": path.encode("utf-8", "replace").decode(),
+                             "message": "must be Unicode text without NUL characters or lone surrogates"})
+    return problems
+
+
+def _bad_text(text: str) -> bool:
+    if "\x00" in text:
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def too_large(limit: int) -> Problem:
+    return Problem("request-too-large", f"request bodies are limited to {limit} bytes", max_bytes=limit)
+
+
+def read_body() -> bytes:
+    """The whole request body, refusing more than ``MAX_CONTENT_LENGTH`` bytes with a 413.
+
+    A declared Content-Length over the limit is refused by werkzeug before reading. A streamed (chunked)
+    body is read here with one byte of headroom, because werkzeug's own ``read()`` silently stops at
+    the limit and would hand a truncated body to the JSON parser.
+    """
+    limit: int | None = current_app.config.get("MAX_CONTENT_LENGTH")
+    if request.content_length is not None or limit is None:
+        return request.get_data(cache=False)
+    request.max_content_length = limit + 1
+    stream = request.stream
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := stream.read(min(64 * 1024, limit + 1 - total)):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise too_large(limit)
+    return b"".join(chunks)
+
+
+def json_body() -> Any:
+    """The request body decoded as JSON; 400 ``invalid-json`` if it is not, 413 past the size limit."""
+    raw = read_body()
+    if not raw.strip():
+        raise Problem("invalid-json", "the request body is empty; expected a JSON document")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Problem("invalid-json", f"the body is not UTF-8 (byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise Problem("invalid-json", f"line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:  # nesting too deep, integer too long to convert
+        raise Problem("invalid-json", f"cannot decode the body: {type(exc).__name__}") from None
+
+
+def spec_body() -> CompileSpec:
+    """The body as a validated CompileSpec; 422 ``spec-invalid`` with per-field errors otherwise."""
+    data = json_body()
+    bad_text = _text_problems(data)
+    if bad_text:
+        raise Problem("spec-invalid", f"{len(bad_text)} field(s) hold text that cannot be stored",
+                      errors=bad_text)
+    try:
+        return parse_spec(data)
+    except SpecError as exc:
+        raise Problem("spec-invalid", str(exc), errors=exc.errors) from None
+    except RecursionError:
+        raise Problem("spec-invalid", "the document is nested too deeply",
+                      errors=[{"field": "", "message": "nested too deeply"}]) from None
+
+
+def _invalid(field: str, message: str) -> Problem:
+    return Problem("invalid-request", f"{field}: {message}", errors=[{"field": field, "message": message}])
+
+
+def header_text(name: str, *, max_length: int) -> str | None:
+    """A header as printable text of at most ``max_length`` characters; None when absent or blank."""
+    value = request.headers.get(name)
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    if len(value) > max_length:
+        raise _invalid(f"header {name}", f"at most {max_length} characters")
+    if not value.isprintable():
+        raise _invalid(f"header {name}", "must be printable text")
+    return value
+
+
+def query_bool(name: str, default: bool = False) -> bool:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise _invalid(name, "expected true or false")
+
+
+def query_int(name: str, default: int, *, minimum: int, maximum: int) -> int:
+    raw = request.args.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return parse_int(name, raw, minimum=minimum, maximum=maximum)
+
+
+def parse_int(field: str, raw: str, *, minimum: int, maximum: int) -> int:
+    raw = raw.strip()
+    # Length first: int() of a huge digit string is slow (and refused past 4300 digits).
+    if not raw or len(raw) > 20 or not raw.lstrip("-").isdigit() or not raw.isascii():
+        raise _invalid(field, f"expected an integer from {minimum} to {maximum}")
+    value = int(raw)
+    if not minimum <= value <= maximum:
+        raise _invalid(field, f"expected an integer from {minimum} to {maximum}")
+    return value
+
+
+def query_problems(exc: ValidationError) -> Problem:
+    """A pydantic error on query parameters, as a 400 with per-field errors."""
+    errors = validation_errors(exc)
+    first = errors[0] if errors else {"field": "", "message": "invalid"}
+    return Problem("invalid-request", f"{first['field']}: {first['message']}", errors=errors)
+
+
+def has_nul_in_query() -> bool:
+    if not request.query_string:
+        return False
+    return any("\x00" in key or "\x00" in value for key, value in request.args.items(multi=True))

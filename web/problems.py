@@ -1,0 +1,200 @@
+"""RFC 9457 problem details: every error the API answers is ``application/problem+json``.
+
+A view raises :class:`Problem` (or lets a known exception propagate); the handlers installed by
+:func:`install` turn it into ``{type, title, status, detail, instance, ...extensions}``. Problem types
+are registered in :data:`PROBLEM_TYPES` so the docs page can list them and a type URI
+(``/problems/<code>``) leads to its description. Plain HTTP errors (unknown route, wrong method) use
+``about:blank`` with the status phrase as title, as the RFC prescribes.
+
+Nothing a client sends may become a 500: unexpected exceptions still answer problem+json (and are
+logged with their traceback), but infrastructure failures (ledger or store unreachable) are told apart
+as 503s so clients retry them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from flask import Flask, Response, render_template, request
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from werkzeug.exceptions import HTTPException
+
+from compilesvc.store.base import StoreError
+
+log = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+
+
+@dataclass(frozen=True)
+class ProblemType:
+    code: str
+    status: int
+    title: str
+    description: str
+
+
+_TYPES = [
+    ProblemType("invalid-json", 400, "Request body is not valid JSON",
+                "The body could not be decoded as UTF-8 JSON. `detail` says where parsing stopped."),
+    ProblemType("invalid-request", 400, "Invalid request parameter",
+                "A query parameter or header is malformed; `errors` lists each as {field, message}."),
+    ProblemType("invalid-cursor", 400, "Invalid pagination cursor",
+                "Pass back the `next_cursor` of a previous page unchanged."),
+    ProblemType("spec-invalid", 422, "Compile spec is invalid",
+                "The body is JSON but not a valid CompileSpec; `errors` lists {field, message} per problem."),
+    ProblemType("model-ref-invalid", 422, "Model reference cannot be used",
+                "The spec's model could not be resolved (unknown blob, unreadable object, disallowed scheme)."),
+    ProblemType("idempotency-key-reused", 422, "Idempotency-Key reused with a different body",
+                "An Idempotency-Key identifies one request body; use a new key for a different spec."),
+    ProblemType("not-cancellable", 409, "Build cannot be cancelled",
+                "Only builds that are still building can be cancelled."),
+    ProblemType("not-retryable", 409, "Build cannot be retried",
+                "Nothing in the build failed, or its artifact is already published."),
+    ProblemType("submit-refused", 409, "Submit refused", "The service will not accept this submit as given."),
+    ProblemType("build-not-found", 404, "Build not found", "No build has this id."),
+    ProblemType("artifact-not-found", 404, "Artifact not found", "No artifact has this key."),
+    ProblemType("artifact-not-published", 404, "Artifact not published",
+                "The artifact exists but is not published; `state` says what it is doing."),
+    ProblemType("blob-not-found", 404, "Blob not found", "The store has no blob with this sha256."),
+    ProblemType("signature-invalid", 403, "Download URL invalid or expired",
+                "Fetch the artifact again (GET /v1/artifacts/{key}) for fresh download URLs."),
+    ProblemType("request-too-large", 413, "Request body too large",
+                "Request bodies are limited to `max_bytes`; models are uploaded with POST /v1/models."),
+    ProblemType("upload-too-large", 413, "Upload too large", "Model uploads are limited to `max_bytes`."),
+    ProblemType("no-capable-worker", 503, "No live worker can compile this",
+                "No live worker serves the spec's queue. Start one, or submit with ?queue_anyway=true."),
+    ProblemType("too-many-streams", 503, "Too many live log streams",
+                "This server process streams as many logs as it may; poll GET /v1/builds/{id}/logs or retry later."),
+    ProblemType("not-ready", 503, "Service not ready", "`checks` says which dependency failed."),
+    ProblemType("store-unavailable", 503, "Artifact store unavailable",
+                "The artifact store could not be reached; retry later."),
+    ProblemType("ledger-unavailable", 503, "Ledger database unavailable",
+                "The ledger database could not be reached; retry later."),
+    ProblemType("internal-error", 500, "Internal server error", "A bug: the server log has the traceback."),
+]
+PROBLEM_TYPES: dict[str, ProblemType] = {t.code: t for t in _TYPES}
+
+
+def type_uri(code: str) -> str:
+    # A relative reference (RFC 9457 allows them): stable whatever host name clients use, and it
+    # resolves to this server's /problems/<code>, which leads to the description.
+    return f"/problems/{code}"
+
+
+class Problem(Exception):
+    """An error response. ``code`` names a registered problem type; ``extensions`` are extra members."""
+
+    def __init__(self, code: str, detail: str, *, status: int | None = None, headers: dict[str, str] | None = None,
+                 **extensions: Any):
+        kind = PROBLEM_TYPES[code]
+        self.code = code
+        self.status = status or kind.status
+        self.title = kind.title
+        self.detail = detail
+        self.headers = headers or {}
+        self.extensions = extensions
+        super().__init__(detail)
+
+
+def problem_body(status: int, title: str, detail: str, type_: str = "about:blank",
+                 **extensions: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": type_, "title": title, "status": status, "detail": detail,
+                            "instance": _instance()}
+    for key, value in extensions.items():
+        body.setdefault(key, value)
+    return body
+
+
+def _instance() -> str:
+    try:
+        return request.path
+    except RuntimeError:  # outside a request (tests building bodies directly)
+        return ""
+
+
+def _wants_html() -> bool:
+    """A browser asking for a UI page gets an HTML error page; the API always answers problem+json."""
+    if request.path.startswith("/v1/") or request.path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+        return False
+    best = request.accept_mimetypes.best_match([PROBLEM_JSON, "application/json", "text/html"])
+    return best == "text/html"
+
+
+def problem_response(body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    if _wants_html():
+        try:
+            html = render_template("error.html", problem=body)
+        except Exception:  # a broken error page must not hide the error: fall back to JSON
+            log.exception("error page failed to render")
+        else:
+            response = Response(html, status=body["status"], mimetype="text/html")
+            for name, value in (headers or {}).items():
+                response.headers[name] = value
+            return response
+    response = Response(json.dumps(body, ensure_ascii=False, default=str), status=body["status"],
+                        mimetype=PROBLEM_JSON)
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+def response_for(problem: Problem) -> Response:
+    body = problem_body(problem.status, problem.title, problem.detail, type_uri(problem.code),
+                        **problem.extensions)
+    return problem_response(body, problem.headers)
+
+
+def _http_error(exc: HTTPException) -> Response:
+    status = exc.code or 500
+    if status == 413:
+        limit = request.max_content_length
+        detail = f"request bodies are limited to {limit} bytes" if limit else "request body too large"
+        return response_for(Problem("request-too-large", detail, max_bytes=limit))
+    title = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else exc.name
+    detail = exc.description or title
+    if status == 404:
+        detail = f"no resource at {request.path}"
+    elif status == 405:
+        detail = f"{request.method} is not allowed on {request.path}"
+    headers = {}
+    for name, value in exc.get_headers():
+        if name.lower() in ("allow", "retry-after", "www-authenticate"):
+            headers[name] = value
+    return problem_response(problem_body(status, title, detail), headers)
+
+
+def _store_error(exc: StoreError) -> Response:
+    log.warning("store error", extra={"error": f"{type(exc).__name__}: {exc}"})
+    return response_for(Problem("store-unavailable", str(exc), headers={"Retry-After": "5"}))
+
+
+def _db_error(exc: DBAPIError | PoolTimeout) -> Response:
+    # OperationalError (connection refused, lost, locked): infrastructure, retryable. Other DBAPI
+    # errors are bugs (a query the database refused) and stay 500s, logged in full.
+    if isinstance(exc, (OperationalError, PoolTimeout)) or getattr(exc, "connection_invalidated", False):
+        cause = exc.orig if isinstance(exc, DBAPIError) else exc
+        log.warning("ledger unavailable", extra={"error": f"{type(exc).__name__}: {cause}"})
+        return response_for(Problem("ledger-unavailable", "the ledger database is unavailable",
+                                    headers={"Retry-After": "5"}))
+    return _internal(exc)
+
+
+def _internal(exc: Exception) -> Response:
+    log.error("unhandled exception", exc_info=exc)
+    return response_for(Problem("internal-error", "the server failed to handle this request"))
+
+
+def install(app: Flask) -> None:
+    """Register the problem handlers on ``app``."""
+    app.register_error_handler(Problem, response_for)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(StoreError, _store_error)
+    app.register_error_handler(DBAPIError, _db_error)
+    app.register_error_handler(PoolTimeout, _db_error)
+    app.register_error_handler(Exception, _internal)

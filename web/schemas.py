@@ -1,0 +1,266 @@
+"""Pydantic models of what the API accepts and answers; ``/openapi.json`` is generated from them.
+
+Requests are validated by the core's own models (:class:`compilesvc.spec.CompileSpec`,
+:class:`compilesvc.history.HistoryFilter`), so the document cannot drift from what is enforced. The
+response models here describe the JSON the views build; the tests validate real responses against them,
+which keeps the schema honest without paying for model construction on the hot paths.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+BuildState = Literal["building", "succeeded", "failed", "cancelled"]
+ArtifactState = Literal["building", "published", "failed", "cancelled"]
+BucketState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+Outcome = Literal["hit", "join", "new"]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FieldError(_Out):
+    field: str = Field(description='Dotted/indexed path of the offending field ("" for the whole body).')
+    message: str
+
+
+class ProblemDetails(BaseModel):
+    """RFC 9457 problem details (``application/problem+json``); extensions vary by ``type``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description='A URI reference naming the problem type; "about:blank" for plain HTTP errors.')
+    title: str
+    status: int
+    detail: str
+    instance: str = Field(description="The request path that failed.")
+    errors: list[FieldError] | None = Field(default=None, description="Per-field errors (400/422).")
+
+
+class BucketOut(_Out):
+    key: str
+    position: int = Field(description="Index of the bucket in the spec as first submitted.")
+    inputs: list[dict[str, Any]]
+    state: BucketState
+    attempts: int
+    error_class: str | None = Field(description="compile | infra | timeout | cancelled")
+    error_code: str | None
+    error_message: str | None
+    worker_id: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    compile_seconds: float | None = None
+
+
+class FileOut(_Out):
+    path: str
+    role: str = Field(description="model | log | aux")
+    size: int
+    sha256: str
+    url: str = Field(description="Download URL, valid for `urls_expire_in` seconds from the response.")
+
+
+class ArtifactBucketOut(_Out):
+    key: str
+    position: int
+    inputs: list[dict[str, Any]]
+    manifest: str
+    files: list[FileOut]
+    log: FileOut | None = None
+    versions: dict[str, Any]
+    compile_seconds: float | None = None
+
+
+class ArtifactOut(_Out):
+    """A published artifact: its manifest plus fresh expiring download URLs."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    schema_: str = Field(alias="schema")
+    key: str
+    material: dict[str, Any] = Field(description="Everything that went into the key (except bucket inputs).")
+    components: dict[str, str] = Field(description="Per-component digests, for explaining cache misses.")
+    buckets: list[ArtifactBucketOut]
+    size_bytes: int
+    created_at: str
+    urls_expire_in: int
+
+
+class BuildAccepted(_Out):
+    """What POST /v1/builds answers: 202 while building, 200 with ``artifact`` once published."""
+
+    build_id: int
+    state: BuildState
+    outcome: Outcome
+    replayed: bool = Field(description="True when an Idempotency-Key replayed an earlier submit.")
+    artifact_key: str
+    artifact_state: ArtifactState
+    buckets: list[BucketOut]
+    status_url: str
+    logs_url: str
+    artifact: ArtifactOut | None = None
+
+
+class EventOut(_Out):
+    id: int
+    at: datetime
+    entity: str
+    entity_id: int
+    from_state: str | None
+    to_state: str
+    detail: dict[str, Any]
+
+
+class BuildOut(_Out):
+    """GET /v1/builds/{id}: the build, its artifact's state and buckets, recent events, and the artifact
+    (with fresh URLs) once published."""
+
+    build_id: int
+    state: BuildState
+    outcome: Outcome
+    artifact_key: str
+    artifact_state: ArtifactState
+    submitted_by: str | None
+    labels: dict[str, str]
+    model_name: str | None
+    model_sha256: str
+    target: str
+    sdk: str
+    backend: str
+    created_at: datetime
+    finished_at: datetime | None
+    spec: dict[str, Any]
+    buckets: list[BucketOut]
+    events: list[EventOut]
+    status_url: str
+    logs_url: str
+    artifact: ArtifactOut | None
+
+
+class BuildSummary(_Out):
+    build_id: int
+    state: BuildState
+    outcome: Outcome
+    artifact_key: str
+    model_name: str | None
+    model_sha256: str
+    target: str
+    sdk: str
+    backend: str
+    submitted_by: str | None
+    labels: dict[str, str]
+    created_at: datetime
+    finished_at: datetime | None
+    status_url: str
+
+
+class BuildList(_Out):
+    items: list[BuildSummary]
+    next_cursor: str | None
+    next: str | None = Field(description="URL of the next page (same filters), or null on the last page.")
+
+
+class BuildStateOut(_Out):
+    build_id: int
+    state: BuildState
+    artifact_state: ArtifactState
+    status_url: str
+
+
+class LogLineOut(_Out):
+    id: int = Field(description="Monotonic line id; pass the last one seen as `after` (or Last-Event-ID).")
+    bucket_key: str
+    attempt: int
+    at: datetime
+    stream: str
+    line: str
+
+
+class LogPage(_Out):
+    build_id: int
+    build_state: BuildState
+    lines: list[LogLineOut]
+    next_after: int = Field(description="The `after` value for the next request.")
+    finished: bool = Field(description="True when the build is finished and every line has been returned.")
+
+
+class ResolvedBucket(_Out):
+    key: str
+    position: int
+    inputs: list[dict[str, Any]]
+    state: BucketState | Literal["absent"]
+
+
+class ResolvedModel(_Out):
+    uri: str
+    sha256: str
+    size: int | None
+
+
+class ResolveOut(_Out):
+    key: str
+    schema_version: str
+    components: dict[str, str]
+    buckets: list[ResolvedBucket]
+    state: ArtifactState | Literal["absent"]
+    model: ResolvedModel
+    artifact: ArtifactOut | None
+
+
+class UploadOut(_Out):
+    uri: str = Field(description='Use as the spec\'s model.uri: "blob:sha256:<hex>".')
+    sha256: str
+    size: int
+    created: bool = Field(description="False when identical content was already stored.")
+
+
+class WorkerOut(_Out):
+    id: str
+    hostname: str
+    capabilities: dict[str, Any]
+    queues: list[str]
+    slots: int
+    started_at: datetime
+    heartbeat_at: datetime
+    stopped_at: datetime | None
+    live: bool
+
+
+class QueueOut(_Out):
+    name: str
+    live_workers: int
+    queued: int
+    running: int
+
+
+class WorkersOut(_Out):
+    workers: list[WorkerOut]
+    queues: list[QueueOut]
+
+
+class HealthOut(_Out):
+    status: Literal["ok"]
+
+
+class ReadyOut(_Out):
+    status: Literal["ready"]
+    checks: dict[str, str]
+
+
+class BuildListQuery(BaseModel):
+    """Query parameters of GET /v1/builds (the filters are :class:`compilesvc.history.HistoryFilter`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(default=None, description="A model_name or a model_sha256.")
+    target: str | None = None
+    sdk: str | None = None
+    state: BuildState | None = None
+    label: str | None = Field(default=None, description='"name:value"')
+    submitted_by: str | None = None
+    limit: int = Field(default=50, ge=1, le=200)
+    cursor: str | None = Field(default=None, description="`next_cursor` of the previous page.")

@@ -1,0 +1,64 @@
+// Build page: follow the live log (Server-Sent Events, or polling when the server refuses a stream),
+// and the cancel/retry buttons.
+(function () {
+  "use strict";
+  var log = document.getElementById("log");
+  var status = document.getElementById("log-status");
+  var after = 0;
+
+  function append(entry) {
+    var atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    var span = document.createElement("span");
+    span.className = "stream-" + entry.stream;
+    span.textContent = entry.line + "\n";
+    log.appendChild(span);
+    if (atBottom) { log.scrollTop = log.scrollHeight; }
+    after = Math.max(after, entry.id);
+  }
+
+  function finished(state) {
+    status.textContent = "build " + state + (log.childNodes.length ? "" : "; no log lines");
+    var badge = document.getElementById("build-state");
+    if (badge && badge.textContent !== state) { window.location.reload(); }
+  }
+
+  function poll() {
+    // GET /logs?after=N: the same lines, for when streaming is refused or unavailable.
+    fetch(log.dataset.poll + "?after=" + after).then(function (response) { return response.json(); })
+      .then(function (page) {
+        page.lines.forEach(append);
+        if (page.finished) { finished(page.build_state); } else { setTimeout(poll, 2000); }
+      }).catch(function () { setTimeout(poll, 5000); });
+  }
+
+  if (log && window.EventSource) {
+    // EventSource resumes after the last event id by itself when the server closes a stream early.
+    var source = new EventSource(log.dataset.stream);
+    source.addEventListener("line", function (event) { append(JSON.parse(event.data)); status.textContent = "streaming…"; });
+    source.addEventListener("end", function (event) { source.close(); finished(JSON.parse(event.data).state); });
+    source.onopen = function () { status.textContent = "streaming…"; };
+    source.onerror = function () {
+      if (source.readyState === EventSource.CLOSED) {  // refused (e.g. 503): it will not retry by itself
+        status.textContent = "polling…";
+        poll();
+      } else {
+        status.textContent = "reconnecting…";
+      }
+    };
+  } else if (log) {
+    poll();
+  }
+
+  document.querySelectorAll("button.action").forEach(function (button) {
+    button.addEventListener("click", function () {
+      button.disabled = true;
+      fetch(button.dataset.action, { method: "POST" }).then(function (response) {
+        return response.json().then(function (body) {
+          if (response.ok) { window.location.reload(); return; }
+          document.getElementById("action-result").textContent = body.detail || body.title;
+          button.disabled = false;
+        });
+      });
+    });
+  });
+})();

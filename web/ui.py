@@ -1,0 +1,94 @@
+"""The web UI: server-rendered build history and build detail pages (Jinja, one small CSS file, a few lines
+of JS for the live log and the cancel/retry buttons; no external assets).
+
+The pages read through the same code as the JSON API (:func:`compilesvc.history.list_builds`,
+:func:`web.api.builds.build_document`), so the UI never shows something the API would not.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from datetime import datetime
+from typing import Any
+
+from flask import Blueprint, current_app, render_template, request
+from markupsafe import Markup, escape
+from pydantic import ValidationError
+
+from compilesvc.history import BUILD_STATES, HistoryFilter, InvalidCursor, count_by_state, list_builds
+from compilesvc.spec import validation_errors
+from web.api.builds import FILTERS, build_document
+from web.api.serialize import summary_json
+from web.context import web
+
+bp = Blueprint("ui", __name__, template_folder="templates", static_folder="static", static_url_path="/static")
+
+TARGETS = ("inf2", "trn1", "trn2", "cpu")
+
+
+@bp.app_template_filter("when")
+def when(value: str | datetime | None) -> str:
+    if value is None:
+        return "—"
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@bp.app_template_filter("filesize")
+def filesize(size: int | None) -> str:
+    if size is None:
+        return "—"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"  # pragma: no cover
+
+
+@bp.app_template_filter("codespans")
+def codespans(text: str | None) -> Markup:
+    """Markdown-style `code` spans as <code> (the OpenAPI descriptions use them); everything else escaped."""
+    escaped = str(escape(text or ""))
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped))
+
+
+@bp.app_template_filter("shape")
+def shape(inputs: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{i.get('name')}: {i.get('dtype')}{list(i.get('shape', []))}" for i in inputs)
+
+
+@bp.get("/")
+def history() -> tuple[str, int]:
+    ctx = web()
+    given = {name: request.args.get(name, "") for name in FILTERS}
+    cursor = request.args.get("cursor") or None
+    error = None
+    items: list[dict[str, Any]] = []
+    next_url = None
+    counts = {}
+    try:
+        filters = HistoryFilter(**{k: v for k, v in given.items() if v})
+        with ctx.services.sessions() as session:
+            page = list_builds(session, filters, limit=int(current_app.config["UI_PAGE_SIZE"]), cursor=cursor)
+            items = [summary_json(ctx, build) for build in page.items]
+            counts = count_by_state(session)
+        if page.next_cursor:
+            params = {**{k: v for k, v in given.items() if v}, "cursor": page.next_cursor}
+            next_url = "/?" + urllib.parse.urlencode(params)
+    except ValidationError as exc:
+        error = "; ".join(f"{e['field']}: {e['message']}" for e in validation_errors(exc))
+    except InvalidCursor as exc:
+        error = str(exc)
+    status = 400 if error else 200
+    filtered = {k: v for k, v in given.items() if v}
+    first_url = ("/?" + urllib.parse.urlencode(filtered)) if cursor is not None else None
+    return render_template("history.html", items=items, given=given, next_url=next_url, error=error,
+                           counts=counts, states=BUILD_STATES, targets=TARGETS, first_url=first_url), status
+
+
+@bp.get("/builds/<build_id:build_id>")
+def build_page(build_id: int) -> str:
+    build = build_document(web(), build_id)
+    return render_template("build.html", build=build)

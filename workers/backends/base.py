@@ -1,0 +1,237 @@
+"""The compiler-backend contract: the request a backend gets, what it returns, how it fails, the registry.
+
+This module owns the shapes exchanged between :mod:`workers.compile_child` and the backends. It imports
+neither torch nor any Neuron package, so the child can parse and validate a request (and the runner can
+import the exit codes) on any host.
+
+How a backend reports trouble decides whether the runner retries:
+
+- :class:`CompileFailure` (child exit 3): deterministic for this key — the compiler's own error code, an
+  unsupported operator, a model that cannot be traced or exported at the bucket's shapes. Final.
+- :class:`InfraError` (child exit 4, or the exit code it names): a problem of this worker or host — the
+  wrong ISA, a missing package, the compiler killed by a signal. Retried, possibly elsewhere.
+- anything else escapes as an exception (child exit 1, traceback on stderr): unknown, so retried.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import ValidationError
+
+from compilesvc.spec import BACKEND_FORMATS, NEURON_TARGETS, InputSpec
+
+#: Child exit codes (see :mod:`workers.compile_child`).
+EXIT_OK = 0
+EXIT_UNCAUGHT = 1
+EXIT_BAD_REQUEST = 2
+EXIT_COMPILE_ERROR = 3
+EXIT_INFRA_ERROR = 4
+
+#: Longest message kept in result.json; the full text is in the streamed log.
+MAX_MESSAGE_CHARS = 500
+
+LOG_PREFIX = "[compile-child]"
+
+
+def log(message: str) -> None:
+    """One progress line on stdout, flushed at once: the runner streams the child's stdout line by line."""
+    print(f"{LOG_PREFIX} {message}", flush=True)
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` squeezed to one line of at most ``limit`` characters (for result.json messages)."""
+    squeezed = " ".join(str(text).split())
+    return squeezed if len(squeezed) <= limit else squeezed[: limit - 1] + "…"
+
+
+class CompileFailure(Exception):
+    """A deterministic compile error for this key: compiling again on any worker fails the same way.
+
+    ``code`` is the compiler's own code when it has one (``NCC_EOOM001``) or one of ours
+    (``CPU_TRACE_ERROR``, ``CPU_EXPORT_ERROR``, ``CPU_INDUCTOR_ERROR``, ``NEURON_TRACE_ERROR``,
+    ``UNSUPPORTED_OPERATOR``, ``MODEL_LOAD_ERROR`` ...).
+    """
+
+    def __init__(self, code: str, message: str):
+        self.code = code
+        self.message = one_line(message)
+        super().__init__(f"{code}: {self.message}")
+
+
+class InfraError(Exception):
+    """A failure of this worker or host, not of the model: the compile should be retried (maybe elsewhere).
+
+    ``exit_code`` lets the child pass on a meaningful compiler exit status (70: neuronx-cc's intermittent
+    internal error) so the classifier sees it.
+    """
+
+    def __init__(self, code: str, message: str, exit_code: int = EXIT_INFRA_ERROR):
+        self.code = code
+        self.message = one_line(message)
+        self.exit_code = exit_code
+        super().__init__(f"{code}: {self.message}")
+
+
+class RequestError(ValueError):
+    """The request JSON is malformed: a bug in the caller (the runner), reported as exit 2."""
+
+
+@dataclass(frozen=True)
+class InputDesc:
+    """One model input of the bucket being compiled."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    """One compile of one shape bucket, as read from the request JSON (see :mod:`workers.compile_child`)."""
+
+    backend: str
+    target: str
+    sdk: str
+    model_path: Path
+    model_format: str
+    inputs: tuple[InputDesc, ...]
+    args: tuple[str, ...]
+    tp_degree: int
+    isa: str | None
+    out_dir: Path
+    work_dir: Path
+
+    @property
+    def family(self) -> str:
+        return "cpu" if self.target == "cpu" else "neuron"
+
+    @classmethod
+    def from_json(cls, data: Any) -> CompileRequest:
+        """Validate a decoded request document, raising :class:`RequestError` naming the bad field."""
+        if not isinstance(data, Mapping):
+            raise RequestError("the request must be a JSON object")
+        required = ("backend", "target", "sdk", "model_path", "model_format", "inputs", "out_dir", "work_dir")
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise RequestError(f"missing field(s): {', '.join(missing)}")
+        known = {*required, "args", "tp_degree", "isa"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise RequestError(f"unknown field(s): {', '.join(unknown)}")
+
+        target = data["target"]
+        if target != "cpu" and target not in NEURON_TARGETS:
+            raise RequestError(f"target: expected cpu or one of {sorted(NEURON_TARGETS)}, got {target!r}")
+        family = "cpu" if target == "cpu" else "neuron"
+        backend = data["backend"]
+        if backend not in BACKEND_FORMATS[family]:
+            raise RequestError(f"backend: {backend!r} does not compile for target {target}")
+        model_format = data["model_format"]
+        if model_format not in BACKEND_FORMATS[family][backend]:
+            raise RequestError(f"model_format: backend {backend} does not take {model_format!r} models")
+
+        paths = {}
+        for name in ("model_path", "out_dir", "work_dir"):
+            value = data[name]
+            if not isinstance(value, str) or not Path(value).is_absolute():
+                raise RequestError(f"{name}: expected an absolute path, got {value!r}")
+            paths[name] = Path(value)
+
+        raw_inputs = data["inputs"]
+        if not isinstance(raw_inputs, list) or not raw_inputs:
+            raise RequestError("inputs: expected a non-empty list of {name, shape, dtype}")
+        inputs = []
+        for index, item in enumerate(raw_inputs):
+            try:
+                spec = InputSpec.model_validate(item)  # the spec's own rules for names, shapes, dtypes
+            except ValidationError as exc:
+                raise RequestError(f"inputs[{index}]: {exc.errors(include_url=False)[0]['msg']}") from None
+            inputs.append(InputDesc(spec.name, tuple(spec.shape), spec.dtype))
+        if len({i.name for i in inputs}) != len(inputs):
+            raise RequestError("inputs: names must be unique")
+
+        args = data.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise RequestError("args: expected a list of strings")
+        tp_degree = data.get("tp_degree", 1)
+        if not isinstance(tp_degree, int) or isinstance(tp_degree, bool) or tp_degree < 1:
+            raise RequestError("tp_degree: expected a positive integer")
+        isa = data.get("isa")
+        if isa is not None and not isinstance(isa, str):
+            raise RequestError("isa: expected a string or null")
+        sdk = data["sdk"]
+        if not isinstance(sdk, str) or not sdk:
+            raise RequestError("sdk: expected a release string")
+        return cls(
+            backend=backend,
+            target=target,
+            sdk=sdk,
+            model_path=paths["model_path"],
+            model_format=model_format,
+            inputs=tuple(inputs),
+            args=tuple(args),
+            tp_degree=tp_degree,
+            isa=isa,
+            out_dir=paths["out_dir"],
+            work_dir=paths["work_dir"],
+        )
+
+
+@dataclass(frozen=True)
+class ArtifactFile:
+    """One file a backend wrote under ``out_dir``; ``extra`` holds role-specific fields (e.g. ``rank``)."""
+
+    path: str  # relative to out_dir, with "/" separators
+    role: str  # "model" for the loadable artifact; "model-shard" for one tensor-parallel rank
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CompileResult:
+    """What a successful backend returns; the child adds sizes, digests and the compile time."""
+
+    files: list[ArtifactFile]
+    versions: dict[str, str]
+
+
+class Backend(ABC):
+    """A compiler backend: turns one :class:`CompileRequest` (one model, one shape bucket) into artifact files.
+
+    Implementations set ``name`` (the spec's ``compiler.backend`` value) and implement :meth:`compile`,
+    which writes files under ``request.out_dir`` (scratch under ``request.work_dir``) and returns a
+    :class:`CompileResult` listing them with the exact tool versions used. They raise
+    :class:`CompileFailure` for deterministic errors and :class:`InfraError` for known host trouble; any
+    other exception means "unknown" and is retried. A backend runs once per process (the child), so it may
+    set process-wide state such as environment variables.
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def compile(self, request: CompileRequest) -> CompileResult:
+        """Compile ``request``'s model at its bucket's shapes into ``request.out_dir``."""
+
+
+#: backend name -> "module:Class". Imported lazily: the cpu backends import torch at module level, and the
+#: neuron ones must load on hosts without torch for the hlo path.
+BACKENDS: dict[str, str] = {
+    "torchscript": "workers.backends.cpu:TorchScriptBackend",
+    "aotinductor": "workers.backends.cpu:AOTInductorBackend",
+    "trace": "workers.backends.neuron:TraceBackend",
+    "neuronx-cc": "workers.backends.neuron:NeuronxCcBackend",
+}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The backend class registered under ``name`` (KeyError if none)."""
+    module_name, _, class_name = BACKENDS[name].partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):  # a registry typo should fail loudly
+        raise TypeError(f"{BACKENDS[name]} is not a Backend")
+    return cls

@@ -1,0 +1,376 @@
+"""The Neuron targets' backends (inf2, trn1, trn2), for hosts with the AWS Neuron SDK installed.
+
+Owns how a compile request becomes a ``torch_neuronx.trace`` call or a ``neuronx-cc compile`` command, how
+the compiler's output is passed through and read for its error codes, and which versions are recorded.
+
+- ``trace`` (torchscript / exported-program / hf-dir models): ``torch_neuronx.trace(model, example_inputs,
+  compiler_workdir=<work_dir>/neuron, compiler_args=<args> + ["--target", <target>])``, saved with
+  ``torch.jit.save`` as ``model.pt`` (a TorchScript module with the NEFF inside). ``tp_degree > 1`` uses the
+  SDK's tensor-parallel tracer, ``neuronx_distributed.trace.parallel_model_trace(..., tp_degree=N)``, which
+  loads the model once per rank; the ranks are saved with ``parallel_model_save`` as
+  ``model/tp_<rank>.pt`` (role ``model-shard``). Only models built from neuronx-distributed's parallel
+  layers are actually sharded by it; others are replicated per rank.
+- ``neuronx-cc`` (hlo models): ``neuronx-cc compile <model> --framework XLA --target <target> --output
+  <out_dir>/model.neff <args>`` run as a subprocess in ``<work_dir>/neuron`` with its output streamed through.
+  neuronx-cc has no tensor-parallel option: an HLO module is one rank's program, so ``tp_degree`` changes
+  nothing in the command (it is in the key, and logged).
+
+Environment: ``NEURON_CC_FLAGS`` and ``NEURON_COMPILE_CACHE_URL`` (which may be ``s3://``) are the worker's
+cache settings; they stay in the environment, are logged, and never go into the compiler args. For
+``trace`` the child refuses a ``NEURON_CC_FLAGS`` carrying flags that change compiler output (they would
+change artifacts without changing keys) and adds ``--retry_failed_compilation``: the wrapper's cache keeps
+failed compiles, so without it a retry after an infrastructure failure would replay the cached failure.
+``NEURON_PLATFORM_TARGET_OVERRIDE`` is set to the request's target so the wrapper cross-compiles for it on
+any host. ``COMPILESVC_NEURON_SDK`` (see :mod:`workers.versions`), when set, must match the request's sdk.
+
+Nothing here imports torch or the SDK at module level: the hlo path needs neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from compilesvc.flags import FlagError, canonical_flags
+from workers.backends.base import (
+    ArtifactFile,
+    Backend,
+    CompileFailure,
+    CompileRequest,
+    CompileResult,
+    InfraError,
+    log,
+)
+from workers.classify import INTERMITTENT_EXIT, find_compiler_error, find_infra_hint
+from workers.versions import (
+    NEURON_SDK_ENV,
+    module_version,
+    neuronx_cc_executable,
+    neuronx_cc_version,
+    python_version,
+    release_tuple,
+    torch_neuronx_version,
+)
+
+#: How many recent compiler output lines are kept for finding error codes.
+TAIL_LINES = 400
+#: The compiler's own log file (neuronx-cc writes it in its working directory).
+COMPILER_LOG_NAME = "log-neuron-cc.txt"
+
+_EXIT_STATUS_RE = re.compile(r"(?:failed with|exit(?:ed)?(?: with)?(?: status| code)?)\s*:?\s*(-?\d+)", re.IGNORECASE)
+
+
+def _check_sdk(request: CompileRequest) -> str | None:
+    """The host's Neuron SDK release if configured; a different one than requested means misrouting."""
+    host = os.environ.get(NEURON_SDK_ENV, "").strip() or None
+    if host is None:
+        log(f"{NEURON_SDK_ENV} is not set: cannot check that this host has Neuron SDK {request.sdk}")
+    elif release_tuple(host) != release_tuple(request.sdk):
+        raise InfraError("WRONG_SDK", f"this host has Neuron SDK {host}, the request needs {request.sdk}")
+    return host
+
+
+def _cache_environment(for_trace: bool) -> None:
+    """Log the wrapper's cache settings; for trace, refuse output-changing flags and add retry."""
+    raw = os.environ.get("NEURON_CC_FLAGS", "")
+    log(f"NEURON_CC_FLAGS={raw!r} NEURON_COMPILE_CACHE_URL={os.environ.get('NEURON_COMPILE_CACHE_URL')!r}")
+    if not for_trace:
+        return  # only torch_neuronx reads them; the hlo path runs neuronx-cc itself
+    try:
+        affecting = canonical_flags([raw])  # drops cache/log/verbosity flags: what is left changes output
+        tokens = shlex.split(raw)
+    except (FlagError, ValueError) as exc:
+        raise InfraError("WORKER_MISCONFIGURED", f"NEURON_CC_FLAGS cannot be parsed: {exc}") from exc
+    if affecting:
+        raise InfraError("WORKER_MISCONFIGURED", f"NEURON_CC_FLAGS on this worker holds flags that change the "
+                                                 f"compiler's output ({' '.join(affecting)}); they belong in "
+                                                 f"the spec's compiler.args, where the key sees them")
+    if "--retry_failed_compilation" not in tokens:
+        os.environ["NEURON_CC_FLAGS"] = shlex.join([*tokens, "--retry_failed_compilation"])
+        log("added --retry_failed_compilation to NEURON_CC_FLAGS (a retry must not replay a cached failure)")
+
+
+def _compiler_args(request: CompileRequest) -> list[str]:
+    """The request's flags without any --target (the request's target is the one in the key)."""
+    args = []
+    for arg in request.args:
+        name, _, value = arg.partition("=")
+        if name == "--target":
+            if value and value != request.target:
+                log(f"ignoring {arg} in compiler args: the request's target is {request.target}")
+            continue
+        args.append(arg)
+    return args
+
+
+def _read_compiler_logs(directory: Path, limit: int = TAIL_LINES) -> list[str]:
+    """The last lines of every neuronx-cc log file under ``directory`` (a fallback source of codes)."""
+    lines: list[str] = []
+    if directory.is_dir():
+        for path in sorted(directory.rglob(COMPILER_LOG_NAME)):
+            with contextlib.suppress(OSError):
+                lines.extend(path.read_text(errors="replace").splitlines()[-limit:])
+    return lines
+
+
+class OutputTee:
+    """Copies everything written to fds 1 and 2 (by Python, C code or child processes) through to them,
+    keeping the last lines.
+
+    torch_neuronx runs neuronx-cc as a subprocess that inherits our stdout/stderr; its error codes are
+    only in that output (and its log file), not in the exception. Pipes replace fds 1 and 2 while active;
+    a thread per pipe writes the bytes on to the original fd at once, so the runner still streams them.
+    """
+
+    def __init__(self, keep: int = TAIL_LINES):
+        self._lines: deque[str] = deque(maxlen=keep)
+        self._lock = threading.Lock()  # a pump outliving __exit__ (see there) may still append
+        self._saved: list[tuple[int, int]] = []
+        self._threads: list[threading.Thread] = []
+
+    def _pump(self, read_fd: int, out_fd: int) -> None:
+        pending = b""
+        while chunk := os.read(read_fd, 65536):
+            view = memoryview(chunk)
+            while view:
+                written = os.write(out_fd, view)
+                view = view[written:]
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            with self._lock:
+                self._lines.extend(line.decode(errors="replace") for line in complete)
+        if pending:
+            with self._lock:
+                self._lines.append(pending.decode(errors="replace"))
+        os.close(read_fd)
+
+    @property
+    def lines(self) -> list[str]:
+        """The last lines seen so far (stdout and stderr interleaved)."""
+        with self._lock:
+            return list(self._lines)
+
+    def __enter__(self) -> OutputTee:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd in (1, 2):
+            saved = os.dup(fd)
+            read_fd, write_fd = os.pipe()
+            os.dup2(write_fd, fd)
+            os.close(write_fd)
+            thread = threading.Thread(target=self._pump, args=(read_fd, saved), daemon=True,
+                                      name=f"tee-fd{fd}")
+            thread.start()
+            self._saved.append((fd, saved))
+            self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in self._saved:
+            os.dup2(saved, fd)  # drops our write end of the pipe; the pump sees EOF
+        for thread in self._threads:
+            # A compiler daemon still holding the pipe open must not hang the child.
+            thread.join(timeout=5)
+        for (_, saved), thread in zip(self._saved, self._threads, strict=True):
+            if not thread.is_alive():
+                os.close(saved)
+
+
+def _raise_for_trace_failure(exc: BaseException, lines: Sequence[str]) -> NoReturn:
+    """Turn a failed torch_neuronx trace into CompileFailure or InfraError from what the compiler printed."""
+    hint = find_infra_hint(lines)
+    if hint:
+        raise InfraError(hint[0], hint[1]) from exc
+    status = getattr(exc, "returncode", None)
+    if status is None:
+        match = _EXIT_STATUS_RE.search(str(exc))
+        status = int(match.group(1)) if match else None
+    if status is not None and status < 0:
+        raise InfraError("COMPILER_KILLED", f"neuronx-cc was killed by {_signal_name(-status)}") from exc
+    if status == INTERMITTENT_EXIT:
+        raise InfraError("NEURONX_CC_EXIT_70", "neuronx-cc failed with 70 (internal error, intermittent at "
+                                               "high tp)", exit_code=INTERMITTENT_EXIT) from exc
+    error = find_compiler_error(lines)
+    if error:
+        raise CompileFailure(error[0], error[1]) from exc
+    raise InfraError("NEURON_TRACE_FAILED", f"torch_neuronx.trace failed without a compiler error code: "
+                                            f"{type(exc).__name__}: {exc}") from exc
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _load_for_rank(request: CompileRequest) -> tuple[Any, dict[str, Any]]:
+    """parallel_model_trace's model factory: each rank loads its own copy (module-level: picklable)."""
+    from workers.model_loading import load_model
+
+    model = load_model(request.model_path, request.model_format, request.work_dir / f"rank-{os.getpid()}",
+                       [i.name for i in request.inputs])
+    return model, {}
+
+
+class TraceBackend(Backend):
+    """``torch_neuronx.trace`` (or neuronx-distributed's parallel trace for tp_degree > 1)."""
+
+    name = "trace"
+
+    def compile(self, request: CompileRequest) -> CompileResult:
+        host_sdk = _check_sdk(request)
+        _cache_environment(for_trace=True)
+        try:
+            import torch
+            import torch_neuronx
+        except ImportError as exc:
+            raise InfraError("NEURON_SDK_MISSING", f"torch-neuronx is not importable on this worker: {exc}") from exc
+        from workers.model_loading import example_inputs, load_model, order_inputs, run_forward
+
+        t0 = time.monotonic()
+        model = load_model(request.model_path, request.model_format, request.work_dir,
+                           [i.name for i in request.inputs])
+        ordered = order_inputs(model, request.inputs)
+        tensors = tuple(example_inputs(ordered))
+        log(f"loaded {request.model_format} model in {time.monotonic() - t0:.2f} s; inputs "
+            + ", ".join(f"{d.name}:{d.dtype}{list(d.shape)}" for d in ordered))
+        # A model that cannot run at these shapes fails here, deterministically, before the SDK is involved.
+        run_forward(model, tensors, "NEURON_TRACE_ERROR")
+
+        workdir = request.work_dir / "neuron"
+        workdir.mkdir(parents=True, exist_ok=True)
+        args = [*_compiler_args(request), "--target", request.target]
+        os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = request.target
+        log(f"torch_neuronx.trace compiler_workdir={workdir} compiler_args={args} tp_degree={request.tp_degree}")
+
+        t0 = time.monotonic()
+        files: list[ArtifactFile]
+        tee = OutputTee()
+        if request.tp_degree == 1:
+            try:
+                with tee:
+                    traced = torch_neuronx.trace(model, tensors, compiler_workdir=str(workdir),
+                                                 compiler_args=args)
+            except Exception as exc:
+                _raise_for_trace_failure(exc, [*tee.lines, *str(exc).splitlines(), *_read_compiler_logs(workdir)])
+            torch.jit.save(traced, str(request.out_dir / "model.pt"))
+            files = [ArtifactFile("model.pt", "model")]
+        else:
+            files = self._parallel_trace(request, tensors, workdir, args, tee)
+        log(f"traced and compiled in {time.monotonic() - t0:.2f} s")
+
+        versions = {
+            "torch": torch.__version__,
+            "torch_neuronx": str(getattr(torch_neuronx, "__version__", torch_neuronx_version() or "unknown")),
+            "neuronx_cc": module_version("neuronxcc") or neuronx_cc_version() or "unknown",
+            "python": python_version(),
+            "target": request.target,
+        }
+        if host_sdk:
+            versions["neuron_sdk"] = host_sdk
+        return CompileResult(files=files, versions=versions)
+
+    def _parallel_trace(self, request: CompileRequest, tensors: tuple[Any, ...], workdir: Path,
+                        args: list[str], tee: OutputTee) -> list[ArtifactFile]:
+        try:
+            from neuronx_distributed.trace import parallel_model_save, parallel_model_trace
+        except ImportError as exc:
+            raise InfraError("NEURONX_DISTRIBUTED_MISSING", f"tp_degree {request.tp_degree} needs "
+                                                            f"neuronx-distributed on this worker: {exc}") from exc
+        try:
+            with tee:
+                traced = parallel_model_trace(functools.partial(_load_for_rank, request), tensors,
+                                              compiler_workdir=str(workdir), compiler_args=args,
+                                              tp_degree=request.tp_degree)
+        except Exception as exc:
+            _raise_for_trace_failure(exc, [*tee.lines, *str(exc).splitlines(), *_read_compiler_logs(workdir)])
+        model_dir = request.out_dir / "model"
+        parallel_model_save(traced, str(model_dir))
+        files = []
+        for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+            rank = re.search(r"tp_(\d+)", path.name)
+            extra = {"rank": int(rank.group(1))} if rank else {}
+            files.append(ArtifactFile(path.relative_to(request.out_dir).as_posix(), "model-shard", extra))
+        if not files:
+            raise InfraError("NO_OUTPUT", f"parallel_model_save wrote nothing under {model_dir}")
+        return files
+
+
+class NeuronxCcBackend(Backend):
+    """``neuronx-cc compile`` of an HLO module into ``model.neff``."""
+
+    name = "neuronx-cc"
+
+    def compile(self, request: CompileRequest) -> CompileResult:
+        host_sdk = _check_sdk(request)
+        _cache_environment(for_trace=False)
+        executable = neuronx_cc_executable()
+        if executable is None:
+            raise InfraError("NEURONX_CC_MISSING", "neuronx-cc is not on this worker's PATH")
+        workdir = request.work_dir / "neuron"
+        workdir.mkdir(parents=True, exist_ok=True)
+        out = request.out_dir / "model.neff"
+        command = [executable, "compile", str(request.model_path), "--framework", "XLA", "--target",
+                   request.target, "--output", str(out), *_compiler_args(request)]
+        if request.tp_degree > 1:
+            log(f"tp_degree {request.tp_degree}: neuronx-cc compiles the HLO module as given (one rank's program)")
+        log("running: " + shlex.join(command))
+
+        t0 = time.monotonic()
+        tail: deque[str] = deque(maxlen=TAIL_LINES)
+        # Same process group as the child (no new session): the runner's group kill reaches the compiler.
+        with subprocess.Popen(command, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT) as proc:
+            assert proc.stdout is not None
+            for raw in iter(proc.stdout.readline, b""):
+                line = raw.decode(errors="replace")
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                tail.append(line.rstrip("\n"))
+            returncode = proc.wait()
+        seconds = time.monotonic() - t0
+
+        if returncode == 0:
+            if not out.is_file():
+                raise InfraError("NO_OUTPUT", f"neuronx-cc exited 0 but wrote no {out.name}")
+            log(f"neuronx-cc finished in {seconds:.2f} s")
+            versions = {"neuronx_cc": neuronx_cc_version(executable) or "unknown", "python": python_version(),
+                        "target": request.target}
+            if host_sdk:
+                versions["neuron_sdk"] = host_sdk
+            return CompileResult(files=[ArtifactFile("model.neff", "model")], versions=versions)
+
+        lines = [*tail, *_read_compiler_logs(workdir)]
+        if returncode < 0:
+            name = _signal_name(-returncode)
+            hint = find_infra_hint(lines)
+            why = f" ({hint[1]})" if hint else (" (possibly OOM-killed)" if name == "SIGKILL" else "")
+            raise InfraError("COMPILER_KILLED", f"neuronx-cc was killed by {name}{why}")
+        hint = find_infra_hint(lines)
+        if hint:
+            raise InfraError(hint[0], hint[1])
+        if returncode == INTERMITTENT_EXIT:
+            raise InfraError("NEURONX_CC_EXIT_70", "neuronx-cc failed with 70 (internal error, intermittent at "
+                                                   "high tp)", exit_code=INTERMITTENT_EXIT)
+        error = find_compiler_error(lines)
+        if error:
+            raise CompileFailure(*error)
+        last = next((line for line in reversed(tail) if line.strip()), "no output")
+        raise InfraError(f"NEURONX_CC_EXIT_{returncode}", f"neuronx-cc failed with {returncode} and no error "
+                                                          f"code: {last}")
+

@@ -1,0 +1,48 @@
+"""The workers' Celery app: the shared configuration of :func:`compilesvc.dispatch.celery_config` (plus the
+deployment's Redis key prefix, :func:`compilesvc.daemon.service_celery_config`) and worker-only settings.
+
+Celery is only the doorbell here. Which compile runs, how often, and who owns it is decided by the
+ledger's leases (:mod:`compilesvc.leases`); so redelivery, result storage and task events are all off or
+as cheap as possible, and nothing depends on Celery remembering anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from compilesvc.config import Settings
+from compilesvc.daemon import service_celery_config
+
+WORKER_ONLY_CONFIG: dict[str, Any] = {
+    # Reserve no more messages than there are free slots: a reserved-but-not-started message would wait
+    # behind an hours-long compile while another worker sits idle.
+    "worker_prefetch_multiplier": 1,
+    "worker_disable_rate_limits": True,
+    # No events or results: the ledger is the record (and Flower would keep only 10,000 tasks anyway).
+    "worker_send_task_events": False,
+    "task_send_sent_event": False,
+    "task_track_started": False,
+    # Our runner logs JSON itself; don't turn stray prints into WARNING records.
+    "worker_redirect_stdouts": False,
+    # Keep reconnecting to the broker for as long as it takes; running compiles are unaffected.
+    "broker_connection_retry": True,
+    "broker_connection_max_retries": None,
+    # A running compile belongs to its lease in the ledger, not to a broker connection: a reconnect must
+    # not kill hours of work (and the thread pool could not terminate a task anyway). Its message stays
+    # unacked; if Redis ever redelivers it, the claim finds nothing to do.
+    "worker_cancel_long_running_tasks_on_connection_loss": False,
+}
+
+
+def make_app(settings: Settings | None = None) -> Celery:
+    """The worker's Celery app, configured from ``settings`` (default: the environment)."""
+    settings = settings or Settings()
+    app = Celery("compilesvc-worker", include=["workers.tasks"])
+    app.conf.update(service_celery_config(settings))
+    app.conf.update(WORKER_ONLY_CONFIG)
+    return app
+
+
+app = make_app()

@@ -1,0 +1,148 @@
+"""``compilesvc worker``: detect what this host can compile, register, consume those queues.
+
+Startup: capabilities (:func:`workers.versions.detect_capabilities`) decide the queues (cpu:
+``compile.cpu.<torch>`` and ``compile.cpu.<torch>.<isa>``; neuron: ``compile.<target>.<sdk>`` per target);
+the worker registers them in the ledger's ``workers`` table (which is what lets submits with
+``require_live_worker`` accept work for them), heartbeats from a thread, and runs the Celery worker
+in-process. On exit (SIGTERM: Celery's warm shutdown lets running compiles finish) it marks itself stopped.
+
+Why a thread pool by default: a task's thread does no compiling itself; it supervises the compiler's own
+process (:mod:`workers.runner`), so threads are all the concurrency it needs. Prefork would fork a parent
+that already runs threads (the registry heartbeat, database and broker clients) for nothing, and with it
+we saw pool processes sit idle while the main process believed it had handed them a task (the failure
+described in celery/billiard#389): a compile queued for hours with no one working on it. Threads also keep
+a running compile alive through a broker reconnect, where prefork would terminate it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from compilesvc import registry
+from compilesvc.config import Settings
+from compilesvc.daemon import configure_json_logging
+from compilesvc.db import transaction
+from compilesvc.services import Services
+
+log = logging.getLogger("compilesvc.worker")
+
+
+def registry_heartbeat_interval(settings: Settings) -> float:
+    """Often enough to stay well inside ``worker_stale_seconds`` (three beats per period)."""
+    return max(0.2, min(settings.heartbeat_seconds, settings.worker_stale_seconds / 3))
+
+
+class RegistryHeartbeat:
+    """Keeps the worker's registry row fresh; re-registers if the row vanished or was marked stopped."""
+
+    def __init__(self, services: Services, worker_id: str, capabilities: dict[str, Any], queues: list[str],
+                 slots: int):
+        self.services = services
+        self.worker_id = worker_id
+        self.capabilities = capabilities
+        self.queues = queues
+        self.slots = slots
+        self.interval = registry_heartbeat_interval(services.settings)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="registry-heartbeat", daemon=True)
+
+    def register(self) -> None:
+        with transaction(self.services.sessions) as session:
+            registry.register(session, self.worker_id, socket.gethostname(), self.capabilities, self.queues,
+                              self.slots)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval):
+            try:
+                with transaction(self.services.sessions) as session:
+                    alive = registry.heartbeat(session, self.worker_id)
+                if not alive:
+                    log.warning("registry row missing or marked stopped: registering again")
+                    self.register()
+            except Exception as exc:  # the database is away; running compiles have their own leases
+                log.warning("registry heartbeat failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+
+def default_worker_name() -> str:
+    return f"compilesvc-{os.getpid()}@{socket.gethostname()}"
+
+
+@click.command("worker")
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Compiles run at once (one pool process each).")
+@click.option("--queues", "-Q", default=None,
+              help="Comma-separated queues to consume (default: every queue this host's capabilities serve).")
+@click.option("--name", "-n", default=None, help="Worker id in the registry and Celery node name "
+              "(default: compilesvc-<pid>@<hostname>).")
+@click.option("--loglevel", "-l", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--pool", type=click.Choice(["threads", "prefork"]), default="threads", show_default=True,
+              help="Celery pool. A task only supervises its compiler's own process, so threads suffice and "
+                   "nothing is forked; prefork is there for comparison.")
+def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str, pool: str) -> None:
+    """Run a compile worker for the targets this host can compile."""
+    from workers.versions import capability_queues, detect_capabilities
+
+    worker_id = name or default_worker_name()
+    # `kill -USR1 <pid>` prints every thread's Python stack to the log: the first thing to look at when a
+    # worker or one of its pool processes (which inherit this) seems stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    configure_json_logging(loglevel, {"component": "worker", "worker": worker_id})
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise click.UsageError(f"invalid COMPILESVC_* settings: {exc}") from None
+    capabilities = detect_capabilities()
+    for warning in capabilities.get("warnings", []):
+        log.warning("capability", extra={"detail": warning})
+    queue_list = ([q.strip() for q in queues.split(",") if q.strip()] if queues
+                  else capability_queues(capabilities))
+    if not queue_list:
+        raise click.UsageError("this host can compile nothing (no torch, no Neuron SDK); see the warnings above")
+
+    # Import the app (and so the task) only now: the settings above were validated with a clear message.
+    from workers import tasks
+    from workers.celery_app import app
+    from workers.runner import sweep_orphaned_attempts
+
+    tasks.configure(worker_id)
+    swept = sweep_orphaned_attempts()
+    if swept:
+        log.info("removed directories of attempts whose worker died", extra={"directories": swept})
+    services = Services.from_settings(settings)
+    beat = RegistryHeartbeat(services, worker_id, capabilities, queue_list, concurrency)
+    beat.register()
+    beat.thread.start()
+    log.info("worker registered", extra={"queues": queue_list, "slots": concurrency})
+    nodename = worker_id if "@" in worker_id else f"{worker_id}@%h"
+    argv = ["worker", "-Q", ",".join(queue_list), "-c", str(concurrency), "--prefetch-multiplier=1",
+            "-n", nodename, "--without-gossip", "--without-mingle", "-O", "fair", "-l", loglevel.upper(),
+            "--pool", pool]
+    exit_code: int | None = None
+    try:
+        exit_code = app.worker_main(argv)
+    finally:
+        beat.stop.set()
+        beat.thread.join(5)
+        try:
+            with transaction(services.sessions) as session:
+                registry.mark_stopped(session, worker_id)
+        except Exception:  # the row ages out anyway
+            log.exception("could not mark the worker stopped")
+        services.close()
+        log.info("worker stopped", extra={"exit_code": exit_code})
+    sys.exit(exit_code or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m workers.cli` without the entry point
+    worker()

@@ -1,0 +1,608 @@
+"""One attempt of one bucket compile on a worker: claim, fetch, compile in a child process, publish or fail.
+
+:func:`run_compile` is everything the Celery task does. Its steps, and why they are in this order:
+
+1. **Claim** (:func:`compilesvc.leases.claim`): one conditional UPDATE. Nothing to claim means a duplicate
+   delivery, a cancelled or finished compile: log it and return (the message is acked, nothing runs).
+2. **Lease heartbeat** (:class:`LeaseKeeper`): a thread renews the lease every ``heartbeat_seconds``. When
+   the lease is lost (the reaper gave the compile to someone else) or a cancel is requested, it asks the
+   main loop to kill the compiler's whole process group (SIGTERM, SIGKILL after a grace period).
+3. **Fetch** the pinned model (:meth:`ModelResolver.fetch`, digest-checked). A model that is gone or
+   changed is a final error (``MODEL_UNAVAILABLE``); store trouble is infra (retried).
+4. **Compile** in ``python -m workers.compile_child`` (:class:`CompilerProcess`): a fresh temporary work
+   dir as cwd, a new session/process group so the whole compiler tree can be killed, a hard timeout, an
+   environment without the service's secrets, and the worker's death taking the child with it
+   (``PR_SET_PDEATHSIG``). Output streams line by line into the central log (:mod:`workers.logstream`).
+5. **Classify** (:func:`workers.classify.classify`).
+6. **Publish** on success: every output file as a blob, the full log as a blob, then the bucket manifest
+   (create-only: if an earlier attempt already published it, theirs is reused), then the ledger
+   (:func:`compilesvc.leases.succeed`, fenced by the token), then any set that is now complete.
+   On failure: archive the log, record the failure (:func:`compilesvc.leases.fail`), relay a requeue.
+
+Every write to the ledger carries the lease token; a lost lease ends the attempt without recording anything
+(its log lines stay in the central log, tagged with their attempt number).
+Log records carry ``bucket_key``, ``bucket_compile_id``, ``attempt`` and ``worker``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any, TypeVar
+
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from compilesvc import leases
+from compilesvc.artifacts import publish_ready_artifacts
+from compilesvc.db import transaction
+from compilesvc.logs import append_lines
+from compilesvc.manifest import BucketManifest, FileEntry, parse_bucket_manifest
+from compilesvc.model_identity import ModelRefError
+from compilesvc.outbox import OutboxRelay
+from compilesvc.services import Services
+from compilesvc.store import StoreError, bucket_manifest_name
+from workers.classify import Outcome, classify
+from workers.logstream import LogStream
+
+log = logging.getLogger(__name__)
+
+#: Seconds between SIGTERM and SIGKILL when the compiler's process group is stopped.
+KILL_GRACE_SECONDS = 5.0
+#: Model file names by format, inside the attempt's temporary directory.
+MODEL_FILE_NAMES = {"torchscript": "model.pt", "exported-program": "model.pt2", "hf-dir": "model.tar",
+                    "hlo": "model.hlo.pb"}
+RESULT_NAME = "result.json"
+LOG_NAME = "compile.log"
+
+# -- the child's environment -------------------------------------------------------------------------------
+
+#: Variables the compiler child keeps. Everything else (COMPILESVC_*, AWS_*, database and broker URLs and
+#: credentials, whatever else the service was started with) is dropped: a compiler, or a model's code run
+#: while tracing, has no business with the service's secrets.
+CHILD_ENV_KEEP = frozenset({"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "LOGNAME", "PYTHONPATH",
+                            "LD_LIBRARY_PATH", "VIRTUAL_ENV",
+                            # The host's Neuron SDK release (configuration, not a secret): the child
+                            # refuses a request for another release, which means it was misrouted.
+                            "COMPILESVC_NEURON_SDK"})
+CHILD_ENV_KEEP_PREFIXES = ("LC_", "NEURON_", "TORCH", "XLA_", "OMP_", "MKL_")
+#: Even under a kept prefix, names like these are secrets and are dropped.
+CHILD_ENV_SECRET_MARKERS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "_KEY", "AUTH")
+
+
+def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The compiler child's environment: an allowlist of ``environ`` (see :data:`CHILD_ENV_KEEP`)."""
+    env = {}
+    for name, value in environ.items():
+        upper = name.upper()
+        if any(marker in upper for marker in CHILD_ENV_SECRET_MARKERS):
+            continue
+        if name in CHILD_ENV_KEEP or upper.startswith(CHILD_ENV_KEEP_PREFIXES):
+            env[name] = value
+    env["PYTHONUNBUFFERED"] = "1"  # lines reach the central log as they are printed
+    return env
+
+
+# -- results ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunResult:
+    """How :func:`run_compile` ended, for the task's return value and for tests."""
+
+    bucket_compile_id: int
+    status: str  # nothing-to-claim | succeeded | queued | failed | cancelled | lease-lost
+    attempt: int | None = None
+    error_class: str | None = None
+    code: str | None = None
+    message: str | None = None
+    manifest_uri: str | None = None
+
+
+class _Ids(logging.LoggerAdapter[logging.Logger]):
+    """Adds the compile's ids to every record's ``extra`` (JSON log fields)."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
+        return msg, kwargs
+
+
+# -- the lease heartbeat ---------------------------------------------------------------------------------
+
+class LeaseKeeper:
+    """Renews a claim's lease from a thread; sets :attr:`stop` when the compile must stop.
+
+    ``lost`` means another attempt owns the compile now (or we could not prove ownership for a whole
+    lease period, e.g. the database was unreachable: by then the reaper may have requeued it), and the
+    attempt must not write anything more. ``cancelled`` means a user cancelled the build.
+    """
+
+    def __init__(self, services: Services, claim: leases.Claim, logger: logging.LoggerAdapter[Any]):
+        self._services = services
+        self._claim = claim
+        self._log = logger
+        self.interval = services.settings.heartbeat_seconds
+        self.lease_seconds = services.settings.lease_seconds
+        self.stop = threading.Event()
+        self.lost = False
+        self.cancelled = False
+        self._halt = threading.Event()
+        self._last_ok = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{claim.bucket_id}", daemon=True)
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._halt.set()
+        self._thread.join(self.interval + 30)
+
+    def renew_once(self) -> None:
+        try:
+            with transaction(self._services.sessions) as session:
+                renewal = leases.renew(session, self._claim.bucket_id, self._claim.token, self.lease_seconds)
+        except Exception as exc:  # the database is away: keep compiling until the lease would have run out
+            silent = time.monotonic() - self._last_ok
+            self._log.warning("lease renewal failed", extra={"error": f"{type(exc).__name__}: {exc}",
+                                                            "seconds_since_renewal": round(silent, 1)})
+            if silent > self.lease_seconds:
+                self._lose("could not renew the lease for a whole lease period")
+            return
+        self._last_ok = time.monotonic()
+        if not renewal.still_ours:
+            self._lose("the lease was taken back (the compile was requeued or finished elsewhere)")
+        elif renewal.cancel_requested and not self.cancelled:
+            self.cancelled = True
+            self._log.info("cancel requested: stopping the compiler")
+            self.stop.set()
+
+    def _lose(self, why: str) -> None:
+        if not self.lost:
+            self.lost = True
+            self._log.warning("lease lost", extra={"reason": why})
+            self.stop.set()
+
+    def _run(self) -> None:
+        while not self._halt.wait(self.interval):
+            self.renew_once()
+            if self.lost:
+                return
+
+
+# -- the compiler child process --------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+except (OSError, AttributeError):  # pragma: no cover - not glibc/musl
+    _prctl = None
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """preexec_fn: the child gets SIGKILL when the worker dies (even by SIGKILL), so a crashed worker
+    leaves no compiler running unseen. Linux ties this to the *thread* that started the child: the
+    worker's pool threads live as long as the worker does. Resolved before the fork, so the child only
+    makes one C call before exec."""
+    prctl = _prctl
+
+    def preexec() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the worker died between fork and prctl
+            os._exit(1)
+
+    return preexec
+
+
+class CompilerProcess:
+    """The compile child in its own session (= process group), with output pumped into a LogStream."""
+
+    def __init__(self, argv: list[str], *, cwd: Path, env: dict[str, str], logs: LogStream):
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True, preexec_fn=_die_with_parent(os.getpid()),
+        )
+        self.pgid = self.proc.pid  # start_new_session: the child leads its own group
+        assert self.proc.stdout is not None
+        self._stdout = self.proc.stdout
+        self._reader = threading.Thread(target=logs.pump, args=(self._stdout,), name=f"pump-{self.pgid}",
+                                        daemon=True)
+        self._reader.start()
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):  # the group is empty already
+            os.killpg(self.pgid, sig)
+
+    def stop_group(self, grace: float) -> None:
+        """SIGTERM the whole group, SIGKILL it if the leader is still there after ``grace`` seconds."""
+        self.signal_group(signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.signal_group(signal.SIGKILL)
+        self.proc.wait()
+
+    def wait(self, timeout: float, stop: threading.Event, grace: float) -> tuple[int, bool]:
+        """Wait for the child; kill the group on ``stop`` or after ``timeout`` seconds.
+
+        Returns ``(returncode, timed_out)``.
+        """
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        while True:
+            try:
+                self.proc.wait(0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if stop.is_set():
+                self.stop_group(grace)
+                break
+            if time.monotonic() >= deadline:
+                timed_out = True
+                self.stop_group(grace)
+                break
+        # Compiler processes the child started may outlive it in its group: the attempt is over for them.
+        self.signal_group(signal.SIGKILL)
+        self._reader.join(10)
+        if self._reader.is_alive():  # something outside the group holds the pipe open: stop reading
+            self._stdout.close()
+            self._reader.join(5)
+        return self.proc.returncode, timed_out
+
+
+# -- publishing ------------------------------------------------------------------------------------------
+
+class PublishError(Exception):
+    """The child's result cannot be published as it is (a path outside out_dir, a file changed)."""
+
+
+def _relative_output(out_dir: Path, path: str) -> PurePosixPath:
+    candidate = Path(path)
+    full = (candidate if candidate.is_absolute() else out_dir / candidate).resolve()
+    try:
+        relative = full.relative_to(out_dir.resolve())
+    except ValueError:
+        raise PublishError(f"result file {path!r} is outside the output directory") from None
+    if not full.is_file():
+        raise PublishError(f"result file {path!r} does not exist")
+    return PurePosixPath(relative.as_posix())
+
+
+def publish_outputs(services: Services, claim: leases.Claim, out_dir: Path, result: dict[str, Any],
+                    log_entry: FileEntry | None, worker_id: str) -> BucketManifest:
+    """Store every output file, then the bucket manifest (create-only). Returns the manifest in the store,
+    which is an earlier attempt's when one got there first (same key: its files are as good as ours)."""
+    store = services.store
+    files = []
+    for item in result.get("files") or []:
+        relative = _relative_output(out_dir, str(item["path"]))
+        info = store.put_file(out_dir / relative)
+        if item.get("sha256") and item["sha256"] != info.sha256:
+            raise PublishError(f"{relative} changed after the compiler reported it")
+        files.append(FileEntry(path=str(relative), role=str(item.get("role") or "aux"), size=info.size,
+                               sha256=info.sha256))
+    if not files:
+        raise PublishError("the compiler reported success but no files")
+    manifest = BucketManifest(
+        key=claim.key, material=claim.material, inputs=claim.inputs, files=files, log=log_entry,
+        versions=dict(result.get("versions") or {}), worker=worker_id,
+        compile_seconds=result.get("compile_seconds"), created_at=datetime.now(UTC).isoformat(),
+    )
+    name = bucket_manifest_name(claim.key)
+    if store.create_document(name, manifest.to_bytes()):
+        return manifest
+    existing = store.read_document(name)
+    if existing is None:
+        raise StoreError(f"{name} exists but cannot be read")
+    return parse_bucket_manifest(existing)
+
+
+def archive_log(services: Services, logs: LogStream) -> FileEntry | None:
+    """Close the log file and store it as a blob; None (logged) if the store refuses."""
+    logs.close()
+    try:
+        info = services.store.put_file(logs.log_path)
+    except (StoreError, OSError) as exc:
+        log.warning("could not archive the compile log", extra={"error": str(exc),
+                                                                 "bucket_compile_id": logs.bucket_compile_id})
+        return None
+    return FileEntry(path=LOG_NAME, role="log", size=info.size, sha256=info.sha256)
+
+
+# -- ledger writes ---------------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def with_db_retry(fn: Callable[[], T], attempts: int = 4, delay: float = 0.5) -> T:
+    """Run a ledger transaction, retrying on connection loss and deadlocks (each try is a fresh
+    transaction, and the fenced writes make a retry after an unknown commit outcome harmless)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except (OperationalError, DBAPIError) as exc:
+            retryable = isinstance(exc, OperationalError) or exc.connection_invalidated
+            if not retryable or attempt == attempts:
+                raise
+            log.warning("ledger write failed; retrying", extra={"error": str(exc).splitlines()[0],
+                                                               "try": attempt})
+            time.sleep(delay * attempt)
+    raise AssertionError("unreachable")
+
+
+# -- the attempt -----------------------------------------------------------------------------------------
+
+def work_root() -> Path:
+    """Where attempts keep their files: one fixed directory per host and user.
+
+    Fixed because AOTInductor embeds its cache directory's path in what it generates, and the cpu backend
+    keeps that cache next to the work dirs (``<root>/compilesvc-inductor-cache``): a per-attempt parent
+    would make every compile's bytes different. Per user so two services on a host never share it.
+    """
+    root = Path(tempfile.gettempdir()) / f"compilesvc-work-{os.getuid()}"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return root
+
+
+OWNER_LOCK = ".owner"
+#: Work dirs without a job dir are only swept when older than this (one may be a second old, being set up).
+UNPAIRED_WORK_DIR_SECONDS = 3600
+
+
+@contextmanager
+def _attempt_dirs(bucket_id: int) -> Iterator[tuple[Path, Path]]:
+    """``(files, work_dir)``: two fresh sibling directories under :func:`work_root`, removed afterwards.
+
+    ``files`` (``job-<suffix>``) holds the model, the request, the outputs and the log; ``work_dir``
+    (``work-<suffix>``) is the child's scratch and cwd, randomly named directly under the fixed root. The
+    attempt holds an exclusive ``flock`` on ``files/.owner`` while it runs: the kernel drops it when the
+    worker dies, however it dies, which is how :func:`sweep_orphaned_attempts` tells leftovers from live
+    attempts. The job dir gets its final name only once locked, so no sweep ever sees it unlocked.
+    """
+    root = work_root()
+    work = Path(tempfile.mkdtemp(prefix=f"work-{bucket_id}-", dir=root))
+    files = root / ("job-" + work.name.removeprefix("work-"))
+    staging = Path(tempfile.mkdtemp(prefix=".new-", dir=root))
+    owner = open(staging / OWNER_LOCK, "w")  # noqa: SIM115 - held for the whole attempt
+    try:
+        fcntl.flock(owner, fcntl.LOCK_EX)
+        staging.rename(files)
+        yield files, work
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(files, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+        owner.close()
+
+
+def sweep_orphaned_attempts(root: Path | None = None) -> list[str]:
+    """Remove the directories of attempts whose worker died without cleaning up (SIGKILL, OOM, power);
+    they can hold a copy of a large model each. Safe while other workers on the host are running: a live
+    attempt holds its owner lock. Returns the names removed."""
+    root = root or work_root()
+    removed = []
+    cutoff = time.time() - UNPAIRED_WORK_DIR_SECONDS
+    for files in sorted(root.glob("job-*")):
+        try:
+            lock = open(files / OWNER_LOCK)  # noqa: SIM115 - closed below
+        except OSError:  # being removed by its own attempt right now, or left half-removed long ago
+            with contextlib.suppress(OSError):
+                if files.stat().st_mtime < cutoff:
+                    shutil.rmtree(files, ignore_errors=True)
+                    removed.append(files.name)
+            continue
+        with lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live attempt
+            shutil.rmtree(root / ("work-" + files.name.removeprefix("job-")), ignore_errors=True)
+            shutil.rmtree(files, ignore_errors=True)
+            removed.append(files.name)
+    for pattern in ("work-*", ".new-*"):
+        for path in root.glob(pattern):
+            twin = root / ("job-" + path.name.removeprefix("work-"))
+            with contextlib.suppress(OSError):
+                if (pattern != "work-*" or not twin.exists()) and path.stat().st_mtime < cutoff:
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path.name)
+    return removed
+
+
+def run_compile(services: Services, bucket_compile_id: int, worker_id: str, *,
+                relay: OutboxRelay | None = None) -> RunResult:
+    """Run one attempt of a bucket compile (see the module docstring). Never raises for compile or infra
+    failures: they are recorded in the ledger; an exception escaping here means the ledger is unreachable,
+    and the lease's expiry brings the compile back."""
+    relay = relay or services.relay
+    with transaction(services.sessions) as session:
+        claim = leases.claim(session, bucket_compile_id, worker_id, services.settings.lease_seconds)
+    if claim is None:
+        log.info("duplicate delivery: nothing to claim",
+                 extra={"bucket_compile_id": bucket_compile_id, "worker": worker_id})
+        return RunResult(bucket_compile_id, "nothing-to-claim")
+    ids = {"bucket_key": claim.key, "bucket_compile_id": claim.bucket_id, "attempt": claim.attempt,
+           "worker": worker_id}
+    logger = _Ids(log, ids)
+    logger.info("compile claimed", extra={"token": claim.token, "max_attempts": claim.max_attempts,
+                                          "target": claim.target, "sdk": claim.sdk, "backend": claim.backend})
+    keeper = LeaseKeeper(services, claim, logger).start()
+    try:
+        with _attempt_dirs(claim.bucket_id) as (files, work_dir):
+            return _run_claimed(services, claim, worker_id, keeper, files, work_dir, relay, logger)
+    except Exception as exc:
+        # A bug or an unexpected library error: record it as infra (retried) rather than waiting for the
+        # lease to expire, unless the ledger itself is what failed.
+        logger.exception("compile attempt crashed")
+        if keeper.lost:
+            return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
+        outcome = Outcome("infra", "WORKER_ERROR", f"{type(exc).__name__}: {exc}"[:500])
+        return _record_failure(services, claim, outcome, relay, logger)
+    finally:
+        keeper.close()
+
+
+def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper: LeaseKeeper, tmp: Path,
+                 work_dir: Path, relay: OutboxRelay, logger: logging.LoggerAdapter[Any]) -> RunResult:
+    settings = services.settings
+    model_dir, out_dir = tmp / "model", tmp / "out"
+    for directory in (model_dir, out_dir):
+        directory.mkdir()
+    logs = LogStream(services.sessions, claim.bucket_id, claim.attempt, tmp / LOG_NAME)
+    try:
+        logs.service(f"attempt {claim.attempt} of {claim.max_attempts} on worker {worker_id} "
+                     f"(pid {os.getpid()}): {claim.backend} for {claim.target} sdk {claim.sdk}")
+
+        model_format = str(claim.model.get("format") or claim.material["model"]["format"])
+        model_path = model_dir / MODEL_FILE_NAMES.get(model_format, "model.bin")
+        fetch_started = time.monotonic()
+        try:
+            services.resolver.fetch(claim.model["fetch"], model_path)
+        except ModelRefError as exc:  # gone or changed since it was pinned: no retry brings it back
+            return _fail(services, claim, Outcome("compile", "MODEL_UNAVAILABLE", str(exc)), logs, relay, logger)
+        except (StoreError, OSError) as exc:
+            return _fail(services, claim, Outcome("infra", "MODEL_FETCH_FAILED", f"{type(exc).__name__}: {exc}"),
+                         logs, relay, logger)
+        logs.service(f"fetched model sha256:{claim.model.get('sha256')} "
+                     f"({model_path.stat().st_size} bytes) in {time.monotonic() - fetch_started:.1f}s")
+        if keeper.stop.is_set():
+            return _stopped(services, claim, keeper, logs, relay, logger)
+
+        toolchain = claim.material.get("toolchain", {})
+        request = {
+            "backend": claim.backend, "target": claim.target, "sdk": claim.sdk, "model_path": str(model_path),
+            "model_format": model_format, "inputs": claim.inputs, "args": list(claim.material.get("flags", [])),
+            "tp_degree": int(toolchain.get("tp_degree", 1)), "isa": toolchain.get("isa"),
+            "out_dir": str(out_dir), "work_dir": str(work_dir),
+        }
+        request_path = tmp / "request.json"
+        request_path.write_text(json.dumps(request, indent=1, sort_keys=True))
+
+        started = time.monotonic()
+        child = CompilerProcess([sys.executable, "-m", "workers.compile_child", str(request_path)],
+                                cwd=work_dir, env=child_environment(os.environ), logs=logs)
+        logger.info("compiler started", extra={"pid": child.proc.pid})
+        returncode, timed_out = child.wait(settings.compile_timeout_seconds, keeper.stop, KILL_GRACE_SECONDS)
+        wall = time.monotonic() - started
+        result = _read_result(work_dir / RESULT_NAME)
+        if keeper.lost:
+            logs.service(f"lease lost after {wall:.1f}s: the compile belongs to another attempt now")
+            logs.close()
+            return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
+        outcome = classify(returncode, result, list(logs.tail), timed_out, keeper.cancelled)
+        logger.info("compiler finished", extra={"returncode": returncode, "seconds": round(wall, 2),
+                                                "error_class": outcome.error_class, "code": outcome.code})
+        logs.service(f"compiler exited with {returncode} after {wall:.1f}s: "
+                     f"{'ok' if outcome.ok else f'{outcome.error_class} {outcome.code}: {outcome.message}'}")
+        if not outcome.ok or result is None:
+            return _fail(services, claim, outcome, logs, relay, logger)
+        result.setdefault("compile_seconds", round(wall, 3))
+        return _succeed(services, claim, worker_id, out_dir, result, keeper, logs, relay, logger)
+    finally:
+        logs.close()
+
+
+def _read_result(path: Path) -> dict[str, Any] | None:
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def _stopped(services: Services, claim: leases.Claim, keeper: LeaseKeeper, logs: LogStream,
+             relay: OutboxRelay, logger: logging.LoggerAdapter[Any]) -> RunResult:
+    if keeper.lost:
+        logs.close()
+        return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
+    return _fail(services, claim, Outcome("cancelled", "CANCELLED", "cancelled before the compiler started"),
+                 logs, relay, logger)
+
+
+def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: Path, result: dict[str, Any],
+             keeper: LeaseKeeper, logs: LogStream, relay: OutboxRelay,
+             logger: logging.LoggerAdapter[Any]) -> RunResult:
+    try:
+        logs.service("publishing")
+        log_entry = archive_log(services, logs)
+        manifest = publish_outputs(services, claim, out_dir, result, log_entry, worker_id)
+    except PublishError as exc:
+        return _record_failure(services, claim, Outcome("infra", "BAD_RESULT", str(exc)), relay, logger)
+    except (StoreError, OSError) as exc:
+        return _record_failure(services, claim, Outcome("infra", "PUBLISH_FAILED", f"{type(exc).__name__}: {exc}"),
+                               relay, logger)
+    name = bucket_manifest_name(claim.key)
+    manifest_uri = services.store.document_location(name)
+    if keeper.lost:  # published files are harmless (content-addressed, same key); the record is not ours
+        return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
+
+    def record() -> bool:
+        with transaction(services.sessions) as session:
+            return leases.succeed(session, claim.bucket_id, claim.token, manifest_uri, manifest.versions,
+                                  manifest.compile_seconds)
+
+    if not with_db_retry(record):
+        logger.warning("lease lost before the success was recorded; another attempt owns the compile")
+        return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
+    logger.info("compile succeeded", extra={"manifest": manifest_uri, "files": len(manifest.files),
+                                            "compile_seconds": manifest.compile_seconds})
+    try:
+        publish_ready_artifacts(services.store, services.sessions, claim.bucket_id)
+    except StoreError as exc:  # the bucket is recorded; the reaper publishes the set when the store is back
+        logger.warning("publishing complete artifacts failed", extra={"error": str(exc)})
+    return RunResult(claim.bucket_id, "succeeded", claim.attempt, manifest_uri=manifest_uri)
+
+
+def _fail(services: Services, claim: leases.Claim, outcome: Outcome, logs: LogStream, relay: OutboxRelay,
+          logger: logging.LoggerAdapter[Any]) -> RunResult:
+    """Archive the log (naming its blob in the central log), then record the failure."""
+    logs.service(f"{outcome.error_class} error {outcome.code}: {outcome.message}")
+    entry = archive_log(services, logs)
+    if entry is not None:
+        logger.info("compile log archived", extra={"log_sha256": entry.sha256})
+        try:
+            with transaction(services.sessions) as session:
+                append_lines(session, claim.bucket_id, claim.attempt,
+                             [f"full log archived as blob sha256:{entry.sha256} ({entry.size} bytes)"],
+                             stream="service")
+        except Exception as exc:  # the failure record below matters more than this line
+            logger.warning("could not write the log-archive line", extra={"error": str(exc)})
+    return _record_failure(services, claim, outcome, relay, logger)
+
+
+def _record_failure(services: Services, claim: leases.Claim, outcome: Outcome, relay: OutboxRelay,
+                    logger: logging.LoggerAdapter[Any]) -> RunResult:
+    error_class = outcome.error_class or "infra"
+
+    def record() -> leases.Outcome | None:
+        with transaction(services.sessions) as session:
+            return leases.fail(session, claim.bucket_id, claim.token, error_class, outcome.code, outcome.message)
+
+    settled = with_db_retry(record)
+    if settled is None:
+        logger.warning("lease lost before the failure was recorded; another attempt owns the compile")
+        return RunResult(claim.bucket_id, "lease-lost", claim.attempt, error_class, outcome.code, outcome.message)
+    logger.info("compile attempt failed", extra={"error_class": error_class, "code": outcome.code,
+                                                 "new_state": settled.state})
+    if settled.outbox_id is not None:
+        try:
+            relay.relay([settled.outbox_id])
+        except Exception as exc:  # the relay loop sends it
+            logger.warning("relaying the requeue failed", extra={"error": str(exc)})
+    return RunResult(claim.bucket_id, settled.state, claim.attempt, error_class, outcome.code, outcome.message)

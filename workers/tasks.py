@@ -1,0 +1,65 @@
+"""The Celery task: a thin shell around :func:`workers.runner.run_compile`.
+
+The task's arguments beyond ``bucket_compile_id`` exist for routing (:func:`compilesvc.dispatch.route_task`)
+and for reading a queue by eye; the compile itself is described by the ledger row, which the runner claims.
+
+Each worker process builds one :class:`~compilesvc.services.Services` on first use, shared by its pool
+threads (engines and sessionmakers are thread-safe). With the prefork pool, each pool process builds its
+own after the fork: a database connection must never be shared between processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+from celery import Task
+from celery.signals import worker_ready
+
+from compilesvc.dispatch import COMPILE_TASK
+from compilesvc.outbox import OutboxRelay
+from compilesvc.services import Services
+from workers.celery_app import app
+from workers.runner import run_compile
+
+log = logging.getLogger(__name__)
+
+#: The registered worker id (set by ``compilesvc worker`` before the pool forks).
+_worker_id: str | None = None
+_services: tuple[int, Services, OutboxRelay] | None = None
+_services_lock = threading.Lock()
+
+
+def configure(worker_id: str) -> None:
+    global _worker_id
+    _worker_id = worker_id
+
+
+def worker_id() -> str:
+    return _worker_id or f"compilesvc-{os.getpid()}@{socket.gethostname()}"
+
+
+def services() -> tuple[Services, OutboxRelay]:
+    """This process's services and a relay that sends through the worker's own (configured) app."""
+    global _services
+    with _services_lock:
+        if _services is None or _services[0] != os.getpid():
+            built = Services.from_settings()
+            _services = (os.getpid(), built, OutboxRelay(built.sessions, app))
+        return _services[1], _services[2]
+
+
+@app.task(name=COMPILE_TASK, bind=True, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
+def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sdk: str, backend: str,
+                   isa: str | None = None) -> str:
+    svc, relay = services()
+    return run_compile(svc, bucket_compile_id, worker_id(), relay=relay).status
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _announce_ready(**_: Any) -> None:
+    # Tests and operators wait for this line: from here on the worker consumes its queues.
+    log.info("worker ready", extra={"worker": worker_id()})

@@ -1,0 +1,204 @@
+"""What this worker can compile, and the exact tool versions it compiles with.
+
+Owns :func:`detect_capabilities` (sent when a worker registers, and the source of the queues it consumes)
+and the version look-ups the backends record in every result. Nothing here imports torch or the Neuron
+SDK at module level, and every probe tolerates their absence: a worker without torch must still register
+(e.g. a neuronx-cc-only host compiling HLO).
+
+Neuron SDK release: package versions (torch-neuronx 2.x.y.z, neuronx-cc 2.a.b.c) do not map one-to-one to
+Neuron SDK releases ("2.20.0"), which is what specs name and queues are routed by. The host's release is
+therefore configuration: ``COMPILESVC_NEURON_SDK`` (set it from the DLAMI/container image that installed
+the SDK). Without it the worker offers no Neuron targets, since it cannot say which queue is its own.
+
+Neuron targets: compiling needs the SDK, not the chip, so a host with neuronx-cc offers inf2, trn1 and trn2
+by default; ``COMPILESVC_NEURON_TARGETS`` (comma-separated, or ``none``) narrows that.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+from compilesvc.hostinfo import host_isa, instance_type
+from compilesvc.spec import BACKEND_FORMATS, NEURON_TARGETS
+
+NEURON_SDK_ENV = "COMPILESVC_NEURON_SDK"
+NEURON_TARGETS_ENV = "COMPILESVC_NEURON_TARGETS"
+
+_VERSION_RE = re.compile(r"\b(\d+\.\d+(?:\.\d+){0,3}(?:\+[0-9A-Za-z.]+)?)")
+
+
+def release_tuple(version: str) -> tuple[int, ...]:
+    """``"2.13.0+cpu"`` -> ``(2, 13, 0, 0)``: the release without local suffix, padded to compare."""
+    numbers = [int(part) for part in version.split("+")[0].split(".") if part.isdigit()]
+    return tuple([*numbers, 0, 0, 0, 0][:4])
+
+
+def base_release(version: str) -> str:
+    """``"2.13.0+cpu"`` -> ``"2.13.0"``: the form specs use for the cpu target's sdk."""
+    return version.split("+")[0]
+
+
+def module_available(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def dist_version(distribution: str) -> str | None:
+    """An installed distribution's version from its metadata (no import), or None."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def module_version(module: str) -> str | None:
+    """``module.__version__`` if the module imports, else None (never raises)."""
+    if not module_available(module):
+        return None
+    try:
+        return str(importlib.import_module(module).__version__)
+    except Exception:  # a half-installed SDK must not break registration
+        return None
+
+
+def python_version() -> str:
+    return ".".join(str(part) for part in sys.version_info[:3])
+
+
+def torch_version() -> str | None:
+    """The installed torch's version, read from metadata so probing does not import torch."""
+    if not module_available("torch"):
+        return None
+    return dist_version("torch") or module_version("torch")
+
+
+def torch_neuronx_version() -> str | None:
+    if not module_available("torch_neuronx"):
+        return None
+    return dist_version("torch-neuronx") or module_version("torch_neuronx")
+
+
+def neuronx_cc_executable() -> str | None:
+    return shutil.which("neuronx-cc")
+
+
+def neuronx_cc_version(executable: str | None = None) -> str | None:
+    """neuronx-cc's version: from ``neuronx-cc --version`` (the binary that compiles), else the package."""
+    executable = executable or neuronx_cc_executable()
+    if executable:
+        try:
+            proc = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=120)
+            for line in (proc.stdout + proc.stderr).splitlines():
+                if "version" in line.lower() and "python" not in line.lower():
+                    match = _VERSION_RE.search(line)
+                    if match:
+                        return match.group(1)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return dist_version("neuronx-cc") or module_version("neuronxcc")
+
+
+def neuron_sdk_release() -> str | None:
+    """The host's Neuron SDK release from ``COMPILESVC_NEURON_SDK`` (see the module docstring)."""
+    value = os.environ.get(NEURON_SDK_ENV, "").strip()
+    return value or None
+
+
+def _neuron_targets(warnings: list[str]) -> list[str]:
+    raw = os.environ.get(NEURON_TARGETS_ENV)
+    if raw is None:
+        return sorted(NEURON_TARGETS)
+    if raw.strip().lower() in ("", "none"):
+        return []
+    wanted = [t.strip() for t in raw.split(",") if t.strip()]
+    unknown = [t for t in wanted if t not in NEURON_TARGETS]
+    if unknown:
+        warnings.append(f"{NEURON_TARGETS_ENV}: ignoring unknown target(s) {unknown}")
+    return sorted({t for t in wanted if t in NEURON_TARGETS})
+
+
+def detect_capabilities() -> dict[str, Any]:
+    """What this worker can compile. Shape::
+
+        {"targets": ["cpu", "inf2", "trn1", "trn2"],            # targets it takes compiles for
+         "sdk": {"cpu": "2.13.0", "inf2": "2.20.0", ...},       # per target: the spec "sdk" it serves
+         "backends": {"cpu": ["aotinductor", "torchscript"], "inf2": ["neuronx-cc", "trace"], ...},
+         "formats": {"hf-dir": false},                          # hf-dir needs transformers
+         "isa": "x86_64-avx512",                                # aotinductor code is built for it
+         "instance_type": "trn1.2xlarge" | null,
+         "versions": {"python": ..., "torch": ... | null, "torch_neuronx": ... | null,
+                      "neuronx_cc": ... | null, "transformers": ... | null},
+         "neuron": {"release": "2.20.0" | null, "neuronx_cc_path": str | null} | null,
+         "warnings": ["why something is not offered", ...]}
+    """
+    warnings: list[str] = []
+    caps: dict[str, Any] = {
+        "targets": [],
+        "sdk": {},
+        "backends": {},
+        "formats": {},
+        "isa": host_isa(),
+        "instance_type": instance_type(),
+        "versions": {"python": python_version()},
+        "neuron": None,
+        "warnings": warnings,
+    }
+    torch = torch_version()
+    transformers = dist_version("transformers") if module_available("transformers") else None
+    caps["versions"].update({"torch": torch, "transformers": transformers})
+    caps["formats"]["hf-dir"] = transformers is not None
+    if torch:
+        caps["targets"].append("cpu")
+        caps["sdk"]["cpu"] = base_release(torch)
+        caps["backends"]["cpu"] = sorted(BACKEND_FORMATS["cpu"])
+    else:
+        warnings.append("torch is not installed: no cpu target")
+
+    executable = neuronx_cc_executable()
+    has_compiler = executable is not None or module_available("neuronxcc")
+    tnx = torch_neuronx_version()
+    caps["versions"].update({"torch_neuronx": tnx, "neuronx_cc": neuronx_cc_version(executable) if has_compiler
+                             else None})
+    if has_compiler:
+        release = neuron_sdk_release()
+        caps["neuron"] = {"release": release, "neuronx_cc_path": executable}
+        backends = []
+        if tnx and torch:
+            backends.append("trace")
+        if executable:
+            backends.append("neuronx-cc")
+        targets = _neuron_targets(warnings)
+        if not release:
+            warnings.append(f"neuronx-cc is installed but {NEURON_SDK_ENV} is not set: no Neuron targets "
+                            f"(package versions do not name the SDK release)")
+        elif not backends:
+            warnings.append("neither torch_neuronx (trace) nor the neuronx-cc executable is usable")
+        else:
+            for target in targets:
+                caps["targets"].append(target)
+                caps["sdk"][target] = release
+                caps["backends"][target] = sorted(backends)
+    return caps
+
+
+def capability_queues(caps: dict[str, Any]) -> list[str]:
+    """The compile queues a worker with ``caps`` consumes (:func:`compilesvc.dispatch.queue_name`)."""
+    from compilesvc.dispatch import queue_name
+
+    queues = set()
+    for target in caps["targets"]:
+        for backend in caps["backends"].get(target, []):
+            isa = caps["isa"] if backend == "aotinductor" else None
+            queues.add(queue_name(target, caps["sdk"][target], backend, isa))
+    return sorted(queues)
