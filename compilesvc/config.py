@@ -26,6 +26,10 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = None
     s3_region: str = "us-east-1"
     broker_url: str | None = Field(default=None, description="Celery broker; default filesystem in data_dir.")
+    broker_key_prefix: str = Field(
+        default="", max_length=200,
+        description="Prefix of every Redis key, so several deployments (or test runs) can share one Redis.",
+    )
 
     public_url: str = Field(default="http://127.0.0.1:8080", description="How clients reach the API.")
     secret_key: str | None = Field(default=None, description="HMAC key for local-store download URLs.")

@@ -9,10 +9,6 @@ Shared plumbing, also used by the worker process (``workers/``):
 
 - :func:`configure_json_logging`: one JSON object per log line, with the record's ``extra`` fields (ids
   such as ``bucket_compile_id``, ``bucket_key``, ``attempt``, ``worker``) as top-level keys.
-- :func:`service_celery_config` / :func:`make_service_producer`: the Celery configuration of
-  :func:`compilesvc.dispatch.celery_config` plus a Redis key prefix (``global_keyprefix``) taken from the
-  ``COMPILESVC_BROKER_KEY_PREFIX`` environment variable, which lets several deployments (or concurrent test
-  runs) share one Redis without consuming each other's tasks.
 """
 
 from __future__ import annotations
@@ -29,18 +25,14 @@ from types import FrameType
 from typing import Any
 
 import click
-from celery import Celery
 from pydantic import ValidationError
 
 from compilesvc.config import Settings
-from compilesvc.dispatch import celery_config
 from compilesvc.outbox import OutboxRelay
 from compilesvc.reaper import ReapReport, reap, relay_all
 from compilesvc.services import Services
 
 log = logging.getLogger("compilesvc.relay")
-
-BROKER_KEY_PREFIX_ENV = "COMPILESVC_BROKER_KEY_PREFIX"
 
 # -- logging ----------------------------------------------------------------------------------------------
 
@@ -80,32 +72,6 @@ def configure_json_logging(level: str | int = "INFO", static: dict[str, Any] | N
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper() if isinstance(level, str) else level)
-
-
-# -- broker -----------------------------------------------------------------------------------------------
-
-def broker_key_prefix(settings: Settings) -> str:
-    """The Redis key prefix isolating this deployment on a shared Redis ("" for none)."""
-    configured = getattr(settings, "broker_key_prefix", None)  # once Settings grows the field
-    return str(configured or os.environ.get(BROKER_KEY_PREFIX_ENV, ""))
-
-
-def service_celery_config(settings: Settings) -> dict[str, Any]:
-    """:func:`compilesvc.dispatch.celery_config` plus the deployment's Redis key prefix."""
-    conf = celery_config(settings)
-    prefix = broker_key_prefix(settings)
-    if prefix and str(conf["broker_url"]).startswith(("redis://", "rediss://", "redis+socket://")):
-        options = dict(conf["broker_transport_options"])
-        options.setdefault("global_keyprefix", prefix)
-        conf["broker_transport_options"] = options
-    return conf
-
-
-def make_service_producer(settings: Settings) -> Celery:
-    """A send-only Celery app for relays (the API's producer must be built the same way)."""
-    app = Celery("compilesvc-producer", set_as_current=False)
-    app.conf.update(service_celery_config(settings))
-    return app
 
 
 # -- the loop ---------------------------------------------------------------------------------------------
@@ -174,8 +140,7 @@ def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
     except ValidationError as exc:
         raise click.UsageError(f"invalid COMPILESVC_* settings: {exc}") from None
     services = Services.from_settings(settings)
-    producer = make_service_producer(settings)
-    loop = RelayLoop(services, OutboxRelay(services.sessions, producer), reap_interval=reap_interval)
+    loop = RelayLoop(services, services.relay, reap_interval=reap_interval)
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         log.info("stopping", extra={"signal": signal.Signals(signum).name})
@@ -191,7 +156,7 @@ def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
         else:
             loop.run()
     finally:
-        producer.close()
+        services.producer.close()
         services.close()
         log.info("relay stopped")
 

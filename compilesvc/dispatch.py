@@ -45,6 +45,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery configuration shared by the producer (relay, API) and the workers."""
     broker_url = settings.resolved_broker_url
     transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout_seconds}
+    if settings.broker_key_prefix and broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
+        # In the one config every producer and worker reads: a prefix on only one side strands the messages.
+        transport_options["global_keyprefix"] = settings.broker_key_prefix
     if broker_url.startswith("filesystem://"):
         folder = settings.broker_folder
         for sub in ("queue", "processed", "control"):

@@ -37,7 +37,6 @@ PROCESS_ENV = {
     "COMPILESVC_NEURON_SDK",  # workers/versions.py: the host's Neuron SDK release
     "COMPILESVC_NEURON_TARGETS",  # workers/versions.py
     "COMPILESVC_LOG_LEVEL",  # compilesvc/jsonlog.py
-    "COMPILESVC_BROKER_KEY_PREFIX",  # compilesvc/daemon.py
 }
 #: Services that run compilesvc long-term: all wait for the migration.
 LONG_RUNNING = ("api", "relay", "worker-cpu", "worker-neuron")

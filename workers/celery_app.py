@@ -1,5 +1,5 @@
-"""The workers' Celery app: the shared configuration of :func:`compilesvc.dispatch.celery_config` (plus the
-deployment's Redis key prefix, :func:`compilesvc.daemon.service_celery_config`) and worker-only settings.
+"""The workers' Celery app: the shared configuration of :func:`compilesvc.dispatch.celery_config` and
+worker-only settings.
 
 Celery is only the doorbell here. Which compile runs, how often, and who owns it is decided by the
 ledger's leases (:mod:`compilesvc.leases`); so redelivery, result storage and task events are all off or
@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery
 
 from compilesvc.config import Settings
-from compilesvc.daemon import service_celery_config
+from compilesvc.dispatch import celery_config
 
 WORKER_ONLY_CONFIG: dict[str, Any] = {
     # Reserve no more messages than there are free slots: a reserved-but-not-started message would wait
@@ -40,7 +40,7 @@ def make_app(settings: Settings | None = None) -> Celery:
     """The worker's Celery app, configured from ``settings`` (default: the environment)."""
     settings = settings or Settings()
     app = Celery("compilesvc-worker", include=["workers.tasks"])
-    app.conf.update(service_celery_config(settings))
+    app.conf.update(celery_config(settings))
     app.conf.update(WORKER_ONLY_CONFIG)
     return app
 

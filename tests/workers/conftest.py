@@ -1,10 +1,10 @@
 """Fixtures that run the real thing: ``compilesvc worker`` and ``compilesvc relay`` processes on the test's
 Postgres ledger, a Redis broker isolated per test, and a local (or S3) artifact store.
 
-Isolation on a shared Redis: every test gets its own kombu ``global_keyprefix`` (through
-``COMPILESVC_BROKER_KEY_PREFIX``), so concurrent test runs on one machine never consume each other's
-tasks, and a message a test leaves behind (a killed worker's unacked task) never reaches the next test.
-The keys are deleted when the test ends.
+Isolation on a shared Redis: every test gets its own kombu ``global_keyprefix`` (the ``broker_key_prefix``
+setting, which every process of the cluster reads), so concurrent test runs on one machine never consume
+each other's tasks, and a message a test leaves behind (a killed worker's unacked task) never reaches the
+next test. The keys are deleted when the test ends.
 
 The Neuron SDK is the TEST DOUBLE in ``tests/doubles/neuron`` (see ``tests/doubles/__init__.py``); its
 behaviour is chosen per compile with the ``--double-behaviour=...`` compiler flag. Its ``hlo`` path
@@ -32,7 +32,6 @@ import redis
 from sqlalchemy import select
 
 from compilesvc.config import Settings
-from compilesvc.daemon import BROKER_KEY_PREFIX_ENV, make_service_producer
 from compilesvc.ledger.models import Artifact, BucketCompile, Event
 from compilesvc.services import Services
 from compilesvc.spec import parse_spec
@@ -223,8 +222,6 @@ def make_cluster(tmp_path: Path, pg_url: str, broker_prefix: str, monkeypatch: p
                  request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
     """``make_cluster(**settings)`` -> a :class:`Cluster`; settings become ``COMPILESVC_*`` variables."""
     clusters: list[Cluster] = []
-    # The in-process producer (submits, control) reads the key prefix from the environment too.
-    monkeypatch.setenv(BROKER_KEY_PREFIX_ENV, broker_prefix)
 
     def make(store_url: str | None = None, extra_env: dict[str, str] | None = None, **overrides: Any) -> Cluster:
         values: dict[str, Any] = {
@@ -232,6 +229,7 @@ def make_cluster(tmp_path: Path, pg_url: str, broker_prefix: str, monkeypatch: p
             "database_url": pg_url,
             "store_url": store_url or (tmp_path / "store").as_uri(),
             "broker_url": REDIS_URL,
+            "broker_key_prefix": broker_prefix,
             "secret_key": "test-secret-key",
             "lease_seconds": 3,
             "heartbeat_seconds": 0.5,
@@ -244,11 +242,9 @@ def make_cluster(tmp_path: Path, pg_url: str, broker_prefix: str, monkeypatch: p
         env = neuron_double_env(_clean_environ(), sdk=NEURON_SDK)
         env.update({f"COMPILESVC_{k.upper()}": str(v).lower() if isinstance(v, bool) else str(v)
                     for k, v in values.items()})
-        env[BROKER_KEY_PREFIX_ENV] = broker_prefix
         env.update(extra_env or {})
         settings = Settings(**values)
         services = Services.from_settings(settings)
-        services.producer = make_service_producer(settings)  # type: ignore[misc]  # isolated by the prefix
         cluster = Cluster(tmp=tmp_path, env=env, settings=settings, services=services)
         clusters.append(cluster)
         return cluster

@@ -22,8 +22,7 @@ from sqlalchemy import func, select
 from compilesvc.artifacts import read_manifest
 from compilesvc.config import Settings
 from compilesvc.control import cancel_build, retry_build
-from compilesvc.daemon import make_service_producer
-from compilesvc.dispatch import COMPILE_TASK
+from compilesvc.dispatch import COMPILE_TASK, make_producer
 from compilesvc.ledger.models import Artifact, Build, Event, LogLine, Outbox
 from compilesvc.outbox import OutboxRelay
 from compilesvc.registry import live_workers
@@ -315,7 +314,7 @@ def test_outbox_rows_written_during_a_broker_outage_are_relayed_later(make_clust
     the broker is back, and the compiles run."""
     cluster = make_cluster()
     worker = cluster.start_worker("w1", concurrency=2)
-    down = make_service_producer(Settings(**{**cluster.settings.model_dump(), "broker_url": "redis://127.0.0.1:1/0"}))
+    down = make_producer(Settings(**{**cluster.settings.model_dump(), "broker_url": "redis://127.0.0.1:1/0"}))
     down.conf.broker_connection_timeout = 0.5
     cluster.services.producer = down  # type: ignore[misc]  # the API's view of the broker: down
     cluster.services.__dict__.pop("relay", None)
