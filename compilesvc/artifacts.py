@@ -83,7 +83,7 @@ def build_artifact_manifest(store: ArtifactStore, artifact: Artifact,
         raw = store.read_document(bucket_manifest_name(bucket.key))
         if raw is None:
             raise StoreError(f"bucket manifest for {bucket.key} is missing from the store")
-        manifest = parse_bucket_manifest(raw)
+        manifest = parse_bucket_manifest(raw, bucket.key)
         entries.append(ArtifactBucketEntry(
             key=bucket.key, position=position, inputs=manifest.inputs,
             manifest=bucket_manifest_name(bucket.key), files=manifest.files, log=manifest.log,
@@ -111,7 +111,7 @@ def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], a
         existing = store.read_document(name)  # another publisher won the race; theirs is as good
         if existing is None:
             raise StoreError(f"{name} exists but cannot be read")
-        manifest = parse_artifact_manifest(existing)
+        manifest = parse_artifact_manifest(existing, artifact.key)
     with transaction(sessions) as session:
         claimed = session.execute(
             update(Artifact)
@@ -141,7 +141,7 @@ def publish_ready_artifacts(store: ArtifactStore, sessions: sessionmaker[Session
 
 def read_manifest(store: ArtifactStore, key: str) -> ArtifactManifest | None:
     raw = store.read_document(artifact_manifest_name(key))
-    return parse_artifact_manifest(raw) if raw is not None else None
+    return parse_artifact_manifest(raw, key) if raw is not None else None
 
 
 def describe(manifest: ArtifactManifest, store: ArtifactStore, ttl: int) -> dict[str, Any]:

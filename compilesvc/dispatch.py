@@ -7,6 +7,11 @@ Routing is Celery's own ``task_routes`` with :func:`route_task`; the relay names
 The settings here are for hours-long tasks on a Redis broker: late acks, prefetch 1, a visibility timeout
 above the hard time limit everywhere Celery reads it. The ledger's leases, not Celery redelivery, recover
 crashed work.
+
+Time limits: the compile itself is bounded by the runner (``compile_timeout_seconds``: SIGTERM to the
+compiler's process group, then SIGKILL), which is what classifies a timeout and retries it. Celery's soft
+and hard limits sit above that as a backstop; Celery enforces them only in the prefork pool, not in the
+thread pool workers use by default, where the runner's limit is the only one.
 """
 
 from __future__ import annotations
@@ -71,7 +76,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": False,
         "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Deliberately off. A running compile belongs to its lease in the ledger, not to a broker connection:
+        # a reconnect must not kill hours of work (and the thread pool cannot terminate a task anyway). Its
+        # message stays unacked; if Redis redelivers it, the claim finds nothing to do.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "task_time_limit": settings.task_hard_limit_seconds,
         "task_soft_time_limit": settings.task_hard_limit_seconds - 300,
         "visibility_timeout": settings.visibility_timeout_seconds,

@@ -92,6 +92,16 @@ def set_material(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt
     }
 
 
+def bucket_key_of(material: dict[str, Any], inputs: list[dict[str, Any]]) -> str:
+    """The bucket key of set-level ``material`` and one bucket's ``inputs``."""
+    return digest({**material, "inputs": inputs})
+
+
+def artifact_key_of(material: dict[str, Any], bucket_keys: list[str]) -> str:
+    """The artifact key of set-level ``material`` and its bucket keys (in any order, repeats allowed)."""
+    return digest({**material, "buckets": sorted(set(bucket_keys))})
+
+
 def compute_keys(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt: str = "") -> KeySet:
     """Keys for ``spec`` whose model content hashes to ``model_sha256``.
 
@@ -101,10 +111,9 @@ def compute_keys(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt
     buckets = []
     for position, bucket in enumerate(spec.buckets):
         inputs = [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in bucket.inputs]
-        bucket_key = digest({**material, "inputs": inputs})
-        buckets.append(BucketKey(key=bucket_key, inputs=inputs, position=position))
+        buckets.append(BucketKey(key=bucket_key_of(material, inputs), inputs=inputs, position=position))
     bucket_keys = sorted({b.key for b in buckets})
-    artifact_key = digest({**material, "buckets": bucket_keys})
+    artifact_key = artifact_key_of(material, bucket_keys)
     components = {name: digest(material[name]) for name in ("schema", "salt", "model", "toolchain", "flags")}
     components["buckets"] = digest(bucket_keys)
     return KeySet(key=artifact_key, buckets=buckets, material=material, components=components)

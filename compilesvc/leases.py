@@ -33,8 +33,10 @@ from compilesvc.submit import requeue_bucket
 
 log = logging.getLogger(__name__)
 
-#: ``error_class`` values: ``compile`` is final (the negative cache); the others are retried.
-ERROR_CLASSES = ("compile", "infra", "timeout", "cancelled")
+#: ``error_class`` values. ``compile`` is final for the key (the negative cache) until an explicit retry;
+#: ``infra`` and ``timeout`` are retried up to the attempt cap; ``model`` (the pinned model bytes are gone or
+#: changed) is not retried, since the same pin fails the same way, but a new submit re-pins and requeues it.
+ERROR_CLASSES = ("compile", "model", "infra", "timeout", "cancelled")
 RETRIED_ERROR_CLASSES = ("infra", "timeout")
 
 
@@ -68,6 +70,7 @@ class Outcome:
     the caller should relay that row after committing."""
 
     state: str  # queued | failed | cancelled
+    bucket_key: str
     outbox_id: int | None = None
 
 
@@ -239,7 +242,7 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
         # The cancel lost a race with a resubmit or retry (which clear cancel_requested / reopen the set):
         # the compile is wanted again, so it goes back to the queue rather than to a dead end.
         outbox_id = requeue_bucket(session, bucket, "cancel superseded by a new request", reset_attempts=False)
-        return Outcome("queued", outbox_id)
+        return Outcome("queued", bucket.key, outbox_id)
     if error_class in RETRIED_ERROR_CLASSES and bucket.attempts < bucket.max_attempts:
         outbox_id = requeue_bucket(
             session, bucket, reason or f"{error_class} error, attempt {attempt} of {bucket.max_attempts}",
@@ -247,7 +250,7 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
         )
         log.info("bucket compile requeued", extra={"bucket_compile_id": bucket.id, "bucket_key": bucket.key,
                                                    "attempt": attempt, "error_class": error_class})
-        return Outcome("queued", outbox_id)
+        return Outcome("queued", bucket.key, outbox_id)
     state = "cancelled" if error_class == "cancelled" else "failed"
     events.record(session, "bucket", bucket.id, bucket.state, state, error_class=error_class, code=code,
                   attempt=attempt, **({"reason": reason} if reason else {}))
@@ -262,4 +265,4 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
     if state == "failed":
         session.flush()
         fail_artifacts_of_bucket(session, bucket)
-    return Outcome(state)
+    return Outcome(state, bucket.key)

@@ -3,6 +3,10 @@
 A bucket manifest is written after every file it names; the artifact manifest after every bucket
 manifest; both create-only. A serving fleet needs nothing else to verify what it downloads: each file has
 its size and sha256, and the toolchain versions it was built with (a runtime must match them).
+
+Manifests are read back only through :func:`parse_bucket_manifest` and :func:`parse_artifact_manifest`,
+which check that the document's own key material derives the key it is stored under: a corrupt or foreign
+document is refused (:class:`ManifestMismatch`) rather than served as someone else's binary.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from compilesvc.keys import artifact_key_of, bucket_key_of
 
 BUCKET_MANIFEST_SCHEMA = "compilesvc-bucket-manifest/1"
 ARTIFACT_MANIFEST_SCHEMA = "compilesvc-artifact-manifest/1"
@@ -64,9 +70,34 @@ class ArtifactManifest(_Doc):
     created_at: str
 
 
-def parse_bucket_manifest(data: bytes) -> BucketManifest:
-    return BucketManifest.model_validate_json(data)
+class ManifestMismatch(ValueError):
+    """A stored manifest that is unreadable or does not derive the key it is stored under."""
+
+    def __init__(self, key: str, problem: str):
+        self.key = key
+        super().__init__(f"the stored manifest for key {key} {problem}")
 
 
-def parse_artifact_manifest(data: bytes) -> ArtifactManifest:
-    return ArtifactManifest.model_validate_json(data)
+def parse_bucket_manifest(data: bytes, key: str) -> BucketManifest:
+    """The bucket manifest stored under ``key``, verified against it."""
+    try:
+        manifest = BucketManifest.model_validate_json(data)
+    except ValidationError as exc:
+        raise ManifestMismatch(key, f"is not a bucket manifest ({exc.error_count()} errors)") from None
+    if manifest.key != key or bucket_key_of(manifest.material, manifest.inputs) != key:
+        raise ManifestMismatch(key, "names or hashes to another key")
+    return manifest
+
+
+def parse_artifact_manifest(data: bytes, key: str) -> ArtifactManifest:
+    """The artifact manifest stored under ``key``, verified against it (and each bucket entry too)."""
+    try:
+        manifest = ArtifactManifest.model_validate_json(data)
+    except ValidationError as exc:
+        raise ManifestMismatch(key, f"is not an artifact manifest ({exc.error_count()} errors)") from None
+    material = manifest.material
+    if (manifest.key != key
+            or any(bucket_key_of(material, entry.inputs) != entry.key for entry in manifest.buckets)
+            or artifact_key_of(material, [entry.key for entry in manifest.buckets]) != key):
+        raise ManifestMismatch(key, "names or hashes to another key")
+    return manifest

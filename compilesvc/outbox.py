@@ -41,21 +41,26 @@ class OutboxRelay:
             return 0
         sent = 0
         with transaction(self._sessions) as session:
-            query = select(Outbox).where(Outbox.sent_at.is_(None)).order_by(Outbox.id).limit(limit)
+            query = (select(Outbox, BucketCompile.key)
+                     .join(BucketCompile, BucketCompile.id == Outbox.bucket_compile_id)
+                     .where(Outbox.sent_at.is_(None)).order_by(Outbox.id).limit(limit))
             if ids is not None:
                 query = query.where(Outbox.id.in_(list(ids)))
-            rows = session.scalars(query.with_for_update(skip_locked=True)).all()
-            for row in rows:
+            rows = session.execute(query.with_for_update(of=Outbox, skip_locked=True)).all()
+            for row, bucket_key in rows:
+                ids_of_row = {"outbox_id": row.id, "bucket_compile_id": row.bucket_compile_id,
+                              "bucket_key": bucket_key, "task_id": row.task_id}
                 try:
                     self._producer.send_task(row.task_name, kwargs=row.kwargs, task_id=row.task_id)
                 except Exception as exc:  # broker down: keep the row, report, try again next pass
                     row.send_attempts += 1
                     row.last_error = f"{type(exc).__name__}: {exc}"[:2000]
-                    log.warning("outbox send failed", extra={"outbox_id": row.id, "error": row.last_error})
+                    log.warning("outbox send failed", extra={**ids_of_row, "error": row.last_error})
                     break
                 row.sent_at = utcnow()
                 row.send_attempts += 1
                 sent += 1
+                log.info("compile dispatched", extra=ids_of_row)
         return sent
 
 

@@ -89,7 +89,8 @@ def reap(services: Services, *, relay: OutboxRelay | None = None, limit: int = 1
             outcome = leases.expire(session, bucket_id)
         if outcome is None:
             continue
-        log.warning("lease expired", extra={"bucket_compile_id": bucket_id, "new_state": outcome.state})
+        log.warning("lease expired", extra={"bucket_compile_id": bucket_id, "bucket_key": outcome.bucket_key,
+                                            "new_state": outcome.state})
         {"queued": report.requeued, "failed": report.failed, "cancelled": report.cancelled}[
             outcome.state].append(bucket_id)
 

@@ -42,7 +42,10 @@ CPU_BACKEND_FLAGS: dict[str, frozenset[str]] = {
 
 _BLOB_RE = re.compile(r"^blob:sha256:[0-9a-f]{64}$")
 _S3_RE = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<key>.+)$")
-_SDK_RE = re.compile(r"^\d+\.\d+(\.\d+){0,2}$")
+# Neuron SDK and torch releases are major.minor.patch; "2.20" names a series, not a release, and would
+# otherwise be a second key (and an unserved queue) for the same toolchain.
+#: (public: workers check the release they are configured with.)
+SDK_RE = re.compile(r"^\d+\.\d+\.\d+$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 #: ``<arch>-<level>``, as :func:`compilesvc.hostinfo.host_isa` reports it (public: the CLI checks --isa).
 ISA_RE = re.compile(r"^[a-z0-9_]+-[a-z0-9_]+$")
@@ -215,8 +218,8 @@ class CompileSpec(_Strict):
     @field_validator("sdk")
     @classmethod
     def _sdk_form(cls, sdk: str) -> str:
-        if not _SDK_RE.match(sdk):
-            raise ValueError('expected a release number such as "2.20.0"')
+        if not SDK_RE.match(sdk):
+            raise ValueError('expected a release number major.minor.patch, such as "2.20.0"')
         return sdk
 
     @model_validator(mode="after")

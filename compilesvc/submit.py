@@ -46,9 +46,9 @@ from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 
 log = logging.getLogger(__name__)
 
-#: Bucket states a new submit puts back in the queue: an infrastructure failure or a cancel never sticks.
-REQUEUE_ON_SUBMIT = ("cancelled",)
-RETRYABLE_ERROR_CLASSES = ("infra", "timeout", "cancelled")
+#: Failures a new submit requeues: an infrastructure failure or a cancel never sticks. Only ``compile``
+#: stays (the negative cache); a ``model`` failure is requeued with the new submit's pin of the same bytes.
+RETRYABLE_ERROR_CLASSES = ("model", "infra", "timeout", "cancelled")
 
 
 class SubmitRefused(Exception):
@@ -124,9 +124,16 @@ def bucket_views(session: Session, artifact_id: int) -> list[BucketView]:
     return [BucketView.of(bucket, position) for bucket, position in rows]
 
 
-def requeue_bucket(session: Session, bucket: BucketCompile, reason: str, *, reset_attempts: bool) -> int:
-    """Put a finished/abandoned bucket compile back in the queue; returns the outbox row id."""
+def requeue_bucket(session: Session, bucket: BucketCompile, reason: str, *, reset_attempts: bool,
+                   model: dict[str, Any] | None = None) -> int:
+    """Put a finished/abandoned bucket compile back in the queue; returns the outbox row id.
+
+    ``model`` replaces where the worker fetches the model from: a new submit's pin of the same bytes (the
+    key holds their sha256) may well outlive the old one, whose S3 version or file can be gone.
+    """
     events.record(session, "bucket", bucket.id, bucket.state, "queued", reason=reason)
+    if model is not None:
+        bucket.model = model
     bucket.state = "queued"
     bucket.lease_token += 1  # fences off any worker still holding the old lease
     bucket.lease_expires_at = None
@@ -244,7 +251,7 @@ class Submitter:
                 continue
             raw = self.services.store.read_document(bucket_manifest_name(key))
             if raw is not None:
-                found[key] = parse_bucket_manifest(raw)
+                found[key] = parse_bucket_manifest(raw, key)
         return found
 
     def _check_capacity(self, ctx: _Context, imported: dict[str, BucketManifest], queue_anyway: bool) -> None:
@@ -252,13 +259,12 @@ class Submitter:
             return
         with self.services.sessions() as session:
             rows = session.execute(
-                select(BucketCompile.key, BucketCompile.state).where(BucketCompile.key.in_(ctx.keys.bucket_keys))
+                select(BucketCompile.key, BucketCompile.state, BucketCompile.error_class)
+                .where(BucketCompile.key.in_(ctx.keys.bucket_keys))
             ).all()
-            states = {key: state for key, state in rows}
-            needs_compile = any(
-                key not in imported and states.get(key) in (None, "cancelled", "failed")
-                for key in ctx.keys.bucket_keys
-            )
+            known = {key: (state, error_class) for key, state, error_class in rows}
+            needs_compile = any(key not in imported and _will_compile(*known.get(key, (None, None)))
+                                for key in ctx.keys.bucket_keys)
             if needs_compile and ctx.queue not in live_queues(session, self.settings.worker_stale_seconds):
                 raise NoCapableWorker(ctx.queue, ctx.spec.target, ctx.spec.sdk)
 
@@ -279,7 +285,7 @@ class Submitter:
                 outcome = "join"
             else:  # failed or cancelled: reopen unless a bucket failed with a compile error
                 outcome = "join"
-                outbox_ids = self._reopen(session, artifact)
+                outbox_ids = self._reopen(session, artifact, ctx)
             self._settle(session, artifact)
             build = self._add_build(session, ctx, artifact, outcome)
             if build is None:
@@ -308,23 +314,23 @@ class Submitter:
                               source="store" if manifest else "submit")
                 if bucket.state == "queued":
                     outbox_ids.append(enqueue_compile(session, bucket).id)
-            elif bucket.state in REQUEUE_ON_SUBMIT or (
-                bucket.state == "failed" and bucket.error_class in RETRYABLE_ERROR_CLASSES
-            ):
-                outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True))
+            elif _will_compile(bucket.state, bucket.error_class):
+                outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True,
+                                                 model=ctx.model_row))
             session.add(ArtifactBucket(artifact_id=artifact.id, bucket_compile_id=bucket.id,
                                        position=positions[key]))
         session.flush()
         return outbox_ids
 
-    def _reopen(self, session: Session, artifact: Artifact) -> list[int]:
-        buckets = [b for b in linked_buckets(session, artifact.id)]
+    def _reopen(self, session: Session, artifact: Artifact, ctx: _Context) -> list[int]:
+        buckets = linked_buckets(session, artifact.id)
         if any(b.state == "failed" and b.error_class == "compile" for b in buckets):
             return []  # negative cache: stays failed until an explicit retry
         outbox_ids = []
         for bucket in buckets:
             if bucket.state in ("failed", "cancelled"):
-                outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True))
+                outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True,
+                                                 model=ctx.model_row))
             elif bucket.state == "running" and bucket.cancel_requested:
                 bucket.cancel_requested = False  # still running: let it finish for the new build
         set_artifact_state(session, artifact, "building", reason="resubmitted")
@@ -384,8 +390,7 @@ class Submitter:
         row: dict[str, Any] = {
             "key": key, "state": "queued", "target": ctx.spec.target, "sdk": ctx.spec.sdk,
             "backend": ctx.spec.backend, "queue": ctx.queue,
-            "model": {"uri": ctx.pinned.uri, "format": ctx.pinned.format, "sha256": ctx.pinned.sha256,
-                      "size": ctx.pinned.size, "fetch": ctx.pinned.fetch},
+            "model": ctx.model_row,
             "material": ctx.keys.material, "inputs": inputs, "attempts": 0,
             "max_attempts": self.settings.max_attempts, "lease_token": 0, "cancel_requested": False,
             "queued_at": now, "updated_at": now,
@@ -423,6 +428,16 @@ class Submitter:
         return build
 
 
+def _will_compile(state: str | None, error_class: str | None) -> bool:
+    """Whether a submit finding a bucket compile in this state queues it (None: no such compile yet).
+
+    A compile error is answered from the negative cache: no worker is needed to say it again.
+    """
+    if state == "failed":
+        return error_class in RETRYABLE_ERROR_CLASSES
+    return state in (None, "cancelled")
+
+
 class _IdempotencyRace(Exception):
     """Another request with the same Idempotency-Key committed between our check and our insert."""
 
@@ -446,6 +461,13 @@ class _Context:
     submitted_by: str | None
     idempotency_key: str | None
     request_hash: str
+
+    @property
+    def model_row(self) -> dict[str, Any]:
+        """The pinned model as a bucket compile records it (what the worker fetches)."""
+        pinned = self.pinned
+        return {"uri": pinned.uri, "format": pinned.format, "sha256": pinned.sha256, "size": pinned.size,
+                "fetch": pinned.fetch}
 
     @property
     def queue(self) -> str:

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from compilesvc import leases
 from compilesvc.artifacts import publish_ready_artifacts
 from compilesvc.config import Settings
 from compilesvc.control import cancel_build, retry_build
-from compilesvc.ledger.models import Artifact, BucketCompile, Build, Outbox, utcnow
-from compilesvc.manifest import BucketManifest, FileEntry
+from compilesvc.db import transaction
+from compilesvc.ledger.models import Artifact, BucketCompile, Build, Event, Outbox, utcnow
+from compilesvc.manifest import BucketManifest, FileEntry, ManifestMismatch
 from compilesvc.registry import live_queues
 from compilesvc.services import Services
 from compilesvc.spec import parse_spec
@@ -57,32 +59,28 @@ def spec_doc(model_uri: str, buckets: list[dict[str, int]] | None = None, **extr
 
 def complete_bucket(services: Services, key: str, *, state: str = "succeeded", error_class: str | None = None,
                     error_code: str | None = None) -> None:
-    """Finish a bucket compile the way a worker does: blobs, bucket manifest, ledger row, then publish."""
-    with services.sessions.begin() as session:
-        bucket = session.scalars(select(BucketCompile).where(BucketCompile.key == key)).one()
-        if state == "succeeded":
-            path = services.settings.data_dir / f"{key}.pt"
-            path.write_bytes(f"compiled {key}".encode())
-            blob = services.store.put_file(path)
-            manifest = BucketManifest(key=key, material=bucket.material, inputs=bucket.inputs,
-                                      files=[FileEntry(path="model.pt", role="model", size=blob.size,
-                                                       sha256=blob.sha256)],
-                                      versions={"torch": "2.13.0"}, compile_seconds=1.0,
-                                      created_at=utcnow().isoformat())
-            services.store.create_document(bucket_manifest_name(key), manifest.to_bytes())
-            bucket.manifest_uri = services.store.document_location(bucket_manifest_name(key))
-        bucket.state = state
-        bucket.error_class = error_class
-        bucket.error_code = error_code
-        bucket.finished_at = utcnow()
-        bucket_id = bucket.id
-    if state == "succeeded":
-        publish_ready_artifacts(services.store, services.sessions, bucket_id)
-    else:
-        with services.sessions.begin() as session:
-            from compilesvc.artifacts import fail_artifacts_of_bucket
-
-            fail_artifacts_of_bucket(session, session.get_one(BucketCompile, bucket_id))
+    """Finish a bucket compile the way a worker does, without a compiler: claim its lease, then either
+    publish (blobs, bucket manifest, ``leases.succeed``, artifact manifests) or ``leases.fail``."""
+    with transaction(services.sessions) as session:
+        bucket_id = session.scalars(select(BucketCompile.id).where(BucketCompile.key == key)).one()
+        claim = leases.claim(session, bucket_id, "test-worker", lease_seconds=60)
+    assert claim is not None, f"bucket {key[:12]} was not queued"
+    if state != "succeeded":
+        assert state == "failed" and error_class is not None
+        with transaction(services.sessions) as session:
+            leases.fail(session, bucket_id, claim.token, error_class, error_code, f"{error_class} failure")
+        return
+    path = services.settings.data_dir / f"{key}.pt"
+    path.write_bytes(f"compiled {key}".encode())
+    blob = services.store.put_file(path)
+    manifest = BucketManifest(key=key, material=claim.material, inputs=claim.inputs,
+                              files=[FileEntry(path="model.pt", role="model", size=blob.size, sha256=blob.sha256)],
+                              versions={"torch": "2.13.0"}, compile_seconds=1.0, created_at=utcnow().isoformat())
+    services.store.create_document(bucket_manifest_name(key), manifest.to_bytes())
+    with transaction(services.sessions) as session:
+        assert leases.succeed(session, bucket_id, claim.token, services.store.document_location(
+            bucket_manifest_name(key)), manifest.versions, manifest.compile_seconds)
+    publish_ready_artifacts(services.store, services.sessions, bucket_id)
 
 
 def count(services: Services, model: type) -> int:
@@ -166,12 +164,16 @@ def test_infrastructure_failure_never_sticks(services: Services) -> None:
     submitter = Submitter(services)
     spec = parse_spec(spec_doc(upload_model(services)))
     first = submitter.submit(spec)
-    complete_bucket(services, first.buckets[1].key, state="failed", error_class="infra")
+    attempts = services.settings.max_attempts
+    for _ in range(attempts):  # each failure before the cap is requeued by the lease code itself
+        complete_bucket(services, first.buckets[1].key, state="failed", error_class="infra")
+    with services.sessions() as session:
+        assert session.scalars(select(Artifact.state)).one() == "failed"
     again = submitter.submit(spec)
     assert again.state == "building"
     by_key = {b.key: b.state for b in again.buckets}
     assert by_key[first.buckets[1].key] == "queued"
-    assert count(services, Outbox) == 4
+    assert count(services, Outbox) == 3 + (attempts - 1) + 1
 
 
 def test_cancel_then_resubmit_requeues(services: Services) -> None:
@@ -241,6 +243,20 @@ def test_bucket_manifest_in_store_is_reused(tmp_path: Path, services: Services) 
         other.close()
 
 
+def test_bucket_manifest_under_another_key_is_refused(services: Services) -> None:
+    submitter = Submitter(services)
+    model = upload_model(services)
+    first = submitter.submit(parse_spec(spec_doc(model, BUCKETS[:1])))
+    complete_bucket(services, first.buckets[0].key)
+    other = submitter.keys_for(parse_spec(spec_doc(model, BUCKETS[1:2])))[1].bucket_keys[0]
+    genuine = services.store.read_document(bucket_manifest_name(first.buckets[0].key))
+    assert genuine is not None and services.store.create_document(bucket_manifest_name(other), genuine)
+    builds = count(services, Build)
+    with pytest.raises(ManifestMismatch, match=other):
+        submitter.submit(parse_spec(spec_doc(model, BUCKETS[:2])))
+    assert count(services, Build) == builds
+
+
 def test_idempotency_key(services: Services) -> None:
     submitter = Submitter(services)
     spec = parse_spec(spec_doc(upload_model(services)))
@@ -275,15 +291,34 @@ def test_refuses_work_no_live_worker_can_serve(tmp_path: Path, ledger_url: str) 
         services.close()
 
 
+def test_negative_cache_answers_without_a_live_worker(tmp_path: Path, ledger_url: str) -> None:
+    """A compile error is the answer for its key: no worker is needed to give it again."""
+    services = Services.from_settings(make_settings(tmp_path, ledger_url, require_live_worker=True))
+    try:
+        submitter = Submitter(services)
+        spec = parse_spec(spec_doc(upload_model(services), BUCKETS[:1]))
+        first = submitter.submit(spec, queue_anyway=True)
+        complete_bucket(services, first.buckets[0].key, state="failed", error_class="compile", error_code="E")
+        again = submitter.submit(spec)
+        assert (again.outcome, again.state) == ("join", "failed")
+        assert again.buckets[0].error_class == "compile"
+    finally:
+        services.close()
+
+
 # -- concurrency: separate processes, real Postgres ------------------------------------------------
 
-def _submit_many(settings_json: str, spec_json: str, n: int, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _submit_many(settings_json: str, spec_json: str, n: int, queue: multiprocessing.Queue,  # type: ignore[type-arg]
+                 start: Any) -> None:
     settings = Settings.model_validate_json(settings_json)
     services = Services.from_settings(settings)
     submitter = Submitter(services)
     spec = parse_spec(json.loads(spec_json))
     outcomes = []
     try:
+        with services.sessions() as session:  # connected and warm before the race starts
+            session.scalar(select(func.count()).select_from(Build))
+        start.wait(timeout=120)  # every process submits its first request at the same moment
         for _ in range(n):
             outcomes.append(submitter.submit(spec).outcome)
     except Exception as exc:  # reported to the parent, which fails the test
@@ -302,13 +337,15 @@ def test_concurrent_identical_submits_create_one_build_row_set(tmp_path: Path, p
     spec_json = json.dumps(spec_doc(model))
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_submit_many, args=(settings.model_dump_json(), spec_json, 50, queue))
+    start = ctx.Barrier(8)
+    procs = [ctx.Process(target=_submit_many, args=(settings.model_dump_json(), spec_json, 50, queue, start))
              for _ in range(8)]
     for proc in procs:
         proc.start()
     results = [queue.get(timeout=240) for _ in procs]
     for proc in procs:
         proc.join(timeout=30)
+    assert [proc.exitcode for proc in procs] == [0] * 8
     errors = [r for r in results if r[0] == "error"]
     assert not errors, errors
     outcomes = [o for _, batch in results for o in batch]
@@ -318,6 +355,9 @@ def test_concurrent_identical_submits_create_one_build_row_set(tmp_path: Path, p
     assert count(services, BucketCompile) == 3
     assert count(services, Outbox) == 3
     assert count(services, Build) == 400
+    with services.sessions() as session:  # the artifact started building exactly once
+        assert session.scalar(select(func.count()).select_from(Event).where(
+            Event.entity == "artifact", Event.to_state == "building")) == 1
     sent = list((settings.broker_folder / "queue").iterdir())
     assert len(sent) == 3  # exactly one dispatch per bucket reached the broker
     services.close()

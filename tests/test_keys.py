@@ -390,7 +390,7 @@ isas = st.sampled_from(["x86_64-avx512", "x86_64-avx2", "x86_64-default", "aarch
 # Label keys are stripped by the spec and must stay non-empty.
 label_dicts = st.dictionaries(st.text(min_size=1, max_size=8).filter(str.strip), st.text(max_size=8), max_size=3)
 sdks = st.builds(
-    lambda parts: ".".join(map(str, parts)), st.lists(st.integers(0, 30), min_size=2, max_size=3)
+    lambda parts: ".".join(map(str, parts)), st.lists(st.integers(0, 30), min_size=3, max_size=3)
 )
 
 

@@ -202,7 +202,7 @@ def test_compile_error_is_final_and_fails_the_set(services: Services) -> None:
     assert c is not None
     with transaction(services.sessions) as session:
         outcome = leases.fail(session, bid, c.token, "compile", "NCC_EOOM001", "over the HBM limit")
-    assert outcome == leases.Outcome("failed")
+    assert outcome == leases.Outcome("failed", c.key)
     bucket = row(services, bid)
     assert (bucket.state, bucket.error_class, bucket.error_code, bucket.lease_expires_at) == (
         "failed", "compile", "NCC_EOOM001", None)
@@ -230,7 +230,8 @@ def test_infra_errors_requeue_until_the_attempt_cap(services: Services) -> None:
     second = claim(services, bid)
     assert second is not None and second.attempt == 2  # max_attempts is 2
     with transaction(services.sessions) as session:
-        assert leases.fail(session, bid, second.token, "infra", "SIGKILL", "killed") == leases.Outcome("failed")
+        outcome = leases.fail(session, bid, second.token, "infra", "SIGKILL", "killed")
+    assert outcome == leases.Outcome("failed", second.key)
     bucket = row(services, bid)
     assert (bucket.state, bucket.error_class, bucket.attempts) == ("failed", "infra", 2)
     assert artifact_state(services, result.artifact_key) == "failed"
@@ -248,7 +249,7 @@ def test_cancel_then_cancelled_attempt(services: Services) -> None:
     assert row(services, bid).cancel_requested
     with transaction(services.sessions) as session:
         assert leases.fail(session, bid, c.token, "cancelled", "CANCELLED", "cancelled") == leases.Outcome(
-            "cancelled")
+            "cancelled", c.key)
     bucket = row(services, bid)
     assert (bucket.state, bucket.error_class, bucket.cancel_requested) == ("cancelled", "cancelled", False)
 

@@ -92,7 +92,7 @@ def test_version_id_allowed_with_s3() -> None:
     assert parse_spec(neuron_doc(model=model)).model.version_id == "3HL4kqtJlcpXroDTDmJ"
 
 
-@pytest.mark.parametrize("sdk", ["2.20", "2.20.0", "2.20.0.1", "10.0.1"])
+@pytest.mark.parametrize("sdk", ["2.20.0", "2.21.1", "10.0.1"])
 def test_accepted_sdks(sdk: str) -> None:
     assert parse_spec(neuron_doc(sdk=sdk)).sdk == sdk
 
@@ -195,7 +195,7 @@ def test_wrong_target(target: Any) -> None:
     assert_refused(neuron_doc(target=target), "target", "Input should be")
 
 
-@pytest.mark.parametrize("sdk", ["latest", "2", "v2.20.0", "2.20.0-rc1", "2.20.0.1.2", "", 2.2])
+@pytest.mark.parametrize("sdk", ["latest", "2", "2.20", "2.20.0.1", "v2.20.0", "2.20.0-rc1", "2.20.0.1.2", "", 2.2])
 def test_bad_sdk(sdk: Any) -> None:
     found = errors(neuron_doc(sdk=sdk))
     assert [e["field"] for e in found] == ["sdk"], found

@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.exceptions import HTTPException
 
+from compilesvc.manifest import ManifestMismatch
 from compilesvc.store.base import StoreError
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,9 @@ _TYPES = [
     ProblemType("upload-too-large", 413, "Upload too large", "Model uploads are limited to `max_bytes`."),
     ProblemType("no-capable-worker", 503, "No live worker can compile this",
                 "No live worker serves the spec's queue. Start one, or submit with ?queue_anyway=true."),
+    ProblemType("store-integrity", 503, "Stored manifest does not match its key",
+                "The manifest stored for `key` is unreadable or hashes to another key. Nothing is served or "
+                "built for that key until an operator removes the document."),
     ProblemType("too-many-streams", 503, "Too many live log streams",
                 "This server process streams as many logs as it may; poll GET /v1/builds/{id}/logs or retry later."),
     ProblemType("not-ready", 503, "Service not ready", "`checks` says which dependency failed."),
@@ -174,6 +178,11 @@ def _store_error(exc: StoreError) -> Response:
     return response_for(Problem("store-unavailable", str(exc), headers={"Retry-After": "5"}))
 
 
+def _manifest_mismatch(exc: ManifestMismatch) -> Response:
+    log.error("stored manifest does not match its key", extra={"artifact_key": exc.key, "error": str(exc)})
+    return response_for(Problem("store-integrity", str(exc), key=exc.key))
+
+
 def _db_error(exc: DBAPIError | PoolTimeout) -> Response:
     # OperationalError (connection refused, lost, locked): infrastructure, retryable. Other DBAPI
     # errors are bugs (a query the database refused) and stay 500s, logged in full.
@@ -195,6 +204,7 @@ def install(app: Flask) -> None:
     app.register_error_handler(Problem, response_for)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(StoreError, _store_error)
+    app.register_error_handler(ManifestMismatch, _manifest_mismatch)
     app.register_error_handler(DBAPIError, _db_error)
     app.register_error_handler(PoolTimeout, _db_error)
     app.register_error_handler(Exception, _internal)

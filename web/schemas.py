@@ -47,7 +47,7 @@ class BucketOut(_Out):
     inputs: list[dict[str, Any]]
     state: BucketState
     attempts: int
-    error_class: str | None = Field(description="compile | infra | timeout | cancelled")
+    error_class: str | None = Field(description="compile | model | infra | timeout | cancelled")
     error_code: str | None
     error_message: str | None
     worker_id: str | None = None

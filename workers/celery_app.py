@@ -29,10 +29,6 @@ WORKER_ONLY_CONFIG: dict[str, Any] = {
     # Keep reconnecting to the broker for as long as it takes; running compiles are unaffected.
     "broker_connection_retry": True,
     "broker_connection_max_retries": None,
-    # A running compile belongs to its lease in the ledger, not to a broker connection: a reconnect must
-    # not kill hours of work (and the thread pool could not terminate a task anyway). Its message stays
-    # unacked; if Redis ever redelivers it, the claim finds nothing to do.
-    "worker_cancel_long_running_tasks_on_connection_loss": False,
 }
 
 

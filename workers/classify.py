@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-ErrorClass = Literal["compile", "infra", "timeout", "cancelled"]
+ErrorClass = Literal["compile", "model", "infra", "timeout", "cancelled"]
 
 #: Longest message an Outcome carries.
 MAX_MESSAGE = 500

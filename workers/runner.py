@@ -310,7 +310,7 @@ def publish_outputs(services: Services, claim: leases.Claim, out_dir: Path, resu
     existing = store.read_document(name)
     if existing is None:
         raise StoreError(f"{name} exists but cannot be read")
-    return parse_bucket_manifest(existing)
+    return parse_bucket_manifest(existing, claim.key)
 
 
 def archive_log(services: Services, logs: LogStream) -> FileEntry | None:
@@ -474,8 +474,8 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
         fetch_started = time.monotonic()
         try:
             services.resolver.fetch(claim.model["fetch"], model_path)
-        except ModelRefError as exc:  # gone or changed since it was pinned: no retry brings it back
-            return _fail(services, claim, Outcome("compile", "MODEL_UNAVAILABLE", str(exc)), logs, relay, logger)
+        except ModelRefError as exc:  # gone or changed since it was pinned: only a new submit's new pin helps
+            return _fail(services, claim, Outcome("model", "MODEL_UNAVAILABLE", str(exc)), logs, relay, logger)
         except (StoreError, OSError) as exc:
             return _fail(services, claim, Outcome("infra", "MODEL_FETCH_FAILED", f"{type(exc).__name__}: {exc}"),
                          logs, relay, logger)

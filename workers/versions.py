@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 from compilesvc.hostinfo import host_isa, instance_type
-from compilesvc.spec import BACKEND_FORMATS, NEURON_TARGETS
+from compilesvc.spec import BACKEND_FORMATS, NEURON_TARGETS, SDK_RE
 
 NEURON_SDK_ENV = "COMPILESVC_NEURON_SDK"
 NEURON_TARGETS_ENV = "COMPILESVC_NEURON_TARGETS"
@@ -109,9 +109,15 @@ def neuronx_cc_version(executable: str | None = None) -> str | None:
     return dist_version("neuronx-cc") or module_version("neuronxcc")
 
 
-def neuron_sdk_release() -> str | None:
-    """The host's Neuron SDK release from ``COMPILESVC_NEURON_SDK`` (see the module docstring)."""
+def neuron_sdk_release(warnings: list[str]) -> str | None:
+    """The host's Neuron SDK release from ``COMPILESVC_NEURON_SDK`` (see the module docstring).
+
+    A value that is not a release as specs name it (major.minor.patch) would name a queue no spec reaches.
+    """
     value = os.environ.get(NEURON_SDK_ENV, "").strip()
+    if value and not SDK_RE.match(value):
+        warnings.append(f"{NEURON_SDK_ENV}={value!r} is not a release such as 2.20.0: ignored")
+        return None
     return value or None
 
 
@@ -171,24 +177,25 @@ def detect_capabilities() -> dict[str, Any]:
     caps["versions"].update({"torch_neuronx": tnx, "neuronx_cc": neuronx_cc_version(executable) if has_compiler
                              else None})
     if has_compiler:
-        release = neuron_sdk_release()
+        release = neuron_sdk_release(warnings)
         caps["neuron"] = {"release": release, "neuronx_cc_path": executable}
-        backends = []
-        if tnx and torch:
-            backends.append("trace")
-        if executable:
-            backends.append("neuronx-cc")
+        # A Neuron queue carries every backend of its target and SDK, so a worker takes Neuron work only with
+        # the whole toolchain; a partial one (which a real SDK install never is) would claim compiles it
+        # cannot run and burn their attempts.
+        missing = [name for name, ok in (("torch_neuronx with torch (trace)", tnx and torch),
+                                         ("the neuronx-cc executable", executable)) if not ok]
         targets = _neuron_targets(warnings)
         if not release:
-            warnings.append(f"neuronx-cc is installed but {NEURON_SDK_ENV} is not set: no Neuron targets "
+            warnings.append(f"neuronx-cc is installed but {NEURON_SDK_ENV} names no release: no Neuron targets "
                             f"(package versions do not name the SDK release)")
-        elif not backends:
-            warnings.append("neither torch_neuronx (trace) nor the neuronx-cc executable is usable")
+        elif missing:
+            warnings.append(f"incomplete Neuron SDK, no Neuron targets: missing {' and '.join(missing)}")
         else:
+            backends = sorted(BACKEND_FORMATS["neuron"])
             for target in targets:
                 caps["targets"].append(target)
                 caps["sdk"][target] = release
-                caps["backends"][target] = sorted(backends)
+                caps["backends"][target] = backends
     return caps
 
 

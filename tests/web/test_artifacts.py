@@ -12,6 +12,7 @@ import requests
 from sqlalchemy import event, func, select
 
 from compilesvc.ledger.models import Base
+from compilesvc.store.base import artifact_manifest_name
 from tests.web.support import Env, complete_build, spec_for
 from tests.web.test_submit import assert_problem
 from web.schemas import ArtifactOut, ResolveOut
@@ -75,6 +76,22 @@ def test_artifact_not_published_or_unknown(env: Env) -> None:
     assert_problem(env.client.get("/v1/artifacts/" + "0" * 64), 404, "artifact-not-found")
     assert_problem(env.client.get("/v1/artifacts/not-a-key"), 404, "artifact-not-found")
     assert_problem(env.client.post("/v1/artifacts/" + "0" * 64), 405)
+
+
+def test_a_manifest_that_does_not_match_its_key_is_never_served(env: Env) -> None:
+    """A foreign document under a key's name (a copy, a bug, tampering): refused on every path, no 500."""
+    _, build = published(env)
+    uri = env.upload(b"another model")
+    other = env.client.post("/v1/artifacts/resolve", json=spec_for(uri)).json["key"]
+    store = env.services.store
+    genuine = store.read_document(artifact_manifest_name(build["artifact_key"]))
+    assert genuine is not None and store.create_document(artifact_manifest_name(other), genuine)
+    before = row_counts(env)
+
+    body = assert_problem(env.client.get(f"/v1/artifacts/{other}"), 503, "store-integrity")
+    assert body["key"] == other
+    assert_problem(env.submit(spec_for(uri)), 503, "store-integrity")
+    assert row_counts(env) == before  # the submit recorded nothing
 
 
 def test_resolve_never_creates_rows(env: Env) -> None:

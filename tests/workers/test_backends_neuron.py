@@ -202,9 +202,10 @@ def _live_group_members(pgid: int) -> list[int]:
     return alive
 
 
-def _capabilities(env: dict[str, str], hide_torch: bool = False) -> dict[str, Any]:
+def _capabilities(env: dict[str, str], hide_torch: bool = False, hide_torch_neuronx: bool = False) -> dict[str, Any]:
     code = ("import json, sys\n"
             + ("sys.modules['torch'] = None\n" if hide_torch else "")
+            + ("sys.modules['torch_neuronx'] = None\n" if hide_torch_neuronx else "")
             + "from workers.versions import detect_capabilities, capability_queues\n"
             "caps = detect_capabilities()\n"
             "caps['queues'] = capability_queues(caps)\n"
@@ -231,12 +232,24 @@ def test_capabilities_with_the_neuron_double(env: dict[str, str]) -> None:
     assert narrowed["targets"] == ["cpu", "inf2"]
 
 
+def test_an_incomplete_neuron_sdk_serves_no_neuron_queue(env: dict[str, str]) -> None:
+    """Neuron queues carry trace and neuronx-cc compiles alike: half a toolchain must not consume them."""
+    caps = _capabilities(env, hide_torch_neuronx=True)
+    assert caps["targets"] == ["cpu"]
+    assert not [queue for queue in caps["queues"] if not queue.startswith("compile.cpu.")]
+    assert any("incomplete Neuron SDK" in warning and "torch_neuronx" in warning for warning in caps["warnings"])
+
+
 def test_capabilities_without_sdk_release_or_torch() -> None:
     no_release = neuron_double_env(sdk=None)
     no_release.pop("COMPILESVC_NEURON_SDK", None)
     caps = _capabilities(no_release)
     assert caps["targets"] == ["cpu"]
     assert any("COMPILESVC_NEURON_SDK" in warning for warning in caps["warnings"])
+
+    series = _capabilities(neuron_double_env(sdk="2.20"))  # a series, not a release: no queue specs reach
+    assert series["targets"] == ["cpu"]
+    assert any("'2.20' is not a release" in warning for warning in series["warnings"])
 
     plain = {k: v for k, v in os.environ.items() if k not in ("COMPILESVC_NEURON_SDK", "PYTHONPATH")}
     caps = _capabilities(plain, hide_torch=True)

@@ -113,7 +113,7 @@ def test_success_publishes_files_log_and_manifest(services: Services) -> None:
     store = services.store
     raw = store.read_document(bucket_manifest_name(row.key))
     assert raw is not None
-    manifest = parse_bucket_manifest(raw)
+    manifest = parse_bucket_manifest(raw, row.key)
     assert manifest.worker == WORKER and manifest.inputs == row.inputs and manifest.material == row.material
     assert [f.role for f in manifest.files] == ["model"] and manifest.versions
     assert manifest.log is not None
@@ -204,15 +204,29 @@ def test_failures_are_classified(services: Services, behaviour: str, status: str
     assert len(lines) == 1
 
 
-def test_a_changed_model_is_a_final_error(services: Services, tmp_path: Path) -> None:
+def test_a_changed_model_fails_until_a_new_submit_pins_the_same_bytes_again(services: Services,
+                                                                           tmp_path: Path) -> None:
     model = tmp_path / "model.hlo.pb"
     model.write_bytes(b"pinned bytes")
-    result = submit(services, uri=model.as_uri())
+    first = submit(services, uri=model.as_uri())
     model.write_bytes(b"other bytes!")  # changed after it was pinned
-    outcome = run_compile(services, bucket(services, result).id, WORKER)
-    assert (outcome.status, outcome.error_class, outcome.code) == ("failed", "compile", "MODEL_UNAVAILABLE")
+    outcome = run_compile(services, bucket(services, first).id, WORKER)
+    # Not retried (the same pin fails the same way), and not a compile error: nothing about the key failed.
+    assert (outcome.status, outcome.error_class, outcome.code) == ("failed", "model", "MODEL_UNAVAILABLE")
     with services.sessions() as session:
         assert session.scalars(select(Artifact.state)).one() == "failed"
+
+    # The same bytes from another place: same key, so the failed compile is requeued with the new pin.
+    again = tmp_path / "again" / "model.hlo.pb"
+    again.parent.mkdir()
+    again.write_bytes(b"pinned bytes")
+    second = submit(services, uri=again.as_uri())
+    assert (second.artifact_key, second.outcome, second.buckets[0].state) == (first.artifact_key, "join", "queued")
+    row = bucket(services, second)
+    assert row.model["uri"] == again.as_uri()
+    assert run_compile(services, row.id, WORKER).status == "succeeded"
+    with services.sessions() as session:
+        assert session.scalars(select(Artifact.state)).one() == "published"
 
 
 def test_a_missing_model_blob_is_an_infra_error(services: Services, tmp_path: Path) -> None:

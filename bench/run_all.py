@@ -1,0 +1,94 @@
+"""Every bench, one after the other: ``python -m bench.run_all [--quick] [--only NAME ...]`` (what ``make bench`` runs).
+
+Each bench module runs as its own subprocess (``python -m bench.<name>``, from the repository root, with this
+interpreter), its output streamed as it comes; then one summary line per bench: PASS/FAIL, exit code and
+wall time. Exit status 1 if any bench failed (130 when interrupted).
+
+Defaults are each bench's own, which suit a 2-core host: api_throughput ~1 min, pipeline ~5 min, stream_memory
+(1 GiB blob) ~1 min, history_scale (1,000,000 builds) several minutes. ``--quick`` passes smaller sizes
+(:data:`QUICK`) for a smoke run of a few minutes in all.
+
+Ctrl-C or SIGTERM is passed on to the running bench once (each bench runs in its own process group, so it is
+signalled exactly once and cleans up what it started: databases, servers, Redis keys), then the run stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHES = ("api_throughput", "pipeline", "stream_memory", "history_scale")
+QUICK: dict[str, list[str]] = {
+    "api_throughput": ["--duration", "2", "--rounds", "1"],
+    "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "3", "--submits", "16"],
+    "stream_memory": ["--size-mib", "128"],
+    "history_scale": ["--rows", "100000", "--reps", "50"],
+}
+
+
+def run(name: str, args: list[str]) -> tuple[int, float]:
+    """Run one bench to completion; returns (exit code, seconds). A signal to us is forwarded to it once."""
+    command = [sys.executable, "-m", f"bench.{name}", *args]
+    print(f"\n=== {' '.join(['python', '-m', f'bench.{name}', *args])}", flush=True)
+    started = time.monotonic()
+    proc = subprocess.Popen(command, cwd=ROOT, process_group=0)
+    forwarded: list[int] = []
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if not forwarded and proc.poll() is None:
+            forwarded.append(signum)
+            os.killpg(proc.pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if forwarded:
+        raise KeyboardInterrupt(code)
+    return code, time.monotonic() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run_all", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes for every bench (a smoke run)")
+    parser.add_argument("--only", nargs="+", choices=BENCHES, metavar="NAME",
+                        help=f"run only these ({', '.join(BENCHES)})")
+    args = parser.parse_args(argv)
+
+    names = [name for name in BENCHES if not args.only or name in args.only]
+    results: list[tuple[str, list[str], int, float]] = []
+    interrupted = False
+    for name in names:
+        bench_args = QUICK[name] if args.quick else []
+        started = time.monotonic()
+        try:
+            code, seconds = run(name, bench_args)
+        except KeyboardInterrupt as exc:
+            code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 130
+            results.append((name, bench_args, code, time.monotonic() - started))
+            interrupted = True
+            break
+        results.append((name, bench_args, code, seconds))
+
+    print(f"\n=== summary{' (--quick)' if args.quick else ''}")
+    for name, bench_args, code, seconds in results:
+        status = "PASS" if code == 0 else "FAIL"
+        print(f"{name:<16} {status}  exit {code:>3}  {seconds:>6.0f} s  {' '.join(bench_args)}".rstrip())
+    for name in names[len(results):]:
+        print(f"{name:<16} not run (interrupted)")
+    if interrupted:
+        return 130
+    return 1 if any(code != 0 for _, _, code, _ in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

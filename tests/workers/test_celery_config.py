@@ -1,0 +1,49 @@
+"""The Celery configuration workers and producers run with: the settings that make hours-long tasks safe
+on a Redis broker (REFERENCE: acks late, prefetch 1, a visibility timeout above the hard limit everywhere
+Celery reads it), and routing by target and SDK."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from compilesvc.config import Settings
+from compilesvc.dispatch import COMPILE_TASK, make_producer
+from workers.celery_app import make_app
+
+
+def redis_settings(tmp_path: Path, **overrides: object) -> Settings:
+    return Settings(data_dir=tmp_path, broker_url="redis://127.0.0.1:6379/0", **overrides)  # type: ignore[arg-type]
+
+
+def test_worker_config_is_safe_for_hours_long_tasks(tmp_path: Path) -> None:
+    settings = redis_settings(tmp_path, compile_timeout_seconds=4 * 3600)
+    conf = make_app(settings).conf
+    assert conf.task_acks_late is True
+    assert conf.worker_prefetch_multiplier == 1
+    assert conf.task_reject_on_worker_lost is False  # the lease and reaper recover crashed work, not Celery
+    # Our own subprocess timeout fires first (and is classified); Celery's limits sit above it.
+    assert settings.compile_timeout_seconds < conf.task_soft_time_limit < conf.task_time_limit
+    # Redis redelivers an unacked message after the visibility timeout: it must outlive the hard limit in
+    # every place Celery reads it, or a long compile is delivered twice.
+    for timeout in (conf.broker_transport_options["visibility_timeout"],
+                    conf.result_backend_transport_options["visibility_timeout"], conf.visibility_timeout):
+        assert timeout > conf.task_time_limit
+    assert conf.worker_cancel_long_running_tasks_on_connection_loss is False  # see compilesvc.dispatch
+    assert conf.task_ignore_result is True and conf.worker_send_task_events is False
+
+
+def test_compiles_are_routed_by_target_sdk_and_isa(tmp_path: Path) -> None:
+    app = make_producer(redis_settings(tmp_path))
+    route = app.amqp.router.route
+    kwargs = {"target": "inf2", "sdk": "2.20.0", "backend": "trace", "bucket_compile_id": 1, "isa": None}
+    assert route({}, COMPILE_TASK, kwargs=kwargs)["queue"].name == "compile.inf2.2.20.0"
+    aoti = {**kwargs, "target": "cpu", "sdk": "2.13.0", "backend": "aotinductor", "isa": "x86_64-avx512"}
+    assert route({}, COMPILE_TASK, kwargs=aoti)["queue"].name == "compile.cpu.2.13.0.x86_64-avx512"
+
+
+def test_broker_key_prefix_reaches_producers_and_workers_alike(tmp_path: Path) -> None:
+    settings = redis_settings(tmp_path, broker_key_prefix="team-a:")
+    for conf in (make_producer(settings).conf, make_app(settings).conf):
+        assert conf.broker_transport_options["global_keyprefix"] == "team-a:"
+    filesystem = Settings(data_dir=tmp_path, broker_key_prefix="team-a:")  # kombu's filesystem: no such option
+    assert "global_keyprefix" not in make_producer(filesystem).conf.broker_transport_options
