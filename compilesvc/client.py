@@ -10,6 +10,7 @@ Only the standard library speaks HTTP here, so the core keeps its dependency lis
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -51,18 +52,26 @@ class Api:
         self.base = base.rstrip("/")
         self.timeout = timeout
 
-    def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
-        """JSON in, JSON out; transport failures are retried with backoff (the caller makes POSTs safe)."""
+    def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, *,
+                upload: Path | None = None) -> Any:
+        """JSON in (or the file ``upload``, streamed), JSON out; transport failures are retried with backoff
+        (the caller makes POSTs safe: an Idempotency-Key, or content addressing for uploads)."""
         url = path if path.startswith("http") else f"{self.base}{path}"
         data = json.dumps(body).encode() if body is not None else None
         all_headers = {"Accept": "application/json", **(headers or {})}
         if data is not None:
             all_headers["Content-Type"] = "application/json"
+        if upload is not None:
+            all_headers.update({"Content-Type": "application/octet-stream",
+                                "Content-Length": str(upload.stat().st_size)})
         for attempt in range(TRANSPORT_RETRIES + 1):
-            req = urllib.request.Request(url, data=data, method=method, headers=all_headers)
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as response:
-                    return json.loads(response.read() or b"null")
+                with contextlib.ExitStack() as stack:
+                    # A file body streams from disk, and each attempt starts it again from the beginning.
+                    payload = stack.enter_context(upload.open("rb")) if upload is not None else data
+                    req = urllib.request.Request(url, data=payload, method=method, headers=all_headers)
+                    with urllib.request.urlopen(req, timeout=self.timeout) as response:
+                        return json.loads(response.read() or b"null")
             except urllib.error.HTTPError as exc:
                 body_bytes = exc.read()
                 if exc.code in (502, 503, 504) and attempt < TRANSPORT_RETRIES and not _is_refusal(body_bytes):
@@ -93,6 +102,15 @@ def _summarise_failure(build: dict[str, Any]) -> str:
                      f"{' ' + bucket['error_code'] if bucket.get('error_code') else ''}): "
                      f"{(bucket.get('error_message') or '').strip()[:200]}")
     return "; ".join(parts)
+
+
+@click.command("upload")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--api", envvar="COMPILESVC_API_URL", default=DEFAULT_API, show_default=True)
+def upload(path: Path, api: str) -> None:
+    """Upload the model file PATH (streamed) and print its blob:sha256: URI, for a spec's model.uri."""
+    result = Api(api, timeout=600).request("POST", "/v1/models", upload=path)
+    click.echo(result["uri"])
 
 
 @click.command("submit")

@@ -18,13 +18,13 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import click
 
 from compilesvc.config import Settings
+from compilesvc.demo import demo_model_bytes, demo_spec
 from compilesvc.migrate import upgrade
 
 
@@ -88,18 +88,22 @@ def _wait_until(what: str, check: Any, children: Children, log_dir: Path, timeou
 
 def run_demo(base: str, children: Children, log_dir: Path) -> dict[str, Any]:
     """Upload the bundled model, submit its spec and wait for the build; returns the finished build."""
-    demo = resources.files("compilesvc") / "demo"
-    model = (demo / "tiny-model.pt2").read_bytes()
-    spec = json.loads((demo / "spec.json").read_text())
+    spec = demo_spec()
     started = time.monotonic()
-    uploaded = _http("POST", f"{base}/v1/models", model, {"Content-Type": "application/octet-stream"})
+    uploaded = _http("POST", f"{base}/v1/models", demo_model_bytes(), {"Content-Type": "application/octet-stream"})
     spec["model"]["uri"] = uploaded["uri"]
-    _wait_until("a worker to register", lambda: _http("GET", f"{base}/v1/workers").get("workers"),
-                children, log_dir, 120)
+    workers = _wait_until("a worker to register", lambda: _http("GET", f"{base}/v1/workers").get("workers"),
+                          children, log_dir, 120)
+    # The cpu target's "sdk" is the torch release: build with the one the worker actually has.
+    cpu_sdks = sorted({w["capabilities"]["sdk"]["cpu"] for w in workers if "cpu" in w["capabilities"].get("sdk", {})})
+    if not cpu_sdks:
+        raise DevError(f"the worker cannot compile for the cpu target (is torch installed?); see {log_dir}")
+    spec["sdk"] = cpu_sdks[0]
     submitted = _http("POST", f"{base}/v1/builds", json.dumps(spec).encode(),
                       {"Content-Type": "application/json", "X-Submitted-By": "compilesvc dev --demo"})
     build_id = submitted["build_id"]
     click.echo(f"demo build {build_id} ({submitted['outcome']}): {base}/builds/{build_id}")
+    click.echo(f"  log: {submitted['logs_url']}")
 
     def finished() -> dict[str, Any] | None:
         build: dict[str, Any] = _http("GET", f"{base}/v1/builds/{build_id}")

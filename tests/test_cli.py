@@ -262,6 +262,7 @@ def _bad_files(tmp: Path) -> dict[str, tuple[list[str], str, int]]:
         "--json with --explain": (["key", "--json", "--explain", str(TINY_JSON)], "exclude each other", 2),
         "unknown option": (["key", "--colour", str(TINY_JSON)], "No such option '--colour'", 2),
         "unknown command": (["frobnicate"], "No such command 'frobnicate'", 2),
+        "upload of a missing file": (["upload", "absent.pt2"], "File 'absent.pt2' does not exist", 2),
         "bad database url": (["migrate", "--database-url", "nosuchdb://x"], "Invalid value for '--database-url'", 2),
         "unreachable database": (
             ["migrate", "--database-url", "postgresql+psycopg://u@127.0.0.1:1/x?connect_timeout=2"],
@@ -276,6 +277,7 @@ ERROR_CASES = [
     "missing spec file", "spec is a directory", "invalid JSON", "invalid YAML", "not an object", "not UTF-8",
     "unknown field", "several errors", "cross-field error", "missing model file", "model is a directory",
     "missing argument", "bad --isa", "--json with --explain", "unknown option", "unknown command",
+    "upload of a missing file",
     "bad database url", "unreachable database",
 ]
 

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import io
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,17 @@ def test_large_file_goes_multipart_with_verified_sha256(
     # put_stream spools, then takes the same path; the blob already exists.
     with open(big_file, "rb") as src:
         assert store.put_stream(src).created is False
+
+
+def test_the_server_lists_uploads_in_flight(store: S3Store, raw_s3: Any) -> None:
+    """What makes ``uploads(...) == []`` below mean something: an upload left open is listed until aborted."""
+    key = f"{store.prefix}/probe-{uuid.uuid4().hex}"
+    upload_id = raw_s3.create_multipart_upload(Bucket=store.bucket, Key=key)["UploadId"]
+    try:
+        assert [u["UploadId"] for u in uploads(raw_s3, store) if u["Key"] == key] == [upload_id]
+    finally:
+        raw_s3.abort_multipart_upload(Bucket=store.bucket, Key=key, UploadId=upload_id)
+    assert uploads(raw_s3, store) == []
 
 
 def test_failed_multipart_upload_is_aborted(store: S3Store, raw_s3: Any, big_file: Path) -> None:

@@ -3,6 +3,7 @@ workers (JSON request logs; counters summed over the workers at scrape time)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -55,8 +56,13 @@ def test_serve_under_gunicorn(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.2)
 
-        session = requests.Session()
-        uri = session.post(f"{base}/v1/models", data=b"served model").json()["uri"]
+        model = tmp_path / "model.pt2"
+        model.write_bytes(b"served model")
+        upload = subprocess.run([sys.executable, "-m", "compilesvc", "upload", str(model), "--api", base],
+                                capture_output=True, text=True, timeout=60)
+        assert upload.returncode == 0, upload.stderr
+        uri = upload.stdout.strip()
+        assert uri == f"blob:sha256:{hashlib.sha256(b'served model').hexdigest()}"
         for _ in range(6):  # fresh connections: spread over both workers
             response = requests.post(f"{base}/v1/builds", json=spec_for(uri), timeout=10)
             assert response.status_code == 202, response.text
