@@ -7,6 +7,8 @@ Rules (documented in docs/keys.md):
   is that flag's value;
 - the optimisation level has one spelling: ``-O2``, ``-O 2``, ``--optlevel 2`` and ``--optlevel=2`` become
   ``-O2``;
+- other documented aliases take their long name (:data:`ALIASES`: ``-lnc 2`` and ``--lnc=2`` are
+  ``--logical-nc-config=2``);
 - known switches (:data:`SWITCHES`) never take the next token as their value, so a positional after them
   survives;
 - a flag given twice keeps its last value (argparse semantics); exact repeats collapse;
@@ -45,6 +47,9 @@ OUTPUT_NEUTRAL_FLAGS: frozenset[str] = frozenset(
         "--retry_failed_compilation",
     }
 )
+
+#: neuronx-cc's other spellings of one option (its CLI reference; ``--lnc`` in its error-code pages).
+ALIASES: dict[str, str] = {"-lnc": "--logical-nc-config", "--lnc": "--logical-nc-config"}
 
 #: Flags that never take a value. Without this, ``--no_cache model.hlo`` would read the positional as the
 #: flag's value and then drop both with the output-neutral flag: two different inputs, one key.
@@ -94,6 +99,7 @@ def canonical_flags(args: Iterable[str]) -> list[str]:
         if not sep and takes_value and i < len(tokens) and not _is_flag(tokens[i]):
             flag_value = tokens[i]
             i += 1
+        name = ALIASES.get(name, name)
         opt = _OPT_LEVEL.match(name)
         if opt:
             name, flag_value = "--optlevel", opt.group(1)

@@ -78,6 +78,8 @@ def test_canonical_form_is_a_fixed_point(args: list[str], expected: list[str]) -
 EQUIVALENT: list[list[list[str]]] = [
     [["--auto-cast=matmult"], ["--auto-cast", "matmult"], ["--auto-cast matmult"], ["--auto-cast  matmult "]],
     [["-O2"], ["-O", "2"], ["--optlevel", "2"], ["--optlevel=2"], ["-O1", "-O2"]],
+    # neuronx-cc's documented aliases; a later spelling overrides an earlier one, whichever the spelling.
+    [["--logical-nc-config=2"], ["-lnc", "2"], ["--lnc", "2"], ["--lnc=2"], ["--logical-nc-config=1", "-lnc=2"]],
     [
         ["--model-type=transformer", "-O1"],
         ["-O1", "--model-type", "transformer"],
@@ -96,6 +98,7 @@ def test_equivalent_spellings(spellings: list[list[str]]) -> None:
 # Pairs that must stay different: merging them would hand out a wrong artifact.
 DIFFERENT: list[tuple[list[str], list[str]]] = [
     (["-O1"], ["-O2"]),
+    (["--lnc", "1"], ["--lnc", "2"]),
     (["--auto-cast=matmult"], ["--auto-cast=all"]),
     (["--auto-cast=matmult"], []),
     (["--x"], ["--x="]),

@@ -91,4 +91,6 @@ def history() -> tuple[str, int]:
 @bp.get("/builds/<build_id:build_id>")
 def build_page(build_id: int) -> str:
     build = build_document(web(), build_id)
-    return render_template("build.html", build=build)
+    # Buckets compile at once and their log lines interleave: each line is labelled with its bucket.
+    positions = {bucket["key"]: bucket["position"] for bucket in build["buckets"]}
+    return render_template("build.html", build=build, positions=positions)

@@ -5,12 +5,17 @@
   var log = document.getElementById("log");
   var status = document.getElementById("log-status");
   var after = 0;
+  var positions = log ? JSON.parse(log.dataset.positions || "{}") : {};
 
   function append(entry) {
     var atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    var bucket = document.createElement("span");
+    bucket.className = "bucket";
+    bucket.textContent = "[" + (entry.bucket_key in positions ? positions[entry.bucket_key] : "?") + "] ";
     var span = document.createElement("span");
     span.className = "stream-" + entry.stream;
     span.textContent = entry.line + "\n";
+    log.appendChild(bucket);
     log.appendChild(span);
     if (atBottom) { log.scrollTop = log.scrollHeight; }
     after = Math.max(after, entry.id);
