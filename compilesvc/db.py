@@ -44,7 +44,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
+    # No pre-ping: it is a round trip on every checkout, on every submit and lookup. A connection that
+    # died with the server fails its first statement instead; SQLAlchemy then invalidates the whole pool,
+    # and the API answers that one request 503 with Retry-After (clients retry). Recycling keeps idle
+    # connections younger than the idle timeouts of servers and proxies.
+    kwargs.setdefault("pool_recycle", 1800)
     if "poolclass" not in kwargs:
         kwargs.setdefault("pool_size", 10)
         kwargs.setdefault("max_overflow", 20)

@@ -10,6 +10,7 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from compilesvc.build_records import BuildRecorder
 from compilesvc.config import Settings
 from compilesvc.db import make_engine, make_sessionmaker
 from compilesvc.dispatch import make_producer
@@ -33,6 +34,10 @@ class Services:
         engine = make_engine(settings.resolved_database_url)
         return cls(settings=settings, engine=engine, sessions=make_sessionmaker(engine),
                    store=open_store(settings))
+
+    @cached_property
+    def build_recorder(self) -> BuildRecorder:
+        return BuildRecorder(self.engine)
 
     @cached_property
     def resolver(self) -> ModelResolver:

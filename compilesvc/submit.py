@@ -31,10 +31,11 @@ from compilesvc.artifacts import (
     read_manifest,
     set_artifact_state,
 )
+from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
 from compilesvc.dispatch import queue_name
 from compilesvc.keys import KeySet, compute_keys, digest
-from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, BuildLabel, utcnow
+from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, utcnow
 from compilesvc.ledger.sql import insert_ignore
 from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_manifest
 from compilesvc.model_identity import PinnedModel
@@ -45,6 +46,8 @@ from compilesvc.spec import CompileSpec
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 
 log = logging.getLogger(__name__)
+
+_PUBLISHED_IDS_MAX = 100_000
 
 #: Failures a new submit requeues: an infrastructure failure or a cancel never sticks. Only ``compile``
 #: stays (the negative cache); a ``model`` failure is requeued with the new submit's pin of the same bytes.
@@ -103,6 +106,22 @@ class BucketView:
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """A spec with its model pinned and its keys computed (:meth:`Submitter.prepare`)."""
+
+    spec: CompileSpec
+    pinned: PinnedModel
+    keys: KeySet
+    request_hash: str
+
+    @property
+    def reusable(self) -> bool:
+        """Whether it holds for every later identical spec: a blob: URI names the model's content, which
+        can neither change nor vanish. s3:// and file:// models are pinned afresh at every submit."""
+        return self.spec.model.uri.startswith("blob:")
+
+
+@dataclass(frozen=True)
 class SubmitResult:
     build_id: int
     outcome: str
@@ -152,6 +171,9 @@ class Submitter:
     def __init__(self, services: Services):
         self.services = services
         self.settings = services.settings
+        # Published is a final state, so an artifact's id, once seen published, never needs reading again:
+        # a cache-hit submit is then one write transaction. Bounded by clearing (ids are cheap to re-read).
+        self._published_ids: dict[str, int] = {}
 
     # -- public -------------------------------------------------------------------------------------
 
@@ -161,15 +183,23 @@ class Submitter:
                             salt=self.settings.key_salt)
         return pinned, keys
 
-    def submit(self, spec: CompileSpec, *, submitted_by: str | None = None, idempotency_key: str | None = None,
-               queue_anyway: bool = False) -> SubmitResult:
-        request_hash = digest(spec.model_dump(mode="json"))
-        if idempotency_key:
+    def prepare(self, spec: CompileSpec) -> Prepared:
+        """Everything about a submit of ``spec`` that reads no ledger: its model pinned, its keys."""
+        pinned, keys = self.keys_for(spec)
+        return Prepared(spec, pinned, keys, digest(spec.model_dump(mode="json")))
+
+    def submit(self, spec: CompileSpec | Prepared, *, submitted_by: str | None = None,
+               idempotency_key: str | None = None, queue_anyway: bool = False) -> SubmitResult:
+        """Submit ``spec``, or a prepared one (:meth:`prepare`; a caller may keep one while it is
+        :attr:`Prepared.reusable`)."""
+        request_hash = spec.request_hash if isinstance(spec, Prepared) else digest(spec.model_dump(mode="json"))
+        if idempotency_key:  # a replay answers before the model is pinned again, as it was first answered
             replay = self._replay(idempotency_key, request_hash)
             if replay is not None:
                 return replay
-        pinned, keys = self.keys_for(spec)
-        context = _Context(spec, pinned, keys, submitted_by, idempotency_key, request_hash)
+        prepared = spec if isinstance(spec, Prepared) else self.prepare(spec)
+        keys = prepared.keys
+        context = _Context(prepared.spec, prepared.pinned, keys, submitted_by, idempotency_key, request_hash)
 
         try:
             hit = self._published_hit(context)
@@ -205,19 +235,31 @@ class Submitter:
                                 manifest=self._manifest(artifact))
 
     def _published_hit(self, ctx: _Context) -> SubmitResult | None:
-        """The fast path: one indexed read, one build insert. Falls back to importing from the store."""
-        with transaction(self.services.sessions) as session:
-            artifact = session.scalar(select(Artifact).where(Artifact.key == ctx.keys.key))
-            if artifact is not None and artifact.state == "published":
-                build = self._require_build(self._add_build(session, ctx, artifact, "hit"))
-                return SubmitResult(build_id=build.id, outcome="hit", state=build.state,
-                                    artifact_key=artifact.key, artifact_state=artifact.state, buckets=[],
-                                    manifest=self._manifest(artifact))
-        if artifact is None:
-            manifest = read_manifest(self.services.store, ctx.keys.key)
-            if manifest is not None:
-                return self._import_artifact(ctx, manifest)
-        return None
+        """The fast path: no read once an artifact was seen published, and the build is group-committed
+        with concurrent submits (:mod:`compilesvc.build_records`). Falls back to importing a manifest
+        found in the store."""
+        key = ctx.keys.key
+        artifact_id = self._published_ids.get(key)
+        if artifact_id is None:
+            with self.services.sessions() as session:
+                found = session.execute(select(Artifact.id, Artifact.state).where(Artifact.key == key)).one_or_none()
+            if found is None:
+                manifest = read_manifest(self.services.store, key)
+                return self._import_artifact(ctx, manifest) if manifest is not None else None
+            if found.state != "published":
+                return None
+            artifact_id = found.id
+            if len(self._published_ids) >= _PUBLISHED_IDS_MAX:
+                self._published_ids.clear()
+            self._published_ids[key] = artifact_id
+        record = self._build_record(ctx, artifact_id, key, "published", "hit")
+        if ctx.idempotency_key:  # its unique key must be claimed in a transaction of its own
+            with transaction(self.services.sessions) as session:
+                build_id = self._require_build(self._add_build(session, ctx, record))
+        else:
+            build_id = self.services.build_recorder.record(record)
+        return SubmitResult(build_id=build_id, outcome="hit", state=record.row["state"], artifact_key=key,
+                            artifact_state="published", buckets=[], manifest=self._published_manifest(key))
 
     def _import_artifact(self, ctx: _Context, manifest: ArtifactManifest) -> SubmitResult:
         """A manifest in the store but not in the ledger (another region, a rebuilt ledger): record it."""
@@ -236,9 +278,11 @@ class Submitter:
                 artifact.published_at = utcnow()
                 events.record(session, "artifact", artifact.id, None, "published", source="store")
                 self._link_buckets(session, ctx, artifact, imported)
-            build = self._require_build(self._add_build(session, ctx, artifact, "hit"))
-            return SubmitResult(build_id=build.id, outcome="hit", state=build.state, artifact_key=artifact.key,
-                                artifact_state=artifact.state, buckets=[], manifest=manifest)
+            build_id = self._require_build(self._add_build(
+                session, ctx, self._build_record(ctx, artifact.id, artifact.key, artifact.state, "hit")))
+            return SubmitResult(build_id=build_id, outcome="hit", state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
+                                artifact_key=artifact.key, artifact_state=artifact.state, buckets=[],
+                                manifest=manifest)
 
     def _importable_buckets(self, keys: KeySet) -> dict[str, BucketManifest]:
         """Bucket manifests present in the store for buckets the ledger does not know (read outside any
@@ -287,10 +331,11 @@ class Submitter:
                 outcome = "join"
                 outbox_ids = self._reopen(session, artifact, ctx)
             self._settle(session, artifact)
-            build = self._add_build(session, ctx, artifact, outcome)
-            if build is None:
+            build_id = self._add_build(
+                session, ctx, self._build_record(ctx, artifact.id, artifact.key, artifact.state, outcome))
+            if build_id is None:
                 raise _IdempotencyRace  # rolls the whole transaction back
-            result = SubmitResult(build_id=build.id, outcome=outcome, state=build.state,
+            result = SubmitResult(build_id=build_id, outcome=outcome, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
                                   artifact_key=artifact.key, artifact_state=artifact.state,
                                   buckets=bucket_views(session, artifact.id))
             finalize = artifact.state == "building" and all(b.state == "succeeded" for b in result.buckets)
@@ -366,17 +411,19 @@ class Submitter:
                                 manifest=self._manifest(artifact))
 
     @staticmethod
-    def _require_build(build: Build | None) -> Build:
-        if build is None:
+    def _require_build(build_id: int | None) -> int:
+        if build_id is None:
             raise _IdempotencyRace
-        return build
+        return build_id
 
     # -- rows ---------------------------------------------------------------------------------------
 
     def _manifest(self, artifact: Artifact) -> ArtifactManifest | None:
-        if artifact.state != "published":
-            return None
-        return read_manifest(self.services.store, artifact.key)
+        return self._published_manifest(artifact.key) if artifact.state == "published" else None
+
+    def _published_manifest(self, key: str) -> ArtifactManifest | None:
+        """The manifest of an artifact the ledger says is published (the API reads it through a cache)."""
+        return read_manifest(self.services.store, key)
 
     def _artifact_row(self, ctx: _Context, state: str) -> dict[str, Any]:
         now = utcnow()
@@ -401,31 +448,33 @@ class Submitter:
                 finished_at=now)
         return row
 
-    def _add_build(self, session: Session, ctx: _Context, artifact: Artifact, outcome: str) -> Build | None:
+    def _build_record(self, ctx: _Context, artifact_id: int, artifact_key: str, artifact_state: str,
+                      outcome: str) -> BuildRecord:
         now = utcnow()
         row = {
-            "artifact_id": artifact.id, "artifact_key": artifact.key,
-            "state": BUILD_STATE_FOR_ARTIFACT[artifact.state], "outcome": outcome,
+            "artifact_id": artifact_id, "artifact_key": artifact_key,
+            "state": BUILD_STATE_FOR_ARTIFACT[artifact_state], "outcome": outcome,
             "submitted_by": ctx.submitted_by, "labels": dict(ctx.spec.labels),
             "spec": ctx.spec.model_dump(mode="json", exclude_none=True), "model_name": ctx.spec.model.name,
             "model_sha256": ctx.pinned.sha256, "target": ctx.spec.target, "sdk": ctx.spec.sdk,
             "backend": ctx.spec.backend, "idempotency_key": ctx.idempotency_key,
             "request_hash": ctx.request_hash, "created_at": now,
-            "finished_at": now if artifact.state != "building" else None,
+            "finished_at": now if artifact_state != "building" else None,
         }
+        return BuildRecord(row=row, labels=dict(ctx.spec.labels), detail={"outcome": outcome})
+
+    def _add_build(self, session: Session, ctx: _Context, record: BuildRecord) -> int | None:
+        """Record one submission in ``session``'s transaction; None when its Idempotency-Key was taken
+        meanwhile (the caller replays)."""
+        conn = session.connection()
         if ctx.idempotency_key:
-            build_id = insert_ignore(session, Build, row, ["idempotency_key"])
+            build_id = insert_ignore(session, Build, record.row, ["idempotency_key"])
             if build_id is None:
                 return None
-            build = session.get_one(Build, build_id)
         else:
-            build = Build(**row)
-            session.add(build)
-            session.flush()
-        for name, value in ctx.spec.labels.items():
-            session.add(BuildLabel(build_id=build.id, name=name, value=value))
-        events.record(session, "build", build.id, None, build.state, outcome=outcome)
-        return build
+            [build_id] = insert_builds(conn, [record])
+        insert_build_details(conn, [record], [build_id])
+        return build_id
 
 
 def _will_compile(state: str | None, error_class: str | None) -> bool:

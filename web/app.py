@@ -23,7 +23,14 @@ from compilesvc.config import Settings
 from compilesvc.services import Services
 from web import problems, ui
 from web.api import artifacts, blobs, builds, system
-from web.context import DEFAULT_MANIFEST_CACHE_SIZE, CachingSubmitter, ManifestCache, WebContext
+from web.context import (
+    DEFAULT_MANIFEST_CACHE_SIZE,
+    DEFAULT_PREPARED_CACHE_SIZE,
+    LRU,
+    CachingSubmitter,
+    ManifestCache,
+    WebContext,
+)
 from web.metrics import ApiMetrics, LedgerCollector, make_registry
 from web.params import MAX_ID, has_nul_in_query, too_large
 
@@ -79,6 +86,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         SSE_HEARTBEAT_SECONDS=15.0,  # comment frames keep idle streams open through proxies
         SSE_MAX_STREAMS=4,           # per process: each open stream holds a server thread
         MANIFEST_CACHE_SIZE=DEFAULT_MANIFEST_CACHE_SIZE,
+        PREPARED_CACHE_SIZE=DEFAULT_PREPARED_CACHE_SIZE,
         METRICS_CACHE_SECONDS=5.0,   # ledger metrics are re-read at most this often
         UI_PAGE_SIZE=50,
     )
@@ -93,6 +101,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     cache = ManifestCache(settings.url_ttl_seconds, int(app.config["MANIFEST_CACHE_SIZE"]))
     app.extensions["compilesvc"] = WebContext(
         services=services, submitter=CachingSubmitter(services, cache), manifests=cache,
+        prepared=LRU(int(app.config["PREPARED_CACHE_SIZE"])),
         metrics=ApiMetrics(registry), public_url=settings.public_url.rstrip("/"),
         streams=threading.BoundedSemaphore(int(app.config["SSE_MAX_STREAMS"])),
     )

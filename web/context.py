@@ -16,7 +16,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 from flask import current_app
 from sqlalchemy import select
@@ -27,11 +27,17 @@ from compilesvc.ledger.models import Artifact
 from compilesvc.manifest import ArtifactManifest
 from compilesvc.services import Services
 from compilesvc.store.base import ArtifactStore, StoreError
-from compilesvc.submit import Submitter
+from compilesvc.submit import Prepared, Submitter
 from web.metrics import ApiMetrics
 from web.problems import Problem
 
 DEFAULT_MANIFEST_CACHE_SIZE = 2048
+#: Submit bodies seen lately, prepared (:class:`compilesvc.submit.Prepared`): CI pipelines resubmit the
+#: same bytes, and a cache-hit submit is then parse-, validation- and key-free.
+DEFAULT_PREPARED_CACHE_SIZE = 1024
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class _RecordingStore:
@@ -100,41 +106,51 @@ class Described:
         return text
 
 
+class LRU(Generic[K, V]):
+    """A thread-safe map of at most ``maxsize`` entries, dropping the least recently used."""
+
+    def __init__(self, maxsize: int):
+        if maxsize < 1:
+            raise ValueError("maxsize must be at least 1")
+        self.maxsize = maxsize
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: K, value: V) -> V:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.maxsize:
+                self._items.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class ManifestCache:
-    """A thread-safe LRU of parsed published manifests (with their serialised layout), by artifact key.
+    """Parsed published manifests (with their serialised layout) by artifact key, in an :class:`LRU`.
 
     Only *published* manifests may enter (callers check the ledger or read the create-only manifest
     document first), which is what makes caching them forever correct.
     """
 
     def __init__(self, ttl: int, maxsize: int = DEFAULT_MANIFEST_CACHE_SIZE):
-        if maxsize < 1:
-            raise ValueError("maxsize must be at least 1")
         self.ttl = ttl
-        self.maxsize = maxsize
-        self._items: OrderedDict[str, Described] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+        self._lru: LRU[str, Described] = LRU(maxsize)
 
     def get(self, key: str) -> Described | None:
-        with self._lock:
-            entry = self._items.get(key)
-            if entry is None:
-                self.misses += 1
-                return None
-            self._items.move_to_end(key)
-            self.hits += 1
-            return entry
+        return self._lru.get(key)
 
     def put(self, key: str, manifest: ArtifactManifest) -> Described:
-        entry = Described.of(manifest, self.ttl)
-        with self._lock:
-            self._items[key] = entry
-            self._items.move_to_end(key)
-            while len(self._items) > self.maxsize:
-                self._items.popitem(last=False)
-        return entry
+        return self._lru.put(key, Described.of(manifest, self.ttl))
 
     def load(self, key: str, loader: Callable[[], ArtifactManifest | None]) -> Described | None:
         """The cached entry, else ``loader()`` (cached when it returns a manifest). Two threads missing at
@@ -147,7 +163,7 @@ class ManifestCache:
         return entry
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._lru)
 
 
 class CachingSubmitter(Submitter):
@@ -160,10 +176,7 @@ class CachingSubmitter(Submitter):
         super().__init__(services)
         self._cache = cache
 
-    def _manifest(self, artifact: Artifact) -> ArtifactManifest | None:
-        if artifact.state != "published":
-            return None
-        key = artifact.key
+    def _published_manifest(self, key: str) -> ArtifactManifest | None:
         entry = self._cache.load(key, lambda: read_manifest(self.services.store, key))
         return entry.manifest if entry is not None else None
 
@@ -173,6 +186,7 @@ class WebContext:
     services: Services
     submitter: CachingSubmitter
     manifests: ManifestCache
+    prepared: LRU[str, Prepared]  # submit body text -> its reusable preparation
     metrics: ApiMetrics
     public_url: str
     streams: threading.BoundedSemaphore  # live log streams this process may serve at once

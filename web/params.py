@@ -108,13 +108,25 @@ def read_body() -> bytes:
 
 def json_body() -> Any:
     """The request body decoded as JSON; 400 ``invalid-json`` if it is not, 413 past the size limit."""
+    return _parse_json(_body_text())
+
+
+def body_text() -> str:
+    """The request body as UTF-8 text; 400 ``invalid-json`` if it is not, 413 past the size limit."""
+    return _body_text()
+
+
+def _body_text() -> str:
     raw = read_body()
     if not raw.strip():
         raise Problem("invalid-json", "the request body is empty; expected a JSON document")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise Problem("invalid-json", f"the body is not UTF-8 (byte {exc.start})") from None
+
+
+def _parse_json(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -125,8 +137,15 @@ def json_body() -> Any:
 
 def spec_body() -> CompileSpec:
     """The body as a validated CompileSpec; 422 ``spec-invalid`` with per-field errors otherwise."""
-    data = json_body()
-    bad_text = _text_problems(data)
+    return parse_spec_text(_body_text())
+
+
+def parse_spec_text(text: str) -> CompileSpec:
+    """:func:`spec_body` of body ``text`` already read."""
+    data = _parse_json(text)
+    # The text is valid UTF-8 and JSON refuses raw control characters, so NUL and lone surrogates can
+    # only come from \u escapes: without one, there is nothing to look for.
+    bad_text = _text_problems(data) if "\\u" in text else []
     if bad_text:
         raise Problem("spec-invalid", f"{len(bad_text)} field(s) hold text that cannot be stored",
                       errors=bad_text)

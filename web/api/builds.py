@@ -32,14 +32,15 @@ from web.context import WebContext, web
 from web.openapi import Param, operation
 from web.params import (
     MAX_ID,
+    body_text,
     header_text,
     json_response,
     parse_int,
+    parse_spec_text,
     query_bool,
     query_int,
     query_problems,
     raw_json_response,
-    spec_body,
 )
 from web.problems import PROBLEM_TYPES, Problem
 from web.schemas import BuildAccepted, BuildList, BuildListQuery, BuildOut, BuildStateOut, LogPage
@@ -91,10 +92,16 @@ def submit() -> Response:
     idempotency_key = header_text("Idempotency-Key", max_length=255)
     submitted_by = header_text("X-Submitted-By", max_length=255)
     queue_anyway = query_bool("queue_anyway")
-    spec = spec_body()
+    text = body_text()
+    prepared = ctx.prepared.get(text)  # the same bytes as a recent submit: parsed, validated, keyed already
+    spec = prepared.spec if prepared is not None else parse_spec_text(text)
     ctx.metrics.submits.labels(spec.target, spec.sdk).inc()
     try:
-        result = ctx.submitter.submit(spec, submitted_by=submitted_by, idempotency_key=idempotency_key,
+        if prepared is None:
+            prepared = ctx.submitter.prepare(spec)
+            if prepared.reusable:
+                ctx.prepared.put(text, prepared)
+        result = ctx.submitter.submit(prepared, submitted_by=submitted_by, idempotency_key=idempotency_key,
                                       queue_anyway=queue_anyway)
     except ModelRefError as exc:
         raise model_ref_problem(exc) from None

@@ -1,0 +1,105 @@
+"""Group commit of build records (real Postgres and SQLite): concurrent submits share one transaction,
+each caller gets its own id only once committed, and one bad record fails alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event, select
+
+from compilesvc.build_records import BuildRecord, BuildRecorder
+from compilesvc.ledger.models import BuildLabel, Event
+from compilesvc.services import Services
+from compilesvc.spec import parse_spec
+from compilesvc.submit import Submitter
+from tests.test_dedupe import complete_bucket, make_settings, spec_doc, upload_model
+
+RECORDS = 16
+
+
+@pytest.fixture
+def services(tmp_path: Path, ledger_url: str) -> Iterator[Services]:
+    services = Services.from_settings(make_settings(tmp_path, ledger_url))
+    yield services
+    services.close()
+
+
+def published_artifact(services: Services) -> int:
+    """A published artifact's id (builds reference one), made through the real submit and finish paths."""
+    result = Submitter(services).submit(parse_spec(spec_doc(upload_model(services))))
+    for bucket in result.buckets:
+        complete_bucket(services, bucket.key)
+    with services.sessions() as session:
+        from compilesvc.ledger.models import Artifact
+
+        return session.scalars(select(Artifact.id).where(Artifact.key == result.artifact_key)).one()
+
+
+def record(artifact_id: int, n: int) -> BuildRecord:
+    return BuildRecord(row={"artifact_id": artifact_id, "artifact_key": "k" * 64, "state": "succeeded",
+                            "outcome": "hit", "labels": {"n": str(n)}, "spec": {}, "target": "cpu",
+                            "sdk": "2.13.0", "backend": "torchscript", "model_sha256": "0" * 64,
+                            "request_hash": "0" * 64},
+                       labels={"n": str(n)}, detail={"outcome": "hit"})
+
+
+def gated_writer(services: Services) -> tuple[threading.Event, list[int]]:
+    """Hold the recorder's first transaction until the returned gate opens; count committed transactions.
+    Everything recorded meanwhile queues up and must go into one later transaction."""
+    gate, commits = threading.Event(), [0]
+
+    def first_waits(*_: Any) -> None:
+        if commits[0] == 0:
+            gate.wait(30)
+
+    def count(*_: Any) -> None:
+        commits[0] += 1
+
+    event.listen(services.engine, "before_cursor_execute", first_waits)
+    event.listen(services.engine, "commit", count)
+    return gate, commits
+
+
+def test_concurrent_records_share_a_transaction(services: Services) -> None:
+    artifact_id = published_artifact(services)
+    recorder = BuildRecorder(services.engine)
+    gate, commits = gated_writer(services)
+    with ThreadPoolExecutor(RECORDS) as pool:
+        first = pool.submit(recorder.record, record(artifact_id, 0))
+        time.sleep(0.3)  # the writer now holds record 0 at the gate
+        rest = [pool.submit(recorder.record, record(artifact_id, n)) for n in range(1, RECORDS)]
+        time.sleep(0.5)  # ... and the others queue behind it
+        assert not first.done() and not any(f.done() for f in rest), "answered before its commit"
+        gate.set()
+        ids = [first.result(30), *(f.result(30) for f in rest)]
+    assert len(set(ids)) == RECORDS
+    assert commits[0] == 2  # record 0 alone, then the fifteen that queued meanwhile, together
+    with services.sessions() as session:
+        rows = session.execute(select(BuildLabel.build_id, BuildLabel.value).where(BuildLabel.build_id.in_(ids)))
+        labels = {build_id: value for build_id, value in rows}
+        created = session.scalars(select(Event.entity_id).where(Event.entity == "build",
+                                                                Event.entity_id.in_(ids))).all()
+    assert labels == {build_id: str(n) for n, build_id in enumerate(ids)}  # each id got its own record
+    assert sorted(created) == sorted(ids)
+
+
+def test_a_bad_record_fails_alone(services: Services) -> None:
+    artifact_id = published_artifact(services)
+    recorder = BuildRecorder(services.engine)
+    gate, _ = gated_writer(services)
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(recorder.record, record(artifact_id, 0))
+        time.sleep(0.3)
+        good = [pool.submit(recorder.record, record(artifact_id, n)) for n in (1, 2)]
+        bad = pool.submit(recorder.record, record(artifact_id + 10_000, 3))  # no such artifact: FK refuses
+        time.sleep(0.5)
+        gate.set()
+        assert first.result(30) and all(f.result(30) for f in good)
+        with pytest.raises(Exception, match=r"(?i)foreign key"):
+            bad.result(30)
