@@ -21,5 +21,6 @@ test: install
 	$(BIN)/mypy
 	$(BIN)/pytest
 
+# `make bench BENCH_ARGS=--quick` for a smoke run; `BENCH_ARGS="--only pipeline"` for one bench.
 bench: install
-	$(BIN)/python -m bench.run_all
+	$(BIN)/python -m bench.run_all $(BENCH_ARGS)

@@ -30,6 +30,7 @@ from typing import Any
 import redis
 import requests
 
+from bench._proc import cpu_seconds
 from bench.api_throughput import free_port
 from compilesvc.config import Settings
 from compilesvc.migrate import upgrade
@@ -109,17 +110,7 @@ class Stack:
         relay, workers) and by the children they waited for (compile children and the compilers they ran).
         Linux /proc only."""
         groups = {p.proc.pid for p in self.cluster.processes if p.proc.poll() is None}
-        ticks = 0
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) in groups:  # pgrp
-                ticks += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(lambda _pid, fields: int(fields[2]) in groups, with_children=True)
 
     def worker_records(self, msg: str) -> list[dict[str, Any]]:
         """Log records with this message from every worker started so far."""

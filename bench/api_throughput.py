@@ -35,6 +35,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench._proc import cpu_seconds
+
 TARGETS = {"artifact lookup": 0.70, "cache-hit submit": 0.50}
 
 
@@ -66,18 +68,7 @@ def server_cpu_seconds(master_pid: int) -> float:
     On a shared host, other tenants change how many requests a second the server gets through, but not
     how much CPU each request costs it; the CPU ratio is the steadier estimate of the throughput ratio.
     """
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(entry.name) == master_pid or int(fields[1]) == master_pid:
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
+    return cpu_seconds(lambda pid, fields: master_pid in (pid, int(fields[1])))
 
 
 def free_port() -> int:

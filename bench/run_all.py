@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ("api_throughput", "pipeline", "stream_memory", "history_scale")
 QUICK: dict[str, list[str]] = {
     "api_throughput": ["--duration", "2", "--rounds", "1"],
-    "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "3", "--submits", "16"],
+    "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "5", "--submits", "16"],
     "stream_memory": ["--size-mib", "128"],
     "history_scale": ["--rows", "100000", "--reps", "50"],
 }
@@ -80,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         results.append((name, bench_args, code, seconds))
 
     print(f"\n=== summary{' (--quick)' if args.quick else ''}")
-    for name, bench_args, code, seconds in results:
-        status = "PASS" if code == 0 else "FAIL"
-        print(f"{name:<16} {status}  exit {code:>3}  {seconds:>6.0f} s  {' '.join(bench_args)}".rstrip())
+    for index, (name, bench_args, code, seconds) in enumerate(results):
+        status = "INTERRUPTED" if interrupted and index == len(results) - 1 else "PASS" if code == 0 else "FAIL"
+        print(f"{name:<16} {status:<4}  exit {code:>3}  {seconds:>6.0f} s  {' '.join(bench_args)}".rstrip())
     for name in names[len(results):]:
         print(f"{name:<16} not run (interrupted)")
     if interrupted:

@@ -1,0 +1,26 @@
+"""CPU time of processes, from Linux's /proc (shared by the benches; not a bench itself)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def cpu_seconds(selected: Callable[[int, list[str]], bool], *, with_children: bool = False) -> float:
+    """User + system CPU seconds of every process ``selected(pid, stat_fields)`` picks; with
+    ``with_children`` also what its waited-for children used. ``stat_fields`` are /proc/PID/stat's fields
+    after the command name: [0] state, [1] ppid, [2] pgrp, [11] utime, [12] stime, [13] cutime, [14] cstime.
+    """
+    last = 15 if with_children else 13
+    ticks = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if selected(int(entry.name), fields):
+            ticks += sum(int(value) for value in fields[11:last])
+    return ticks / os.sysconf("SC_CLK_TCK")
