@@ -8,12 +8,14 @@ turned into problem responses before any core code sees them.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Response, current_app, request
 from pydantic import ValidationError
 
 from compilesvc.spec import CompileSpec, SpecError, parse_spec, validation_errors
+from web.openapi import Param
 from web.problems import Problem
 
 _TRUE = frozenset({"", "1", "true", "yes", "on"})
@@ -216,3 +218,55 @@ def has_nul_in_query() -> bool:
     if not request.query_string:
         return False
     return any("\x00" in key or "\x00" in value for key, value in request.args.items(multi=True))
+
+
+# -- declared parameters: one declaration both reads (validates) a parameter and documents it ----------------
+
+@dataclass(frozen=True)
+class IntQuery:
+    """An integer query parameter between ``minimum`` and ``maximum`` (``default`` when absent)."""
+
+    name: str
+    description: str
+    default: int
+    minimum: int
+    maximum: int
+
+    def read(self) -> int:
+        return query_int(self.name, self.default, minimum=self.minimum, maximum=self.maximum)
+
+    @property
+    def param(self) -> Param:
+        return Param(self.name, "query", self.description, {"type": "integer", "minimum": self.minimum,
+                                                            "maximum": self.maximum, "default": self.default})
+
+
+@dataclass(frozen=True)
+class BoolQuery:
+    """A true/false query parameter (``1``/``0``, ``yes``/``no`` too), false when absent."""
+
+    name: str
+    description: str
+
+    def read(self) -> bool:
+        return query_bool(self.name)
+
+    @property
+    def param(self) -> Param:
+        return Param(self.name, "query", self.description, {"type": "boolean", "default": False})
+
+
+@dataclass(frozen=True)
+class TextHeader:
+    """A header of printable text, at most ``max_length`` characters; None when absent or blank."""
+
+    name: str
+    description: str
+    max_length: int
+
+    def read(self) -> str | None:
+        return header_text(self.name, max_length=self.max_length)
+
+    @property
+    def param(self) -> Param:
+        return Param(self.name, "header", self.description, {"type": "string", "maxLength": self.max_length})

@@ -32,13 +32,13 @@ from web.context import WebContext, web
 from web.openapi import Param, operation
 from web.params import (
     MAX_ID,
+    BoolQuery,
+    IntQuery,
+    TextHeader,
     body_text,
-    header_text,
     json_response,
     parse_int,
     parse_spec_text,
-    query_bool,
-    query_int,
     query_problems,
     raw_json_response,
 )
@@ -52,6 +52,19 @@ MAX_LOG_LIMIT = 5000
 DEFAULT_LOG_LIMIT = 1000
 SSE_BATCH = 500
 FILTERS = ("model", "target", "sdk", "state", "label", "submitted_by")
+
+IDEMPOTENCY_KEY = TextHeader("Idempotency-Key", "Replays the first response for the same key and body; a "
+                             "different body with the same key is refused (422).", max_length=255)
+SUBMITTED_BY = TextHeader("X-Submitted-By", "Recorded as who submitted the build (history filter).",
+                          max_length=255)
+QUEUE_ANYWAY = BoolQuery("queue_anyway", "Queue even when no live worker serves the target/SDK "
+                         "(otherwise 503 no-capable-worker).")
+LOGS_AFTER = IntQuery("after", "Return lines with id > after (the previous `next_after`).",
+                      default=0, minimum=0, maximum=MAX_ID)
+LOGS_LIMIT = IntQuery("limit", "At most this many lines.", default=DEFAULT_LOG_LIMIT, minimum=1,
+                      maximum=MAX_LOG_LIMIT)
+STREAM_AFTER = IntQuery("after", "Resume after this line id (when there is no Last-Event-ID).",
+                        default=0, minimum=0, maximum=MAX_ID)
 
 
 def refused(exc: SubmitRefused) -> Problem:
@@ -77,21 +90,14 @@ def model_ref_problem(exc: ModelRefError) -> Problem:
                 "compiles that do not exist yet are queued (new).",
     responses={200: BuildAccepted, 202: BuildAccepted},
     problems=(400, 413, 422, 503),
-    params=[
-        Param("Idempotency-Key", "header", "Replays the first response for the same key and body; "
-              "a different body with the same key is refused (422).", {"type": "string", "maxLength": 255}),
-        Param("X-Submitted-By", "header", "Recorded as who submitted the build (history filter).",
-              {"type": "string", "maxLength": 255}),
-        Param("queue_anyway", "query", "Queue even when no live worker serves the target/SDK "
-              "(otherwise 503 no-capable-worker).", {"type": "boolean", "default": False}),
-    ],
+    params=[IDEMPOTENCY_KEY.param, SUBMITTED_BY.param, QUEUE_ANYWAY.param],
     headers={202: {"Location": "The build's status URL."}},
 )
 def submit() -> Response:
     ctx = web()
-    idempotency_key = header_text("Idempotency-Key", max_length=255)
-    submitted_by = header_text("X-Submitted-By", max_length=255)
-    queue_anyway = query_bool("queue_anyway")
+    idempotency_key = IDEMPOTENCY_KEY.read()
+    submitted_by = SUBMITTED_BY.read()
+    queue_anyway = QUEUE_ANYWAY.read()
     text = body_text()
     prepared = ctx.prepared.get(text)  # the same bytes as a recent submit: parsed, validated, keyed already
     spec = prepared.spec if prepared is not None else parse_spec_text(text)
@@ -241,16 +247,13 @@ def _build_state(ctx: WebContext, build_id: int) -> str | None:
 
 @bp.get("/<build_id:build_id>/logs")
 @operation(summary="Compile log lines of a build, in order", tag="logs",
-           params=[Param("after", "query", "Return lines with id > after (the previous `next_after`).",
-                         {"type": "integer", "minimum": 0, "default": 0}),
-                   Param("limit", "query", "At most this many lines.",
-                         {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LIMIT, "default": DEFAULT_LOG_LIMIT})],
+           params=[LOGS_AFTER.param, LOGS_LIMIT.param],
            responses={200: LogPage}, problems=(400, 404))
 def logs(build_id: int) -> Response:
     g.build_id = build_id
     ctx = web()
-    after = query_int("after", 0, minimum=0, maximum=MAX_ID)
-    limit = query_int("limit", DEFAULT_LOG_LIMIT, minimum=1, maximum=MAX_LOG_LIMIT)
+    after = LOGS_AFTER.read()
+    limit = LOGS_LIMIT.read()
     # State before lines: if the build was finished when we looked, every line it will ever have was
     # committed before that, so the read below sees them all and `finished` is exact.
     state = _build_state(ctx, build_id)
@@ -271,9 +274,9 @@ def logs(build_id: int) -> Response:
                        "so a reconnecting EventSource resumes after Last-Event-ID. An `end` event "
                        "(data: {state}) closes the stream once the build finished and every line was sent. "
                        "Streams are closed after a bounded lifetime; clients reconnect.",
-           params=[Param("Last-Event-ID", "header", "Resume after this line id.", {"type": "string"}),
-                   Param("after", "query", "Resume after this line id (when there is no Last-Event-ID).",
-                         {"type": "integer", "minimum": 0})],
+           params=[Param("Last-Event-ID", "header", "Resume after this line id (wins over `after`).",
+                         {"type": "integer", "minimum": 0, "maximum": MAX_ID}),
+                   STREAM_AFTER.param],
            responses={200: "text/event-stream"}, problems=(400, 404, 503))
 def stream_logs(build_id: int) -> Response:
     g.build_id = build_id
@@ -282,7 +285,7 @@ def stream_logs(build_id: int) -> Response:
     if last_event_id:
         after = parse_int("header Last-Event-ID", last_event_id, minimum=0, maximum=MAX_ID)
     else:
-        after = query_int("after", 0, minimum=0, maximum=MAX_ID)
+        after = STREAM_AFTER.read()
     if _build_state(ctx, build_id) is None:
         raise Problem("build-not-found", f"no build {build_id}")
     # Each open stream holds a server thread for its lifetime: past the cap, refuse rather than let

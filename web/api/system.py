@@ -21,8 +21,8 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from compilesvc.ledger.models import BucketCompile, Worker
 from compilesvc.registry import live_workers
 from web.context import WebContext, web
-from web.openapi import Param, build_spec, operation
-from web.params import json_response, query_bool
+from web.openapi import build_spec, operation
+from web.params import BoolQuery, json_response
 from web.problems import PROBLEM_TYPES, Problem
 from web.schemas import HealthOut, ReadyOut, WorkersOut
 
@@ -86,13 +86,16 @@ def metrics() -> Response:
     return Response(generate_latest(web().metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+ALL_WORKERS = BoolQuery("all", "Include stopped and stale workers.")
+
+
 @bp.get("/v1/workers")
 @operation(summary="Workers and queues", tag="system",
-           params=[Param("all", "query", "Include stopped and stale workers.", {"type": "boolean"})],
+           params=[ALL_WORKERS.param],
            responses={200: WorkersOut})
 def workers() -> Response:
     ctx = web()
-    include_all = query_bool("all")
+    include_all = ALL_WORKERS.read()
     stale = ctx.settings.worker_stale_seconds
     with ctx.services.sessions() as session:
         live = live_workers(session, stale)
