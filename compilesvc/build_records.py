@@ -91,7 +91,13 @@ class BuildRecorder:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            self._write(batch)
+            try:
+                self._write(batch)
+            except BaseException as exc:  # the writer outlives any one batch: its callers get an error
+                failure = RuntimeError(f"recording the build failed: {type(exc).__name__}: {exc}")
+                for record in batch:
+                    if not record.done.done():
+                        record.done.set_exception(failure)
 
     def _write(self, batch: list[BuildRecord]) -> None:
         try:

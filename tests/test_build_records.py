@@ -103,3 +103,20 @@ def test_a_bad_record_fails_alone(services: Services) -> None:
         assert first.result(30) and all(f.result(30) for f in good)
         with pytest.raises(Exception, match=r"(?i)foreign key"):
             bad.result(30)
+
+
+def test_an_unexpected_failure_answers_its_callers_and_the_writer_goes_on(services: Services) -> None:
+    artifact_id = published_artifact(services)
+    recorder = BuildRecorder(services.engine)
+    fails = [True]
+
+    def fail_once(*_: Any) -> None:
+        if fails[0]:
+            fails[0] = False
+            raise SystemExit("not an Exception")  # escapes every `except Exception`
+
+    event.listen(services.engine, "before_cursor_execute", fail_once)
+    with ThreadPoolExecutor(1) as pool, pytest.raises(RuntimeError, match="recording the build failed: SystemExit"):
+        pool.submit(recorder.record, record(artifact_id, 0)).result(30)  # an answer, not a hang
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(recorder.record, record(artifact_id, 1)).result(30) > 0  # the same writer goes on
