@@ -27,7 +27,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import redis
 import requests
 
 from bench._proc import cpu_seconds
@@ -37,7 +36,15 @@ from compilesvc.migrate import upgrade
 from compilesvc.services import Services
 from tests.doubles import neuron_double_env
 from tests.fixtures.ledger import create_pg_database, drop_pg_database
-from tests.workers.conftest import NEURON_SDK, REDIS_URL, Cluster, ServiceProcess, _clean_environ, wait_for
+from tests.workers.conftest import (
+    NEURON_SDK,
+    REDIS_URL,
+    Cluster,
+    ServiceProcess,
+    _clean_environ,
+    delete_redis_keys,
+    wait_for,
+)
 
 
 def timestamp(value: str | None) -> float | None:
@@ -168,17 +175,6 @@ def interrupt_on_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def delete_redis_keys(prefix: str) -> int:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
-        return len(keys)
-    finally:
-        client.close()
 
 
 @contextmanager

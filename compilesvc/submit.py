@@ -373,7 +373,7 @@ class Submitter:
             return []  # negative cache: stays failed until an explicit retry
         outbox_ids = []
         for bucket in buckets:
-            if bucket.state in ("failed", "cancelled"):
+            if _will_compile(bucket.state, bucket.error_class):
                 outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True,
                                                  model=ctx.model_row))
             elif bucket.state == "running" and bucket.cancel_requested:

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import event, select
 
 from compilesvc.build_records import BuildRecord, BuildRecorder
-from compilesvc.ledger.models import BuildLabel, Event
+from compilesvc.ledger.models import Artifact, BuildLabel, Event
 from compilesvc.services import Services
 from compilesvc.spec import parse_spec
 from compilesvc.submit import Submitter
@@ -36,8 +36,6 @@ def published_artifact(services: Services) -> int:
     for bucket in result.buckets:
         complete_bucket(services, bucket.key)
     with services.sessions() as session:
-        from compilesvc.ledger.models import Artifact
-
         return session.scalars(select(Artifact.id).where(Artifact.key == result.artifact_key)).one()
 
 

@@ -35,6 +35,9 @@ DEFAULT_MANIFEST_CACHE_SIZE = 2048
 #: Submit bodies seen lately, prepared (:class:`compilesvc.submit.Prepared`): CI pipelines resubmit the
 #: same bytes, and a cache-hit submit is then parse-, validation- and key-free.
 DEFAULT_PREPARED_CACHE_SIZE = 1024
+#: Larger bodies are prepared afresh: real specs are a few KiB, and a client must not be able to fill the
+#: cache with megabyte-sized ones (this bounds it to about 1024 x 8 KiB of text, and the specs parsed from it).
+MAX_PREPARED_BODY = 8192
 
 K = TypeVar("K")
 V = TypeVar("V")

@@ -108,17 +108,8 @@ def read_body() -> bytes:
     return b"".join(chunks)
 
 
-def json_body() -> Any:
-    """The request body decoded as JSON; 400 ``invalid-json`` if it is not, 413 past the size limit."""
-    return _parse_json(_body_text())
-
-
 def body_text() -> str:
     """The request body as UTF-8 text; 400 ``invalid-json`` if it is not, 413 past the size limit."""
-    return _body_text()
-
-
-def _body_text() -> str:
     raw = read_body()
     if not raw.strip():
         raise Problem("invalid-json", "the request body is empty; expected a JSON document")
@@ -139,7 +130,7 @@ def _parse_json(text: str) -> Any:
 
 def spec_body() -> CompileSpec:
     """The body as a validated CompileSpec; 422 ``spec-invalid`` with per-field errors otherwise."""
-    return parse_spec_text(_body_text())
+    return parse_spec_text(body_text())
 
 
 def parse_spec_text(text: str) -> CompileSpec:

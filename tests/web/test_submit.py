@@ -173,3 +173,17 @@ def test_header_validation(sqlite_env: Env) -> None:
     body = assert_problem(env.submit(spec, **{"Idempotency-Key": "k" * 256}), 400, "invalid-request")
     assert body["errors"][0]["field"] == "header Idempotency-Key"
     assert_problem(env.submit(spec, **{"X-Submitted-By": "x" * 300}), 400, "invalid-request")
+
+
+def test_only_small_blob_submits_are_kept_prepared(env: Env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Resubmitted bodies skip parsing and keys, but the cache holds no large bodies: a client could fill it."""
+    prepared = env.app.extensions["compilesvc"].prepared
+    uri = env.upload()
+    small = spec_for(uri)
+    for _ in range(2):
+        assert env.submit(small).status_code == 202
+    assert len(prepared) == 1
+
+    large = spec_for(uri, labels={f"l{i}": "x" * 1000 for i in range(10)})  # valid, over 8 KiB as JSON
+    assert env.submit(large).status_code == 202
+    assert len(prepared) == 1

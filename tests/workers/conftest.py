@@ -203,11 +203,19 @@ def _clean_environ() -> dict[str, str]:
 def broker_prefix() -> Iterator[str]:
     prefix = f"compilesvc-test-{os.getpid()}-{uuid.uuid4().hex[:10]}:"
     yield prefix
+    delete_redis_keys(prefix)
+
+
+def delete_redis_keys(prefix: str) -> int:
+    """Delete every Redis key under ``prefix`` (a test's or a bench's broker); returns how many."""
     client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        return len(keys)
+    finally:
+        client.close()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -28,7 +28,7 @@ from compilesvc.model_identity import ModelRefError
 from compilesvc.spec import CompileSpec
 from compilesvc.submit import NoCapableWorker, SubmitRefused, SubmitResult, bucket_views
 from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
-from web.context import WebContext, web
+from web.context import MAX_PREPARED_BODY, WebContext, web
 from web.openapi import Param, operation
 from web.params import (
     MAX_ID,
@@ -105,7 +105,7 @@ def submit() -> Response:
     try:
         if prepared is None:
             prepared = ctx.submitter.prepare(spec)
-            if prepared.reusable:
+            if prepared.reusable and len(text) <= MAX_PREPARED_BODY:
                 ctx.prepared.put(text, prepared)
         result = ctx.submitter.submit(prepared, submitted_by=submitted_by, idempotency_key=idempotency_key,
                                       queue_anyway=queue_anyway)
