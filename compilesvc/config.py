@@ -11,7 +11,7 @@ import secrets
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -51,6 +51,30 @@ class Settings(BaseSettings):
     compile_timeout_seconds: int = Field(default=4 * 3600 + 1800, ge=1)
     relay_interval_seconds: float = Field(default=0.5, gt=0)
     require_live_worker: bool = True
+
+    # Infrastructure retries (a requeued attempt, a failed publish) wait base * 2**(n-1), jittered, capped.
+    retry_backoff_seconds: float = Field(default=5.0, ge=0, description="First retry delay (then doubling).")
+    retry_backoff_max_seconds: float = Field(default=600.0, ge=0, description="Longest retry delay.")
+    publish_retry_seconds: float = Field(
+        default=1800.0, ge=0,
+        description="How long a worker keeps retrying the publish of a finished compile before giving the "
+                    "attempt up (the compiled output is still on the worker; a new attempt recompiles).",
+    )
+
+    # The reconciler (in `compilesvc relay`) re-sends a queued compile whose message is in neither the
+    # queue nor the broker's unacked set for this long: a broker that restarted empty or was flushed.
+    dispatch_grace_seconds: float = Field(default=30.0, ge=0.5)
+    broker_visibility_timeout_seconds: int | None = Field(
+        default=None, ge=60,
+        description="Redis redelivers an unacked message after this; default: the hard task limit + 1 h. "
+                    "Must exceed the hard task limit, or an hours-long compile is delivered twice.",
+    )
+    broker_unacked_restore_seconds: int = Field(
+        default=60, ge=1, description="How often workers sweep the broker's unacked set for expired messages.",
+    )
+    broker_socket_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="A broker command (a publish) waiting longer than this fails.",
+    )
 
     @field_validator("database_url", "store_url", "s3_endpoint_url", "broker_url", "secret_key", mode="before")
     @classmethod
@@ -100,4 +124,16 @@ class Settings(BaseSettings):
     @property
     def visibility_timeout_seconds(self) -> int:
         # Redis re-delivers unacked messages after this; it must outlive the longest task or tasks run twice.
-        return self.task_hard_limit_seconds + 3600
+        return self.broker_visibility_timeout_seconds or self.task_hard_limit_seconds + 3600
+
+    @model_validator(mode="after")
+    def _check_timings(self) -> Settings:
+        if self.broker_visibility_timeout_seconds is not None and \
+                self.broker_visibility_timeout_seconds <= self.task_hard_limit_seconds:
+            raise ValueError(
+                f"broker_visibility_timeout_seconds ({self.broker_visibility_timeout_seconds}) must exceed the "
+                f"hard task limit ({self.task_hard_limit_seconds} s = compile_timeout_seconds + 600): Redis would "
+                f"deliver a running compile's message a second time")
+        if self.retry_backoff_max_seconds < self.retry_backoff_seconds:
+            raise ValueError("retry_backoff_max_seconds must be at least retry_backoff_seconds")
+        return self

@@ -50,9 +50,20 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery configuration shared by the producer (relay, API) and the workers."""
     broker_url = settings.resolved_broker_url
     transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout_seconds}
-    if settings.broker_key_prefix and broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
-        # In the one config every producer and worker reads: a prefix on only one side strands the messages.
-        transport_options["global_keyprefix"] = settings.broker_key_prefix
+    if is_redis_url(broker_url):
+        transport_options.update({
+            # Without a socket timeout a publish to a Redis that vanished without closing the connection
+            # waits forever, and the API request that relays after commit with it.
+            "socket_timeout": settings.broker_socket_timeout_seconds,
+            "socket_connect_timeout": settings.broker_socket_timeout_seconds,
+            # kombu scans the unacked set every interval x throttle seconds; a throttle of 1 makes the
+            # setting the whole period.
+            "unacked_restore_interval": settings.broker_unacked_restore_seconds,
+            "unacked_restore_throttle": 1,
+        })
+        if settings.broker_key_prefix:
+            # In the one config every producer and worker reads: a prefix on only one side strands messages.
+            transport_options["global_keyprefix"] = settings.broker_key_prefix
     if broker_url.startswith("filesystem://"):
         folder = settings.broker_folder
         for sub in ("queue", "processed", "control"):
@@ -89,6 +100,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "task_create_missing_queues": True,
     }
+
+
+def is_redis_url(url: str) -> bool:
+    return url.startswith(("redis://", "rediss://", "redis+socket://", "sentinel://"))
 
 
 def make_producer(settings: Settings) -> Celery:

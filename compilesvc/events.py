@@ -1,4 +1,5 @@
-"""State-transition events: one row per change of state of a build, artifact or bucket compile."""
+"""State-transition events: one row per change of state of a build, artifact or bucket compile, each
+checked against its state machine (:mod:`compilesvc.states`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from sqlalchemy import Table, insert
 from sqlalchemy.orm import Session
 
 from compilesvc.ledger.models import Event
+from compilesvc.states import check_transition
 
 # Built once, with the row passed as parameters: one of these runs in every submit, and a statement with
 # literal values is compiled and cache-keyed value by value on every call.
@@ -16,6 +18,9 @@ _INSERT_EVENT = insert(cast(Table, Event.__table__))
 
 def record(session: Session, entity: str, entity_id: int, from_state: str | None, to_state: str,
            **detail: Any) -> None:
-    """Write a transition event in the current transaction."""
-    session.execute(_INSERT_EVENT, {"entity": entity, "entity_id": entity_id, "from_state": from_state,
-                                    "to_state": to_state, "detail": detail})
+    """Write a transition event in the current transaction; raises
+    :class:`~compilesvc.states.IllegalTransition` for a move the state machine does not have."""
+    check_transition(entity, from_state, to_state)
+    session.execute(_INSERT_EVENT, {"entity": entity, "entity_id": entity_id,
+                                    "from_state": None if from_state is None else str(from_state),
+                                    "to_state": str(to_state), "detail": detail})

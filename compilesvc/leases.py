@@ -26,18 +26,14 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session
 
-from compilesvc import events
+from compilesvc import events, failures
 from compilesvc.artifacts import fail_artifacts_of_bucket
+from compilesvc.failures import Phase
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, utcnow
+from compilesvc.states import RETRIED, ArtifactState, BucketState, ErrorClass
 from compilesvc.submit import requeue_bucket
 
 log = logging.getLogger(__name__)
-
-#: ``error_class`` values. ``compile`` is final for the key (the negative cache) until an explicit retry;
-#: ``infra`` and ``timeout`` are retried up to the attempt cap; ``model`` (the pinned model bytes are gone or
-#: changed) is not retried, since the same pin fails the same way, but a new submit re-pins and requeues it.
-ERROR_CLASSES = ("compile", "model", "infra", "timeout", "cancelled")
-RETRIED_ERROR_CLASSES = ("infra", "timeout")
 
 
 @dataclass(frozen=True)
@@ -69,9 +65,10 @@ class Outcome:
     """Where a failed or expired attempt left the compile; ``outbox_id`` is set when it was requeued and
     the caller should relay that row after committing."""
 
-    state: str  # queued | failed | cancelled
+    state: BucketState  # queued | failed | cancelled
     bucket_key: str
     outbox_id: int | None = None
+    retry_in: float = 0.0  # seconds before the requeued attempt is sent (the backoff)
 
 
 def lease_clock(session: Session) -> ColumnElement[datetime] | datetime:
@@ -94,9 +91,9 @@ def claim(session: Session, bucket_id: int, worker_id: str, lease_seconds: float
     now = lease_clock(session)
     row = session.execute(
         update(BucketCompile)
-        .where(BucketCompile.id == bucket_id, BucketCompile.state == "queued")
+        .where(BucketCompile.id == bucket_id, BucketCompile.state == BucketState.QUEUED)
         .values(
-            state="running",
+            state=BucketState.RUNNING,
             lease_token=BucketCompile.lease_token + 1,
             lease_expires_at=_deadline(session, lease_seconds),
             worker_id=worker_id,
@@ -117,8 +114,8 @@ def claim(session: Session, bucket_id: int, worker_id: str, lease_seconds: float
     ).one_or_none()
     if row is None:
         return None
-    events.record(session, "bucket", bucket_id, "queued", "running", worker=worker_id, attempt=row.attempts,
-                  token=row.lease_token)
+    events.record(session, "bucket", bucket_id, BucketState.QUEUED, BucketState.RUNNING, worker=worker_id,
+                  attempt=row.attempts, token=row.lease_token)
     return Claim(bucket_id=bucket_id, key=row.key, token=row.lease_token, attempt=row.attempts,
                  max_attempts=row.max_attempts, target=row.target, sdk=row.sdk, backend=row.backend,
                  model=row.model, material=row.material, inputs=row.inputs,
@@ -134,7 +131,7 @@ def renew(session: Session, bucket_id: int, token: int, lease_seconds: float) ->
     cancel = session.execute(
         update(BucketCompile)
         .where(BucketCompile.id == bucket_id, BucketCompile.lease_token == token,
-               BucketCompile.state == "running")
+               BucketCompile.state == BucketState.RUNNING)
         .values(lease_expires_at=_deadline(session, lease_seconds))
         .returning(BucketCompile.cancel_requested)
         .execution_options(synchronize_session=False)
@@ -154,8 +151,8 @@ def succeed(session: Session, bucket_id: int, token: int, manifest_uri: str, ver
     done = session.execute(
         update(BucketCompile)
         .where(BucketCompile.id == bucket_id, BucketCompile.lease_token == token,
-               BucketCompile.state == "running")
-        .values(state="succeeded", manifest_uri=manifest_uri, versions=versions,
+               BucketCompile.state == BucketState.RUNNING)
+        .values(state=BucketState.SUCCEEDED, manifest_uri=manifest_uri, versions=versions,
                 compile_seconds=compile_seconds, finished_at=utcnow(), lease_expires_at=None,
                 cancel_requested=False, error_class=None, error_code=None, error_message=None)
         .returning(BucketCompile.attempts)
@@ -163,7 +160,8 @@ def succeed(session: Session, bucket_id: int, token: int, manifest_uri: str, ver
     ).scalar_one_or_none()
     if done is None:
         return False
-    events.record(session, "bucket", bucket_id, "running", "succeeded", attempt=done, token=token)
+    events.record(session, "bucket", bucket_id, BucketState.RUNNING, BucketState.SUCCEEDED, attempt=done,
+                  token=token)
     return True
 
 
@@ -179,34 +177,37 @@ def _lock_artifacts(session: Session, bucket_id: int) -> list[Artifact]:
     ))
 
 
-def fail(session: Session, bucket_id: int, token: int, error_class: str, code: str | None,
-         message: str | None) -> Outcome | None:
+def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass | str, code: str | None,
+         message: str | None, *, phase: str = Phase.COMPILE, backoff_seconds: float = 0.0) -> Outcome | None:
     """Record a failed attempt; None when the lease was lost.
 
     - ``compile``: final. The compile stays failed (the negative cache) and so do the sets containing it.
-    - ``infra`` / ``timeout``: requeued while ``attempts < max_attempts``, else failed with that class.
+    - ``infra`` / ``timeout``: requeued, to be sent after ``backoff_seconds``, while ``attempts <
+      max_attempts`` and the failure is not the previous attempt's repeated identically (class, code and
+      message: a deterministic failure in disguise, which another attempt would only repeat); else failed.
     - ``cancelled``: cancelled, unless someone still wants the compile (a submit reopened a set
       containing it while the cancel was in flight), in which case it is requeued.
 
-    The token check and the write happen under one row lock, so they are as atomic as a conditional
-    UPDATE; the lock is taken after those of the artifacts (see :func:`_lock_artifacts`).
+    Every failure is added to the compile's history (:mod:`compilesvc.failures`). The token check and the
+    write happen under one row lock, so they are as atomic as a conditional UPDATE; the lock is taken
+    after those of the artifacts (see :func:`_lock_artifacts`).
     """
-    if error_class not in ERROR_CLASSES:
-        raise ValueError(f"unknown error class {error_class!r}; expected one of {ERROR_CLASSES}")
+    error_class = ErrorClass(error_class)
     artifacts = _lock_artifacts(session, bucket_id)
     bucket = session.scalars(
         select(BucketCompile)
         .where(BucketCompile.id == bucket_id, BucketCompile.lease_token == token,
-               BucketCompile.state == "running")
+               BucketCompile.state == BucketState.RUNNING)
         .with_for_update()
         .execution_options(populate_existing=True)
     ).one_or_none()
     if bucket is None:
         return None
-    return _settle_attempt(session, bucket, artifacts, error_class, code, message)
+    return _settle_attempt(session, bucket, artifacts, error_class, code, message, phase=phase,
+                           backoff_seconds=backoff_seconds)
 
 
-def expire(session: Session, bucket_id: int) -> Outcome | None:
+def expire(session: Session, bucket_id: int, *, backoff_seconds: float = 0.0) -> Outcome | None:
     """Take back a running compile whose lease ran out (the reaper's step); None if it is not (any
     longer) expired, or another reaper holds it.
 
@@ -217,7 +218,7 @@ def expire(session: Session, bucket_id: int) -> Outcome | None:
     artifacts = _lock_artifacts(session, bucket_id)
     bucket = session.scalars(
         select(BucketCompile)
-        .where(BucketCompile.id == bucket_id, BucketCompile.state == "running",
+        .where(BucketCompile.id == bucket_id, BucketCompile.state == BucketState.RUNNING,
                BucketCompile.lease_expires_at < lease_clock(session))
         .with_for_update(skip_locked=True)
         .execution_options(populate_existing=True)
@@ -226,43 +227,60 @@ def expire(session: Session, bucket_id: int) -> Outcome | None:
         return None
     worker = bucket.worker_id
     if bucket.cancel_requested:
-        error_class, code = "cancelled", "CANCELLED"
+        error_class, code = ErrorClass.CANCELLED, "CANCELLED"
         message = f"cancelled; worker {worker} stopped renewing its lease"
     else:
-        error_class, code = "infra", "LEASE_EXPIRED"
+        error_class, code = ErrorClass.INFRA, "LEASE_EXPIRED"
         message = f"worker {worker} stopped renewing its lease (attempt {bucket.attempts})"
-    return _settle_attempt(session, bucket, artifacts, error_class, code, message, reason="lease expired")
+    return _settle_attempt(session, bucket, artifacts, error_class, code, message, reason="lease expired",
+                           phase=Phase.LEASE, backoff_seconds=backoff_seconds)
 
 
-def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Artifact], error_class: str,
-                    code: str | None, message: str | None, reason: str | None = None) -> Outcome:
-    wanted = any(a.state == "building" for a in artifacts)
+def _repeats_previous(session: Session, bucket: BucketCompile, error_class: ErrorClass, code: str | None,
+                      message: str | None) -> bool:
+    previous = failures.last(session, bucket.id)
+    return (previous is not None and previous.attempt == bucket.attempts - 1 and previous.retry
+            and (previous.error_class, previous.code, previous.message) == (error_class, code, message))
+
+
+def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Artifact], error_class: ErrorClass,
+                    code: str | None, message: str | None, *, phase: str, backoff_seconds: float,
+                    reason: str | None = None) -> Outcome:
+    wanted = any(a.state == ArtifactState.BUILDING for a in artifacts)
     attempt = bucket.attempts
-    if error_class == "cancelled" and (wanted or not bucket.cancel_requested):
+    if error_class == ErrorClass.CANCELLED and (wanted or not bucket.cancel_requested):
         # The cancel lost a race with a resubmit or retry (which clear cancel_requested / reopen the set):
         # the compile is wanted again, so it goes back to the queue rather than to a dead end.
         outbox_id = requeue_bucket(session, bucket, "cancel superseded by a new request", reset_attempts=False)
-        return Outcome("queued", bucket.key, outbox_id)
-    if error_class in RETRIED_ERROR_CLASSES and bucket.attempts < bucket.max_attempts:
+        return Outcome(BucketState.QUEUED, bucket.key, outbox_id)
+    repeated = error_class in RETRIED and _repeats_previous(session, bucket, error_class, code, message)
+    retry = error_class in RETRIED and bucket.attempts < bucket.max_attempts and not repeated
+    message_of_record = message
+    if repeated:
+        message_of_record = f"the same failure as attempt {attempt - 1}, so not retried again: {message}"
+    if error_class != ErrorClass.CANCELLED:
+        failures.record(session, bucket.id, attempt, phase, error_class, code, message, retry=retry)
+    if retry:
         outbox_id = requeue_bucket(
             session, bucket, reason or f"{error_class} error, attempt {attempt} of {bucket.max_attempts}",
-            reset_attempts=False,
+            reset_attempts=False, delay_seconds=backoff_seconds,
         )
         log.info("bucket compile requeued", extra={"bucket_compile_id": bucket.id, "bucket_key": bucket.key,
-                                                   "attempt": attempt, "error_class": error_class})
-        return Outcome("queued", bucket.key, outbox_id)
-    state = "cancelled" if error_class == "cancelled" else "failed"
+                                                   "attempt": attempt, "error_class": error_class,
+                                                   "retry_in": round(backoff_seconds, 1)})
+        return Outcome(BucketState.QUEUED, bucket.key, outbox_id, retry_in=backoff_seconds)
+    state = BucketState.CANCELLED if error_class == ErrorClass.CANCELLED else BucketState.FAILED
     events.record(session, "bucket", bucket.id, bucket.state, state, error_class=error_class, code=code,
                   attempt=attempt, **({"reason": reason} if reason else {}))
     bucket.state = state
     bucket.error_class = error_class
     bucket.error_code = code
-    bucket.error_message = message
+    bucket.error_message = message_of_record
     bucket.finished_at = utcnow()
     bucket.lease_expires_at = None
     bucket.cancel_requested = False
     bucket.lease_token += 1  # nobody's writes count after a final state
-    if state == "failed":
+    if state == BucketState.FAILED:
         session.flush()
         fail_artifacts_of_bucket(session, bucket)
     return Outcome(state, bucket.key)

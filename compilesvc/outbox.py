@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Protocol
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.db import transaction
@@ -43,7 +44,9 @@ class OutboxRelay:
         with transaction(self._sessions) as session:
             query = (select(Outbox, BucketCompile.key)
                      .join(BucketCompile, BucketCompile.id == Outbox.bucket_compile_id)
-                     .where(Outbox.sent_at.is_(None)).order_by(Outbox.id).limit(limit))
+                     .where(Outbox.sent_at.is_(None),
+                            or_(Outbox.available_at.is_(None), Outbox.available_at <= utcnow()))
+                     .order_by(Outbox.id).limit(limit))
             if ids is not None:
                 query = query.where(Outbox.id.in_(list(ids)))
             rows = session.execute(query.with_for_update(of=Outbox, skip_locked=True)).all()
@@ -64,8 +67,10 @@ class OutboxRelay:
         return sent
 
 
-def enqueue_compile(session: Session, bucket: BucketCompile) -> Outbox:
-    """Write the dispatch message for a queued bucket compile into the current transaction.
+def enqueue_compile(session: Session, bucket: BucketCompile, *, delay_seconds: float = 0.0) -> Outbox:
+    """Write the dispatch message for a queued bucket compile into the current transaction, to be sent
+    after ``delay_seconds`` (a retry's backoff: the ledger holds it, not the broker, whose delayed messages
+    would sit reserved in a worker's prefetch).
 
     The task id embeds the bucket's fencing token, which every (re)queue bumps, so each dispatch of a
     compile has its own deterministic id and a re-sent row never becomes a second task.
@@ -77,6 +82,7 @@ def enqueue_compile(session: Session, bucket: BucketCompile) -> Outbox:
         task_id=task_id(bucket.id, bucket.lease_token),
         kwargs={"bucket_compile_id": bucket.id, "target": bucket.target, "sdk": bucket.sdk,
                 "backend": bucket.backend, "isa": isa},
+        available_at=utcnow() + timedelta(seconds=delay_seconds) if delay_seconds > 0 else None,
     )
     session.add(row)
     session.flush()

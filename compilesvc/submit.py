@@ -43,15 +43,13 @@ from compilesvc.outbox import enqueue_compile
 from compilesvc.registry import live_queues
 from compilesvc.services import Services
 from compilesvc.spec import CompileSpec
+from compilesvc.states import REQUEUED_BY_SUBMIT, BucketState
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 
 log = logging.getLogger(__name__)
 
 _PUBLISHED_IDS_MAX = 100_000
 
-#: Failures a new submit requeues: an infrastructure failure or a cancel never sticks. Only ``compile``
-#: stays (the negative cache); a ``model`` failure is requeued with the new submit's pin of the same bytes.
-RETRYABLE_ERROR_CLASSES = ("model", "infra", "timeout", "cancelled")
 
 
 class SubmitRefused(Exception):
@@ -144,16 +142,18 @@ def bucket_views(session: Session, artifact_id: int) -> list[BucketView]:
 
 
 def requeue_bucket(session: Session, bucket: BucketCompile, reason: str, *, reset_attempts: bool,
-                   model: dict[str, Any] | None = None) -> int:
+                   model: dict[str, Any] | None = None, delay_seconds: float = 0.0) -> int:
     """Put a finished/abandoned bucket compile back in the queue; returns the outbox row id.
 
     ``model`` replaces where the worker fetches the model from: a new submit's pin of the same bytes (the
     key holds their sha256) may well outlive the old one, whose S3 version or file can be gone.
+    ``delay_seconds`` holds the dispatch back (a retry's backoff); the compile is queued meanwhile.
     """
-    events.record(session, "bucket", bucket.id, bucket.state, "queued", reason=reason)
+    events.record(session, "bucket", bucket.id, bucket.state, BucketState.QUEUED, reason=reason,
+                  **({"retry_in": round(delay_seconds, 1)} if delay_seconds else {}))
     if model is not None:
         bucket.model = model
-    bucket.state = "queued"
+    bucket.state = BucketState.QUEUED
     bucket.lease_token += 1  # fences off any worker still holding the old lease
     bucket.lease_expires_at = None
     bucket.worker_id = None
@@ -162,7 +162,7 @@ def requeue_bucket(session: Session, bucket: BucketCompile, reason: str, *, rese
     bucket.queued_at = utcnow()
     if reset_attempts:
         bucket.attempts = 0
-    return enqueue_compile(session, bucket).id
+    return enqueue_compile(session, bucket, delay_seconds=delay_seconds).id
 
 
 class Submitter:
@@ -482,9 +482,9 @@ def _will_compile(state: str | None, error_class: str | None) -> bool:
 
     A compile error is answered from the negative cache: no worker is needed to say it again.
     """
-    if state == "failed":
-        return error_class in RETRYABLE_ERROR_CLASSES
-    return state in (None, "cancelled")
+    if state == BucketState.FAILED:
+        return error_class in REQUEUED_BY_SUBMIT
+    return state in (None, BucketState.CANCELLED)
 
 
 class _IdempotencyRace(Exception):

@@ -58,7 +58,7 @@ def spec_doc(model_uri: str, buckets: list[dict[str, int]] | None = None, **extr
 
 
 def complete_bucket(services: Services, key: str, *, state: str = "succeeded", error_class: str | None = None,
-                    error_code: str | None = None) -> None:
+                    error_code: str | None = None, message: str | None = None) -> None:
     """Finish a bucket compile the way a worker does, without a compiler: claim its lease, then either
     publish (blobs, bucket manifest, ``leases.succeed``, artifact manifests) or ``leases.fail``."""
     with transaction(services.sessions) as session:
@@ -68,7 +68,8 @@ def complete_bucket(services: Services, key: str, *, state: str = "succeeded", e
     if state != "succeeded":
         assert state == "failed" and error_class is not None
         with transaction(services.sessions) as session:
-            leases.fail(session, bucket_id, claim.token, error_class, error_code, f"{error_class} failure")
+            leases.fail(session, bucket_id, claim.token, error_class, error_code,
+                        message or f"{error_class} failure on attempt {claim.attempt}")
         return
     path = services.settings.data_dir / f"{key}.pt"
     path.write_bytes(f"compiled {key}".encode())

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from compilesvc import leases, registry
+from compilesvc import events, failures, leases, registry
 from compilesvc.config import Settings
 from compilesvc.control import cancel_build, retry_build
 from compilesvc.db import transaction
@@ -27,6 +27,7 @@ from compilesvc.manifest import BucketManifest, FileEntry
 from compilesvc.reaper import reap
 from compilesvc.services import Services
 from compilesvc.spec import parse_spec
+from compilesvc.states import IllegalTransition
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 from compilesvc.submit import SubmitResult, Submitter
 
@@ -238,6 +239,64 @@ def test_infra_errors_requeue_until_the_attempt_cap(services: Services) -> None:
     # An infra failure is not a negative cache: submitting again requeues it with fresh attempts.
     again = submit(services)
     assert again.outcome == "join" and row(services, bid).state == "queued" and row(services, bid).attempts == 0
+
+
+def test_a_retry_waits_out_its_backoff_before_it_is_sent(services: Services) -> None:
+    result = submit(services)
+    bid = bucket_id(services, result.buckets[0].key)
+    services.relay.relay()
+    first = claim(services, bid)
+    assert first is not None
+    with transaction(services.sessions) as session:
+        outcome = leases.fail(session, bid, first.token, "infra", "PUBLISH_FAILED", "store down",
+                              phase=failures.Phase.PUBLISH, backoff_seconds=3600)
+    assert outcome is not None and outcome.state == "queued" and outcome.retry_in == 3600
+    assert services.relay.relay() == 0  # held back by the backoff, though queued
+    with transaction(services.sessions) as session:
+        session.execute(update(Outbox).where(Outbox.id == outcome.outbox_id)
+                        .values(available_at=utcnow() - timedelta(seconds=1)))
+    assert services.relay.relay() == 1  # due now
+
+
+def test_a_failure_repeated_identically_is_not_retried_again(tmp_path: Path, ledger_url: str) -> None:
+    services = Services.from_settings(make_settings(tmp_path, ledger_url, max_attempts=5))
+    try:
+        bid = bucket_id(services, submit(services).buckets[0].key)
+        message = "RuntimeError: Storage size calculation overflowed with sizes=[1048576, 1048576]"
+        outcomes = []
+        for _ in range(2):
+            attempt = claim(services, bid)
+            assert attempt is not None
+            with transaction(services.sessions) as session:
+                outcomes.append(leases.fail(session, bid, attempt.token, "infra", "EXIT_1", message))
+        assert [o.state for o in outcomes if o] == ["queued", "failed"]  # 2 of 5 attempts, not 5
+        bucket = row(services, bid)
+        assert (bucket.error_class, bucket.error_code, bucket.attempts) == ("infra", "EXIT_1", 2)
+        assert "same failure as attempt 1" in (bucket.error_message or "")
+    finally:
+        services.close()
+
+
+def test_the_failure_history_keeps_every_attempt_first_cause_first(services: Services) -> None:
+    bid = bucket_id(services, submit(services).buckets[0].key)
+    steps = [("infra", "PUBLISH_FAILED", failures.Phase.PUBLISH), ("infra", "MODEL_FETCH_FAILED", failures.Phase.FETCH)]
+    for error_class, code, phase in steps:
+        attempt = claim(services, bid)
+        assert attempt is not None
+        with transaction(services.sessions) as session:
+            leases.fail(session, bid, attempt.token, error_class, code, f"{code} on attempt {attempt.attempt}",
+                        phase=phase)
+    with services.sessions() as session:
+        history = failures.of_buckets(session, [bid])[bid]
+    assert [(f.attempt, f.phase, f.code, f.retry) for f in history] == [
+        (1, "publish", "PUBLISH_FAILED", True), (2, "fetch", "MODEL_FETCH_FAILED", False)]
+    assert row(services, bid).error_code == "MODEL_FETCH_FAILED"  # the last; the history has the first
+
+
+def test_an_illegal_transition_is_refused(services: Services) -> None:
+    bid = bucket_id(services, submit(services).buckets[0].key)
+    with pytest.raises(IllegalTransition), transaction(services.sessions) as session:
+        events.record(session, "bucket", bid, "succeeded", "running")
 
 
 def test_cancel_then_cancelled_attempt(services: Services) -> None:

@@ -4,12 +4,10 @@ Unique constraints carry the dedupe: one ``artifacts`` row per artifact key, one
 bucket key, one ``builds`` row per idempotency key. A bucket compile may belong to many artifacts (a set
 that adds a bucket reuses the others), hence the ``artifact_buckets`` link.
 
-State machines (every transition also writes an ``events`` row):
-
-- artifact: building -> published | failed | cancelled; failed/cancelled -> building (retry/resubmit)
-- bucket compile: queued -> running -> succeeded | failed | cancelled; running -> queued (lease expired);
-  failed(infra)/cancelled -> queued (resubmit); failed(compile) -> queued only by explicit retry
-- build: building -> succeeded | failed | cancelled, mirroring its artifact unless cancelled itself
+The state machines of artifacts, bucket compiles and builds are :mod:`compilesvc.states`; every state
+column has a CHECK constraint generated from its enum, and every transition writes an ``events`` row.
+``bucket_failures`` keeps the cause of every failed step of a compile, in order, so that the first cause
+of a failure is never hidden by the last.
 """
 
 from __future__ import annotations
@@ -36,6 +34,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from compilesvc.states import ArtifactState, BucketState, BuildState, ErrorClass, Outcome, check_constraint
 
 # Autoincrementing 64-bit ids; SQLite only autoincrements "INTEGER PRIMARY KEY".
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -98,6 +98,8 @@ class Artifact(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     published_at: Mapped[datetime | None]
 
+    __table_args__ = (check_constraint("state", ArtifactState, "state"),)
+
 
 class BucketCompile(Base):
     __tablename__ = "bucket_compiles"
@@ -132,6 +134,8 @@ class BucketCompile(Base):
     __table_args__ = (
         # The reaper's scan: running compiles whose lease ran out.
         Index("ix_bucket_compiles_state_lease", "state", "lease_expires_at"),
+        check_constraint("state", BucketState, "state"),
+        check_constraint("error_class", ErrorClass, "error_class"),
     )
 
 
@@ -180,6 +184,8 @@ class Build(Base):
         Index("ix_builds_target_sdk_id", "target", "sdk", "id"),
         Index("ix_builds_artifact_id", "artifact_id"),
         Index("ix_builds_created_at", "created_at"),
+        check_constraint("state", BuildState, "state"),
+        check_constraint("outcome", Outcome, "outcome"),
     )
 
 
@@ -249,6 +255,8 @@ class Outbox(Base):
     kwargs: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     sent_at: Mapped[datetime | None]
+    available_at: Mapped[datetime | None] = mapped_column(
+        doc="Not sent before this time: the backoff before an infrastructure retry.")
     send_attempts: Mapped[int] = mapped_column(default=0)
     last_error: Mapped[str | None] = mapped_column(Text)
 
@@ -276,3 +284,26 @@ class ModelPin(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("uri", "version_id", "etag", "size"),)
+
+
+class BucketFailure(Base):
+    """One failed step of a bucket compile: a failed attempt, a publish that will be retried, a lost
+    dispatch. Kept in order, so a build shows its first cause first (the compile's own ``error_*``
+    columns hold only the last)."""
+
+    __tablename__ = "bucket_failures"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    bucket_compile_id: Mapped[int] = mapped_column(ForeignKey("bucket_compiles.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    phase: Mapped[str] = mapped_column(String(16), doc="dispatch | fetch | compile | publish | record | lease")
+    error_class: Mapped[str] = mapped_column(String(16))
+    code: Mapped[str | None] = mapped_column(String(64))
+    message: Mapped[str | None] = mapped_column(Text)
+    retry: Mapped[bool] = mapped_column(Boolean, default=False, doc="Whether it was retried.")
+
+    __table_args__ = (
+        Index("ix_bucket_failures_bucket_compile_id_id", "bucket_compile_id", "id"),
+        check_constraint("error_class", ErrorClass, "error_class"),
+    )

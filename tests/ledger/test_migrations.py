@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +15,14 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import Script, ScriptDirectory
+from sqlalchemy import JSON, insert, pool, text
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy import pool, text
+from sqlalchemy.exc import IntegrityError
 
 from compilesvc.db import make_engine
 from compilesvc.ledger.models import Base
 from compilesvc.migrate import alembic_config, downgrade, upgrade
+from compilesvc.states import ArtifactState, BucketState, BuildState, ErrorClass, Outcome
 from tests.fixtures.ledger import create_pg_database, drop_pg_database
 
 VERSION_TABLE = "alembic_version"
@@ -67,6 +71,10 @@ def _schema(url: str) -> dict[str, Any]:
                     ),
                     "uniques": sorted(
                         (uq["name"] or "", tuple(uq["column_names"])) for uq in insp.get_unique_constraints(name)
+                    ),
+                    "checks": sorted(
+                        (ck["name"] or "", " ".join(ck["sqltext"].replace("(", " ").replace(")", " ").split()))
+                        for ck in insp.get_check_constraints(name)
                     ),
                 }
             relations: list[str] = []
@@ -164,3 +172,50 @@ def test_models_match_migrations(empty_url: str) -> None:
     finally:
         engine.dispose()
     assert diff == [], f"models and migrations differ; add a revision (alembic revision --autogenerate): {diff}"
+
+
+def _valid_row(table: str, **values: Any) -> dict[str, Any]:
+    """Values for every NOT NULL column of ``table`` (ids of rows it references must be passed)."""
+    row: dict[str, Any] = {}
+    for column in Base.metadata.tables[table].columns:
+        if column.nullable or column.primary_key:
+            continue
+        if isinstance(column.type, JSON):
+            row[column.name] = {}
+            continue
+        python_type = column.type.python_type
+        row[column.name] = {str: "x", int: 1, bool: False, float: 1.0}.get(python_type, datetime.now(UTC))
+    row.update(values)
+    return row
+
+
+@pytest.mark.parametrize(("table", "column"), [("bucket_compiles", "state"), ("artifacts", "state"),
+                                                ("builds", "state"), ("builds", "outcome"),
+                                                ("bucket_compiles", "error_class")])
+def test_migrated_checks_list_exactly_the_states_of_the_state_machine(empty_url: str, table: str,
+                                                                      column: str) -> None:
+    """The migrated CHECK names every enum value and nothing else, and the database itself refuses a value
+    outside it, whoever writes it."""
+    enum = {("bucket_compiles", "state"): BucketState, ("artifacts", "state"): ArtifactState,
+            ("builds", "state"): BuildState, ("builds", "outcome"): Outcome,
+            ("bucket_compiles", "error_class"): ErrorClass}[(table, column)]
+    upgrade(empty_url)
+    engine = make_engine(empty_url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            [check] = [ck for ck in sa_inspect(conn).get_check_constraints(table) if ck["name"].endswith(column)]
+        assert set(re.findall(r"'([a-z_]+)'", check["sqltext"])) == {s.value for s in enum}
+        tables = Base.metadata.tables
+        with engine.connect() as conn, conn.begin():
+            refs = {}
+            if table == "builds":
+                refs["artifact_id"] = conn.execute(insert(tables["artifacts"]).values(
+                    _valid_row("artifacts", state="building"))).inserted_primary_key[0]
+            valid = {"state": "building" if table != "bucket_compiles" else "queued", "outcome": "new"}
+            row = _valid_row(table, **{k: v for k, v in valid.items() if k in tables[table].columns}, **refs)
+            conn.execute(insert(tables[table]).values(row))  # a valid row is accepted ...
+        with engine.connect() as conn, conn.begin(), pytest.raises(IntegrityError, match=r"(?i)check"):
+            conn.execute(insert(tables[table]).values({**row, column: "bogus", **(
+                {"key": "y"} if "key" in tables[table].columns else {})}))  # ... the same with a bogus value not
+    finally:
+        engine.dispose()

@@ -1,0 +1,84 @@
+"""The failure history of bucket compiles: every failed step, in order, with its class, code and phase.
+
+A compile's own ``error_*`` columns say why it *ended*; the history says how it got there: a store outage
+during publish that was retried, a lost dispatch the reconciler re-sent, three attempts that each failed
+their own way. Readers show it first cause first (the last error is often a consequence of the first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Table, insert, select
+from sqlalchemy.orm import Session
+
+from compilesvc.ledger.models import BucketFailure, utcnow
+from compilesvc.states import ErrorClass
+
+#: Longest message kept per failure (the full text is in the compile log).
+MAX_MESSAGE = 2000
+
+_INSERT = insert(cast(Table, BucketFailure.__table__))
+
+
+class Phase:
+    """Where in a compile's life a step failed."""
+
+    DISPATCH = "dispatch"  # the message was lost from the broker (re-sent by the reconciler)
+    FETCH = "fetch"  # fetching the pinned model
+    COMPILE = "compile"  # the compiler itself
+    PUBLISH = "publish"  # storing the outputs and the manifest
+    LEASE = "lease"  # the worker stopped renewing its lease (taken back by the reaper)
+
+
+@dataclass(frozen=True)
+class Failure:
+    attempt: int
+    at: datetime
+    phase: str
+    error_class: str
+    code: str | None
+    message: str | None
+    retry: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "at": self.at, "phase": self.phase, "error_class": self.error_class,
+                "code": self.code, "message": self.message, "retried": self.retry}
+
+
+def record(session: Session, bucket_compile_id: int, attempt: int, phase: str, error_class: ErrorClass | str,
+           code: str | None, message: str | None, *, retry: bool) -> None:
+    """Add a failure to the history, in the current transaction."""
+    session.execute(_INSERT, {
+        "bucket_compile_id": bucket_compile_id, "attempt": attempt, "at": utcnow(), "phase": phase,
+        "error_class": str(ErrorClass(error_class)), "code": code,
+        "message": None if message is None else message[:MAX_MESSAGE], "retry": retry,
+    })
+
+
+def last(session: Session, bucket_compile_id: int) -> Failure | None:
+    """The most recent failure of a compile, or None."""
+    row = session.scalars(select(BucketFailure).where(BucketFailure.bucket_compile_id == bucket_compile_id)
+                          .order_by(BucketFailure.id.desc()).limit(1)).one_or_none()
+    return None if row is None else _failure(row)
+
+
+def of_buckets(session: Session, bucket_compile_ids: Iterable[int]) -> dict[int, list[Failure]]:
+    """Each compile's failures, oldest (the first cause) first."""
+    ids = list(bucket_compile_ids)
+    history: dict[int, list[Failure]] = {i: [] for i in ids}
+    if not ids:
+        return history
+    rows = session.scalars(select(BucketFailure).where(BucketFailure.bucket_compile_id.in_(ids))
+                           .order_by(BucketFailure.bucket_compile_id, BucketFailure.id))
+    for row in rows:
+        history[row.bucket_compile_id].append(_failure(row))
+    return history
+
+
+def _failure(row: BucketFailure) -> Failure:
+    return Failure(attempt=row.attempt, at=row.at, phase=row.phase, error_class=row.error_class, code=row.code,
+                   message=row.message, retry=row.retry)

@@ -1,0 +1,135 @@
+"""The ledger's state machines: which states exist, which moves between them are allowed, and who makes each.
+
+This module is the one place that names a state. The schema's CHECK constraints are generated from these
+enums (:func:`check_constraint`), and :func:`compilesvc.events.record`, which every transition writes in
+its transaction, refuses a move this table does not list, so a new transition cannot slip in unseen.
+
+Bucket compile (one row per bucket key; the unit a worker compiles)::
+
+    (new) ──submit──▶ queued ──claim──▶ running ──succeed──▶ succeeded
+                        ▲  ▲               │
+                        │  └──requeue──────┤  infra / timeout failure with attempts left (after a backoff),
+                        │                  │  lease expired (reaper), cancel superseded by a new request
+                        │                  ├──fail──▶ failed     compile error (final: the negative cache),
+                        │                  │                     model gone, attempts exhausted, or the same
+                        │                  │                     infra failure twice in a row
+                        │                  └──cancel─▶ cancelled
+                        └──resubmit / retry── failed | cancelled      (a compile error only by explicit retry)
+    queued ──cancel──▶ cancelled;   (new) ──import──▶ succeeded (a manifest found in the store)
+
+A queued compile is never stuck on a lost message: the reconciler (:mod:`compilesvc.reconcile`) re-sends
+one whose message is neither queued nor held by a worker, and the reaper (:mod:`compilesvc.reaper`) takes
+back a running one whose lease ran out.
+
+Artifact (one row per artifact key; a set of bucket compiles)::
+
+    (new) ──submit──▶ building ──every bucket succeeded──▶ published (final)
+                      building ──a bucket failed for good──▶ failed ──resubmit / retry──▶ building
+                      building ──its last build cancelled──▶ cancelled ──resubmit / retry──▶ building
+    (new) ──import──▶ published
+
+Build (one row per submission) follows its artifact (:data:`BUILD_STATE_FOR_ARTIFACT`) unless cancelled
+itself; a retry moves a failed or cancelled build back to building.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from sqlalchemy import CheckConstraint
+
+
+class BucketState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class ArtifactState(StrEnum):
+    BUILDING = "building"
+    PUBLISHED = "published"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class BuildState(StrEnum):
+    BUILDING = "building"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Outcome(StrEnum):
+    """How a submission was answered: a published artifact, one in flight, or a new one."""
+
+    HIT = "hit"
+    JOIN = "join"
+    NEW = "new"
+
+
+class ErrorClass(StrEnum):
+    """Why an attempt failed, which decides what happens next (:data:`RETRIED`, :data:`REQUEUED_BY_SUBMIT`)."""
+
+    COMPILE = "compile"  # the compiler refused the model: final for the key until an explicit retry
+    MODEL = "model"  # the pinned model bytes are gone or changed: a new submit re-pins them
+    INFRA = "infra"  # the host, the store, the broker or the ledger failed: retried
+    TIMEOUT = "timeout"  # the compile ran out of time: retried like infra
+    CANCELLED = "cancelled"
+
+
+#: Failures a worker's attempt is retried after (with a backoff), while attempts remain.
+RETRIED: frozenset[ErrorClass] = frozenset({ErrorClass.INFRA, ErrorClass.TIMEOUT})
+#: Failures a new submit requeues. Only a compile error sticks (the negative cache); a model failure is
+#: requeued with the new submit's pin of the same bytes.
+REQUEUED_BY_SUBMIT: frozenset[ErrorClass] = frozenset(
+    {ErrorClass.MODEL, ErrorClass.INFRA, ErrorClass.TIMEOUT, ErrorClass.CANCELLED})
+
+BUILD_STATE_FOR_ARTIFACT: dict[ArtifactState, BuildState] = {
+    ArtifactState.BUILDING: BuildState.BUILDING,
+    ArtifactState.PUBLISHED: BuildState.SUCCEEDED,
+    ArtifactState.FAILED: BuildState.FAILED,
+    ArtifactState.CANCELLED: BuildState.CANCELLED,
+}
+
+B, A, D = BucketState, ArtifactState, BuildState
+
+#: Every allowed move, by entity, as ``(from, to)``; ``None`` is "did not exist".
+TRANSITIONS: dict[str, frozenset[tuple[str | None, str]]] = {
+    "bucket": frozenset({
+        (None, B.QUEUED), (None, B.SUCCEEDED),
+        (B.QUEUED, B.RUNNING), (B.QUEUED, B.CANCELLED),
+        (B.RUNNING, B.SUCCEEDED), (B.RUNNING, B.FAILED), (B.RUNNING, B.CANCELLED), (B.RUNNING, B.QUEUED),
+        (B.FAILED, B.QUEUED), (B.CANCELLED, B.QUEUED),
+    }),
+    "artifact": frozenset({
+        (None, A.BUILDING), (None, A.PUBLISHED),
+        (A.BUILDING, A.PUBLISHED), (A.BUILDING, A.FAILED), (A.BUILDING, A.CANCELLED),
+        (A.FAILED, A.BUILDING), (A.CANCELLED, A.BUILDING),
+    }),
+    "build": frozenset({
+        (None, D.BUILDING), (None, D.SUCCEEDED), (None, D.FAILED),
+        (D.BUILDING, D.SUCCEEDED), (D.BUILDING, D.FAILED), (D.BUILDING, D.CANCELLED),
+        (D.FAILED, D.BUILDING), (D.CANCELLED, D.BUILDING),
+    }),
+}
+
+del B, A, D
+
+
+class IllegalTransition(RuntimeError):
+    """A move the state machine does not allow: a bug in the caller, never a user error."""
+
+
+def check_transition(entity: str, from_state: str | None, to_state: str) -> None:
+    """Raise :class:`IllegalTransition` unless ``entity`` may move from ``from_state`` to ``to_state``."""
+    allowed = TRANSITIONS.get(entity)
+    if allowed is None or (from_state, to_state) not in allowed:
+        raise IllegalTransition(f"{entity}: {from_state!r} -> {to_state!r} is not a transition of its state machine")
+
+
+def check_constraint(column: str, states: type[StrEnum], name: str) -> CheckConstraint:
+    """The schema's CHECK that ``column`` holds one of ``states`` (named by the naming convention)."""
+    values = ", ".join(f"'{s.value}'" for s in states)
+    return CheckConstraint(f"{column} IN ({values})", name=name)
