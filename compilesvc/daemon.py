@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from compilesvc.config import Settings
 from compilesvc.outbox import OutboxRelay
 from compilesvc.reaper import ReapReport, reap, relay_all
+from compilesvc.reconcile import Reconciler, broker_view
 from compilesvc.services import Services
 
 log = logging.getLogger("compilesvc.relay")
@@ -91,6 +92,9 @@ class RelayLoop:
         self.reap_interval = reap_interval or default_reap_interval(services.settings)
         self.stop = threading.Event()
         self._stale: set[str] = set()
+        settings = services.settings
+        self.reconciler = Reconciler(services.sessions, broker_view(settings, services.producer),
+                                     settings.dispatch_grace_seconds)
 
     def run_once(self, *, with_reap: bool = True) -> ReapReport | None:
         if not with_reap:
@@ -98,11 +102,11 @@ class RelayLoop:
             if sent:
                 log.info("relayed outbox rows", extra={"sent": sent})
             return None
-        report = reap(self.services, relay=self.relay)
+        report = reap(self.services, relay=self.relay, reconciler=self.reconciler)
         if report.changed:
             log.info("reaper pass", extra={
                 "requeued": report.requeued, "failed": report.failed, "cancelled": report.cancelled,
-                "published": report.published, "relayed": report.relayed,
+                "published": report.published, "resent": report.resent, "relayed": report.relayed,
             })
         stale = set(report.stale_workers)
         if stale - self._stale:  # report each worker going silent once, not every pass
@@ -139,7 +143,7 @@ def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
         settings = Settings()
     except ValidationError as exc:
         raise click.UsageError(f"invalid COMPILESVC_* settings: {exc}") from None
-    services = Services.from_settings(settings)
+    services = Services.from_settings(settings, pre_ping=True)
     loop = RelayLoop(services, services.relay, reap_interval=reap_interval)
 
     def _stop(signum: int, _frame: FrameType | None) -> None:

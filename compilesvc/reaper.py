@@ -7,7 +7,9 @@ several processes at once (each ``compilesvc relay`` process runs it).
    recording its compile and publishing the set. :func:`publish_if_complete` finishes the job.
 3. Workers whose heartbeat is older than ``worker_stale_seconds``: reported only. The registry's readers
    ignore them already, and their compiles come back through their leases, not through the registry.
-4. Outbox rows not yet sent (including the requeues of step 1): relayed.
+4. Queued compiles whose message the broker lost (restarted empty, flushed): re-sent
+   (:class:`compilesvc.reconcile.Reconciler`, given by the relay loop, which keeps its state across passes).
+5. Outbox rows not yet sent and due (including the requeues of step 1 and the re-sends of step 4): relayed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from compilesvc.artifacts import publish_if_complete
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile
 from compilesvc.outbox import OutboxRelay
+from compilesvc.reconcile import Reconciler
 from compilesvc.registry import stale_workers
 from compilesvc.services import Services
 from compilesvc.store import StoreError
@@ -37,11 +40,12 @@ class ReapReport:
     cancelled: list[int] = field(default_factory=list)
     published: list[int] = field(default_factory=list)
     stale_workers: list[str] = field(default_factory=list)
+    resent: list[int] = field(default_factory=list)
     relayed: int = 0
 
     @property
     def changed(self) -> bool:
-        return bool(self.requeued or self.failed or self.cancelled or self.published or self.relayed)
+        return bool(self.requeued or self.failed or self.cancelled or self.published or self.resent or self.relayed)
 
 
 def expired_leases(session: Session, limit: int) -> list[int]:
@@ -73,7 +77,8 @@ def complete_unpublished(session: Session, limit: int) -> list[int]:
     ))
 
 
-def reap(services: Services, *, relay: OutboxRelay | None = None, limit: int = 100) -> ReapReport:
+def reap(services: Services, *, relay: OutboxRelay | None = None, reconciler: Reconciler | None = None,
+         limit: int = 100) -> ReapReport:
     """One pass of every recovery step; returns what it did."""
     report = ReapReport()
     settings = services.settings
@@ -108,6 +113,12 @@ def reap(services: Services, *, relay: OutboxRelay | None = None, limit: int = 1
 
     with services.sessions() as session:
         report.stale_workers = [w.id for w in stale_workers(session, settings.worker_stale_seconds)]
+
+    if reconciler is not None:
+        try:
+            report.resent = reconciler.run()
+        except Exception as exc:  # the broker is down: nothing can be concluded about its messages now
+            log.warning("reconciler pass failed", extra={"error": f"{type(exc).__name__}: {exc}"})
 
     report.relayed = relay_all(relay, limit)
     return report

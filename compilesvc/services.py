@@ -29,9 +29,12 @@ class Services:
     default_isa: str = field(default_factory=host_isa)
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> Services:
+    def from_settings(cls, settings: Settings | None = None, *, pre_ping: bool = False) -> Services:
+        """``pre_ping`` checks each pooled connection before use: one round trip per checkout, which the
+        API's hot path does not pay, but which lets the relay and the workers (a few transactions a second)
+        come through a database restart without a failed statement."""
         settings = settings or Settings()
-        engine = make_engine(settings.resolved_database_url)
+        engine = make_engine(settings.resolved_database_url, pool_pre_ping=pre_ping)
         return cls(settings=settings, engine=engine, sessions=make_sessionmaker(engine),
                    store=open_store(settings))
 

@@ -48,14 +48,16 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from compilesvc import leases
+from compilesvc import backoff, failures, leases
 from compilesvc.artifacts import publish_ready_artifacts
 from compilesvc.db import transaction
+from compilesvc.failures import Phase
 from compilesvc.logs import append_lines
 from compilesvc.manifest import BucketManifest, FileEntry, parse_bucket_manifest
 from compilesvc.model_identity import ModelRefError
 from compilesvc.outbox import OutboxRelay
 from compilesvc.services import Services
+from compilesvc.states import ErrorClass
 from compilesvc.store import StoreError, bucket_manifest_name
 from workers.classify import Outcome, classify
 from workers.logstream import LogStream
@@ -313,14 +315,12 @@ def publish_outputs(services: Services, claim: leases.Claim, out_dir: Path, resu
     return parse_bucket_manifest(existing, claim.key)
 
 
-def archive_log(services: Services, logs: LogStream) -> FileEntry | None:
-    """Close the log file and store it as a blob; None (logged) if the store refuses."""
-    logs.close()
+def archive_log(services: Services, *, logs_path: Path, bucket_id: int) -> FileEntry | None:
+    """Store the (closed) compile log as a blob; None (logged) if the store refuses."""
     try:
-        info = services.store.put_file(logs.log_path)
+        info = services.store.put_file(logs_path)
     except (StoreError, OSError) as exc:
-        log.warning("could not archive the compile log", extra={"error": str(exc),
-                                                                 "bucket_compile_id": logs.bucket_compile_id})
+        log.warning("could not archive the compile log", extra={"error": str(exc), "bucket_compile_id": bucket_id})
         return None
     return FileEntry(path=LOG_NAME, role="log", size=info.size, sha256=info.sha256)
 
@@ -330,20 +330,29 @@ def archive_log(services: Services, logs: LogStream) -> FileEntry | None:
 T = TypeVar("T")
 
 
-def with_db_retry(fn: Callable[[], T], attempts: int = 4, delay: float = 0.5) -> T:
-    """Run a ledger transaction, retrying on connection loss and deadlocks (each try is a fresh
-    transaction, and the fenced writes make a retry after an unknown commit outcome harmless)."""
-    for attempt in range(1, attempts + 1):
+def with_db_retry(fn: Callable[[], T], budget_seconds: float = 30.0) -> T:
+    """Run a ledger transaction, retrying on connection loss and deadlocks for up to ``budget_seconds``
+    with a jittered backoff (each try is a fresh transaction on a fresh connection: SQLAlchemy drops a
+    pool whose connection died with the server; the fenced writes make a retry after an unknown commit
+    outcome harmless). Long enough to ride out a database restart or failover."""
+    deadline = time.monotonic() + budget_seconds
+    retry = 0
+    while True:
         try:
             return fn()
         except (OperationalError, DBAPIError) as exc:
             retryable = isinstance(exc, OperationalError) or exc.connection_invalidated
-            if not retryable or attempt == attempts:
+            retry += 1
+            pause = backoff.delay(retry, 0.5, 5.0)
+            if not retryable or time.monotonic() + pause > deadline:
                 raise
             log.warning("ledger write failed; retrying", extra={"error": str(exc).splitlines()[0],
-                                                               "try": attempt})
-            time.sleep(delay * attempt)
-    raise AssertionError("unreachable")
+                                                               "try": retry, "retry_in": round(pause, 2)})
+            time.sleep(pause)
+
+
+class ClaimNotRecorded(Exception):
+    """The ledger could not be reached to claim a compile: its message must not be acknowledged."""
 
 
 # -- the attempt -----------------------------------------------------------------------------------------
@@ -428,11 +437,19 @@ def sweep_orphaned_attempts(root: Path | None = None) -> list[str]:
 def run_compile(services: Services, bucket_compile_id: int, worker_id: str, *,
                 relay: OutboxRelay | None = None) -> RunResult:
     """Run one attempt of a bucket compile (see the module docstring). Never raises for compile or infra
-    failures: they are recorded in the ledger; an exception escaping here means the ledger is unreachable,
-    and the lease's expiry brings the compile back."""
+    failures: they are recorded in the ledger. :class:`ClaimNotRecorded` means the claim never reached the
+    ledger (the task must give its message back, not acknowledge it); any other exception escaping here
+    means the ledger became unreachable later, and the lease's expiry brings the compile back."""
     relay = relay or services.relay
-    with transaction(services.sessions) as session:
-        claim = leases.claim(session, bucket_compile_id, worker_id, services.settings.lease_seconds)
+
+    def take() -> leases.Claim | None:
+        with transaction(services.sessions) as session:
+            return leases.claim(session, bucket_compile_id, worker_id, services.settings.lease_seconds)
+
+    try:
+        claim = with_db_retry(take)
+    except (OperationalError, DBAPIError) as exc:
+        raise ClaimNotRecorded(f"could not claim bucket compile {bucket_compile_id}: {exc}") from exc
     if claim is None:
         log.info("duplicate delivery: nothing to claim",
                  extra={"bucket_compile_id": bucket_compile_id, "worker": worker_id})
@@ -453,7 +470,7 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str, *,
         if keeper.lost:
             return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
         outcome = Outcome("infra", "WORKER_ERROR", f"{type(exc).__name__}: {exc}"[:500])
-        return _record_failure(services, claim, outcome, relay, logger)
+        return _record_failure(services, claim, outcome, logger, phase=Phase.COMPILE, relay=relay)
     finally:
         keeper.close()
 
@@ -475,10 +492,11 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
         try:
             services.resolver.fetch(claim.model["fetch"], model_path)
         except ModelRefError as exc:  # gone or changed since it was pinned: only a new submit's new pin helps
-            return _fail(services, claim, Outcome("model", "MODEL_UNAVAILABLE", str(exc)), logs, relay, logger)
+            return _fail(services, claim, Outcome("model", "MODEL_UNAVAILABLE", str(exc)), logs, relay, logger,
+                         phase=Phase.FETCH)
         except (StoreError, OSError) as exc:
             return _fail(services, claim, Outcome("infra", "MODEL_FETCH_FAILED", f"{type(exc).__name__}: {exc}"),
-                         logs, relay, logger)
+                         logs, relay, logger, phase=Phase.FETCH)
         logs.service(f"fetched model sha256:{claim.model.get('sha256')} "
                      f"({model_path.stat().st_size} bytes) in {time.monotonic() - fetch_started:.1f}s")
         if keeper.stop.is_set():
@@ -538,15 +556,12 @@ def _stopped(services: Services, claim: leases.Claim, keeper: LeaseKeeper, logs:
 def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: Path, result: dict[str, Any],
              keeper: LeaseKeeper, logs: LogStream, relay: OutboxRelay,
              logger: logging.LoggerAdapter[Any]) -> RunResult:
-    try:
-        logs.service("publishing")
-        log_entry = archive_log(services, logs)
-        manifest = publish_outputs(services, claim, out_dir, result, log_entry, worker_id)
-    except PublishError as exc:
-        return _record_failure(services, claim, Outcome("infra", "BAD_RESULT", str(exc)), relay, logger)
-    except (StoreError, OSError) as exc:
-        return _record_failure(services, claim, Outcome("infra", "PUBLISH_FAILED", f"{type(exc).__name__}: {exc}"),
-                               relay, logger)
+    logs.service("publishing")
+    logs.close()
+    manifest = _publish_with_retries(services, claim, worker_id, out_dir, result, keeper, logs.log_path, relay,
+                                     logger)
+    if isinstance(manifest, RunResult):
+        return manifest
     name = bucket_manifest_name(claim.key)
     manifest_uri = services.store.document_location(name)
     if keeper.lost:  # published files are harmless (content-addressed, same key); the record is not ours
@@ -569,11 +584,57 @@ def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: P
     return RunResult(claim.bucket_id, "succeeded", claim.attempt, manifest_uri=manifest_uri)
 
 
+def _publish_with_retries(services: Services, claim: leases.Claim, worker_id: str, out_dir: Path,
+                          result: dict[str, Any], keeper: LeaseKeeper, log_path: Path, relay: OutboxRelay,
+                          logger: logging.LoggerAdapter[Any]) -> BucketManifest | RunResult:
+    """Publish the outputs, retrying a store outage with a backoff for up to ``publish_retry_seconds``
+    while the lease is kept: the compiled output is still here, and a new attempt would compile again
+    (hours, for Neuron). Each failed try is added to the compile's failure history, so the build shows
+    the outage. Returns the manifest, or how the attempt ended."""
+    settings = services.settings
+    deadline = time.monotonic() + settings.publish_retry_seconds
+    retry = 0
+    while True:
+        try:
+            log_entry = archive_log(services, logs_path=log_path, bucket_id=claim.bucket_id)
+            return publish_outputs(services, claim, out_dir, result, log_entry, worker_id)
+        except PublishError as exc:
+            return _record_failure(services, claim, Outcome("infra", "BAD_RESULT", str(exc)), logger,
+                                   phase=Phase.PUBLISH, relay=relay)
+        except (StoreError, OSError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            retry += 1
+            pause = backoff.for_settings(settings, retry)
+            if time.monotonic() + pause > deadline:
+                return _record_failure(services, claim, Outcome("infra", "PUBLISH_FAILED", error), logger,
+                                       phase=Phase.PUBLISH, relay=relay)
+        _note_publish_retry(services, claim, error, retry, pause, logger)
+        if keeper.stop.wait(pause):  # the lease was lost or the build cancelled while we waited
+            if keeper.lost:
+                return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
+            cancelled = Outcome("cancelled", "CANCELLED", "cancelled while publishing")
+            return _record_failure(services, claim, cancelled, logger, phase=Phase.PUBLISH, relay=relay)
+
+
+def _note_publish_retry(services: Services, claim: leases.Claim, error: str, retry: int, pause: float,
+                        logger: logging.LoggerAdapter[Any]) -> None:
+    line = f"publish failed ({error}); retry {retry} in {pause:.1f}s, without compiling again"
+    logger.warning("publish failed; retrying", extra={"error": error, "retry": retry, "retry_in": round(pause, 1)})
+    try:
+        with transaction(services.sessions) as session:
+            failures.record(session, claim.bucket_id, claim.attempt, Phase.PUBLISH, ErrorClass.INFRA,
+                            "PUBLISH_FAILED", error, retry=True)
+            append_lines(session, claim.bucket_id, claim.attempt, [line], stream="service")
+    except Exception as exc:  # the ledger is down too: the retry matters more than its record
+        logger.warning("could not record the publish failure", extra={"error": str(exc)})
+
+
 def _fail(services: Services, claim: leases.Claim, outcome: Outcome, logs: LogStream, relay: OutboxRelay,
-          logger: logging.LoggerAdapter[Any]) -> RunResult:
+          logger: logging.LoggerAdapter[Any], *, phase: str = Phase.COMPILE) -> RunResult:
     """Archive the log (naming its blob in the central log), then record the failure."""
     logs.service(f"{outcome.error_class} error {outcome.code}: {outcome.message}")
-    entry = archive_log(services, logs)
+    logs.close()
+    entry = archive_log(services, logs_path=logs.log_path, bucket_id=claim.bucket_id)
     if entry is not None:
         logger.info("compile log archived", extra={"log_sha256": entry.sha256})
         try:
@@ -583,26 +644,28 @@ def _fail(services: Services, claim: leases.Claim, outcome: Outcome, logs: LogSt
                              stream="service")
         except Exception as exc:  # the failure record below matters more than this line
             logger.warning("could not write the log-archive line", extra={"error": str(exc)})
-    return _record_failure(services, claim, outcome, relay, logger)
+    return _record_failure(services, claim, outcome, logger, phase=phase, relay=relay)
 
 
-def _record_failure(services: Services, claim: leases.Claim, outcome: Outcome, relay: OutboxRelay,
-                    logger: logging.LoggerAdapter[Any]) -> RunResult:
+def _record_failure(services: Services, claim: leases.Claim, outcome: Outcome, logger: logging.LoggerAdapter[Any],
+                    *, phase: str, relay: OutboxRelay | None = None) -> RunResult:
     error_class = outcome.error_class or "infra"
+    retry_in = backoff.for_settings(services.settings, claim.attempt)
 
     def record() -> leases.Outcome | None:
         with transaction(services.sessions) as session:
-            return leases.fail(session, claim.bucket_id, claim.token, error_class, outcome.code, outcome.message)
+            return leases.fail(session, claim.bucket_id, claim.token, error_class, outcome.code, outcome.message,
+                               phase=phase, backoff_seconds=retry_in)
 
     settled = with_db_retry(record)
     if settled is None:
         logger.warning("lease lost before the failure was recorded; another attempt owns the compile")
         return RunResult(claim.bucket_id, "lease-lost", claim.attempt, error_class, outcome.code, outcome.message)
     logger.info("compile attempt failed", extra={"error_class": error_class, "code": outcome.code,
-                                                 "new_state": settled.state})
-    if settled.outbox_id is not None:
+                                                 "new_state": settled.state, "retry_in": round(settled.retry_in, 1)})
+    if settled.outbox_id is not None and not settled.retry_in:
         try:
-            relay.relay([settled.outbox_id])
+            (relay or services.relay).relay([settled.outbox_id])
         except Exception as exc:  # the relay loop sends it
             logger.warning("relaying the requeue failed", extra={"error": str(exc)})
     return RunResult(claim.bucket_id, settled.state, claim.attempt, error_class, outcome.code, outcome.message)

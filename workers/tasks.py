@@ -17,13 +17,14 @@ import threading
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Reject
 from celery.signals import worker_ready
 
 from compilesvc.dispatch import COMPILE_TASK
 from compilesvc.outbox import OutboxRelay
 from compilesvc.services import Services
 from workers.celery_app import app
-from workers.runner import run_compile
+from workers.runner import ClaimNotRecorded, run_compile
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def services() -> tuple[Services, OutboxRelay]:
     global _services
     with _services_lock:
         if _services is None or _services[0] != os.getpid():
-            built = Services.from_settings()
+            built = Services.from_settings(pre_ping=True)
             _services = (os.getpid(), built, OutboxRelay(built.sessions, app))
         return _services[1], _services[2]
 
@@ -56,7 +57,15 @@ def services() -> tuple[Services, OutboxRelay]:
 def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sdk: str, backend: str,
                    isa: str | None = None) -> str:
     svc, relay = services()
-    return run_compile(svc, bucket_compile_id, worker_id(), relay=relay).status
+    try:
+        return run_compile(svc, bucket_compile_id, worker_id(), relay=relay).status
+    except ClaimNotRecorded as exc:
+        # Acknowledging would drop the only message of a compile that is still queued in the ledger; give it
+        # back to the broker (after run_compile's own retries, so this is no hot loop). Should the message
+        # be lost anyway, the reconciler re-sends it.
+        log.warning("claim failed; message returned to the queue",
+                    extra={"bucket_compile_id": bucket_compile_id, "error": str(exc)})
+        raise Reject(str(exc), requeue=True) from exc
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]

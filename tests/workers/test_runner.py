@@ -186,8 +186,23 @@ def test_timeout_is_recorded_and_requeued(services: Services) -> None:
     assert time.monotonic() - started < 10
     with services.sessions() as session:
         requeue = session.scalars(select(Outbox).where(Outbox.bucket_compile_id == row.id).order_by(Outbox.id)).all()
-    assert len(requeue) == 2 and requeue[-1].sent_at is not None  # the worker relayed its own requeue
+    # The requeue waits out its backoff in the ledger (not in the broker), then the relay sends it.
+    assert len(requeue) == 2 and requeue[-1].sent_at is None and requeue[-1].available_at is not None
+    wait = (requeue[-1].available_at - requeue[-1].created_at).total_seconds()
+    base = services.settings.retry_backoff_seconds
+    assert base / 2 <= wait <= base + 1
     assert bucket(services, result).attempts == 1
+
+
+def test_without_a_backoff_the_worker_relays_its_own_requeue(services: Services) -> None:
+    services.settings.compile_timeout_seconds = 1
+    services.settings.retry_backoff_seconds = 0
+    result = submit(services, "slow:30")
+    row = bucket(services, result)
+    assert run_compile(services, row.id, WORKER).status == "queued"
+    with services.sessions() as session:
+        requeue = session.scalars(select(Outbox).where(Outbox.bucket_compile_id == row.id).order_by(Outbox.id)).all()
+    assert len(requeue) == 2 and requeue[-1].sent_at is not None
 
 
 @pytest.mark.parametrize(("behaviour", "status", "error_class"), [
