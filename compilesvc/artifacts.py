@@ -24,29 +24,29 @@ from compilesvc.manifest import (
     parse_artifact_manifest,
     parse_bucket_manifest,
 )
+from compilesvc.states import BUILD_STATE_FOR_ARTIFACT, ArtifactState, BucketState, BuildState
 from compilesvc.store import ArtifactStore, StoreError
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 
 log = logging.getLogger(__name__)
 
-BUILD_STATE_FOR_ARTIFACT = {"building": "building", "published": "succeeded", "failed": "failed",
-                            "cancelled": "cancelled"}
 
 
-def set_artifact_state(session: Session, artifact: Artifact, state: str, **detail: Any) -> None:
+def set_artifact_state(session: Session, artifact: Artifact, state: ArtifactState, **detail: Any) -> None:
     """Move an artifact and the builds following it (those still building) to ``state``."""
     if artifact.state == state:
         return
     events.record(session, "artifact", artifact.id, artifact.state, state, **detail)
     artifact.state = state
     build_state = BUILD_STATE_FOR_ARTIFACT[state]
-    finished = utcnow() if build_state != "building" else None
-    follow_from = ("building",) if state != "building" else ("failed", "cancelled")
+    finished = utcnow() if build_state != BuildState.BUILDING else None
+    follow_from = ((BuildState.BUILDING,) if state != ArtifactState.BUILDING
+                   else (BuildState.FAILED, BuildState.CANCELLED))
     builds = session.scalars(
         select(Build).where(Build.artifact_id == artifact.id, Build.state.in_(follow_from))
     ).all()
     for build in builds:
-        if state == "building" and build.state == "cancelled":
+        if state == ArtifactState.BUILDING and build.state == BuildState.CANCELLED:
             continue  # a build its owner cancelled stays cancelled; a new submit makes a new build
         events.record(session, "build", build.id, build.state, build_state)
         build.state = build_state
@@ -58,11 +58,11 @@ def fail_artifacts_of_bucket(session: Session, bucket: BucketCompile) -> None:
     artifacts = session.scalars(
         select(Artifact)
         .join(ArtifactBucket, ArtifactBucket.artifact_id == Artifact.id)
-        .where(ArtifactBucket.bucket_compile_id == bucket.id, Artifact.state == "building")
+        .where(ArtifactBucket.bucket_compile_id == bucket.id, Artifact.state == ArtifactState.BUILDING)
         .with_for_update()
     ).all()
     for artifact in artifacts:
-        set_artifact_state(session, artifact, "failed", bucket=bucket.key, error_class=bucket.error_class,
+        set_artifact_state(session, artifact, ArtifactState.FAILED, bucket=bucket.key, error_class=bucket.error_class,
                            error_code=bucket.error_code)
 
 
@@ -100,10 +100,10 @@ def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], a
         artifact = session.get(Artifact, artifact_id)
         if artifact is None:
             raise LookupError(f"no artifact {artifact_id}")
-        if artifact.state != "building":
+        if artifact.state != ArtifactState.BUILDING:
             return artifact.state
         buckets = _bucket_rows(session, artifact_id)
-        if not buckets or any(b.state != "succeeded" for b, _ in buckets):
+        if not buckets or any(b.state != BucketState.SUCCEEDED for b, _ in buckets):
             return artifact.state
     name = artifact_manifest_name(artifact.key)
     manifest = build_artifact_manifest(store, artifact, buckets)
@@ -115,14 +115,14 @@ def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], a
     with transaction(sessions) as session:
         claimed = session.execute(
             update(Artifact)
-            .where(Artifact.id == artifact_id, Artifact.state == "building")
+            .where(Artifact.id == artifact_id, Artifact.state == ArtifactState.BUILDING)
             .values(manifest_uri=store.document_location(name), size_bytes=manifest.size_bytes,
                     published_at=utcnow())
             .returning(Artifact.id)
         ).scalar_one_or_none()
         artifact = session.get_one(Artifact, artifact_id)
         if claimed is not None:
-            set_artifact_state(session, artifact, "published")
+            set_artifact_state(session, artifact, ArtifactState.PUBLISHED)
             log.info("artifact published", extra={"artifact_key": artifact.key})
         return artifact.state
 
@@ -133,7 +133,7 @@ def publish_ready_artifacts(store: ArtifactStore, sessions: sessionmaker[Session
         artifact_ids = session.scalars(
             select(ArtifactBucket.artifact_id)
             .join(Artifact, Artifact.id == ArtifactBucket.artifact_id)
-            .where(ArtifactBucket.bucket_compile_id == bucket_id, Artifact.state == "building")
+            .where(ArtifactBucket.bucket_compile_id == bucket_id, Artifact.state == ArtifactState.BUILDING)
         ).all()
     for artifact_id in artifact_ids:
         publish_if_complete(store, sessions, artifact_id)

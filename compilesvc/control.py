@@ -19,6 +19,7 @@ from compilesvc.artifacts import set_artifact_state
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, utcnow
 from compilesvc.services import Services
+from compilesvc.states import ArtifactState, BucketState, BuildState, ErrorClass
 from compilesvc.submit import SubmitRefused, linked_buckets, requeue_bucket
 
 
@@ -40,7 +41,7 @@ def _needed_elsewhere(session: Session, bucket: BucketCompile, artifact_id: int)
         select(Artifact.id)
         .join(ArtifactBucket, ArtifactBucket.artifact_id == Artifact.id)
         .where(ArtifactBucket.bucket_compile_id == bucket.id, Artifact.id != artifact_id,
-               Artifact.state == "building")
+               Artifact.state == ArtifactState.BUILDING)
         .limit(1)
     )
     return other is not None
@@ -59,24 +60,25 @@ def _locked_build(session: Session, build_id: int) -> tuple[Build, Artifact]:
 def cancel_build(services: Services, build_id: int) -> None:
     with transaction(services.sessions) as session:
         build, artifact = _locked_build(session, build_id)
-        if build.state != "building":
+        if build.state != BuildState.BUILDING:
             raise NotCancellable(f"build {build_id} is already {build.state}")
-        events.record(session, "build", build.id, build.state, "cancelled", reason="cancel requested")
-        build.state = "cancelled"
+        events.record(session, "build", build.id, build.state, BuildState.CANCELLED, reason="cancel requested")
+        build.state = BuildState.CANCELLED
         build.finished_at = utcnow()
         still_waiting = session.scalar(
-            select(Build.id).where(Build.artifact_id == artifact.id, Build.state == "building").limit(1)
+            select(Build.id).where(Build.artifact_id == artifact.id, Build.state == BuildState.BUILDING).limit(1)
         )
         if still_waiting is not None:
             return  # another build still wants this artifact
-        set_artifact_state(session, artifact, "cancelled", reason=f"build {build_id} cancelled")
+        set_artifact_state(session, artifact, ArtifactState.CANCELLED, reason=f"build {build_id} cancelled")
         for bucket in linked_buckets(session, artifact.id):
-            if bucket.state not in ("queued", "running") or _needed_elsewhere(session, bucket, artifact.id):
+            if bucket.state not in (BucketState.QUEUED, BucketState.RUNNING) or \
+                    _needed_elsewhere(session, bucket, artifact.id):
                 continue
-            if bucket.state == "queued":
-                events.record(session, "bucket", bucket.id, "queued", "cancelled")
-                bucket.state = "cancelled"
-                bucket.error_class = "cancelled"
+            if bucket.state == BucketState.QUEUED:
+                events.record(session, "bucket", bucket.id, BucketState.QUEUED, BucketState.CANCELLED)
+                bucket.state = BucketState.CANCELLED
+                bucket.error_class = ErrorClass.CANCELLED
                 bucket.error_message = f"cancelled with build {build_id} before it started"
                 bucket.finished_at = utcnow()
                 bucket.lease_token += 1
@@ -88,21 +90,21 @@ def retry_build(services: Services, build_id: int) -> list[int]:
     """Requeue the failed/cancelled compiles of a build's artifact; returns relayed outbox ids."""
     with transaction(services.sessions) as session:
         build, artifact = _locked_build(session, build_id)
-        if artifact.state == "published":
+        if artifact.state == ArtifactState.PUBLISHED:
             raise NotRetryable(f"build {build_id}'s artifact is already published; nothing to retry")
         buckets = linked_buckets(session, artifact.id)
-        retryable = [b for b in buckets if b.state in ("failed", "cancelled")]
-        if not retryable and build.state == "building":
+        retryable = [b for b in buckets if b.state in (BucketState.FAILED, BucketState.CANCELLED)]
+        if not retryable and build.state == BuildState.BUILDING:
             raise NotRetryable(f"build {build_id} is still building and nothing in it failed")
         outbox_ids = [requeue_bucket(session, b, f"retry of build {build_id}", reset_attempts=True)
                       for b in retryable]
         for bucket in buckets:
-            if bucket.state == "running" and bucket.cancel_requested:
+            if bucket.state == BucketState.RUNNING and bucket.cancel_requested:
                 bucket.cancel_requested = False
-        set_artifact_state(session, artifact, "building", reason=f"retry of build {build_id}")
-        if build.state != "building":
-            events.record(session, "build", build.id, build.state, "building", reason="retry")
-            build.state = "building"
+        set_artifact_state(session, artifact, ArtifactState.BUILDING, reason=f"retry of build {build_id}")
+        if build.state != BuildState.BUILDING:
+            events.record(session, "build", build.id, build.state, BuildState.BUILDING, reason="retry")
+            build.state = BuildState.BUILDING
             build.finished_at = None
     services.relay.relay(outbox_ids)
     return outbox_ids

@@ -26,6 +26,7 @@ import click
 from compilesvc.config import Settings
 from compilesvc.demo import demo_model_bytes, demo_spec
 from compilesvc.migrate import upgrade
+from compilesvc.states import BuildState
 
 
 class DevError(click.ClickException):
@@ -107,13 +108,13 @@ def run_demo(base: str, children: Children, log_dir: Path) -> dict[str, Any]:
 
     def finished() -> dict[str, Any] | None:
         build: dict[str, Any] = _http("GET", f"{base}/v1/builds/{build_id}")
-        return build if build["state"] != "building" else None
+        return build if build["state"] != BuildState.BUILDING else None
 
     build = _wait_until(f"demo build {build_id}", finished, children, log_dir, 600)
     elapsed = time.monotonic() - started
     click.echo(f"demo build {build_id} {build['state']} in {elapsed:.1f} s; artifact "
                f"{base}/v1/artifacts/{build['artifact_key']}")
-    if build["state"] != "succeeded":
+    if build["state"] != BuildState.SUCCEEDED:
         raise DevError(f"the demo build ended {build['state']}; see {base}/builds/{build_id}")
     return dict(build)
 

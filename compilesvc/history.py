@@ -40,6 +40,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
 from sqlalchemy.sql.elements import ColumnElement
 
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, BuildLabel, Event
+from compilesvc.states import BuildState
 
 __all__ = [
     "BUILD_STATES",
@@ -63,7 +64,7 @@ __all__ = [
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
 DETAIL_EVENT_LIMIT = 100
-BUILD_STATES: tuple[str, ...] = ("building", "succeeded", "failed", "cancelled")
+BUILD_STATES: tuple[str, ...] = tuple(BuildState)
 
 # Ids are positive BIGINTs; a cursor is the decimal id, base64url-encoded without padding.
 _MAX_ID = 2**63 - 1

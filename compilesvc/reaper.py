@@ -28,6 +28,7 @@ from compilesvc.outbox import OutboxRelay
 from compilesvc.reconcile import Reconciler
 from compilesvc.registry import stale_workers
 from compilesvc.services import Services
+from compilesvc.states import ArtifactState, BucketState
 from compilesvc.store import StoreError
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def expired_leases(session: Session, limit: int) -> list[int]:
     on right now are skipped rather than waited for."""
     return list(session.scalars(
         select(BucketCompile.id)
-        .where(BucketCompile.state == "running", BucketCompile.lease_expires_at < leases.lease_clock(session))
+        .where(BucketCompile.state == BucketState.RUNNING, BucketCompile.lease_expires_at < leases.lease_clock(session))
         .order_by(BucketCompile.lease_expires_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
@@ -67,11 +68,11 @@ def complete_unpublished(session: Session, limit: int) -> list[int]:
     unfinished = (
         select(ArtifactBucket.bucket_compile_id)
         .join(BucketCompile, BucketCompile.id == ArtifactBucket.bucket_compile_id)
-        .where(ArtifactBucket.artifact_id == Artifact.id, BucketCompile.state != "succeeded")
+        .where(ArtifactBucket.artifact_id == Artifact.id, BucketCompile.state != BucketState.SUCCEEDED)
     )
     return list(session.scalars(
         select(Artifact.id)
-        .where(Artifact.state == "building", exists(linked), ~exists(unfinished))
+        .where(Artifact.state == ArtifactState.BUILDING, exists(linked), ~exists(unfinished))
         .order_by(Artifact.id)
         .limit(limit)
     ))
@@ -96,8 +97,8 @@ def reap(services: Services, *, relay: OutboxRelay | None = None, reconciler: Re
             continue
         log.warning("lease expired", extra={"bucket_compile_id": bucket_id, "bucket_key": outcome.bucket_key,
                                             "new_state": outcome.state})
-        {"queued": report.requeued, "failed": report.failed, "cancelled": report.cancelled}[
-            outcome.state].append(bucket_id)
+        {BucketState.QUEUED: report.requeued, BucketState.FAILED: report.failed,
+         BucketState.CANCELLED: report.cancelled}[outcome.state].append(bucket_id)
 
     with services.sessions() as session:
         stuck = complete_unpublished(session, limit)
@@ -107,7 +108,7 @@ def reap(services: Services, *, relay: OutboxRelay | None = None, reconciler: Re
         except StoreError as exc:  # the store is down or a manifest is missing: try again next pass
             log.warning("artifact repair failed", extra={"artifact_id": artifact_id, "error": str(exc)})
             continue
-        if state == "published":
+        if state == ArtifactState.PUBLISHED:
             log.info("artifact published by the reaper", extra={"artifact_id": artifact_id})
             report.published.append(artifact_id)
 

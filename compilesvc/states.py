@@ -86,7 +86,7 @@ RETRIED: frozenset[ErrorClass] = frozenset({ErrorClass.INFRA, ErrorClass.TIMEOUT
 REQUEUED_BY_SUBMIT: frozenset[ErrorClass] = frozenset(
     {ErrorClass.MODEL, ErrorClass.INFRA, ErrorClass.TIMEOUT, ErrorClass.CANCELLED})
 
-BUILD_STATE_FOR_ARTIFACT: dict[ArtifactState, BuildState] = {
+BUILD_STATE_FOR_ARTIFACT: dict[str, BuildState] = {
     ArtifactState.BUILDING: BuildState.BUILDING,
     ArtifactState.PUBLISHED: BuildState.SUCCEEDED,
     ArtifactState.FAILED: BuildState.FAILED,

@@ -16,6 +16,7 @@ the outbox in the same transaction and are relayed only after commit.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,9 +24,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from compilesvc import events
+from compilesvc import events, failures
 from compilesvc.artifacts import (
-    BUILD_STATE_FOR_ARTIFACT,
     fail_artifacts_of_bucket,
     publish_if_complete,
     read_manifest,
@@ -34,6 +34,7 @@ from compilesvc.artifacts import (
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
 from compilesvc.dispatch import queue_name
+from compilesvc.failures import Failure
 from compilesvc.keys import KeySet, compute_keys, digest
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, utcnow
 from compilesvc.ledger.sql import insert_ignore
@@ -43,7 +44,14 @@ from compilesvc.outbox import enqueue_compile
 from compilesvc.registry import live_queues
 from compilesvc.services import Services
 from compilesvc.spec import CompileSpec
-from compilesvc.states import REQUEUED_BY_SUBMIT, BucketState
+from compilesvc.states import (
+    BUILD_STATE_FOR_ARTIFACT,
+    REQUEUED_BY_SUBMIT,
+    ArtifactState,
+    BucketState,
+    ErrorClass,
+    Outcome,
+)
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 
 log = logging.getLogger(__name__)
@@ -93,14 +101,15 @@ class BucketView:
     started_at: datetime | None
     finished_at: datetime | None
     compile_seconds: float | None
+    failures: tuple[Failure, ...] = ()
 
     @classmethod
-    def of(cls, bucket: BucketCompile, position: int) -> BucketView:
+    def of(cls, bucket: BucketCompile, position: int, history: Sequence[Failure] = ()) -> BucketView:
         return cls(key=bucket.key, position=position, inputs=bucket.inputs, state=bucket.state,
                    attempts=bucket.attempts, error_class=bucket.error_class, error_code=bucket.error_code,
                    error_message=bucket.error_message, worker_id=bucket.worker_id,
                    started_at=bucket.started_at, finished_at=bucket.finished_at,
-                   compile_seconds=bucket.compile_seconds)
+                   compile_seconds=bucket.compile_seconds, failures=tuple(history))
 
 
 @dataclass(frozen=True)
@@ -132,13 +141,15 @@ class SubmitResult:
 
 
 def bucket_views(session: Session, artifact_id: int) -> list[BucketView]:
+    """The artifact's bucket compiles in position order, each with its failure history."""
     rows = session.execute(
         select(BucketCompile, ArtifactBucket.position)
         .join(ArtifactBucket, ArtifactBucket.bucket_compile_id == BucketCompile.id)
         .where(ArtifactBucket.artifact_id == artifact_id)
         .order_by(ArtifactBucket.position)
     ).all()
-    return [BucketView.of(bucket, position) for bucket, position in rows]
+    history = failures.of_buckets(session, [bucket.id for bucket, _ in rows])
+    return [BucketView.of(bucket, position, history[bucket.id]) for bucket, position in rows]
 
 
 def requeue_bucket(session: Session, bucket: BucketCompile, reason: str, *, reset_attempts: bool,
@@ -246,20 +257,20 @@ class Submitter:
             if found is None:
                 manifest = read_manifest(self.services.store, key)
                 return self._import_artifact(ctx, manifest) if manifest is not None else None
-            if found.state != "published":
+            if found.state != ArtifactState.PUBLISHED:
                 return None
             artifact_id = found.id
             if len(self._published_ids) >= _PUBLISHED_IDS_MAX:
                 self._published_ids.clear()
             self._published_ids[key] = artifact_id
-        record = self._build_record(ctx, artifact_id, key, "published", "hit")
+        record = self._build_record(ctx, artifact_id, key, ArtifactState.PUBLISHED, Outcome.HIT)
         if ctx.idempotency_key:  # its unique key must be claimed in a transaction of its own
             with transaction(self.services.sessions) as session:
                 build_id = self._require_build(self._add_build(session, ctx, record))
         else:
             build_id = self.services.build_recorder.record(record)
-        return SubmitResult(build_id=build_id, outcome="hit", state=record.row["state"], artifact_key=key,
-                            artifact_state="published", buckets=[], manifest=self._published_manifest(key))
+        return SubmitResult(build_id=build_id, outcome=Outcome.HIT, state=record.row["state"], artifact_key=key,
+                            artifact_state=ArtifactState.PUBLISHED, buckets=[], manifest=self._published_manifest(key))
 
     def _import_artifact(self, ctx: _Context, manifest: ArtifactManifest) -> SubmitResult:
         """A manifest in the store but not in the ledger (another region, a rebuilt ledger): record it."""
@@ -270,17 +281,17 @@ class Submitter:
             for entry in manifest.buckets
         }
         with transaction(self.services.sessions) as session:
-            artifact_id = insert_ignore(session, Artifact, self._artifact_row(ctx, "published"), ["key"])
+            artifact_id = insert_ignore(session, Artifact, self._artifact_row(ctx, ArtifactState.PUBLISHED), ["key"])
             artifact = session.scalars(select(Artifact).where(Artifact.key == ctx.keys.key).with_for_update()).one()
             if artifact_id is not None:
                 artifact.manifest_uri = self.services.store.document_location(artifact_manifest_name(ctx.keys.key))
                 artifact.size_bytes = manifest.size_bytes
                 artifact.published_at = utcnow()
-                events.record(session, "artifact", artifact.id, None, "published", source="store")
+                events.record(session, "artifact", artifact.id, None, ArtifactState.PUBLISHED, source="store")
                 self._link_buckets(session, ctx, artifact, imported)
             build_id = self._require_build(self._add_build(
-                session, ctx, self._build_record(ctx, artifact.id, artifact.key, artifact.state, "hit")))
-            return SubmitResult(build_id=build_id, outcome="hit", state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
+                session, ctx, self._build_record(ctx, artifact.id, artifact.key, artifact.state, Outcome.HIT)))
+            return SubmitResult(build_id=build_id, outcome=Outcome.HIT, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
                                 artifact_key=artifact.key, artifact_state=artifact.state, buckets=[],
                                 manifest=manifest)
 
@@ -316,19 +327,19 @@ class Submitter:
                         ) -> tuple[SubmitResult, list[int], bool]:
         outbox_ids: list[int] = []
         with transaction(self.services.sessions) as session:
-            artifact_id = insert_ignore(session, Artifact, self._artifact_row(ctx, "building"), ["key"])
+            artifact_id = insert_ignore(session, Artifact, self._artifact_row(ctx, ArtifactState.BUILDING), ["key"])
             # Lock the row: finishing workers, cancels and other submits serialize on it.
             artifact = session.scalars(select(Artifact).where(Artifact.key == ctx.keys.key).with_for_update()).one()
             if artifact_id is not None:
-                outcome = "new"
-                events.record(session, "artifact", artifact.id, None, "building")
+                outcome = Outcome.NEW
+                events.record(session, "artifact", artifact.id, None, ArtifactState.BUILDING)
                 outbox_ids = self._link_buckets(session, ctx, artifact, imported)
-            elif artifact.state == "published":
-                outcome = "hit"
-            elif artifact.state == "building":
-                outcome = "join"
+            elif artifact.state == ArtifactState.PUBLISHED:
+                outcome = Outcome.HIT
+            elif artifact.state == ArtifactState.BUILDING:
+                outcome = Outcome.JOIN
             else:  # failed or cancelled: reopen unless a bucket failed with a compile error
-                outcome = "join"
+                outcome = Outcome.JOIN
                 outbox_ids = self._reopen(session, artifact, ctx)
             self._settle(session, artifact)
             build_id = self._add_build(
@@ -338,7 +349,8 @@ class Submitter:
             result = SubmitResult(build_id=build_id, outcome=outcome, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
                                   artifact_key=artifact.key, artifact_state=artifact.state,
                                   buckets=bucket_views(session, artifact.id))
-            finalize = artifact.state == "building" and all(b.state == "succeeded" for b in result.buckets)
+            finalize = artifact.state == ArtifactState.BUILDING and all(b.state == BucketState.SUCCEEDED
+                                                                       for b in result.buckets)
         return result, outbox_ids, finalize
 
     def _link_buckets(self, session: Session, ctx: _Context, artifact: Artifact,
@@ -357,7 +369,7 @@ class Submitter:
             if bucket_id is not None:
                 events.record(session, "bucket", bucket.id, None, bucket.state,
                               source="store" if manifest else "submit")
-                if bucket.state == "queued":
+                if bucket.state == BucketState.QUEUED:
                     outbox_ids.append(enqueue_compile(session, bucket).id)
             elif _will_compile(bucket.state, bucket.error_class):
                 outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True,
@@ -369,24 +381,24 @@ class Submitter:
 
     def _reopen(self, session: Session, artifact: Artifact, ctx: _Context) -> list[int]:
         buckets = linked_buckets(session, artifact.id)
-        if any(b.state == "failed" and b.error_class == "compile" for b in buckets):
+        if any(b.state == BucketState.FAILED and b.error_class == ErrorClass.COMPILE for b in buckets):
             return []  # negative cache: stays failed until an explicit retry
         outbox_ids = []
         for bucket in buckets:
             if _will_compile(bucket.state, bucket.error_class):
                 outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True,
                                                  model=ctx.model_row))
-            elif bucket.state == "running" and bucket.cancel_requested:
+            elif bucket.state == BucketState.RUNNING and bucket.cancel_requested:
                 bucket.cancel_requested = False  # still running: let it finish for the new build
-        set_artifact_state(session, artifact, "building", reason="resubmitted")
+        set_artifact_state(session, artifact, ArtifactState.BUILDING, reason="resubmitted")
         return outbox_ids
 
     def _settle(self, session: Session, artifact: Artifact) -> None:
         """A set containing a bucket that already failed with a compile error fails at once."""
-        if artifact.state != "building":
+        if artifact.state != ArtifactState.BUILDING:
             return
         for bucket in linked_buckets(session, artifact.id):
-            if bucket.state == "failed" and bucket.error_class == "compile":
+            if bucket.state == BucketState.FAILED and bucket.error_class == ErrorClass.COMPILE:
                 fail_artifacts_of_bucket(session, bucket)
                 return
 
@@ -419,7 +431,7 @@ class Submitter:
     # -- rows ---------------------------------------------------------------------------------------
 
     def _manifest(self, artifact: Artifact) -> ArtifactManifest | None:
-        return self._published_manifest(artifact.key) if artifact.state == "published" else None
+        return self._published_manifest(artifact.key) if artifact.state == ArtifactState.PUBLISHED else None
 
     def _published_manifest(self, key: str) -> ArtifactManifest | None:
         """The manifest of an artifact the ledger says is published (the API reads it through a cache)."""
@@ -435,7 +447,7 @@ class Submitter:
                     manifest: BucketManifest | None) -> dict[str, Any]:
         now = utcnow()
         row: dict[str, Any] = {
-            "key": key, "state": "queued", "target": ctx.spec.target, "sdk": ctx.spec.sdk,
+            "key": key, "state": BucketState.QUEUED, "target": ctx.spec.target, "sdk": ctx.spec.sdk,
             "backend": ctx.spec.backend, "queue": ctx.queue,
             "model": ctx.model_row,
             "material": ctx.keys.material, "inputs": inputs, "attempts": 0,
@@ -443,7 +455,7 @@ class Submitter:
             "queued_at": now, "updated_at": now,
         }
         if manifest is not None:
-            row.update(state="succeeded", manifest_uri=self.services.store.document_location(
+            row.update(state=BucketState.SUCCEEDED, manifest_uri=self.services.store.document_location(
                 bucket_manifest_name(key)), versions=manifest.versions, compile_seconds=manifest.compile_seconds,
                 finished_at=now)
         return row
@@ -459,7 +471,7 @@ class Submitter:
             "model_sha256": ctx.pinned.sha256, "target": ctx.spec.target, "sdk": ctx.spec.sdk,
             "backend": ctx.spec.backend, "idempotency_key": ctx.idempotency_key,
             "request_hash": ctx.request_hash, "created_at": now,
-            "finished_at": now if artifact_state != "building" else None,
+            "finished_at": now if artifact_state != ArtifactState.BUILDING else None,
         }
         return BuildRecord(row=row, labels=dict(ctx.spec.labels), detail={"outcome": outcome})
 

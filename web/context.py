@@ -26,6 +26,7 @@ from compilesvc.config import Settings
 from compilesvc.ledger.models import Artifact
 from compilesvc.manifest import ArtifactManifest
 from compilesvc.services import Services
+from compilesvc.states import ArtifactState
 from compilesvc.store.base import ArtifactStore, StoreError
 from compilesvc.submit import Prepared, Submitter
 from web.metrics import ApiMetrics
@@ -231,11 +232,11 @@ class WebContext:
             return entry
         with self.services.sessions() as session:
             state = session.scalar(select(Artifact.state).where(Artifact.key == key))
-        if state is not None and state != "published":
+        if state is not None and state != ArtifactState.PUBLISHED:
             raise Problem("artifact-not-published", f"artifact {key} is {state}, not published", state=state)
         manifest = read_manifest(self.services.store, key)
         if manifest is None:
-            if state == "published":
+            if state == ArtifactState.PUBLISHED:
                 raise StoreError(f"artifact {key} is published but its manifest is missing from the store")
             raise Problem("artifact-not-found", f"no artifact has key {key}")
         return self.manifests.put(key, manifest)

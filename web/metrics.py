@@ -29,12 +29,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.ledger.models import BucketCompile
 from compilesvc.registry import live_workers
+from compilesvc.states import BucketState
 
 log = logging.getLogger(__name__)
 
 #: Compile-time buckets (seconds): neuron compiles take minutes to hours.
 COMPILE_SECONDS_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
-FINISHED_STATES = ("succeeded", "failed", "cancelled")
+FINISHED_STATES = (BucketState.SUCCEEDED, BucketState.FAILED, BucketState.CANCELLED)
 
 
 def multiprocess_dir() -> str | None:
@@ -118,7 +119,7 @@ class LedgerCollector(Collector):
         le_columns = [func.sum(case((bc.compile_seconds <= bound, 1), else_=0)) for bound in COMPILE_SECONDS_BUCKETS]
         for target, sdk, count, total, *cumulative in session.execute(
             select(bc.target, bc.sdk, func.count(), func.coalesce(func.sum(bc.compile_seconds), 0.0), *le_columns)
-            .where(bc.state == "succeeded", bc.compile_seconds.is_not(None))
+            .where(bc.state == BucketState.SUCCEEDED, bc.compile_seconds.is_not(None))
             .group_by(bc.target, bc.sdk)
         ):
             pairs = zip(COMPILE_SECONDS_BUCKETS, cumulative, strict=True)
@@ -131,10 +132,10 @@ class LedgerCollector(Collector):
         running = GaugeMetricFamily("compilesvc_compiles_running", "Bucket compiles running, per queue.",
                                     labels=["queue"])
         for queue, state, count in session.execute(
-            select(bc.queue, bc.state, func.count()).where(bc.state.in_(("queued", "running")))
+            select(bc.queue, bc.state, func.count()).where(bc.state.in_((BucketState.QUEUED, BucketState.RUNNING)))
             .group_by(bc.queue, bc.state)
         ):
-            (depth if state == "queued" else running).add_metric([queue], count)
+            (depth if state == BucketState.QUEUED else running).add_metric([queue], count)
 
         workers = GaugeMetricFamily("compilesvc_workers_live", "Workers that heartbeated recently.")
         workers.add_metric([], len(live_workers(session, self._stale_seconds)))

@@ -13,10 +13,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-BuildState = Literal["building", "succeeded", "failed", "cancelled"]
-ArtifactState = Literal["building", "published", "failed", "cancelled"]
-BucketState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-Outcome = Literal["hit", "join", "new"]
+from compilesvc import states
+
+# The state machines' enums (compilesvc/states.py), as the documented response schemas' enums.
+BuildState = Literal[tuple(s.value for s in states.BuildState)]  # type: ignore[valid-type]
+ArtifactState = Literal[tuple(s.value for s in states.ArtifactState)]  # type: ignore[valid-type]
+BucketState = Literal[tuple(s.value for s in states.BucketState)]  # type: ignore[valid-type]
+Outcome = Literal[tuple(s.value for s in states.Outcome)]  # type: ignore[valid-type]
 
 
 class _Out(BaseModel):
@@ -41,6 +44,16 @@ class ProblemDetails(BaseModel):
     errors: list[FieldError] | None = Field(default=None, description="Per-field errors (400/422).")
 
 
+class BucketFailureOut(_Out):
+    attempt: int
+    at: datetime
+    phase: str = Field(description="dispatch | fetch | compile | publish | lease")
+    error_class: str = Field(description="compile | model | infra | timeout")
+    code: str | None
+    message: str | None
+    retried: bool = Field(description="Whether the step was retried (same attempt for a publish, else a new one).")
+
+
 class BucketOut(_Out):
     key: str
     position: int = Field(description="Index of the bucket in the spec as first submitted.")
@@ -54,6 +67,9 @@ class BucketOut(_Out):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     compile_seconds: float | None = None
+    errors: list[BucketFailureOut] = Field(
+        default_factory=list, description="Every failed step of this compile, first cause first; `error_*` "
+                                          "above is the last.")
 
 
 class FileOut(_Out):

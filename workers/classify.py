@@ -28,9 +28,9 @@ import re
 import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-ErrorClass = Literal["compile", "model", "infra", "timeout", "cancelled"]
+from compilesvc.states import RETRIED, ErrorClass
 
 #: Longest message an Outcome carries.
 MAX_MESSAGE = 500
@@ -70,7 +70,7 @@ class Outcome:
     @property
     def retryable(self) -> bool:
         """Infrastructure failures and timeouts are retried; compile errors and cancellations are not."""
-        return self.error_class in ("infra", "timeout")
+        return self.error_class in RETRIED
 
 
 def _one_line(text: str) -> str:

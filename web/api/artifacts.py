@@ -14,6 +14,7 @@ from compilesvc.keys import KEY_SCHEMA
 from compilesvc.ledger.models import Artifact, BucketCompile
 from compilesvc.model_identity import ModelRefError
 from compilesvc.spec import CompileSpec
+from compilesvc.states import ArtifactState
 from compilesvc.store.base import SHA256_RE
 from web.api.builds import model_ref_problem
 from web.context import web
@@ -58,13 +59,13 @@ def resolve() -> Response:
             select(BucketCompile.key, BucketCompile.state).where(BucketCompile.key.in_(keys.bucket_keys))
         )}
     artifact = None
-    if state is None or state == "published":
+    if state is None or state == ArtifactState.PUBLISHED:
         try:
             manifest = ctx.published_manifest(keys.key)
         except Problem:
             manifest = None  # not in the ledger nor the store: nothing is built yet
         if manifest is not None:
-            state = "published"
+            state = ArtifactState.PUBLISHED
             artifact = ctx.describe(manifest)
     return json_response({
         "key": keys.key, "schema_version": KEY_SCHEMA, "components": keys.components,

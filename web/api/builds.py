@@ -26,6 +26,7 @@ from compilesvc.ledger.models import Artifact, Build
 from compilesvc.logs import read_build_logs
 from compilesvc.model_identity import ModelRefError
 from compilesvc.spec import CompileSpec
+from compilesvc.states import ArtifactState, BuildState
 from compilesvc.submit import NoCapableWorker, SubmitRefused, SubmitResult, bucket_views
 from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
 from web.context import MAX_PREPARED_BODY, WebContext, web
@@ -122,7 +123,7 @@ def submit() -> Response:
 
 def accepted_response(ctx: WebContext, result: SubmitResult) -> Response:
     headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
-    if result.artifact_state == "published":
+    if result.artifact_state == ArtifactState.PUBLISHED:
         # The hit path: the artifact comes from the manifest cache as pre-serialised JSON with fresh URLs
         # spliced in, so the document is encoded around a marker rather than dumped and re-encoded.
         marker = uuid.uuid4().hex
@@ -175,7 +176,7 @@ def build_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
         buckets = bucket_views(session, detail.artifact.id)
     build, artifact = detail.build, detail.artifact
     described = None
-    if artifact.state == "published":
+    if artifact.state == ArtifactState.PUBLISHED:
         described = ctx.describe(ctx.published_manifest(artifact.key))
     return {
         "build_id": build.id, "state": build.state, "outcome": build.outcome, "artifact_key": artifact.key,
@@ -264,7 +265,7 @@ def logs(build_id: int) -> Response:
     next_after = entries[-1].id if entries else after
     return json_response({
         "build_id": build_id, "build_state": state, "lines": [log_json(e) for e in entries],
-        "next_after": next_after, "finished": state != "building" and len(entries) < limit,
+        "next_after": next_after, "finished": state != BuildState.BUILDING and len(entries) < limit,
     })
 
 
@@ -348,7 +349,7 @@ def _sse_events(ctx: WebContext, build_id: int, after: int, *, poll: float, life
             after = entry.id
         if entries:
             last_sent = time.monotonic()
-        if state != "building" and len(entries) < SSE_BATCH:
+        if state != BuildState.BUILDING and len(entries) < SSE_BATCH:
             yield _frame("end", {"state": state, "after": after})
             return
         if len(entries) == SSE_BATCH:

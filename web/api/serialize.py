@@ -24,6 +24,7 @@ def bucket_json(bucket: BucketView) -> dict[str, Any]:
         "error_message": bucket.error_message, "worker_id": bucket.worker_id,
         "started_at": iso(bucket.started_at), "finished_at": iso(bucket.finished_at),
         "compile_seconds": bucket.compile_seconds,
+        "errors": [{**failure.as_dict(), "at": iso(failure.at)} for failure in bucket.failures],
     }
 
 

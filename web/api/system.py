@@ -20,6 +20,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 
 from compilesvc.ledger.models import BucketCompile, Worker
 from compilesvc.registry import live_workers
+from compilesvc.states import BucketState
 from web.context import WebContext, web
 from web.openapi import build_spec, operation
 from web.params import BoolQuery, json_response
@@ -103,7 +104,7 @@ def workers() -> Response:
         shown = list(session.scalars(select(Worker).order_by(Worker.id))) if include_all else live
         counts = session.execute(
             select(BucketCompile.queue, BucketCompile.state, func.count())
-            .where(BucketCompile.state.in_(("queued", "running")))
+            .where(BucketCompile.state.in_((BucketState.QUEUED, BucketState.RUNNING)))
             .group_by(BucketCompile.queue, BucketCompile.state)
         ).all()
     queues: dict[str, dict[str, Any]] = {}
