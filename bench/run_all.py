@@ -24,12 +24,13 @@ from pathlib import Path
 from types import FrameType
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("api_throughput", "pipeline", "stream_memory", "history_scale")
+BENCHES = ("api_throughput", "pipeline", "stream_memory", "history_scale", "db_preping")
 QUICK: dict[str, list[str]] = {
     "api_throughput": ["--duration", "2", "--rounds", "1"],
     "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "5", "--submits", "16"],
     "stream_memory": ["--size-mib", "128"],
     "history_scale": ["--rows", "100000", "--reps", "50"],
+    "db_preping": ["--transactions", "300", "--rounds", "3"],
 }
 
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from compilesvc.config import Settings
 from compilesvc.dispatch import COMPILE_TASK, make_producer
 from workers.celery_app import make_app
@@ -47,3 +50,25 @@ def test_broker_key_prefix_reaches_producers_and_workers_alike(tmp_path: Path) -
         assert conf.broker_transport_options["global_keyprefix"] == "team-a:"
     filesystem = Settings(data_dir=tmp_path, broker_key_prefix="team-a:")  # kombu's filesystem: no such option
     assert "global_keyprefix" not in make_producer(filesystem).conf.broker_transport_options
+
+
+def test_broker_timings_are_settings_and_reach_every_process(tmp_path: Path) -> None:
+    settings = redis_settings(tmp_path, compile_timeout_seconds=3600, broker_visibility_timeout_seconds=9000,
+                              broker_unacked_restore_seconds=30, broker_socket_timeout_seconds=4)
+    for conf in (make_app(settings).conf, make_producer(settings).conf):
+        options = conf.broker_transport_options
+        assert options["visibility_timeout"] == conf.visibility_timeout == 9000
+        assert (options["unacked_restore_interval"], options["unacked_restore_throttle"]) == (30, 1)
+        assert options["socket_timeout"] == options["socket_connect_timeout"] == 4
+
+
+@pytest.mark.parametrize("visibility", [3600, 3600 + 600])
+def test_a_visibility_timeout_at_or_below_the_hard_limit_is_refused(tmp_path: Path, visibility: int) -> None:
+    # The hard limit is compile_timeout + 600 s: at or below it, Redis would deliver a running compile twice.
+    with pytest.raises(ValidationError, match="must exceed the hard task limit"):
+        redis_settings(tmp_path, compile_timeout_seconds=3600, broker_visibility_timeout_seconds=visibility)
+
+
+def test_backoff_bounds_are_consistent(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="retry_backoff_max_seconds"):
+        redis_settings(tmp_path, retry_backoff_seconds=60, retry_backoff_max_seconds=10)

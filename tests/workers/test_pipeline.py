@@ -259,7 +259,8 @@ def test_cancel_stops_the_compiler_process_group(make_cluster: MakeCluster) -> N
 
 def test_timeout_is_retried_up_to_max_attempts(make_cluster: MakeCluster) -> None:
     """(e) A compile over the time limit is classified 'timeout', retried, and fails after max_attempts."""
-    cluster = make_cluster(compile_timeout_seconds=1, max_attempts=2)
+    # With a backoff the requeue waits in the outbox for the relay; without one the worker sends it itself.
+    cluster = make_cluster(compile_timeout_seconds=1, max_attempts=2, retry_backoff_seconds=0)
     worker = cluster.start_worker("w1", concurrency=1)
     result = cluster.submit(cluster.hlo_spec("slow:30"))
     key = result.buckets[0].key
