@@ -24,6 +24,7 @@ only per worker (``worker_connections``), not per client address.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import html
 import json
@@ -66,7 +67,7 @@ class ClientTimeout(RequestTimeout, TimeoutError):
     description = "the client sent no data for too long; the request was abandoned"
 
 
-class TimedUnreader(SocketUnreader):
+class TimedUnreader(SocketUnreader):  # type: ignore[misc]
     """gunicorn's socket reader, with a bounded wait for each read."""
 
     def __init__(self, sock: socket.socket, timeout: float):
@@ -186,19 +187,15 @@ class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     def _forget_head(self, conn: TConn) -> None:
         self.heads.remove(conn)
-        try:
+        with contextlib.suppress(OSError, KeyError, ValueError):
             self.poller.unregister(conn.sock)
-        except (OSError, KeyError, ValueError):
-            pass
 
     def _drop_head(self, conn: TConn, answer: bytes = b"") -> None:
         self._forget_head(conn)
         self.nr_conns -= 1
         if answer:
-            try:
-                conn.sock.send(answer)  # non-blocking, best effort: the client is not reading, maybe
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # non-blocking, best effort: the client may not be reading
+                conn.sock.send(answer)
         conn.close()
 
     def _hand_over(self, conn: TConn) -> None:
@@ -207,8 +204,9 @@ class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
         conn.data_ready = True  # gthread's own wait for a first byte is over
         if conn.parser is None:
             conn.init()
-            conn.parser.unreader = TimedUnreader(conn.sock, self.limits.io_timeout)
-        conn.parser.unreader.unread(bytes(conn.head))
+            conn.parser.unreader = TimedUnreader(conn.sock, self.limits.io_timeout)  # type: ignore[attr-defined]
+        parser: Any = conn.parser
+        parser.unreader.unread(bytes(conn.head))
         del conn.head
         self.enqueue_req(conn)
 

@@ -48,5 +48,5 @@ class TrustedProxy:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if self.trusted(str(environ.get("REMOTE_ADDR") or "")):
-            return self.proxied(environ, start_response)  # type: ignore[arg-type]
+            return self.proxied(environ, start_response)
         return self.app(environ, start_response)
