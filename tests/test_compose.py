@@ -253,7 +253,7 @@ def test_proxy_template_sets_every_limit() -> None:
         assert directive in text, directive
         assert directive.split()[0] in DEPLOY_DOC.read_text(), f"docs/deploy.md does not explain {directive}"
     for status in (400, 408, 413, 414, 494, 502, 503, 504):
-        assert re.search(rf"^\s*error_page {status} /_problem/", text, re.MULTILINE) or (
+        assert re.search(rf"^\s*error_page {status} (=\d+ )?/_problem/", text, re.MULTILINE) or (
             status == 413 and "error_page 413 $compilesvc_413_page" in text), status
     pages = re.findall(r"return (\d{3}) '(\{.*\})';", text)
     assert len(pages) >= 10

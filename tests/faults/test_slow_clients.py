@@ -17,6 +17,7 @@ run by hand: SLOW_CLIENTS (200), SLOW_CLIENTS_HOLD_SECONDS (30), SLOW_CLIENTS_IN
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import socket
@@ -198,3 +199,38 @@ def test_slow_clients_against_serve_alone(api: Served) -> None:
     idle_p99, loaded_p99, loaded = under_slow_clients("serve alone", api.port, api.base)
     assert not loaded.failures, loaded.failures[:5]
     assert loaded_p99 <= bound(idle_p99), f"p99 {loaded_p99:.3f}s > {bound(idle_p99):.3f}s"
+
+
+def _raw(port: int, data: bytes) -> tuple[int, str, dict[str, object]]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        raw = b""
+        while b"\r\n\r\n" not in raw or not raw.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    content_type = next(line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("content-type:"))
+    return int(lines[0].split()[1]), content_type, json.loads(body)
+
+
+def test_the_proxy_answers_its_own_errors_as_problem_json(tmp_path: Path) -> None:
+    port = free_port()
+    with nginx_proxy(tmp_path / "nginx", port, f"127.0.0.1:{free_port()}", max_request_bytes=1000,
+                     max_upload_bytes=5000):
+        cases = {
+            b"NOT HTTP\r\n\r\n": (400, "about:blank"),
+            b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: t\r\n\r\n": (414, "about:blank"),
+            b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n": (431, "about:blank"),
+            b"POST /v1/builds HTTP/1.1\r\nHost: t\r\nContent-Length: 1001\r\n\r\n":
+                (413, "/problems/request-too-large"),
+            b"POST /v1/models HTTP/1.1\r\nHost: t\r\nContent-Length: 5001\r\n\r\n":
+                (413, "/problems/upload-too-large"),
+            b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n": (502, "about:blank"),  # nothing listens upstream
+        }
+        for request, (status, type_) in cases.items():
+            got_status, content_type, document = _raw(port, request)
+            assert (got_status, content_type) == (status, "application/problem+json"), (request[:40], document)
+            assert document["status"] == status and document["type"] == type_ and document["detail"], document
