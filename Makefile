@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: dev test lint install bench
+.PHONY: dev test test-tools lint install bench
 
 $(BIN)/compilesvc: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,7 +16,11 @@ install: $(BIN)/compilesvc
 dev: install
 	$(BIN)/compilesvc dev --demo
 
-test: install
+# System tools of the tests (nginx for the reverse-proxy tests): installed when missing, where possible.
+test-tools:
+	.ci/test-tools
+
+test: install test-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest

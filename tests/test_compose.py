@@ -29,6 +29,7 @@ ENV_EXAMPLE = ROOT / "docker" / "env.example"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 DOCKERFILE_NEURON = ROOT / "docker" / "Dockerfile.neuron"
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
+NGINX_TEMPLATE = ROOT / "docker" / "nginx" / "compilesvc.conf.template"
 
 ENV_PREFIX = "COMPILESVC_"
 #: COMPILESVC_* variables read directly from the environment rather than through Settings (each must
@@ -199,12 +200,67 @@ def test_postgres_has_a_healthcheck_and_a_volume(services: dict[str, dict[str, A
 
 def test_api_serves_on_8080_and_checks_readiness(services: dict[str, dict[str, Any]]) -> None:
     api = services["api"]
-    assert api["command"] == ["serve", "--host", "0.0.0.0", "--port", "8080", "--workers", "4"]
-    assert "8080:8080" in api["ports"]
+    assert api["command"] == ["serve", "--host", "0.0.0.0", "--port", "8080", "--workers", "4",
+                              "--forwarded-allow-ips", "*"]
+    assert "ports" not in api, "the API is reached through the proxy only"
     test = api["healthcheck"]["test"]
     assert test[0] == "CMD" and any("/readyz" in part for part in test)
     assert services["relay"]["command"] == ["relay"]
     assert services["worker-cpu"]["command"] == ["worker", "--concurrency", "2"]
+
+
+def _published(service: dict[str, Any]) -> list[str]:
+    return [p if isinstance(p, str) else f"{p.get('published')}:{p['target']}" for p in service.get("ports", [])]
+
+
+def test_proxy_is_the_only_way_in(services: dict[str, dict[str, Any]]) -> None:
+    """nginx (official image, pinned) fronts the API: the only published API port, its template mounted
+    read-only, every template variable provided, body limits equal to the API's settings."""
+    from tests.fixtures.nginx import template_variables
+
+    proxy = services["proxy"]
+    assert re.fullmatch(r"nginx:\d+\.\d+\.\d+(-alpine)?", proxy["image"]), "pin an exact nginx release"
+    assert _published(proxy) == ["8080:8080"]
+    assert [name for name, service in services.items() if any(p.endswith(":8080") for p in _published(service))] \
+        == ["proxy"]
+    mounts = proxy["volumes"]
+    assert "./docker/nginx/compilesvc.conf.template:/etc/nginx/templates/default.conf.template:ro" in mounts
+    assert any(v.startswith("proxy-tmp:/var/cache/nginx") for v in mounts)
+    env = environment(proxy)
+    variables = template_variables(NGINX_TEMPLATE.read_text())
+    assert variables and variables <= set(env), f"the proxy lacks {sorted(variables - set(env))}"
+    assert all(re.match(env["NGINX_ENVSUBST_FILTER"], name) for name in variables)
+    assert env["NGINX_UPSTREAM_SERVER"].split()[0] == "api:8080"
+    api_env = environment(services["api"])
+    defaults = Settings.model_fields
+    assert env["NGINX_MAX_UPLOAD_BYTES"] == api_env["COMPILESVC_MAX_UPLOAD_BYTES"] \
+        == str(defaults["max_upload_bytes"].default)
+    assert env["NGINX_MAX_REQUEST_BYTES"] == api_env["COMPILESVC_MAX_REQUEST_BYTES"] \
+        == str(defaults["max_request_bytes"].default)
+    assert depends_on(proxy)["api"]["condition"] == "service_healthy"
+    test = proxy["healthcheck"]["test"]
+    assert test[0] == "CMD" and any("127.0.0.1:8080/healthz" in part for part in test)
+    assert proxy.get("restart") == "unless-stopped"
+
+
+def test_proxy_template_sets_every_limit() -> None:
+    """The directives docs/deploy.md promises are in the file compose mounts."""
+    text = NGINX_TEMPLATE.read_text()
+    for directive in ("client_header_timeout", "client_body_timeout", "send_timeout", "keepalive_timeout",
+                      "large_client_header_buffers", "limit_conn ", "client_max_body_size",
+                      "proxy_request_buffering on", "proxy_buffering off", "X-Forwarded-For $remote_addr",
+                      "X-Forwarded-Proto $scheme"):
+        assert directive in text, directive
+        assert directive.split()[0] in DEPLOY_DOC.read_text(), f"docs/deploy.md does not explain {directive}"
+    for status in (400, 408, 413, 414, 494, 502, 503, 504):
+        assert re.search(rf"^\s*error_page {status} (=\d+ )?/_problem/", text, re.MULTILINE) or (
+            status == 413 and "error_page 413 $compilesvc_413_page" in text), status
+    pages = re.findall(r"return (\d{3}) '(\{.*\})';", text)
+    assert len(pages) >= 10
+    for status, body in pages:
+        document = json.loads(re.sub(r"\$\{NGINX_MAX_[A-Z_]+\}", "1", body))
+        assert document["status"] == int(status) and document["title"] and document["detail"], body
+    assert text.count("default_type application/problem+json;") == len(pages)
 
 
 def test_neuron_worker_is_behind_a_profile_with_a_neuron_device(services: dict[str, dict[str, Any]]) -> None:

@@ -134,7 +134,7 @@ def _install_request_hooks(app: Flask) -> None:
         started = g.get("started")
         duration_ms = round((time.perf_counter() - started) * 1000, 2) if started is not None else None
         extra: dict[str, Any] = {"method": request.method, "path": request.path, "status": response.status_code,
-                                 "duration_ms": duration_ms}
+                                 "duration_ms": duration_ms, "client": request.remote_addr}
         for name in ("build_id", "artifact_key"):
             value = g.get(name)
             if value is not None:

@@ -2,7 +2,10 @@
 
 Registered under the ``compilesvc.commands`` entry-point group, so the core CLI never imports the web
 layer. Gunicorn runs programmatically (``BaseApplication``) with threaded workers: live log streams hold a
-thread for their (bounded) lifetime, and a sync worker would be blocked, then killed, by one.
+thread for their (bounded) lifetime, and a sync worker would be blocked, then killed, by one. The worker
+class is :class:`web.httpworker.ProblemThreadWorker` (gthread that reads request heads off-thread, bounds
+every socket wait and answers its own errors as problem+json); what that does and does not protect against
+without the reverse proxy is in docs/deploy.md, "Slow clients".
 
 With more than one worker, Prometheus counters are kept in a multiprocess directory so that a scrape
 sees the sum over workers; ``PROMETHEUS_MULTIPROC_DIR`` must be set before prometheus_client is first
@@ -84,9 +87,18 @@ def run_gunicorn(app_factory: Callable[[], Any], options: dict[str, Any]) -> Non
               help="Threads per worker; each live log stream holds one.")
 @click.option("--timeout", default=60, show_default=True, type=click.IntRange(1),
               help="Seconds a worker may be silent before it is restarted.")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(0.5, 600),
+              help="Seconds a client may take to send a whole request head (then 408).")
+@click.option("--io-timeout", default=60.0, show_default=True, type=click.FloatRange(1, 3600),
+              help="Seconds one socket read or write of a request being served may wait (then the "
+                   "request is abandoned).")
+@click.option("--forwarded-allow-ips", default=None, metavar="IPS",
+              help="Comma-separated addresses or networks (or '*') of the reverse proxy, whose "
+                   "X-Forwarded-For/-Proto are believed. Default: $FORWARDED_ALLOW_IPS, else 127.0.0.1,::1.")
 @click.option("--dev", is_flag=True, help="Werkzeug's development server instead of gunicorn (one process).")
 @click.option("--migrate", "run_migrations", is_flag=True, help="Upgrade the ledger schema before serving.")
-def serve(host: str, port: int, workers: int, threads: int, timeout: int, dev: bool, run_migrations: bool) -> None:
+def serve(host: str, port: int, workers: int, threads: int, timeout: int, header_timeout: float,
+          io_timeout: float, forwarded_allow_ips: str | None, dev: bool, run_migrations: bool) -> None:
     """Serve the HTTP API and web UI."""
     from pydantic import ValidationError
 
@@ -120,20 +132,38 @@ def serve(host: str, port: int, workers: int, threads: int, timeout: int, dev: b
         return
 
     _prepare_multiprocess_metrics(workers)
+    from web import httpworker
+
+    # Set before gunicorn forks: every worker inherits it.
+    httpworker.ProblemThreadWorker.limits = httpworker.ClientLimits(header_timeout, io_timeout)
+    trusted = forwarded_allow_ips or os.environ.get("FORWARDED_ALLOW_IPS") or "127.0.0.1,::1"
 
     def factory() -> Any:
         from web.app import create_app
+        from web.proxied import TrustedProxy
 
-        return create_app(settings, config=config)  # in each worker, after the fork: its own engine and pools
+        # In each worker, after the fork: its own engine and pools.
+        return TrustedProxy(create_app(settings, config=config), trusted)
 
     run_gunicorn(factory, {
         "bind": _bind(host, port),
         "workers": workers,
-        "worker_class": "gthread",
+        "worker_class": "web.httpworker.ProblemThreadWorker",
         "threads": threads,
         "timeout": timeout,
         "graceful_timeout": 30,
-        "keepalive": 5,  # serving fleets and CI reuse connections
+        # Idle kept-alive connections wait in the event loop, not in a thread. Above the reverse proxy's
+        # upstream keepalive_timeout (4 s), so the proxy never reuses a connection gunicorn is closing.
+        "keepalive": 5,
+        # Request heads: artifact keys and build ids are short; these are gunicorn's ceilings and match
+        # the proxy's large_client_header_buffers (8 KiB per line), so both refuse the same requests.
+        "limit_request_line": 8190,
+        "limit_request_fields": 64,
+        "limit_request_field_size": 8190,
+        # Whose X-Forwarded-Proto sets wsgi.url_scheme (and, in TrustedProxy, whose X-Forwarded-For is
+        # the client address). No path or SCRIPT_NAME from headers: the API is served at the root.
+        "forwarded_allow_ips": trusted,
+        "forwarder_headers": "",
         "preload_app": False,
         "logconfig_dict": jsonlog.gunicorn_logconfig(level, service="api"),
         "accesslog": None,

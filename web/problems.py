@@ -22,7 +22,7 @@ from typing import Any
 from flask import Flask, Response, render_template, request
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from compilesvc.manifest import ManifestMismatch
 from compilesvc.store.base import StoreError
@@ -160,6 +160,12 @@ def _http_error(exc: HTTPException) -> Response:
         limit = request.max_content_length
         detail = f"request bodies are limited to {limit} bytes" if limit else "request body too large"
         return response_for(Problem("request-too-large", detail, max_bytes=limit))
+    if isinstance(exc, ClientDisconnected) and isinstance(exc.__context__, TimeoutError):
+        # The server's socket timeout ended a body that stopped arriving (web/httpworker.py), which
+        # werkzeug reports as a disconnect.
+        return problem_response(problem_body(408, "Request Timeout",
+                                             "the request body stopped arriving; the request was abandoned"),
+                                {"Connection": "close"})
     title = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else exc.name
     detail = exc.description or title
     if status == 404:
