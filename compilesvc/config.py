@@ -38,6 +38,11 @@ class Settings(BaseSettings):
         default=None, description="Where S3 uploads spool while hashing (needs max_upload_bytes free); default TMPDIR."
     )
     max_upload_bytes: int = Field(default=8 * 1024**3, ge=1)
+    abandoned_upload_seconds: int = Field(
+        default=3600, ge=60,
+        description="An upload idle this long (no part sent to S3, no byte written locally) is abandoned and "
+                    "removed by the relay's sweep. It bounds a pause, not an upload's length.",
+    )
     max_request_bytes: int = Field(default=1024**2, ge=1024)
     allow_file_models: bool = Field(default=False, description="Accept file:// model URIs (embedded/dev).")
 

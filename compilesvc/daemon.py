@@ -1,9 +1,11 @@
 """``compilesvc relay``: the relay + reaper loop process, and plumbing shared by long-running processes.
 
 The loop relays unsent outbox rows every ``relay_interval_seconds`` (the API relays its own rows right
-after commit; this catches what a crash or a broker outage left behind) and runs the reaper
-(:mod:`compilesvc.reaper`) every ``reap_interval``. Any number of these processes may run: outbox rows and
-expired leases are taken with ``SKIP LOCKED``. SIGTERM/SIGINT finish the current pass and exit 0.
+after commit; this catches what a crash or a broker outage left behind), runs the reaper
+(:mod:`compilesvc.reaper`) every ``reap_interval`` and, every few minutes, has the store remove abandoned
+uploads (:meth:`compilesvc.store.ArtifactStore.sweep_incomplete_uploads`). Any number of these processes
+may run: outbox rows and expired leases are taken with ``SKIP LOCKED``. SIGTERM/SIGINT finish the current
+pass and exit 0.
 
 Shared plumbing, also used by the worker process (``workers/``):
 
@@ -20,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any
 
@@ -32,6 +34,7 @@ from compilesvc.outbox import OutboxRelay
 from compilesvc.reaper import ReapReport, reap, relay_all
 from compilesvc.reconcile import Reconciler, broker_view
 from compilesvc.services import Services
+from compilesvc.store import StoreError
 
 log = logging.getLogger("compilesvc.relay")
 
@@ -82,6 +85,12 @@ def default_reap_interval(settings: Settings) -> float:
     return max(settings.relay_interval_seconds, min(5.0, settings.lease_seconds / 2))
 
 
+def upload_sweep_interval(settings: Settings) -> float:
+    """A listing of the bucket's open uploads every few minutes at most, yet several times per threshold,
+    so an abandoned upload outlives ``abandoned_upload_seconds`` by a fraction of it."""
+    return max(settings.relay_interval_seconds, min(300.0, settings.abandoned_upload_seconds / 4))
+
+
 class RelayLoop:
     """Relay every ``relay_interval`` seconds, reap every ``reap_interval``; stops when ``stop`` is set."""
 
@@ -90,6 +99,7 @@ class RelayLoop:
         self.relay = relay
         self.relay_interval = services.settings.relay_interval_seconds
         self.reap_interval = reap_interval or default_reap_interval(services.settings)
+        self.sweep_interval = upload_sweep_interval(services.settings)
         self.stop = threading.Event()
         self._stale: set[str] = set()
         settings = services.settings
@@ -114,11 +124,29 @@ class RelayLoop:
         self._stale = stale
         return report
 
+    def sweep_uploads(self) -> int:
+        """Remove the uploads the store began and nobody finished; a store outage only postpones this."""
+        older_than = timedelta(seconds=self.services.settings.abandoned_upload_seconds)
+        try:
+            removed = self.services.store.sweep_incomplete_uploads(older_than)
+        except StoreError as exc:  # the store is down: the next sweep retries
+            log.warning("upload sweep failed", extra={"error": str(exc)})
+            return 0
+        except Exception:  # housekeeping must not stop the relay
+            log.exception("upload sweep failed")
+            return 0
+        if removed:
+            log.info("removed abandoned uploads", extra={"removed": removed})
+        return removed
+
     def run(self) -> None:
-        next_reap = 0.0
+        next_reap = next_sweep = 0.0
         failures = 0
         while not self.stop.is_set():
             now = time.monotonic()
+            if now >= next_sweep:
+                self.sweep_uploads()
+                next_sweep = now + self.sweep_interval
             try:
                 self.run_once(with_reap=now >= next_reap)
                 failures = 0
@@ -157,6 +185,7 @@ def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
     try:
         if once:
             loop.run_once()
+            loop.sweep_uploads()
         else:
             loop.run()
     finally:

@@ -6,8 +6,9 @@ Reads the same settings as every compilesvc process: the bucket from ``COMPILESV
 arguments (the Neuron compile cache) get their buckets created too.
 
 Idempotent: an existing bucket is left as it is. Each bucket gets a lifecycle rule that aborts multipart
-uploads left incomplete for a day (the safety net for uploads a crashed process never aborted), unless it
-already has one; a server that does not implement lifecycle configuration only earns a warning.
+uploads left incomplete for a day, unless it already has one; a server that does not implement lifecycle
+configuration only earns a warning. The relay's upload sweep (``ArtifactStore.sweep_incomplete_uploads``)
+is what aborts uploads a crashed or cut-off writer left open; this rule is the second line of defence.
 Exit 0 when every bucket exists, 1 otherwise. Waits up to ``--wait`` seconds for the server to answer.
 """
 

@@ -45,6 +45,12 @@ _TYPES = [
                 "The body could not be decoded as UTF-8 JSON. `detail` says where parsing stopped."),
     ProblemType("invalid-request", 400, "Invalid request parameter",
                 "A query parameter or header is malformed; `errors` lists each as {field, message}."),
+    ProblemType("upload-incomplete", 400, "Upload incomplete",
+                "The connection ended before the whole body arrived (`received_bytes` of the Content-Length "
+                "`expected_bytes`, or a chunked body without its last chunk). Nothing was stored; upload again."),
+    ProblemType("digest-mismatch", 400, "Upload does not match its digest",
+                "The body's sha256 (`actual_sha256`) differs from the one declared in Content-Digest, Digest "
+                "or `?sha256=` (`expected_sha256`). Nothing was stored."),
     ProblemType("invalid-cursor", 400, "Invalid pagination cursor",
                 "Pass back the `next_cursor` of a previous page unchanged."),
     ProblemType("spec-invalid", 422, "Compile spec is invalid",

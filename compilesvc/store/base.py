@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
 
@@ -43,6 +44,53 @@ class BlobTooLarge(StoreError):
 
 class IntegrityError(StoreError):
     """Bytes read back do not hash to the name they were stored under."""
+
+
+class ContentMismatch(Exception):
+    """The bytes a writer delivered are not the ones it declared, so nothing was stored.
+
+    Not a :class:`StoreError`: the store is fine and a retry of the same bytes fails the same way.
+    """
+
+
+class SizeMismatch(ContentMismatch):
+    """The stream ended after ``received`` bytes where ``expected`` were declared (a cut-off upload)."""
+
+    def __init__(self, expected: int, received: int):
+        self.expected = expected
+        self.received = received
+        super().__init__(f"received {received} of {expected} bytes")
+
+
+class DigestMismatch(ContentMismatch):
+    """The bytes hash to ``actual`` where the writer declared ``expected`` (both sha256 hex)."""
+
+    def __init__(self, expected: str, actual: str):
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"the body's sha256 is {actual}, not the declared {expected}")
+
+
+def check_expected(sha256: str, size: int, *, expected_size: int | None, expected_sha256: str | None) -> None:
+    """Raise :class:`ContentMismatch` unless what was read (``sha256``, ``size``) is what was declared.
+
+    Stores call this after hashing and before publishing, so a refused write never becomes visible.
+    """
+    if expected_size is not None and size != expected_size:
+        raise SizeMismatch(expected_size, size)
+    if expected_sha256 is not None and sha256 != expected_sha256:
+        raise DigestMismatch(expected_sha256, sha256)
+
+
+def check_expected_args(expected_size: int | None, expected_sha256: str | None, max_bytes: int | None) -> None:
+    """Refuse, before a byte is read, what no stream could satisfy: :class:`BlobTooLarge` for a declared
+    size over ``max_bytes``, ValueError for a malformed expectation (a caller's bug)."""
+    if max_bytes is not None and expected_size is not None and expected_size > max_bytes:
+        raise BlobTooLarge(max_bytes)
+    if expected_size is not None and expected_size < 0:
+        raise ValueError(f"expected_size must not be negative: {expected_size}")
+    if expected_sha256 is not None and not SHA256_RE.match(expected_sha256):
+        raise ValueError(f"expected_sha256 is not a lowercase sha256 hex digest: {expected_sha256!r}")
 
 
 @dataclass(frozen=True)
@@ -76,8 +124,22 @@ class ArtifactStore(abc.ABC):
         """Store a file's bytes as a blob (hashing it while reading), unless that content exists."""
 
     @abc.abstractmethod
-    def put_stream(self, stream: BinaryIO, *, max_bytes: int | None = None) -> BlobInfo:
-        """Store a stream as a blob, hashing while reading; :class:`BlobTooLarge` past ``max_bytes``."""
+    def put_stream(
+        self,
+        stream: BinaryIO,
+        *,
+        max_bytes: int | None = None,
+        expected_size: int | None = None,
+        expected_sha256: str | None = None,
+    ) -> BlobInfo:
+        """Store a stream as a blob, hashing while reading; all or nothing.
+
+        :class:`BlobTooLarge` past ``max_bytes``. When the stream ends, its size and sha256 are checked
+        against ``expected_size`` / ``expected_sha256`` (when given) *before* anything is published:
+        :class:`SizeMismatch` or :class:`DigestMismatch` leave no blob, temp file or open upload behind.
+        An exception raised by ``stream.read`` (a client hanging up mid-body) propagates unchanged, with
+        the same guarantee.
+        """
 
     @abc.abstractmethod
     def blob_size(self, sha256: str) -> int | None:
@@ -114,6 +176,17 @@ class ArtifactStore(abc.ABC):
     @abc.abstractmethod
     def blob_url(self, sha256: str, *, expires_in: int, filename: str | None = None) -> str:
         """A download URL for a blob that stops working after ``expires_in`` seconds."""
+
+    @abc.abstractmethod
+    def sweep_incomplete_uploads(self, older_than: timedelta) -> int:
+        """Remove writes this store began that were abandoned; returns how many were removed.
+
+        A write is abandoned when nothing happened to it for ``older_than``: a multipart upload with
+        no part uploaded since (S3), a temp file not written since (local). A process killed mid-write,
+        or one whose own clean-up failed because the store was down, leaves these behind. Writes in
+        progress are never touched as long as ``older_than`` exceeds the longest pause of a live
+        write. Only the store's own writes are looked at (its prefix, its temp files).
+        """
 
     @abc.abstractmethod
     def check(self) -> None:

@@ -4,7 +4,9 @@ Layout under ``root``: ``blobs/sha256/<aa>/<hex>`` (content-addressed blobs), do
 (``artifacts/<key>/manifest.json`` …) and ``tmp/`` for files being written. Every write goes to a temp
 file in ``tmp/`` (same filesystem) and is published with :func:`os.link`, which fails if the target
 exists: that is the atomic create-only primitive, so a reader never sees a partial file and nothing is
-ever overwritten. Downloads are served by the API through HMAC-signed URLs (:mod:`.signing`).
+ever overwritten. A write that ends short of (or differs from) what its caller declared is never
+linked. Temp files a killed process left behind are removed by :meth:`LocalStore.sweep_incomplete_uploads`.
+Downloads are served by the API through HMAC-signed URLs (:mod:`.signing`).
 
 This module also owns :func:`copy_hashing`, the bounded-memory copy loop both stores use to hash bytes
 while they stream.
@@ -22,6 +24,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
 
@@ -34,11 +37,15 @@ from compilesvc.store.base import (
     StoreError,
     StoreUnavailable,
     blob_name,
+    check_expected,
+    check_expected_args,
 )
 from compilesvc.store.signing import check_filename, sign_blob_url
 
 CHUNK_SIZE = 1024 * 1024
+#: Age at which a temp file found when a store is opened counts as abandoned (the relay sweeps sooner).
 STALE_TEMP_SECONDS = 24 * 3600
+TEMP_PREFIX = "w-"
 
 
 class SinkWriteError(Exception):
@@ -128,22 +135,27 @@ class LocalStore(ArtifactStore):
             (self.root / "blobs").mkdir(exist_ok=True)
         except OSError as exc:
             raise StoreUnavailable(f"cannot create the local store at {self.root}: {exc}") from exc
-        self._sweep_stale_temp_files()
+        self.sweep_incomplete_uploads(timedelta(seconds=STALE_TEMP_SECONDS))
 
-    def _sweep_stale_temp_files(self) -> None:
-        # A process killed mid-write leaves its temp file behind; no write takes a day, so older ones
-        # are garbage. Several processes share tmp/, hence the age test rather than "everything".
-        cutoff = time.time() - STALE_TEMP_SECONDS
+    def sweep_incomplete_uploads(self, older_than: timedelta) -> int:
+        # A temp file's mtime moves with every chunk written, so an upload still arriving (however long
+        # it has been running) looks fresh; a process killed mid-write leaves one that only ages.
+        # Several processes share tmp/, hence the age test rather than "everything of ours".
+        cutoff = time.time() - older_than.total_seconds()
         try:
             entries = list(os.scandir(self._tmp))
         except OSError:
-            return  # check() reports an unusable tmp/; the sweep is housekeeping only
+            return 0  # check() reports an unusable tmp/; the sweep is housekeeping only
+        removed = 0
         for entry in entries:
             try:
-                if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < cutoff:
+                if (entry.name.startswith(TEMP_PREFIX) and entry.is_file(follow_symlinks=False)
+                        and entry.stat(follow_symlinks=False).st_mtime < cutoff):
                     os.unlink(entry.path)
+                    removed += 1
             except OSError:
                 pass  # raced with another sweeper, or not ours to remove: harmless
+        return removed
 
     # -- paths ---------------------------------------------------------------------------------------
 
@@ -163,7 +175,7 @@ class LocalStore(ArtifactStore):
     def _temp_file(self) -> Iterator[tuple[BinaryIO, Path]]:
         """A temp file in ``tmp/``, always unlinked on exit (a published file lives on under its link)."""
         try:
-            fd, name = tempfile.mkstemp(dir=self._tmp, prefix="w-")
+            fd, name = tempfile.mkstemp(dir=self._tmp, prefix=TEMP_PREFIX)
         except OSError as exc:
             raise StoreError(f"cannot create a temp file in {self._tmp}: {exc}") from exc
         path = Path(name)
@@ -187,7 +199,8 @@ class LocalStore(ArtifactStore):
 
     # -- blobs ---------------------------------------------------------------------------------------
 
-    def _put(self, read: Callable[[int], bytes], max_bytes: int | None) -> BlobInfo:
+    def _put(self, read: Callable[[int], bytes], max_bytes: int | None, *, expected_size: int | None = None,
+             expected_sha256: str | None = None) -> BlobInfo:
         # Errors reading the source (a client hanging up, a missing file) propagate unchanged; only
         # failures of the store itself become StoreError, which callers treat as infrastructure.
         with self._temp_file() as (handle, temp):
@@ -195,6 +208,8 @@ class LocalStore(ArtifactStore):
                 copied = copy_hashing(read, handle.write, max_bytes=max_bytes)
             except SinkWriteError as exc:
                 raise StoreError(f"cannot write to the local store: {exc.cause}") from exc.cause
+            # Before the link: a refused write leaves only the temp file, which the context removes.
+            check_expected(copied.sha256, copied.size, expected_size=expected_size, expected_sha256=expected_sha256)
             try:
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -211,8 +226,16 @@ class LocalStore(ArtifactStore):
         with open(path, "rb") as src:
             return self._put(src.read, None)
 
-    def put_stream(self, stream: BinaryIO, *, max_bytes: int | None = None) -> BlobInfo:
-        return self._put(stream.read, max_bytes)
+    def put_stream(
+        self,
+        stream: BinaryIO,
+        *,
+        max_bytes: int | None = None,
+        expected_size: int | None = None,
+        expected_sha256: str | None = None,
+    ) -> BlobInfo:
+        check_expected_args(expected_size, expected_sha256, max_bytes)
+        return self._put(stream.read, max_bytes, expected_size=expected_size, expected_sha256=expected_sha256)
 
     def blob_size(self, sha256: str) -> int | None:
         try:

@@ -13,7 +13,11 @@ Guarantees, and how they are met:
   this store's prefix carries ``If-None-Match: *`` so nothing is ever overwritten; s3transfer refuses that
   argument in ExtraArgs, so it is added by ``before-parameter-build`` event handlers on the write client
   (:func:`install_create_only`). 412 means the content is already there (``created=False``); 409
-  (a concurrent conditional write in flight) is retried. s3transfer aborts a multipart upload that fails.
+  (a concurrent conditional write in flight) is retried.
+- **All or nothing.** ``put_stream`` checks the spooled bytes against the caller's ``expected_size`` /
+  ``expected_sha256`` before any request reaches S3. s3transfer aborts a multipart upload that fails;
+  when that abort fails too (S3 down) or the process dies, :meth:`S3Store.sweep_incomplete_uploads`
+  (:mod:`.s3_sweep`, run by the relay) aborts the leftover later.
 - **Classified failures.** botocore connection, credential and 5xx errors become
   :class:`StoreUnavailable`, other S3 failures :class:`StoreError`, so callers can tell infrastructure
   failures from their own. :func:`store_error_for` is shared with :mod:`compilesvc.model_identity`.
@@ -28,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, cast
 
@@ -57,8 +62,11 @@ from compilesvc.store.base import (
     StoreError,
     StoreUnavailable,
     blob_name,
+    check_expected,
+    check_expected_args,
 )
 from compilesvc.store.local import HashedCopy, SinkWriteError, copy_hashing
+from compilesvc.store.s3_sweep import abort_abandoned_uploads
 from compilesvc.store.signing import check_filename, content_disposition
 
 if TYPE_CHECKING:
@@ -370,7 +378,15 @@ class S3Store(ArtifactStore):
             raise IntegrityError(f"{path} changed while it was being stored")
         return self._store_file(path, copied)
 
-    def put_stream(self, stream: BinaryIO, *, max_bytes: int | None = None) -> BlobInfo:
+    def put_stream(
+        self,
+        stream: BinaryIO,
+        *,
+        max_bytes: int | None = None,
+        expected_size: int | None = None,
+        expected_sha256: str | None = None,
+    ) -> BlobInfo:
+        check_expected_args(expected_size, expected_sha256, max_bytes)
         # Spool to local disk while hashing: the upload needs a seekable source for parallel parts and
         # retries, and the name (sha256) is only known once the last byte is read.
         with tempfile.NamedTemporaryFile(dir=self.spool_dir, prefix="compilesvc-spool-") as spool:
@@ -379,6 +395,8 @@ class S3Store(ArtifactStore):
                 spool.flush()
             except SinkWriteError as exc:
                 raise StoreError(f"cannot spool an upload to local disk: {exc.cause}") from exc.cause
+            # Before any request to S3: a refused upload never starts a multipart upload.
+            check_expected(copied.sha256, copied.size, expected_size=expected_size, expected_sha256=expected_sha256)
             part_size = self._part_size(copied.size)
             if part_size is not None and part_size != TRANSFER_CHUNK:
                 # Past 10,000 parts s3transfer grows the part size; recompute the part digests to match.
@@ -537,6 +555,12 @@ class S3Store(ArtifactStore):
             params["ResponseContentDisposition"] = content_disposition(check_filename(filename))
         with s3_errors(f"presigning blob {sha256}"):
             return self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_in)
+
+    def sweep_incomplete_uploads(self, older_than: timedelta) -> int:
+        # Multipart uploads only ever target blobs (documents are single PUTs): look nowhere else.
+        prefix = f"{self.prefix}/blobs/" if self.prefix else "blobs/"
+        with s3_errors(f"sweeping abandoned uploads under {prefix}"):
+            return abort_abandoned_uploads(self.create_client, self.bucket, prefix, older_than)
 
     def check(self) -> None:
         try:

@@ -7,6 +7,8 @@ conformance suite can download through a URL from either store with ``requests``
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import tempfile
 import threading
@@ -38,6 +40,15 @@ class StoreCase:
     store: ArtifactStore
     corrupt_blob: Callable[[str, bytes], None]  # replace a stored blob's bytes behind the store's back
     list_names: Callable[[], list[str]]  # every blob/document name stored (relative to the store root)
+    # Uploads a crashed writer left behind, made behind the store's back: an S3 multipart upload of a blob
+    # key with one part sent, or a partial temp file in the local store's tmp/. Returns its id.
+    abandon_upload: Callable[[], str]
+    resume_upload: Callable[[str], None]  # more bytes arrive for it (a part, a write): activity
+    open_uploads: Callable[[], set[str]]  # ids of the uploads still open (multipart or temp files)
+
+
+def _random_blob_name() -> str:
+    return blob_name(hashlib.sha256(os.urandom(16)).hexdigest())
 
 
 def _serve_local_blobs(store_ref: list[LocalStore]) -> tuple[ThreadingHTTPServer, str]:
@@ -129,8 +140,22 @@ def local_case(tmp_path: Path) -> Iterator[StoreCase]:
             str(p.relative_to(store.root)) for p in store.root.rglob("*") if p.is_file() or p.is_symlink()
         )
 
+    def abandon() -> str:
+        # What a writer killed mid-upload leaves: a partial file named like the store's own temp files.
+        fd, name = tempfile.mkstemp(dir=store.root / "tmp", prefix="w-")
+        os.write(fd, b"partial upload")
+        os.close(fd)
+        return os.path.basename(name)
+
+    def resume(upload: str) -> None:
+        with open(store.root / "tmp" / upload, "ab") as handle:
+            handle.write(b" more")
+
+    def open_uploads() -> set[str]:
+        return {p.name for p in (store.root / "tmp").iterdir()}
+
     try:
-        yield StoreCase("local", store, corrupt, names)
+        yield StoreCase("local", store, corrupt, names, abandon, resume, open_uploads)
     finally:
         server.shutdown()
         server.server_close()
@@ -161,7 +186,27 @@ def s3_case(s3_env: S3Server, raw_s3: Any, shared_bucket: str, tmp_path: Path) -
         listing = raw_s3.list_objects_v2(Bucket=shared_bucket, Prefix=f"{prefix}/")
         return sorted(obj["Key"].removeprefix(f"{prefix}/") for obj in listing.get("Contents", []))
 
-    return StoreCase("s3", store, corrupt, names)
+    keys: dict[str, str] = {}
+    parts: dict[str, int] = {}
+
+    def abandon() -> str:
+        # What an API killed mid-upload (or one whose abort failed while S3 was down) leaves behind.
+        key = f"{prefix}/{_random_blob_name()}"
+        upload = raw_s3.create_multipart_upload(Bucket=shared_bucket, Key=key)["UploadId"]
+        keys[upload] = key
+        resume(upload)
+        return str(upload)
+
+    def resume(upload: str) -> None:
+        parts[upload] = parts.get(upload, 0) + 1
+        raw_s3.upload_part(Bucket=shared_bucket, Key=keys[upload], UploadId=upload, PartNumber=parts[upload],
+                           Body=b"part of a model")
+
+    def open_uploads() -> set[str]:
+        listing = raw_s3.list_multipart_uploads(Bucket=shared_bucket, Prefix=f"{prefix}/")
+        return {u["UploadId"] for u in listing.get("Uploads", [])}
+
+    return StoreCase("s3", store, corrupt, names, abandon, resume, open_uploads)
 
 
 @pytest.fixture(params=["local", "s3"])

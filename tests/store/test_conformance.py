@@ -7,12 +7,20 @@ import io
 import os
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import requests
 
-from compilesvc.store import BlobNotFound, BlobTooLarge, IntegrityError, artifact_manifest_name
+from compilesvc.store import (
+    BlobNotFound,
+    BlobTooLarge,
+    DigestMismatch,
+    IntegrityError,
+    SizeMismatch,
+    artifact_manifest_name,
+)
 from tests.store.conftest import StoreCase
 
 
@@ -156,3 +164,104 @@ def test_blob_url_downloads_then_expires(case: StoreCase) -> None:
 
 def test_check(case: StoreCase) -> None:
     case.store.check()
+
+
+MiB = 1024 * 1024
+
+
+def assert_nothing_stored(case: StoreCase, spool_dir: Path, *contents: bytes) -> None:
+    """No blob of any of ``contents``, no object or document, no temp or spool file, no open upload."""
+    for data in contents:
+        assert not case.store.has_blob(sha(data))
+    assert case.list_names() == []
+    assert case.open_uploads() == set()
+    assert list(spool_dir.iterdir()) == []
+
+
+def test_short_stream_is_refused(case: StoreCase, isolated_tmp: Path) -> None:
+    # Past the multipart threshold (8 MiB) either way: a refusal must not even start an S3 upload.
+    data = os.urandom(20 * MiB + 3)
+    cut = data[: 12 * MiB]
+    with pytest.raises(SizeMismatch) as raised:
+        case.store.put_stream(io.BytesIO(cut), expected_size=len(data))
+    assert (raised.value.expected, raised.value.received) == (len(data), len(cut))
+    assert_nothing_stored(case, isolated_tmp, cut, data)
+    # More than declared is refused the same way.
+    with pytest.raises(SizeMismatch):
+        case.store.put_stream(io.BytesIO(data), expected_size=len(cut))
+    assert_nothing_stored(case, isolated_tmp, cut, data)
+    # The whole body, as declared, is stored.
+    info = case.store.put_stream(io.BytesIO(data), expected_size=len(data), expected_sha256=sha(data))
+    assert (info.sha256, info.size, info.created) == (sha(data), len(data), True)
+    assert case.list_names() == [f"blobs/sha256/{info.sha256[:2]}/{info.sha256}"]
+    assert case.open_uploads() == set()
+
+
+def test_digest_mismatch_is_refused(case: StoreCase, isolated_tmp: Path) -> None:
+    data = os.urandom(300_000)
+    claimed = sha(data[:-1] + bytes([data[-1] ^ 1]))  # one bit off
+    with pytest.raises(DigestMismatch) as raised:
+        case.store.put_stream(io.BytesIO(data), expected_size=len(data), expected_sha256=claimed)
+    assert (raised.value.expected, raised.value.actual) == (claimed, sha(data))
+    assert_nothing_stored(case, isolated_tmp, data)
+    # Identical content already stored does not make a mismatched write succeed.
+    case.store.put_stream(io.BytesIO(data))
+    with pytest.raises(DigestMismatch):
+        case.store.put_stream(io.BytesIO(data), expected_sha256=claimed)
+    assert not case.store.has_blob(claimed)
+
+
+def test_malformed_expectations_are_refused_before_reading(case: StoreCase) -> None:
+    source = io.BytesIO(b"never read")
+    with pytest.raises(ValueError):
+        case.store.put_stream(source, expected_sha256="ABC")
+    with pytest.raises(ValueError):
+        case.store.put_stream(source, expected_size=-1)
+    with pytest.raises(BlobTooLarge):
+        case.store.put_stream(source, max_bytes=4, expected_size=5)
+    assert source.tell() == 0
+    assert case.list_names() == []
+
+
+class DroppedConnection(io.RawIOBase):
+    """A body whose connection drops after ``size`` bytes: the read raises, as gunicorn's chunk parser does."""
+
+    def __init__(self, data: bytes):
+        self.data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def, override]
+        chunk = self.data.read(len(buffer))
+        if not chunk:
+            raise ConnectionResetError("the peer went away mid-body")
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+
+def test_failing_stream_leaves_nothing(case: StoreCase, isolated_tmp: Path) -> None:
+    data = os.urandom(3 * MiB)
+    with pytest.raises(ConnectionResetError):
+        case.store.put_stream(io.BufferedReader(DroppedConnection(data)))
+    assert_nothing_stored(case, isolated_tmp, data)
+
+
+def test_sweep_removes_abandoned_uploads_only(case: StoreCase) -> None:
+    stale = case.abandon_upload()
+    active = case.abandon_upload()
+    # The sweep judges age by the store's clock (S3: the server's Date, whole seconds): let time pass.
+    time.sleep(4)
+    case.resume_upload(active)  # started as long ago as `stale`, but still receiving bytes
+    fresh = case.abandon_upload()
+    assert case.open_uploads() == {stale, active, fresh}
+    assert case.store.sweep_incomplete_uploads(timedelta(hours=1)) == 0
+    assert case.open_uploads() == {stale, active, fresh}
+    assert case.store.sweep_incomplete_uploads(timedelta(seconds=2)) == 1
+    assert case.open_uploads() == {active, fresh}
+    assert case.store.sweep_incomplete_uploads(timedelta(seconds=2)) == 0  # idempotent
+    # Finished blobs are not uploads: the sweep leaves them alone.
+    info = case.store.put_stream(io.BytesIO(b"stored before a sweep"))
+    assert case.store.sweep_incomplete_uploads(timedelta(seconds=2)) == 0
+    assert case.store.has_blob(info.sha256)
+    assert case.open_uploads() == {active, fresh}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,25 @@ def test_stale_temp_files_are_swept(tmp_path: Path) -> None:
     os.utime(stale, (old, old))
     LocalStore(root, public_url="http://x", secret_key=SECRET)
     assert not stale.exists() and fresh.exists()
+
+
+def test_sweep_removes_only_its_own_idle_temp_files(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = LocalStore(root, public_url="http://x", secret_key=SECRET)
+    tmp = root / "tmp"
+    idle, writing = tmp / "w-idle", tmp / "w-writing"
+    foreign, directory = tmp / "someone-elses", tmp / "w-dir"
+    for path in (idle, writing, foreign):
+        path.write_bytes(b"partial")
+    directory.mkdir()
+    old = time.time() - 7200
+    for path in (idle, writing, foreign, directory):
+        os.utime(path, (old, old))
+    with open(writing, "ab") as handle:  # an upload that started long ago but is still arriving
+        handle.write(b" and more")
+    assert store.sweep_incomplete_uploads(timedelta(hours=1)) == 1
+    assert sorted(p.name for p in tmp.iterdir()) == ["someone-elses", "w-dir", "w-writing"]
+    assert store.sweep_incomplete_uploads(timedelta(hours=1)) == 0
 
 
 def test_source_read_errors_are_not_store_errors(tmp_path: Path) -> None:

@@ -6,12 +6,14 @@ import base64
 import hashlib
 import io
 import os
+import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, EndpointConnectionError
 
 from compilesvc.config import Settings
 from compilesvc.store import (
@@ -136,6 +138,57 @@ def test_failed_multipart_upload_is_aborted(store: S3Store, raw_s3: Any, big_fil
     assert store.put_file(big_file).created
 
 
+def test_upload_left_open_by_an_outage_is_swept_once_s3_is_back(
+    store: S3Store, raw_s3: Any, big_file: Path
+) -> None:
+    """A part fails, and so does s3transfer's abort (S3 went down): the upload stays open until the sweep."""
+
+    def corrupt_second_part(request: Any, **_: Any) -> None:
+        if "partNumber=2" in request.url:
+            request.headers["x-amz-checksum-sha256"] = base64.b64encode(hashlib.sha256(b"x").digest()).decode()
+
+    def s3_is_down(**_: Any) -> None:
+        raise EndpointConnectionError(endpoint_url="http://s3.down")
+
+    events = store.create_client.meta.events
+    events.register("before-sign.s3.UploadPart", corrupt_second_part)
+    events.register("before-send.s3.AbortMultipartUpload", s3_is_down)
+    try:
+        with pytest.raises(StoreError):
+            store.put_file(big_file)
+    finally:
+        events.unregister("before-sign.s3.UploadPart", corrupt_second_part)
+        events.unregister("before-send.s3.AbortMultipartUpload", s3_is_down)
+    assert len(uploads(raw_s3, store)) == 1, "the failed abort left the upload open"
+    assert store.sweep_incomplete_uploads(timedelta(hours=1)) == 0  # too young to be called abandoned
+    time.sleep(3)  # age is judged by the server's clock, in whole seconds
+    assert store.sweep_incomplete_uploads(timedelta(seconds=1)) == 1
+    assert uploads(raw_s3, store) == []
+    assert not store.has_blob(file_sha256(big_file))
+    assert store.put_file(big_file).created
+
+
+def test_sweep_stays_inside_the_stores_blobs(store: S3Store, raw_s3: Any) -> None:
+    """Uploads of another deployment sharing the bucket (even one whose prefix extends ours) are not ours."""
+
+    def open_upload(key: str) -> str:
+        return str(raw_s3.create_multipart_upload(Bucket=store.bucket, Key=key)["UploadId"])
+
+    blob = blob_name("ab" * 32)
+    ours = open_upload(f"{store.prefix}/{blob}")
+    foreign = {open_upload(f"{store.prefix}-other/{blob}"): f"{store.prefix}-other/{blob}",
+               open_upload(f"{unique_prefix()}/{blob}"): "elsewhere",
+               open_upload(f"{store.prefix}/not-blobs/{uuid.uuid4().hex}"): "not a blob"}
+    time.sleep(3)
+    assert store.sweep_incomplete_uploads(timedelta(seconds=1)) == 1
+    still_open = {u["UploadId"] for u in raw_s3.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])}
+    assert ours not in still_open
+    assert set(foreign) <= still_open
+    for upload in raw_s3.list_multipart_uploads(Bucket=store.bucket).get("Uploads", []):
+        if upload["UploadId"] in foreign:
+            raw_s3.abort_multipart_upload(Bucket=store.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+
+
 @pytest.mark.parametrize("size", [1000, 20 * MiB], ids=["single-put", "multipart"])
 def test_conditional_create_when_another_writer_wins_the_race(
     store: S3Store, raw_s3: Any, tmp_path: Path, size: int
@@ -191,6 +244,8 @@ def test_unreachable_endpoint_is_store_unavailable(
         store.put_stream(io.BytesIO(b"data"))
     with pytest.raises(StoreUnavailable):
         store.create_document("d.json", b"{}")
+    with pytest.raises(StoreUnavailable):
+        store.sweep_incomplete_uploads(timedelta(hours=1))
 
 
 def test_bad_credentials_and_missing_bucket_are_store_unavailable(

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
+import os
 import time
 import urllib.parse
 
+import pytest
+from gunicorn.http.errors import ChunkMissingTerminator
+from werkzeug.exceptions import ClientDisconnected
 from werkzeug.test import EnvironBuilder, TestResponse
 from werkzeug.wrappers import Request
 
+from compilesvc.store import S3Store
 from compilesvc.store.local import LocalStore
 from compilesvc.store.signing import sign_blob_url
 from tests.web.support import PUBLIC_URL, Env
@@ -36,10 +42,14 @@ class CountingStream(io.RawIOBase):
         return n
 
 
-def post_stream(env: Env, stream: io.RawIOBase, content_length: int | None) -> TestResponse:
+def post_stream(env: Env, stream: io.RawIOBase, content_length: int | None, *, terminated: bool = False,
+                path: str = "/v1/models", headers: dict[str, str] | None = None) -> TestResponse:
     """POST a non-seekable body the way a WSGI server passes it: with a Content-Length, or chunked
-    (no length, ``wsgi.input_terminated`` set, as gunicorn does). Werkzeug's test client would seek."""
-    environ = EnvironBuilder(path="/v1/models", method="POST", content_type="application/octet-stream").get_environ()
+    (no length, ``wsgi.input_terminated`` set, as gunicorn does). Werkzeug's test client would seek.
+    ``terminated`` also sets ``wsgi.input_terminated`` with a Content-Length (gunicorn does, the dev
+    server does not): werkzeug then takes a short body for the end instead of raising."""
+    environ = EnvironBuilder(path=path, method="POST", content_type="application/octet-stream",
+                             headers=headers).get_environ()
     environ["wsgi.input"] = io.BufferedReader(stream)
     if content_length is None:
         environ.pop("CONTENT_LENGTH", None)
@@ -47,6 +57,8 @@ def post_stream(env: Env, stream: io.RawIOBase, content_length: int | None) -> T
         environ["wsgi.input_terminated"] = True
     else:
         environ["CONTENT_LENGTH"] = str(content_length)
+        if terminated:
+            environ["wsgi.input_terminated"] = True
     return env.client.open(Request(environ))
 
 
@@ -123,3 +135,130 @@ def test_blob_download_checks_signature_and_expiry(sqlite_env: Env) -> None:
     unknown = "e" * 64
     assert_problem(env.client.get(_signed(env, unknown)), 404, "blob-not-found")
     assert_problem(env.client.get("/v1/blobs/NOT-A-SHA?expires=1&sig=x"), 404)
+
+
+# -- all or nothing: cut-off bodies and declared digests (Flask test client, both stores) ----------------------
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_store_env(request: pytest.FixtureRequest) -> Env:
+    return request.getfixturevalue("sqlite_env" if request.param == "local" else "s3_env")  # type: ignore[no-any-return]
+
+
+def store_contents(env: Env) -> tuple[list[str], list[str]]:
+    """(every object or file in the store, every write still open: temp files or multipart uploads)."""
+    store = env.services.store
+    if isinstance(store, LocalStore):
+        files = sorted(str(p.relative_to(store.root)) for p in store.root.rglob("*") if p.is_file())
+        return [f for f in files if not f.startswith("tmp/")], [f for f in files if f.startswith("tmp/")]
+    assert isinstance(store, S3Store)
+    objects = store.client.list_objects_v2(Bucket=store.bucket, Prefix=f"{store.prefix}/").get("Contents", [])
+    uploads = store.client.list_multipart_uploads(Bucket=store.bucket, Prefix=f"{store.prefix}/").get("Uploads", [])
+    return sorted(o["Key"] for o in objects), sorted(u["Key"] for u in uploads)
+
+
+def model_bytes(size: int) -> bytes:
+    return b"m" * size  # what CountingStream produces
+
+
+class DroppingStream(io.RawIOBase):
+    """``size`` bytes of body, then the server's body reader raises ``error`` (the connection went away)."""
+
+    def __init__(self, size: int, error: BaseException):
+        self.remaining = size
+        self.error = error
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def, override]
+        if not self.remaining:
+            raise self.error
+        n = min(len(buffer), self.remaining)
+        buffer[:n] = b"m" * n
+        self.remaining -= n
+        return n
+
+
+@pytest.mark.parametrize("terminated", [False, True], ids=["dev-server", "gunicorn-style"])
+def test_body_shorter_than_content_length_is_refused(any_store_env: Env, terminated: bool) -> None:
+    env = any_store_env
+    before = store_contents(env)
+    response = post_stream(env, CountingStream(MiB), 2 * MiB, terminated=terminated)
+    body = assert_problem(response, 400, "upload-incomplete")
+    assert (body["received_bytes"], body["expected_bytes"]) == (MiB, 2 * MiB)
+    assert f"received {MiB} of {2 * MiB} bytes" in body["detail"]
+    assert not env.services.store.has_blob(hashlib.sha256(model_bytes(MiB)).hexdigest())
+    assert store_contents(env) == before
+    # The same request, whole, is stored.
+    whole = post_stream(env, CountingStream(2 * MiB), 2 * MiB, terminated=terminated)
+    assert whole.status_code == 201 and whole.json["size"] == 2 * MiB
+
+
+@pytest.mark.parametrize("error", [ConnectionResetError("peer reset"), ChunkMissingTerminator(b""),
+                                   ClientDisconnected()], ids=["os-error", "chunk-parser", "werkzeug"])
+def test_chunked_body_cut_before_its_last_chunk_is_refused(any_store_env: Env, error: Exception) -> None:
+    env = any_store_env
+    before = store_contents(env)
+    body = assert_problem(post_stream(env, DroppingStream(3 * MiB, error), None), 400, "upload-incomplete")
+    assert body["received_bytes"] == 3 * MiB and body["expected_bytes"] is None
+    assert "without its last chunk" in body["detail"]
+    assert store_contents(env) == before
+
+
+def b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+def test_declared_digests_are_verified(any_store_env: Env) -> None:
+    env = any_store_env
+    data = os.urandom(200_000)
+    right, wrong = hashlib.sha256(data), hashlib.sha256(data + b"!")
+    for headers, path in [
+        ({"Content-Digest": f"sha-256=:{b64(wrong.digest())}:"}, "/v1/models"),
+        ({"Content-Digest": f"sha-512=:{b64(hashlib.sha512(data).digest())}:, sha-256=:{b64(wrong.digest())}:"},
+         "/v1/models"),
+        ({"Digest": f"SHA-256={b64(wrong.digest())}"}, "/v1/models"),
+        ({}, f"/v1/models?sha256={wrong.hexdigest()}"),
+    ]:
+        before = store_contents(env)
+        refused = env.client.post(path, data=data, headers=headers)
+        body = assert_problem(refused, 400, "digest-mismatch")
+        assert (body["expected_sha256"], body["actual_sha256"]) == (wrong.hexdigest(), right.hexdigest())
+        assert not env.services.store.has_blob(right.hexdigest())
+        assert store_contents(env) == before
+    for headers, path in [
+        ({"Content-Digest": f"sha-256=:{b64(right.digest())}:"}, "/v1/models"),
+        ({"Digest": f"md5=anything, sha-256={b64(right.digest())}"}, "/v1/models"),
+        ({"Content-Digest": f"sha-256=:{b64(right.digest())}:", "Digest": f"sha-256={b64(right.digest())}"},
+         f"/v1/models?sha256={right.hexdigest().upper()}"),
+        # Only an algorithm this service does not verify: ignored, as RFC 9530 allows.
+        ({"Content-Digest": f"sha-512=:{b64(hashlib.sha512(b'other').digest())}:"}, "/v1/models"),
+    ]:
+        accepted = env.client.post(path, data=data, headers=headers)
+        assert accepted.status_code == 201, accepted.get_data(as_text=True)
+        assert accepted.json["sha256"] == right.hexdigest()
+
+
+@pytest.mark.parametrize(("headers", "query", "field"), [
+    ({"Content-Digest": "sha-256=abc"}, "", "header Content-Digest"),  # a token, not a byte sequence
+    ({"Content-Digest": "sha-256=:YWJj:"}, "", "header Content-Digest"),  # 3 bytes, not 32
+    ({"Content-Digest": "sha-256=:not base64!:"}, "", "header Content-Digest"),
+    ({"Content-Digest": "sha-256=:" + "A" * 43 + "=:,"}, "", "header Content-Digest"),  # trailing comma
+    ({"Digest": "sha-256"}, "", "header Digest"),
+    ({"Digest": "sha-256=!!!!"}, "", "header Digest"),
+    ({"Digest": "sha-256=" + b64(b"short")}, "", "header Digest"),
+    ({}, "?sha256=xyz", "sha256"),
+    ({}, "?sha256=" + "a" * 63, "sha256"),
+    ({"Content-Digest": "sha-256=:" + b64(b"a" * 32) + ":"}, "?sha256=" + "b" * 64, "sha256"),  # disagree
+])
+def test_malformed_digests_are_refused_before_reading(
+    sqlite_env: Env, headers: dict[str, str], query: str, field: str
+) -> None:
+    stream = CountingStream(100_000)
+    response = post_stream(sqlite_env, stream, 100_000, path=f"/v1/models{query}", headers=headers)
+    body = assert_problem(response, 400, "invalid-request")
+    assert field in [e["field"] for e in body["errors"]]
+    assert stream.consumed == 0

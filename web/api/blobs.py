@@ -3,7 +3,8 @@
 Uploads stream: the request body goes straight to :meth:`ArtifactStore.put_stream`, which hashes while
 it writes, so an 8 GiB model never sits in memory. The limit is ``max_upload_bytes`` (not the general
 ``max_request_bytes``): a declared Content-Length over it is refused before a byte is read, and a
-chunked body is cut off as soon as it passes it.
+chunked body is cut off as soon as it passes it. Uploads are all or nothing: the store publishes the
+blob only if the body arrived whole and matches any digest the client declared (:mod:`web.uploads`).
 
 Downloads exist only for the local store (S3 hands out presigned URLs): the URL's HMAC signature and
 expiry are checked by :func:`compilesvc.store.signing.verify_blob_signature`, then the file is streamed
@@ -18,7 +19,7 @@ from typing import BinaryIO, cast
 from flask import Blueprint, Response, request, send_file
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from compilesvc.store.base import BlobTooLarge
+from compilesvc.store.base import BlobTooLarge, ContentMismatch
 from compilesvc.store.local import LocalStore
 from compilesvc.store.signing import content_disposition, verify_blob_signature
 from web.context import web
@@ -26,6 +27,7 @@ from web.openapi import Param, operation
 from web.params import json_response
 from web.problems import Problem
 from web.schemas import UploadOut
+from web.uploads import UPLOAD_PARAMS, BodyCutOff, RequestBody, declared_sha256, refusal
 
 bp = Blueprint("blobs", __name__, url_prefix="/v1")
 
@@ -35,9 +37,12 @@ UPLOAD_ENDPOINT = "blobs.upload_model"
 @bp.post("/models")
 @operation(summary="Upload a model (raw body, streamed)", tag="models",
            description="Send the model file as the raw request body (any content type, Content-Length or "
-                       "chunked). Use the returned `uri` as the spec's `model.uri`.",
+                       "chunked). Use the returned `uri` as the spec's `model.uri`. All or nothing: a body cut "
+                       "off before its Content-Length or last chunk, or not matching a declared digest, is "
+                       "refused with 400 and nothing is stored.",
            request_media="application/octet-stream",
            request_schema={"type": "string", "contentMediaType": "application/octet-stream"},
+           params=list(UPLOAD_PARAMS),
            responses={201: UploadOut}, problems=(400, 413, 503))
 def upload_model() -> Response:
     ctx = web()
@@ -49,12 +54,16 @@ def upload_model() -> Response:
     if declared == 0:
         raise Problem("invalid-request", "the body is empty; send the model file as the request body",
                       errors=[{"field": "body", "message": "empty"}])
+    expected_sha256 = declared_sha256()  # a malformed digest is refused before a byte is read
     # One byte of headroom: the store sees the oversize and raises BlobTooLarge itself (it cleans up).
     request.max_content_length = limit + 1
     try:
-        info = ctx.services.store.put_stream(cast(BinaryIO, request.stream), max_bytes=limit)
+        info = ctx.services.store.put_stream(cast(BinaryIO, RequestBody(request.stream)), max_bytes=limit,
+                                             expected_size=declared, expected_sha256=expected_sha256)
     except (BlobTooLarge, RequestEntityTooLarge):
         raise too_large from None
+    except (BodyCutOff, ContentMismatch) as exc:
+        raise refusal(exc, declared) from None
     if info.size == 0:
         raise Problem("invalid-request", "the body is empty; send the model file as the request body",
                       errors=[{"field": "body", "message": "empty"}])
