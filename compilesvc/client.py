@@ -197,7 +197,7 @@ def _download(url: str, out: BinaryIO, name: str, size: int, sha256: str) -> Non
 def fetch(key: str, dest: Path, api: str, with_logs: bool, replace: bool) -> None:
     """Download published artifact KEY into DEST/bucket-<position>/, verifying every sha256.
 
-    DEST must be absent or an empty directory (such as an empty ``.``); a DEST that is absent appears
+    DEST must be absent or an empty directory (such as an empty "."); a DEST that is absent appears
     complete in one rename. Nothing already in DEST is ever deleted: with --replace, only the files of an
     earlier fetch are replaced, and only once the new ones are verified.
 
