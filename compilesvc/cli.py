@@ -237,13 +237,14 @@ def key_command(spec_path: str, explain_: bool, as_json: bool, isa: str | None, 
     """
     if explain_ and as_json:
         raise click.UsageError("--explain and --json exclude each other")
+    # The service's settings (COMPILESVC_*, else the defaults): the same element bounds as a submit, and
+    # the key salt.
+    settings = _settings()
     try:
-        spec = load_spec_file(spec_path)
+        spec = load_spec_file(spec_path, settings.element_limits)
     except SpecError as exc:
         raise SpecUsageError(spec_path, exc) from None
-    settings = None
     if salt is None:
-        settings = _settings()
         salt = settings.key_salt
     if isa is None:
         from compilesvc.hostinfo import host_isa

@@ -14,18 +14,18 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import click
 
+from compilesvc import fetch_dest
+from compilesvc.cli import BadInput, CommandFailed
 from compilesvc.spec import SpecError, load_spec_file
 
 DEFAULT_API = "http://127.0.0.1:8080"
@@ -127,7 +127,8 @@ def submit(spec_path: str, api: str, wait: bool, timeout: float, poll: float, lo
            idempotency_key: str | None, queue_anyway: bool, submitted_by: str | None) -> None:
     """Submit SPEC; print the artifact key once it is published (exit 1 if the build fails)."""
     try:
-        spec = load_spec_file(spec_path)
+        # Element bounds are the service's settings, which this host may not share: the API judges them.
+        spec = load_spec_file(spec_path, limits=None)
     except SpecError as exc:
         raise click.UsageError(f"{spec_path}: {exc}") from None
     client = Api(api)
@@ -163,26 +164,26 @@ def submit(spec_path: str, api: str, wait: bool, timeout: float, poll: float, lo
         time.sleep(poll)
 
 
-def _download(url: str, dest: Path, size: int, sha256: str) -> None:
-    """Stream ``url`` into ``dest`` via a temp file; it appears only once size and sha256 match."""
+def _download(url: str, out: BinaryIO, name: str, size: int, sha256: str) -> None:
+    """Stream ``url`` into ``out``, checking its size and sha256 (the staging directory is private, so a
+    file that fails is discarded with it)."""
     digest = hashlib.sha256()
     received = 0
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=dest.parent, prefix=f".{dest.name}.", delete=False) as tmp:
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                while chunk := response.read(1 << 20):
-                    digest.update(chunk)
-                    received += len(chunk)
-                    tmp.write(chunk)
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            os.unlink(tmp.name)
-            raise ApiError(f"downloading {dest.name} failed: {getattr(exc, 'reason', exc)}") from None
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            while chunk := response.read(1 << 20):
+                digest.update(chunk)
+                received += len(chunk)
+                if received > size:
+                    break
+                out.write(chunk)
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise ApiError(f"downloading {name} failed: {getattr(exc, 'reason', exc)}; nothing was written") from None
     if received != size or digest.hexdigest() != sha256:
-        os.unlink(tmp.name)
-        raise ApiError(f"{dest.name}: expected {size} bytes with sha256 {sha256}, got {received} bytes with "
+        raise ApiError(f"{name}: expected {size} bytes with sha256 {sha256}, got {received} bytes with "
                        f"sha256 {digest.hexdigest()}; nothing was written")
-    os.replace(tmp.name, dest)
+    out.flush()
+    os.fsync(out.fileno())
 
 
 @click.command("fetch")
@@ -190,27 +191,50 @@ def _download(url: str, dest: Path, size: int, sha256: str) -> None:
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--api", envvar="COMPILESVC_API_URL", default=DEFAULT_API, show_default=True)
 @click.option("--with-logs", is_flag=True, help="Also download each bucket's compile log.")
-def fetch(key: str, dest: Path, api: str, with_logs: bool) -> None:
-    """Download published artifact KEY into DEST/bucket-<position>/, verifying every sha256."""
+@click.option("--replace", is_flag=True,
+              help="DEST may hold an earlier fetch (recognised by its manifest.json); replace it. Anything "
+                   "else in DEST is still refused.")
+def fetch(key: str, dest: Path, api: str, with_logs: bool, replace: bool) -> None:
+    """Download published artifact KEY into DEST/bucket-<position>/, verifying every sha256.
+
+    DEST must be absent or an empty directory (such as an empty "."); a DEST that is absent appears
+    complete in one rename. Nothing already in DEST is ever deleted: with --replace, only the files of an
+    earlier fetch are replaced, and only once the new ones are verified.
+
+    Exit status: 0 written and verified; 1 the API, a download or the file system failed, or another
+    fetch into DEST is running (DEST unchanged); 2 the command line is wrong: KEY is malformed, DEST is
+    not empty (without --replace), or holds anything an earlier fetch did not write (DEST unchanged).
+    """
     if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
-        raise click.UsageError(f"{key!r} is not an artifact key (64 lowercase hex digits)")
+        raise BadInput(f"{key!r} is not an artifact key (64 lowercase hex digits)")
+    dest = Path(os.path.abspath(dest))  # "." and "a/.." name a directory, not a path to rename
+    try:
+        replace_existing = fetch_dest.check(dest, replace)
+    except fetch_dest.DestRefused as exc:
+        raise BadInput(str(exc)) from None
     manifest = Api(api).request("GET", f"/v1/artifacts/{urllib.parse.quote(key)}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # Staged beside DEST so the final rename is atomic: DEST never holds a partial artifact.
-    staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=dest.parent))
+    planned = []
     try:
         for bucket in manifest["buckets"]:
             entries = [*bucket["files"], *([bucket["log"]] if with_logs and bucket.get("log") else [])]
             for entry in entries:
-                relative = Path(entry["path"])
-                if relative.is_absolute() or ".." in relative.parts:
-                    raise ApiError(f"refusing unsafe path {entry['path']!r} in the manifest")
-                _download(entry["url"], staging / f"bucket-{bucket['position']}" / relative, entry["size"],
-                          entry["sha256"])
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        if dest.exists():
-            shutil.rmtree(dest)
-        staging.rename(dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    click.echo(f"{dest}: {sum(len(b['files']) for b in manifest['buckets'])} files verified")
+                relative = fetch_dest.safe_relative(f"bucket-{int(bucket['position'])}/{entry['path']}")
+                planned.append((relative, entry))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ApiError(f"the artifact manifest from {api} cannot be used: {exc}") from None
+    try:
+        with fetch_dest.staging_for(dest, replace_existing) as staging:
+            for relative, entry in planned:
+                with staging.open_file(relative) as out:
+                    _download(entry["url"], out, str(relative), entry["size"], entry["sha256"])
+                staging.written[str(relative)] = entry["size"]
+            staging.write_manifest(manifest, key)
+            staging.install()
+    except fetch_dest.DestRefused as exc:
+        raise BadInput(str(exc)) from None
+    except fetch_dest.DestBusy as exc:
+        raise CommandFailed(str(exc)) from None
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        raise CommandFailed(f"cannot write{where}: {exc.strerror or exc}") from None
+    click.echo(f"{dest}: {len(planned)} files verified")

@@ -14,6 +14,8 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from compilesvc.spec import DEFAULT_MAX_ELEMENTS_PER_BUCKET, DEFAULT_MAX_ELEMENTS_PER_INPUT, ElementLimits
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="COMPILESVC_", extra="ignore")
@@ -44,6 +46,13 @@ class Settings(BaseSettings):
                     "removed by the relay's sweep. It bounds a pause, not an upload's length.",
     )
     max_request_bytes: int = Field(default=1024**2, ge=1024)
+    # Why these defaults: compilesvc/spec.py, next to them. Refused at submit (422), before a compile runs.
+    max_elements_per_input: int = Field(
+        default=DEFAULT_MAX_ELEMENTS_PER_INPUT, ge=1, description="Most elements (product of the shape) per input."
+    )
+    max_elements_per_bucket: int = Field(
+        default=DEFAULT_MAX_ELEMENTS_PER_BUCKET, ge=1, description="Most elements of all a bucket's inputs together."
+    )
     allow_file_models: bool = Field(default=False, description="Accept file:// model URIs (embedded/dev).")
 
     # Disowns every earlier key at once (poisoned artifacts): part of every key.
@@ -86,6 +95,10 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         # Compose files and shells pass "" for "not set"; boto3 and SQLAlchemy reject an empty URL.
         return None if value == "" else value
+
+    @property
+    def element_limits(self) -> ElementLimits:
+        return ElementLimits(per_input=self.max_elements_per_input, per_bucket=self.max_elements_per_bucket)
 
     @cached_property
     def resolved_database_url(self) -> str:

@@ -8,13 +8,23 @@ Validation is strict (unknown fields are refused) and every error names the fiel
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from compilesvc.flags import FlagError, canonical_flags, flag_names
 
@@ -54,6 +64,39 @@ _ISA_RE = ISA_RE
 MAX_BUCKETS = 64
 MAX_RANK = 8
 MAX_DIM = 1 << 20
+
+# Rank and dimension bounds alone still allow [2**20]*8 = 2**160 elements, which no compiler can allocate:
+# each compile attempt fails ("Storage size calculation overflowed") and, looking like an infrastructure
+# failure, is retried. So the element count is bounded too. The defaults are generous for real models: the
+# largest input of a long-context LLM bucket, hidden states [64, 32768, 8192], is 2**34 elements (32 GiB in
+# bfloat16, more than one accelerator holds), and a bucket may hold a few inputs of that size. They are
+# settings (COMPILESVC_MAX_ELEMENTS_PER_INPUT/_PER_BUCKET); the key never depends on them.
+DEFAULT_MAX_ELEMENTS_PER_INPUT = 2**34
+DEFAULT_MAX_ELEMENTS_PER_BUCKET = 2**36
+
+
+@dataclass(frozen=True)
+class ElementLimits:
+    """Most elements (the product of a shape's dimensions) one input, and all inputs of a bucket, may hold."""
+
+    per_input: int = DEFAULT_MAX_ELEMENTS_PER_INPUT
+    per_bucket: int = DEFAULT_MAX_ELEMENTS_PER_BUCKET
+
+
+DEFAULT_LIMITS = ElementLimits()
+#: The validation-context entry that carries the :class:`ElementLimits` (None: unbounded).
+LIMITS_CONTEXT = "element_limits"
+
+
+def _limits(info: ValidationInfo) -> ElementLimits | None:
+    context = info.context if isinstance(info.context, dict) else {}
+    limits = context.get(LIMITS_CONTEXT, DEFAULT_LIMITS)
+    return limits if isinstance(limits, ElementLimits) else None
+
+
+def _too_many(count: int, limit: int, what: str, setting: str) -> str:
+    return f"{count} elements {what}; at most {limit} are accepted ({setting})"
+
 
 # Strict: a shape is written as integers. Lax mode would quietly read true, "3" and 3.0 as dimensions.
 Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
@@ -114,7 +157,12 @@ class ModelRef(_Strict):
 
 class InputSpec(_Strict):
     name: str = Field(description="Argument name of the model's forward().")
-    shape: list[Dim] = Field(max_length=MAX_RANK)
+    shape: list[Dim] = Field(
+        max_length=MAX_RANK,
+        description=f"Dimensions. Their product (the input's elements) is at most the service's "
+        f"max_elements_per_input (default {DEFAULT_MAX_ELEMENTS_PER_INPUT}); a bucket's inputs together hold "
+        f"at most max_elements_per_bucket (default {DEFAULT_MAX_ELEMENTS_PER_BUCKET}) elements.",
+    )
     dtype: DType
 
     @field_validator("name")
@@ -132,7 +180,7 @@ class Bucket(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _shorthand(cls, data: Any) -> Any:
+    def _shorthand(cls, data: Any, info: ValidationInfo) -> Any:
         # {batch_size, seq_len} is the common transformer bucket: input_ids and attention_mask.
         if isinstance(data, dict) and ("batch_size" in data or "seq_len" in data):
             # Errors name the shorthand's own fields: the expanded inputs are not what the user wrote.
@@ -148,6 +196,15 @@ class Bucket(_Strict):
                 if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
                     raise _FieldError((name,), f"expected an integer from 1 to {MAX_DIM}")
             shape = [data["batch_size"], data["seq_len"]]
+            # Checked here, so the error names the bucket the user wrote rather than the expanded inputs.
+            limits = _limits(info)
+            count = shape[0] * shape[1]
+            if limits is not None and count > limits.per_input:
+                what = "per input (batch_size * seq_len)"
+                raise _FieldError((), _too_many(count, limits.per_input, what, "max_elements_per_input"))
+            if limits is not None and 2 * count > limits.per_bucket:
+                what = "in the bucket (input_ids and attention_mask)"
+                raise _FieldError((), _too_many(2 * count, limits.per_bucket, what, "max_elements_per_bucket"))
             return {
                 "inputs": [
                     {"name": "input_ids", "shape": shape, "dtype": "int64"},
@@ -165,6 +222,23 @@ class Bucket(_Strict):
                 raise _FieldError((index, "name"), f"duplicate input name {spec.name!r} within the bucket")
             seen.add(spec.name)
         return inputs
+
+    @model_validator(mode="after")
+    def _bounded(self, info: ValidationInfo) -> Bucket:
+        limits = _limits(info)
+        if limits is None:
+            return self
+        total = 0
+        for index, spec in enumerate(self.inputs):
+            count = math.prod(spec.shape)  # at most (2**20)**8: a Python int, never an overflow
+            if count > limits.per_input:
+                raise _FieldError(("inputs", index, "shape"),
+                                  _too_many(count, limits.per_input, "per input", "max_elements_per_input"))
+            total += count
+        if total > limits.per_bucket:
+            raise _FieldError(("inputs",), _too_many(total, limits.per_bucket, "in the bucket's inputs together",
+                                                     "max_elements_per_bucket"))
+        return self
 
 
 class CompilerOptions(_Strict):
@@ -312,12 +386,16 @@ def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
     return out
 
 
-def parse_spec(data: Any) -> CompileSpec:
-    """Validate a decoded JSON/YAML document as a CompileSpec, raising :class:`SpecError`."""
+def parse_spec(data: Any, limits: ElementLimits | None = DEFAULT_LIMITS) -> CompileSpec:
+    """Validate a decoded JSON/YAML document as a CompileSpec, raising :class:`SpecError`.
+
+    ``limits`` bounds the elements of inputs and buckets (None: unbounded, for a client that leaves the
+    bounds to the service it submits to).
+    """
     if not isinstance(data, dict):
         raise SpecError([{"field": "", "message": "expected a JSON object"}])
     try:
-        return CompileSpec.model_validate(data)
+        return CompileSpec.model_validate(data, context={LIMITS_CONTEXT: limits})
     except ValidationError as exc:
         raise SpecError(validation_errors(exc)) from None
 
@@ -329,8 +407,8 @@ def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
     return f"{text} (line {mark.line + 1}, column {mark.column + 1})" if mark else text
 
 
-def load_spec_file(path: str | Path) -> CompileSpec:
-    """Read a spec from a .json, .yaml or .yml file (the CLI's input)."""
+def load_spec_file(path: str | Path, limits: ElementLimits | None = DEFAULT_LIMITS) -> CompileSpec:
+    """Read a spec from a .json, .yaml or .yml file (the CLI's input), validated with ``limits``."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -345,4 +423,4 @@ def load_spec_file(path: str | Path) -> CompileSpec:
         kind = "YAML" if is_yaml else "JSON"
         detail = _yaml_problem(exc) if isinstance(exc, yaml.MarkedYAMLError) else " ".join(str(exc).split())
         raise SpecError([{"field": "", "message": f"{path} is not valid {kind}: {detail}"}]) from None
-    return parse_spec(data)
+    return parse_spec(data, limits)

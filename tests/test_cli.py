@@ -245,6 +245,9 @@ def _bad_files(tmp: Path) -> dict[str, tuple[list[str], str, int]]:
     dir_model = tiny_doc()
     dir_model["model"]["uri"] = tmp.as_uri()
     (tmp / "dir_model.json").write_text(json.dumps(dir_model))
+    huge = tiny_doc()
+    huge["buckets"].append({"inputs": [{"name": "x", "shape": [1048576] * 8, "dtype": "float32"}]})
+    (tmp / "huge.json").write_text(json.dumps(huge))
     return {
         "missing spec file": (["key", "absent.json"], "cannot read absent.json: No such file or directory", 2),
         "spec is a directory": (["key", str(tmp)], "is a directory", 2),
@@ -263,6 +266,9 @@ def _bad_files(tmp: Path) -> dict[str, tuple[list[str], str, int]]:
         "unknown option": (["key", "--colour", str(TINY_JSON)], "No such option '--colour'", 2),
         "unknown command": (["frobnicate"], "No such command 'frobnicate'", 2),
         "upload of a missing file": (["upload", "absent.pt2"], "File 'absent.pt2' does not exist", 2),
+        "impossible shape": (["key", "huge.json"], f"shape: {1048576**8} elements per input; at most {2**34}", 2),
+        "fetch of a bad key": (["fetch", "KEY", "out"], "'KEY' is not an artifact key", 2),
+        "fetch into a non-empty directory": (["fetch", "0" * 64, "."], "is not empty", 2),
         "bad database url": (["migrate", "--database-url", "nosuchdb://x"], "Invalid value for '--database-url'", 2),
         "unreachable database": (
             ["migrate", "--database-url", "postgresql+psycopg://u@127.0.0.1:1/x?connect_timeout=2"],
@@ -277,7 +283,7 @@ ERROR_CASES = [
     "missing spec file", "spec is a directory", "invalid JSON", "invalid YAML", "not an object", "not UTF-8",
     "unknown field", "several errors", "cross-field error", "missing model file", "model is a directory",
     "missing argument", "bad --isa", "--json with --explain", "unknown option", "unknown command",
-    "upload of a missing file",
+    "upload of a missing file", "impossible shape", "fetch of a bad key", "fetch into a non-empty directory",
     "bad database url", "unreachable database",
 ]
 

@@ -9,7 +9,18 @@ from typing import Any
 
 import pytest
 
-from compilesvc.spec import MAX_BUCKETS, MAX_DIM, CompileSpec, SpecError, load_spec_file, parse_spec
+from compilesvc.keys import compute_keys
+from compilesvc.spec import (
+    DEFAULT_MAX_ELEMENTS_PER_BUCKET,
+    DEFAULT_MAX_ELEMENTS_PER_INPUT,
+    MAX_BUCKETS,
+    MAX_DIM,
+    CompileSpec,
+    ElementLimits,
+    SpecError,
+    load_spec_file,
+    parse_spec,
+)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SHA = "0123456789abcdef" * 4
@@ -340,6 +351,52 @@ def test_input_fields(field_value: dict[str, Any], field: str, fragment: str) ->
 def test_scalar_input_has_empty_shape() -> None:
     spec = parse_spec(neuron_doc(buckets=[{"inputs": [{"name": "temperature", "shape": [], "dtype": "float32"}]}]))
     assert spec.buckets[0].inputs[0].shape == []
+
+
+def _inputs(*shapes: list[int]) -> dict[str, Any]:
+    return {"inputs": [{"name": f"x{i}", "shape": shape, "dtype": "bfloat16"} for i, shape in enumerate(shapes)]}
+
+
+def test_a_real_llm_bucket_is_within_the_default_element_bounds() -> None:
+    # input_ids [64, 32768] and hidden states [64, 32768, 8192]: 2**34 elements, the default per input.
+    bucket = _inputs([64, 32768], [64, 32768, 8192])
+    assert parse_spec(neuron_doc(buckets=[bucket])).buckets[0].inputs[1].shape == [64, 32768, 8192]
+    assert DEFAULT_MAX_ELEMENTS_PER_INPUT == 2**34 and DEFAULT_MAX_ELEMENTS_PER_BUCKET == 2**36
+
+
+@pytest.mark.parametrize(
+    ("bucket", "field", "fragment"),
+    [
+        # The shape from the field report: 2**160 elements, which failed three compiles as "infra".
+        (_inputs([1], [MAX_DIM] * 8), "buckets[1].inputs[1].shape", "at most 17179869184"),
+        (_inputs([64, 32768, 8193]), "buckets[1].inputs[0].shape", "max_elements_per_input"),
+        (_inputs(*[[64, 32768, 8192]] * 4, [2]), "buckets[1].inputs", "max_elements_per_bucket"),
+        ({"batch_size": MAX_DIM, "seq_len": MAX_DIM}, "buckets[1]", "batch_size * seq_len"),
+    ],
+)
+def test_element_bounds_name_the_field(bucket: dict[str, Any], field: str, fragment: str) -> None:
+    doc = neuron_doc(buckets=[{"batch_size": 1, "seq_len": 8}, bucket])
+    assert_refused(doc, field, fragment)
+    parse_spec(doc, limits=None)  # unbounded: valid in every other way
+
+
+def test_element_bounds_are_configurable_and_never_change_keys() -> None:
+    doc = neuron_doc(buckets=[{"batch_size": 4, "seq_len": 512}, _inputs([8, 8, 8])])
+    tight = ElementLimits(per_input=2048, per_bucket=4096)
+    assert parse_spec(doc, tight).buckets[0].inputs[0].shape == [4, 512]
+    cases = [
+        (ElementLimits(per_input=2047, per_bucket=10**6), ["buckets[0]"]),
+        (ElementLimits(per_input=2048, per_bucket=4095), ["buckets[0]"]),
+        (ElementLimits(per_input=511, per_bucket=10**6), ["buckets[0]", "buckets[1].inputs[0].shape"]),
+        (ElementLimits(per_input=512, per_bucket=511), ["buckets[0]", "buckets[1].inputs"]),
+    ]
+    for limits, fields in cases:
+        with pytest.raises(SpecError) as info:
+            parse_spec(doc, limits)
+        assert [e["field"] for e in info.value.errors] == fields
+    keys = {compute_keys(parse_spec(doc, limits), model_sha256=SHA, default_isa="x86_64-avx2").key
+            for limits in (None, tight, ElementLimits())}
+    assert len(keys) == 1
 
 
 def test_bucket_count_limits() -> None:

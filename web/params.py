@@ -15,6 +15,7 @@ from flask import Response, current_app, request
 from pydantic import ValidationError
 
 from compilesvc.spec import CompileSpec, SpecError, parse_spec, validation_errors
+from web.context import web
 from web.openapi import Param
 from web.problems import Problem
 
@@ -143,7 +144,9 @@ def parse_spec_text(text: str) -> CompileSpec:
         raise Problem("spec-invalid", f"{len(bad_text)} field(s) hold text that cannot be stored",
                       errors=bad_text)
     try:
-        return parse_spec(data)
+        # The service's bounds on elements per input and bucket: a shape no compiler can allocate is a 422
+        # here, not three failed compile attempts.
+        return parse_spec(data, web().settings.element_limits)
     except SpecError as exc:
         raise Problem("spec-invalid", str(exc), errors=exc.errors) from None
     except RecursionError:

@@ -129,6 +129,33 @@ def test_spec_errors_are_422_with_fields(sqlite_env: Env) -> None:
     assert nul_body["errors"][0]["field"] == "labels.team"
 
 
+def test_impossible_shapes_are_422_before_anything_is_queued(make_env, ledger_url: str) -> None:  # type: ignore[no-untyped-def]
+    env = make_env(ledger_url)
+    spec = spec_for(env.upload())
+    # The field report's bucket: 2**160 elements, once accepted and failed three times as "infra".
+    spec["buckets"].append({"inputs": [{"name": "x", "shape": [1048576] * 8, "dtype": "float32"}]})
+    body = assert_problem(env.submit(spec), 422, "spec-invalid")
+    assert body["errors"] == [{"field": "buckets[2].inputs[0].shape", "message": (
+        f"{1048576**8} elements per input; at most {2**34} are accepted (max_elements_per_input)")}]
+    assert_problem(env.client.post("/v1/artifacts/resolve", json=spec), 422, "spec-invalid")
+    with env.services.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Build)) == 0
+
+    # A long-context LLM bucket is within the defaults.
+    spec["buckets"][2] = {"inputs": [{"name": "input_ids", "shape": [64, 32768], "dtype": "int64"},
+                                     {"name": "hidden", "shape": [64, 32768, 8192], "dtype": "bfloat16"}]}
+    assert env.submit(spec).status_code == 202
+
+    # The bounds are settings; a tighter one refuses what the default accepts.
+    tight = make_env(ledger_url, max_elements_per_input=1024, max_elements_per_bucket=1024)
+    small = spec_for(tight.upload(), buckets=((1, 8), (4, 256)))
+    body = assert_problem(tight.submit(small), 422, "spec-invalid")
+    assert [e["field"] for e in body["errors"]] == ["buckets[1]"]
+    assert "2048 elements in the bucket" in body["errors"][0]["message"]  # 1024 per input is allowed
+    small["buckets"][1] = {"batch_size": 2, "seq_len": 256}  # 512 per input, 1024 together: at the limit
+    assert tight.submit(small).status_code == 202
+
+
 def test_model_ref_errors_are_422(sqlite_env: Env) -> None:
     env = sqlite_env
     missing = spec_for("blob:sha256:" + "ab" * 32)

@@ -43,13 +43,13 @@ class CountingStream(io.RawIOBase):
 
 
 def post_stream(env: Env, stream: io.RawIOBase, content_length: int | None, *, terminated: bool = False,
-                path: str = "/v1/models", headers: dict[str, str] | None = None) -> TestResponse:
+                path: str = "/v1/models", headers: dict[str, str] | None = None,
+                content_type: str | None = "application/octet-stream") -> TestResponse:
     """POST a non-seekable body the way a WSGI server passes it: with a Content-Length, or chunked
     (no length, ``wsgi.input_terminated`` set, as gunicorn does). Werkzeug's test client would seek.
     ``terminated`` also sets ``wsgi.input_terminated`` with a Content-Length (gunicorn does, the dev
     server does not): werkzeug then takes a short body for the end instead of raising."""
-    environ = EnvironBuilder(path=path, method="POST", content_type="application/octet-stream",
-                             headers=headers).get_environ()
+    environ = EnvironBuilder(path=path, method="POST", content_type=content_type, headers=headers).get_environ()
     environ["wsgi.input"] = io.BufferedReader(stream)
     if content_length is None:
         environ.pop("CONTENT_LENGTH", None)
@@ -96,6 +96,47 @@ def test_upload_limit(make_env, sqlite_url: str) -> None:  # type: ignore[no-unt
     assert_problem(env.client.post("/v1/models", data=b""), 400, "invalid-request")
     chunked_ok = post_stream(env, CountingStream(60_000), None)
     assert chunked_ok.status_code == 201 and chunked_ok.json["size"] == 60_000
+
+
+@pytest.mark.parametrize("content_type", [
+    "multipart/form-data; boundary=xyz",
+    "Multipart/Form-Data; boundary=xyz",
+    "multipart/mixed; boundary=xyz",
+    "application/x-www-form-urlencoded",
+    "application/x-www-form-urlencoded; charset=utf-8",
+])
+def test_form_uploads_are_refused_before_reading(sqlite_env: Env, content_type: str) -> None:
+    stream = CountingStream(200_000)
+    refused = post_stream(sqlite_env, stream, 200_000, content_type=content_type)
+    body = assert_problem(refused, 415, "unsupported-media-type")
+    assert "--data-binary @model.pt" in body["detail"] and "application/octet-stream" in body["hint"]
+    assert refused.headers["Accept-Post"] == "application/octet-stream"
+    assert stream.consumed == 0  # refused before a byte of the body was read: nothing can be stored
+
+
+def test_curl_f_upload_stores_nothing(sqlite_env: Env) -> None:
+    env = sqlite_env
+    model = b"a torchscript model" * 100
+    form = env.client.post("/v1/models", data={"file": (io.BytesIO(model), "model.pt")})
+    assert form.request.mimetype == "multipart/form-data"
+    assert_problem(form, 415, "unsupported-media-type")
+    raw_form = form.request.get_data()
+    store = env.services.store
+    assert isinstance(store, LocalStore)
+    assert not store.has_blob(hashlib.sha256(model).hexdigest())
+    assert not store.has_blob(hashlib.sha256(raw_form).hexdigest())
+    assert [p for p in store.root.rglob("*") if p.is_file()] == []
+    # The same bytes as a raw body are the model.
+    raw = env.client.post("/v1/models", data=model, content_type="application/octet-stream")
+    assert raw.status_code == 201 and raw.json["sha256"] == hashlib.sha256(model).hexdigest()
+
+
+@pytest.mark.parametrize("content_type", [None, "application/octet-stream", "application/zip"])
+def test_raw_bodies_are_accepted_with_or_without_a_type(sqlite_env: Env, content_type: str | None) -> None:
+    # No Content-Type: what requests.post(url, data=f) sends; compilesvc upload sends octet-stream.
+    response = post_stream(sqlite_env, CountingStream(1000), 1000, content_type=content_type)
+    assert response.status_code == 201, response.get_data(as_text=True)
+    assert response.json["size"] == 1000
 
 
 def _signed(env: Env, sha256: str, filename: str | None = "model.pt", expires_in: int = 60) -> str:

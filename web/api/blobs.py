@@ -36,15 +36,17 @@ UPLOAD_ENDPOINT = "blobs.upload_model"
 
 @bp.post("/models")
 @operation(summary="Upload a model (raw body, streamed)", tag="models",
-           description="Send the model file as the raw request body (any content type, Content-Length or "
-                       "chunked). Use the returned `uri` as the spec's `model.uri`. All or nothing: a body cut "
-                       "off before its Content-Length or last chunk, or not matching a declared digest, is "
-                       "refused with 400 and nothing is stored.",
+           description="Send the model file as the raw request body (application/octet-stream, Content-Length "
+                       "or chunked). Form uploads (multipart/form-data, application/x-www-form-urlencoded) are "
+                       "refused with 415. Use the returned `uri` as the spec's `model.uri`. All or nothing: a "
+                       "body cut off before its Content-Length or last chunk, or not matching a declared digest, "
+                       "is refused with 400 and nothing is stored.",
            request_media="application/octet-stream",
            request_schema={"type": "string", "contentMediaType": "application/octet-stream"},
            params=list(UPLOAD_PARAMS),
-           responses={201: UploadOut}, problems=(400, 413, 503))
+           responses={201: UploadOut}, problems=(400, 413, 415, 503))
 def upload_model() -> Response:
+    refuse_form_upload()
     ctx = web()
     limit = ctx.settings.max_upload_bytes
     too_large = Problem("upload-too-large", f"model uploads are limited to {limit} bytes", max_bytes=limit)
@@ -69,6 +71,26 @@ def upload_model() -> Response:
                       errors=[{"field": "body", "message": "empty"}])
     return json_response({"uri": f"blob:sha256:{info.sha256}", "sha256": info.sha256, "size": info.size,
                           "created": info.created}, 201)
+
+
+#: Bodies that are an envelope or an encoding around the file, never the file: storing one would store the
+#: form (boundaries, field headers; or curl -d's mangled bytes) as the model.
+FORM_TYPES = ("multipart/", "application/x-www-form-urlencoded")
+UPLOAD_HINT = "curl --data-binary @model.pt -H 'Content-Type: application/octet-stream'"
+
+
+def refuse_form_upload() -> None:
+    """415 for a form upload, before a byte of the body is read (so nothing is stored).
+
+    A missing Content-Type is accepted, as is any other type: the body is taken as the file's bytes, which
+    is what `compilesvc upload` (application/octet-stream), `requests.post(data=f)` (no type) and clients
+    labelling a model by its own type send.
+    """
+    mimetype = request.mimetype  # lower-cased, parameters (boundary=, charset=) stripped
+    if mimetype.startswith(FORM_TYPES):
+        raise Problem("unsupported-media-type",
+                      f"{mimetype} is a form, not a model file; send the file itself as the body: {UPLOAD_HINT}",
+                      headers={"Accept-Post": "application/octet-stream"}, hint=UPLOAD_HINT)
 
 
 @bp.get("/blobs/<sha256:sha256>")
