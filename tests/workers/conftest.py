@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 import redis
+import requests
 from sqlalchemy import select
 
 from compilesvc.config import Settings
@@ -41,6 +42,8 @@ from tests.doubles import neuron_double_env
 REDIS_URL = os.environ.get("COMPILESVC_TEST_REDIS", "redis://127.0.0.1:6379/0")
 COMPILESVC = str(Path(sys.executable).with_name("compilesvc"))
 NEURON_SDK = "2.20.0"
+#: The "model" of :meth:`Cluster.hlo_spec`: the Neuron double's compiler does not read it.
+HLO_MODEL = b"HloModuleProto (a test double does not read it)"
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
@@ -129,6 +132,24 @@ class Cluster:
             relay.wait_ready()
         return relay
 
+    def start_api(self, port: int, workers: int = 2, env: dict[str, str] | None = None,
+                  timeout: float = 60) -> ServiceProcess:
+        """``compilesvc serve`` (gunicorn) on 127.0.0.1:``port``; returns once ``/readyz`` answers 200."""
+        api = self._start("api", ["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)],
+                          env)
+
+        def ready() -> bool:
+            if api.proc.poll() is not None:
+                raise AssertionError(f"the API exited with {api.proc.returncode}: "
+                                     f"{api.log_path.read_text(errors='replace')[-3000:]}")
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for(ready, timeout, "the API to be ready", interval=0.2)
+        return api
+
     def dump_stacks(self) -> None:
         """SIGUSR1 to every process of every group: workers print all Python stacks (faulthandler)."""
         for process in self.processes:
@@ -153,9 +174,11 @@ class Cluster:
     def submit(self, doc: dict[str, Any], **kwargs: Any) -> SubmitResult:
         return Submitter(self.services).submit(parse_spec(doc), **kwargs)
 
-    def hlo_spec(self, behaviour: str = "ok", buckets: int = 1, **extra: Any) -> dict[str, Any]:
-        """A spec for the Neuron double's neuronx-cc path (no torch in the child: fast)."""
-        uri = self.upload(b"HloModuleProto (a test double does not read it)", "model.hlo.pb")
+    def hlo_spec(self, behaviour: str = "ok", buckets: int = 1, uri: str | None = None,
+                 **extra: Any) -> dict[str, Any]:
+        """A spec for the Neuron double's neuronx-cc path (no torch in the child: fast). ``uri``: a model
+        uploaded already (default: :data:`HLO_MODEL` put in the store)."""
+        uri = uri or self.upload(HLO_MODEL, "model.hlo.pb")
         return {
             "model": {"uri": uri, "format": "hlo", "name": "double"},
             "target": "inf2", "sdk": NEURON_SDK,
@@ -218,35 +241,23 @@ def delete_redis_keys(prefix: str) -> int:
         client.close()
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    report = yield
-    setattr(item, f"report_{report.when}", report)  # lets fixtures see whether the test failed
-    return report
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path, pg_url: str, broker_prefix: str, monkeypatch: pytest.MonkeyPatch,
-                 request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
-    """``make_cluster(**settings)`` -> a :class:`Cluster`; settings become ``COMPILESVC_*`` variables."""
+@contextlib.contextmanager
+def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest,
+                    **defaults: Any) -> Iterator[Callable[..., Cluster]]:
+    """``make(store_url=None, extra_env=None, **settings)`` -> a :class:`Cluster` whose settings are
+    :data:`CLUSTER_DEFAULTS`, then ``defaults`` (where its ledger and broker are), then ``settings``; they
+    become ``COMPILESVC_*`` variables. Every process a cluster started is killed on exit (after a stack
+    dump into its log when the test failed)."""
     clusters: list[Cluster] = []
 
     def make(store_url: str | None = None, extra_env: dict[str, str] | None = None, **overrides: Any) -> Cluster:
         values: dict[str, Any] = {
             "data_dir": str(tmp_path / "data"),
-            "database_url": pg_url,
             "store_url": store_url or (tmp_path / "store").as_uri(),
-            "broker_url": REDIS_URL,
-            "broker_key_prefix": broker_prefix,
-            "secret_key": "test-secret-key",
-            "lease_seconds": 3,
-            "heartbeat_seconds": 0.5,
-            "worker_stale_seconds": 10,
-            "relay_interval_seconds": 0.2,
-            "max_attempts": 3,
-            "require_live_worker": True,
+            **CLUSTER_DEFAULTS,
+            **defaults,
+            **overrides,
         }
-        values.update(overrides)
         env = neuron_double_env(_clean_environ(), sdk=NEURON_SDK)
         env.update({f"COMPILESVC_{k.upper()}": str(v).lower() if isinstance(v, bool) else str(v)
                     for k, v in values.items()})
@@ -257,14 +268,38 @@ def make_cluster(tmp_path: Path, pg_url: str, broker_prefix: str, monkeypatch: p
         clusters.append(cluster)
         return cluster
 
-    yield make
-    failed = getattr(request.node, "report_call", None) is not None and request.node.report_call.failed
-    for cluster in clusters:
-        if failed:  # leave every process's stacks in its log (tmp_path) for the post-mortem
-            cluster.dump_stacks()
-        cluster.kill_all()
-        cluster.services.producer.close()
-        cluster.services.close()
+    try:
+        yield make
+    finally:
+        failed = getattr(request.node, "report_call", None) is not None and request.node.report_call.failed
+        for cluster in clusters:
+            if failed:  # leave every process's stacks in its log (tmp_path) for the post-mortem
+                cluster.dump_stacks()
+            cluster.kill_all()
+            cluster.services.producer.close()
+            cluster.services.close()
+
+
+#: Short timings, so that lost leases and dead workers are noticed within seconds.
+CLUSTER_DEFAULTS: dict[str, Any] = {
+    "secret_key": "test-secret-key",
+    "lease_seconds": 3,
+    "heartbeat_seconds": 0.5,
+    "worker_stale_seconds": 10,
+    "relay_interval_seconds": 0.2,
+    "max_attempts": 3,
+    "require_live_worker": True,
+}
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path, pg_url: str, broker_prefix: str,
+                 request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
+    """``make_cluster(**settings)`` -> a :class:`Cluster` on the session's Postgres ledger and the shared
+    Redis under this test's key prefix; settings become ``COMPILESVC_*`` variables."""
+    with cluster_factory(tmp_path, request, database_url=pg_url, broker_url=REDIS_URL,
+                         broker_key_prefix=broker_prefix) as make:
+        yield make
 
 
 @pytest.fixture(scope="session")
