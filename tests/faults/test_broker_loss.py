@@ -25,11 +25,6 @@ BUSY_SECONDS = 10
 RECOVERY_SECONDS = 60
 
 
-#: Until the reconciler exists (issue 6): the lost messages are never sent again.
-LOST_FOREVER = pytest.mark.xfail(strict=True, reason="issue 6: compiles whose broker message was lost stay "
-                                                     "queued (nothing re-sends a sent outbox row)")
-
-
 def _lose_queued_builds(faults: FaultCluster, fault: Callable[[], None]) -> None:
     faults.start_workers(2, concurrency=1)
     busy = [faults.api.submit(faults.hlo_spec(f"slow:{BUSY_SECONDS}", seq_lens=(8 * (i + 1),)))["build_id"]
@@ -51,11 +46,9 @@ def _lose_queued_builds(faults: FaultCluster, fault: Callable[[], None]) -> None
     assert [b["state"] for b in builds] == ["succeeded"] * (2 + QUEUED), [summary(b) for b in builds]
 
 
-@LOST_FOREVER
 def test_redis_flushed_with_queued_builds(faults: FaultCluster) -> None:
     _lose_queued_builds(faults, faults.redis.flushall)
 
 
-@LOST_FOREVER
 def test_redis_restarted_empty_with_queued_builds(faults: FaultCluster) -> None:
     _lose_queued_builds(faults, faults.redis.restart)

@@ -14,8 +14,6 @@ from tests.faults.conftest import FaultCluster, summary
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 6: a worker's dead pooled connection fails the claim, Celery "
-                                        "acks the task and the bucket stays queued")
 def test_postgres_restarted_between_builds(faults: FaultCluster) -> None:
     faults.start_workers(2, concurrency=1)
 

@@ -23,8 +23,6 @@ COMPILE_SECONDS = 4
 ERROR_FIELDS = {"attempt", "phase", "error_class", "code", "message", "at"}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 6: a store outage during publish burns every attempt without "
-                                        "backoff; no per-attempt error history")
 def test_s3_outage_during_publish(faults: FaultCluster) -> None:
     faults.start_workers(2, concurrency=1)
     build_id = faults.api.submit(faults.hlo_spec(f"slow:{COMPILE_SECONDS}"))["build_id"]
