@@ -27,6 +27,7 @@ import click
 from compilesvc import fetch_dest
 from compilesvc.cli import BadInput, CommandFailed
 from compilesvc.spec import SpecError, load_spec_file
+from compilesvc.states import BucketState, BuildState
 
 DEFAULT_API = "http://127.0.0.1:8080"
 TRANSPORT_RETRIES = 4
@@ -95,7 +96,7 @@ def _is_refusal(body: bytes) -> bool:
 
 
 def _summarise_failure(build: dict[str, Any]) -> str:
-    failed = [b for b in build.get("buckets", []) if b.get("state") in ("failed", "cancelled")]
+    failed = [b for b in build.get("buckets", []) if b.get("state") in (BucketState.FAILED, BucketState.CANCELLED)]
     parts = [f"build {build.get('build_id', build.get('id'))} {build['state']}"]
     for bucket in failed[:3]:
         parts.append(f"bucket {bucket['key'][:12]} {bucket['state']} ({bucket.get('error_class')}"
@@ -154,10 +155,10 @@ def submit(spec_path: str, api: str, wait: bool, timeout: float, poll: float, lo
                 click.echo(f"[{line['bucket_key'][:8]}] {line['line']}", err=True)
             after = page.get("next_after", after)
         build = client.request("GET", f"/v1/builds/{build_id}")
-        if build["state"] == "succeeded":
+        if build["state"] == BuildState.SUCCEEDED:
             click.echo(build["artifact_key"])
             return
-        if build["state"] != "building":
+        if build["state"] != BuildState.BUILDING:
             raise ApiError(_summarise_failure(build))
         if time.monotonic() > deadline:
             raise ApiError(f"build {build_id} still building after {timeout:.0f} s: {result.get('status_url')}")

@@ -52,6 +52,13 @@ def age_queued(services: Services) -> None:
             bucket.queued_at = bucket.queued_at.replace(year=2000)
 
 
+def aged_reconciler(services: Services) -> tuple[Reconciler, Clock]:
+    """A reconciler (grace 0.5 s, on a clock the test moves) for which every queued compile is old enough."""
+    age_queued(services)
+    clock = Clock()
+    return Reconciler(services.sessions, broker_view(services.settings, services.producer), 0.5, clock=clock), clock
+
+
 def queue_of(services: Services) -> str:
     return queue_name("inf2", "2.20.0", "neuronx-cc")
 
@@ -71,10 +78,7 @@ def test_a_flushed_broker_loses_nothing(tmp_path: Path, pg_url: str, prefix: str
     try:
         result = submit(services, buckets=3)
         assert redis_length(services, prefix) == 3
-        age_queued(services)
-        clock = Clock()
-        reconciler = Reconciler(services.sessions, broker_view(services.settings, services.producer), 0.5,
-                                clock=clock)
+        reconciler, clock = aged_reconciler(services)
         assert reconciler.run() == []  # all three are in their queue
         delete_redis_keys(prefix)  # FLUSHALL, as far as this test's broker goes
         assert reconciler.run() == []  # missing once: could be a message between queue and unacked set
@@ -103,10 +107,7 @@ def test_a_message_delivered_to_a_worker_is_held(tmp_path: Path, pg_url: str, pr
     services = redis_services(tmp_path, pg_url, prefix)
     try:
         submit(services, buckets=2)
-        age_queued(services)
-        clock = Clock()
-        reconciler = Reconciler(services.sessions, broker_view(services.settings, services.producer), 0.5,
-                                clock=clock)
+        reconciler, clock = aged_reconciler(services)
         options: dict[str, Any] = {"global_keyprefix": prefix}
         with Connection(REDIS_URL, transport_options=options) as conn:
             queue = conn.SimpleQueue(queue_of(services), no_ack=False)
@@ -147,10 +148,7 @@ def test_the_filesystem_broker_is_inspected_too(tmp_path: Path, pg_url: str) -> 
     services = Services.from_settings(make_settings(tmp_path, pg_url))
     try:
         submit(services, buckets=2)
-        age_queued(services)
-        clock = Clock()
-        reconciler = Reconciler(services.sessions, broker_view(services.settings, services.producer), 0.5,
-                                clock=clock)
+        reconciler, clock = aged_reconciler(services)
         for _ in range(2):
             assert reconciler.run() == []
             clock.now += 1

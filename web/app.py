@@ -19,6 +19,7 @@ from flask import Flask, Response, g, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.routing import BaseConverter, ValidationError
 
+from compilesvc import states
 from compilesvc.config import Settings
 from compilesvc.services import Services
 from web import problems, ui
@@ -94,6 +95,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.json = JSONProvider(app)
     app.url_map.converters["build_id"] = BuildIdConverter
     app.url_map.converters["sha256"] = Sha256Converter
+    app.jinja_env.globals["states"] = states  # templates compare states by name, never by spelling
 
     registry = make_registry()
     registry.register(LedgerCollector(services.sessions, settings.worker_stale_seconds,
