@@ -53,12 +53,14 @@ def set_artifact_state(session: Session, artifact: Artifact, state: ArtifactStat
         build.finished_at = finished
 
 
-def fail_artifacts_of_bucket(session: Session, bucket: BucketCompile) -> None:
-    """A bucket compile failed for good: every set still building that contains it fails too."""
+def fail_artifacts_of_bucket(session: Session, bucket: BucketCompile, *, also_cancelled: bool = False) -> None:
+    """A bucket compile failed for good: every set still building that contains it fails too (and, with
+    ``also_cancelled``, every cancelled one: a resubmit of it is answered with the failure)."""
+    states = (ArtifactState.BUILDING, ArtifactState.CANCELLED) if also_cancelled else (ArtifactState.BUILDING,)
     artifacts = session.scalars(
         select(Artifact)
         .join(ArtifactBucket, ArtifactBucket.artifact_id == Artifact.id)
-        .where(ArtifactBucket.bucket_compile_id == bucket.id, Artifact.state == ArtifactState.BUILDING)
+        .where(ArtifactBucket.bucket_compile_id == bucket.id, Artifact.state.in_(states))
         .with_for_update()
     ).all()
     for artifact in artifacts:

@@ -21,6 +21,7 @@ from sqlalchemy import Connection, Engine, Table, insert
 from sqlalchemy.exc import OperationalError
 
 from compilesvc.ledger.models import Build, BuildLabel, Event
+from compilesvc.states import check_transition
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ def insert_build_details(conn: Connection, records: list[BuildRecord], build_ids
               for record, build_id in zip(records, build_ids, strict=True) for name, value in record.labels.items()]
     if labels:
         conn.execute(_INSERT_LABELS, labels)
+    for record in records:
+        check_transition("build", None, record.row["state"])
     conn.execute(_INSERT_EVENTS, [{"entity": "build", "entity_id": build_id, "from_state": None,
                                    "to_state": record.row["state"], "detail": record.detail}
                                   for record, build_id in zip(records, build_ids, strict=True)])

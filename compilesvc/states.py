@@ -26,6 +26,7 @@ Artifact (one row per artifact key; a set of bucket compiles)::
     (new) ──submit──▶ building ──every bucket succeeded──▶ published (final)
                       building ──a bucket failed for good──▶ failed ──resubmit / retry──▶ building
                       building ──its last build cancelled──▶ cancelled ──resubmit / retry──▶ building
+                      cancelled ──resubmitted, a bucket failed with a compile error meanwhile──▶ failed
     (new) ──import──▶ published
 
 Build (one row per submission) follows its artifact (:data:`BUILD_STATE_FOR_ARTIFACT`) unless cancelled
@@ -107,6 +108,7 @@ TRANSITIONS: dict[str, frozenset[tuple[str | None, str]]] = {
         (None, A.BUILDING), (None, A.PUBLISHED),
         (A.BUILDING, A.PUBLISHED), (A.BUILDING, A.FAILED), (A.BUILDING, A.CANCELLED),
         (A.FAILED, A.BUILDING), (A.CANCELLED, A.BUILDING),
+        (A.CANCELLED, A.FAILED),  # resubmitted while a bucket it shares failed with a compile error
     }),
     "build": frozenset({
         (None, D.BUILDING), (None, D.SUCCEEDED), (None, D.FAILED),

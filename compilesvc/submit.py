@@ -381,8 +381,13 @@ class Submitter:
 
     def _reopen(self, session: Session, artifact: Artifact, ctx: _Context) -> list[int]:
         buckets = linked_buckets(session, artifact.id)
-        if any(b.state == BucketState.FAILED and b.error_class == ErrorClass.COMPILE for b in buckets):
-            return []  # negative cache: stays failed until an explicit retry
+        failed = [b for b in buckets if b.state == BucketState.FAILED and b.error_class == ErrorClass.COMPILE]
+        if failed:
+            # The negative cache: the set stays failed until an explicit retry. One that was cancelled meanwhile
+            # (a bucket it shares with another set failed there) is failed now, so the new build says why.
+            if artifact.state == ArtifactState.CANCELLED:
+                fail_artifacts_of_bucket(session, failed[0], also_cancelled=True)
+            return []
         outbox_ids = []
         for bucket in buckets:
             if _will_compile(bucket.state, bucket.error_class):

@@ -33,10 +33,20 @@ def run_migrations_online() -> None:
         return
     engine = make_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as conn:
-        # SQLite ALTERs go through batch mode (table copies), hence render_as_batch.
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            # SQLite ALTERs go through batch mode: copy the table, DROP the original, rename the copy. With
+            # foreign keys enforced (compilesvc's engines turn them on), that DROP would delete every row
+            # referencing the table (ON DELETE CASCADE) or fail. SQLite's own recipe for schema changes: keep
+            # them off for the migration (only possible outside a transaction), check the result after.
+            conn.connection.dbapi_connection.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
         context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
         with context.begin_transaction():
             context.run_migrations()
+            if sqlite:
+                broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise RuntimeError(f"the migration left rows with dangling foreign keys: {broken[:5]}")
     engine.dispose()
 
 

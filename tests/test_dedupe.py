@@ -362,3 +362,21 @@ def test_concurrent_identical_submits_create_one_build_row_set(tmp_path: Path, p
     sent = list((settings.broker_folder / "queue").iterdir())
     assert len(sent) == 3  # exactly one dispatch per bucket reached the broker
     services.close()
+
+
+def test_resubmitting_a_cancelled_set_whose_shared_bucket_failed_since_answers_the_failure(
+        services: Services) -> None:
+    submitter = Submitter(services)
+    uri = upload_model(services)
+    shared, own, other = BUCKETS
+    cancelled = submitter.submit(parse_spec(spec_doc(uri, [shared, own])))
+    cancel_build(services, cancelled.build_id)
+    elsewhere = submitter.submit(parse_spec(spec_doc(uri, [shared, other])))
+    shared_key = next(b.key for b in elsewhere.buckets if b.inputs == cancelled.buckets[0].inputs)
+    complete_bucket(services, shared_key, state="failed", error_class="compile", error_code="NCC_EVRF007")
+    again = submitter.submit(parse_spec(spec_doc(uri, [shared, own])))
+    # Not "cancelled" (the earlier build's fate): the compile error that makes this set fail.
+    assert (again.outcome, again.state, again.artifact_state) == ("join", "failed", "failed")
+    assert next(b for b in again.buckets if b.key == shared_key).error_code == "NCC_EVRF007"
+    with services.sessions() as session:
+        assert session.get_one(Build, cancelled.build_id).state == "cancelled"  # the old build keeps its fate

@@ -261,6 +261,8 @@ class Outbox(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
+        # The latest dispatch of a compile (the reconciler's re-send).
+        Index("ix_outbox_bucket_compile_id_id", "bucket_compile_id", "id"),
         Index(
             "ix_outbox_unsent",
             "id",
@@ -297,7 +299,7 @@ class BucketFailure(Base):
     bucket_compile_id: Mapped[int] = mapped_column(ForeignKey("bucket_compiles.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     at: Mapped[datetime] = mapped_column(default=utcnow)
-    phase: Mapped[str] = mapped_column(String(16), doc="dispatch | fetch | compile | publish | record | lease")
+    phase: Mapped[str] = mapped_column(String(16), doc="dispatch | fetch | compile | publish | lease | worker")
     error_class: Mapped[str] = mapped_column(String(16))
     code: Mapped[str | None] = mapped_column(String(64))
     message: Mapped[str | None] = mapped_column(Text)

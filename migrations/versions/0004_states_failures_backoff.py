@@ -1,4 +1,5 @@
 """state CHECK constraints; bucket_failures (every failed step, first cause first); outbox.available_at
+and an index for a compile's latest dispatch
 
 Revision ID: 0004_states
 Revises: 0003_history
@@ -50,6 +51,7 @@ def upgrade() -> None:
         batch_op.create_index('ix_bucket_failures_bucket_compile_id_id', ['bucket_compile_id', 'id'], unique=False)
     with op.batch_alter_table('outbox', schema=None) as batch_op:
         batch_op.add_column(sa.Column('available_at', sa.DateTime(timezone=True), nullable=True))
+        batch_op.create_index('ix_outbox_bucket_compile_id_id', ['bucket_compile_id', 'id'], unique=False)
     for table, checks in CHECKS.items():
         with op.batch_alter_table(table, schema=None) as batch_op:
             for name, condition in checks.items():
@@ -62,6 +64,7 @@ def downgrade() -> None:
             for name in checks:
                 batch_op.drop_constraint(op.f(f'ck_{table}_{name}'), type_='check')
     with op.batch_alter_table('outbox', schema=None) as batch_op:
+        batch_op.drop_index('ix_outbox_bucket_compile_id_id')
         batch_op.drop_column('available_at')
     with op.batch_alter_table('bucket_failures', schema=None) as batch_op:
         batch_op.drop_index('ix_bucket_failures_bucket_compile_id_id')

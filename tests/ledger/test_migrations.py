@@ -219,3 +219,43 @@ def test_migrated_checks_list_exactly_the_states_of_the_state_machine(empty_url:
                 {"key": "y"} if "key" in tables[table].columns else {})}))  # ... the same with a bogus value not
     finally:
         engine.dispose()
+
+
+def _row_counts(url: str) -> dict[str, int]:
+    engine = make_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return {name: int(conn.execute(text(f'SELECT count(*) FROM "{name}"')).scalar_one())
+                    for name in sa_inspect(conn).get_table_names() if name != VERSION_TABLE}
+    finally:
+        engine.dispose()
+
+
+def test_a_populated_ledger_keeps_every_row_through_each_migration(empty_url: str, tmp_path: Path) -> None:
+    """Migrations that rebuild SQLite tables (batch mode) must not cascade-delete or trip foreign keys."""
+    from compilesvc import leases
+    from compilesvc.db import transaction
+    from compilesvc.services import Services
+    from tests.test_leases import make_settings, submit
+
+    upgrade(empty_url)
+    services = Services.from_settings(make_settings(tmp_path, empty_url))
+    try:
+        result = submit(services, buckets=3)
+        submit(services, buckets=3)  # a second build of the same artifact
+        with transaction(services.sessions) as session:
+            bucket_id = session.execute(text("SELECT id FROM bucket_compiles WHERE key = :k"),
+                                        {"k": result.buckets[0].key}).scalar_one()
+            claim = leases.claim(session, bucket_id, "w", 60)
+            assert claim is not None
+        with transaction(services.sessions) as session:
+            leases.fail(session, bucket_id, claim.token, "infra", "EXIT_1", "boom")
+    finally:
+        services.close()
+    before = _row_counts(empty_url)
+    assert before["builds"] == 2 and before["artifact_buckets"] == 3 and before["outbox"] == 4
+    previous = _revisions_base_to_head()[-2].revision
+    downgrade(empty_url, previous)
+    assert _row_counts(empty_url) == {k: v for k, v in before.items() if k != "bucket_failures"}
+    upgrade(empty_url)
+    assert _row_counts(empty_url) == {**before, "bucket_failures": 0}
