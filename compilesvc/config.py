@@ -7,6 +7,7 @@ so a fresh checkout runs with no external service.
 
 from __future__ import annotations
 
+import math
 import secrets
 from functools import cached_property
 from pathlib import Path
@@ -69,10 +70,11 @@ class Settings(BaseSettings):
     # Infrastructure retries (a requeued attempt, a failed publish) wait base * 2**(n-1), jittered, capped.
     retry_backoff_seconds: float = Field(default=5.0, ge=0, description="First retry delay (then doubling).")
     retry_backoff_max_seconds: float = Field(default=600.0, ge=0, description="Longest retry delay.")
-    publish_retry_seconds: float = Field(
+    store_retry_seconds: float = Field(
         default=1800.0, ge=0,
-        description="How long a worker keeps retrying the publish of a finished compile before giving the "
-                    "attempt up (the compiled output is still on the worker; a new attempt recompiles).",
+        description="How long an attempt keeps retrying an unreachable store, while fetching its model and "
+                    "while publishing its outputs, before it gives up (the compiled output is still on the "
+                    "worker meanwhile: a new attempt would compile again).",
     )
 
     # The reconciler (in `compilesvc relay`) re-sends a queued compile whose message is in neither the
@@ -136,8 +138,10 @@ class Settings(BaseSettings):
 
     @property
     def task_hard_limit_seconds(self) -> int:
-        """Celery's hard limit sits above our own subprocess timeout, so ours fires first and is classified."""
-        return self.compile_timeout_seconds + 600
+        """Celery's hard limit sits above everything an attempt may legitimately spend (the compile's own
+        timeout, and store retries while fetching and publishing), so our limits fire first and are
+        classified, and a publish riding out a store outage is never killed with its output."""
+        return self.compile_timeout_seconds + 2 * math.ceil(self.store_retry_seconds) + 600
 
     @property
     def visibility_timeout_seconds(self) -> int:
@@ -150,7 +154,8 @@ class Settings(BaseSettings):
                 self.broker_visibility_timeout_seconds <= self.task_hard_limit_seconds:
             raise ValueError(
                 f"broker_visibility_timeout_seconds ({self.broker_visibility_timeout_seconds}) must exceed the "
-                f"hard task limit ({self.task_hard_limit_seconds} s = compile_timeout_seconds + 600): Redis would "
+                f"hard task limit ({self.task_hard_limit_seconds} s = compile_timeout_seconds + 2 x "
+                f"store_retry_seconds + 600): Redis would "
                 f"deliver a running compile's message a second time")
         if self.retry_backoff_max_seconds < self.retry_backoff_seconds:
             raise ValueError("retry_backoff_max_seconds must be at least retry_backoff_seconds")

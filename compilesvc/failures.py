@@ -32,6 +32,7 @@ class Phase:
     COMPILE = "compile"  # the compiler itself
     PUBLISH = "publish"  # storing the outputs and the manifest
     LEASE = "lease"  # the worker stopped renewing its lease (taken back by the reaper)
+    WORKER = "worker"  # the worker itself failed unexpectedly (a bug, an unexpected library error)
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,11 @@ def record(session: Session, bucket_compile_id: int, attempt: int, phase: str, e
     })
 
 
-def last(session: Session, bucket_compile_id: int) -> Failure | None:
-    """The most recent failure of a compile, or None."""
-    row = session.scalars(select(BucketFailure).where(BucketFailure.bucket_compile_id == bucket_compile_id)
+def last(session: Session, bucket_compile_id: int, *, attempt: int, phase: str) -> Failure | None:
+    """The most recent failure of a compile in ``attempt`` and ``phase``, or None."""
+    row = session.scalars(select(BucketFailure)
+                          .where(BucketFailure.bucket_compile_id == bucket_compile_id, BucketFailure.attempt == attempt,
+                                 BucketFailure.phase == phase)
                           .order_by(BucketFailure.id.desc()).limit(1)).one_or_none()
     return None if row is None else _failure(row)
 

@@ -207,13 +207,13 @@ def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass |
                            backoff_seconds=backoff_seconds)
 
 
-def expire(session: Session, bucket_id: int, *, backoff_seconds: float = 0.0) -> Outcome | None:
+def expire(session: Session, bucket_id: int) -> Outcome | None:
     """Take back a running compile whose lease ran out (the reaper's step); None if it is not (any
     longer) expired, or another reaper holds it.
 
-    The compile is requeued while attempts remain (the token bump fences off the silent worker), else
-    failed as ``infra`` with code ``LEASE_EXPIRED``. A compile whose cancel was requested when its worker
-    went silent is cancelled.
+    The compile is requeued at once while attempts remain (the token bump fences off the silent worker;
+    another worker may well be healthy), else failed as ``infra`` with code ``LEASE_EXPIRED``. A compile
+    whose cancel was requested when its worker went silent is cancelled.
     """
     artifacts = _lock_artifacts(session, bucket_id)
     bucket = session.scalars(
@@ -233,14 +233,19 @@ def expire(session: Session, bucket_id: int, *, backoff_seconds: float = 0.0) ->
         error_class, code = ErrorClass.INFRA, "LEASE_EXPIRED"
         message = f"worker {worker} stopped renewing its lease (attempt {bucket.attempts})"
     return _settle_attempt(session, bucket, artifacts, error_class, code, message, reason="lease expired",
-                           phase=Phase.LEASE, backoff_seconds=backoff_seconds)
+                           phase=Phase.LEASE, backoff_seconds=0.0)
 
 
-def _repeats_previous(session: Session, bucket: BucketCompile, error_class: ErrorClass, code: str | None,
-                      message: str | None) -> bool:
-    previous = failures.last(session, bucket.id)
-    return (previous is not None and previous.attempt == bucket.attempts - 1 and previous.retry
-            and (previous.error_class, previous.code, previous.message) == (error_class, code, message))
+def _repeats_previous(session: Session, bucket: BucketCompile, phase: str, error_class: ErrorClass,
+                      code: str | None, message: str | None) -> bool:
+    """Whether the compiler failed this attempt exactly as it failed the previous one. Only the compiler's
+    own failures count: an outage (of the store, the ledger, a worker) reads the same every time it lasts,
+    and is what the retries exist for."""
+    if phase != Phase.COMPILE:
+        return False
+    previous = failures.last(session, bucket.id, attempt=bucket.attempts - 1, phase=Phase.COMPILE)
+    return previous is not None and (previous.error_class, previous.code, previous.message) == (
+        error_class, code, message)
 
 
 def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Artifact], error_class: ErrorClass,
@@ -253,7 +258,7 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
         # the compile is wanted again, so it goes back to the queue rather than to a dead end.
         outbox_id = requeue_bucket(session, bucket, "cancel superseded by a new request", reset_attempts=False)
         return Outcome(BucketState.QUEUED, bucket.key, outbox_id)
-    repeated = error_class in RETRIED and _repeats_previous(session, bucket, error_class, code, message)
+    repeated = error_class in RETRIED and _repeats_previous(session, bucket, phase, error_class, code, message)
     retry = error_class in RETRIED and bucket.attempts < bucket.max_attempts and not repeated
     message_of_record = message
     if repeated:

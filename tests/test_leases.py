@@ -277,6 +277,25 @@ def test_a_failure_repeated_identically_is_not_retried_again(tmp_path: Path, led
         services.close()
 
 
+def test_an_outage_that_reads_the_same_every_time_is_still_retried(tmp_path: Path, ledger_url: str) -> None:
+    services = Services.from_settings(make_settings(tmp_path, ledger_url, max_attempts=3))
+    try:
+        bid = bucket_id(services, submit(services).buckets[0].key)
+        states = []
+        for _ in range(3):
+            attempt = claim(services, bid)
+            assert attempt is not None
+            with transaction(services.sessions) as session:
+                outcome = leases.fail(session, bid, attempt.token, "infra", "MODEL_FETCH_FAILED",
+                                      "StoreUnavailable: S3 unavailable: Could not connect to the endpoint URL",
+                                      phase=failures.Phase.FETCH)
+            assert outcome is not None
+            states.append(outcome.state)
+        assert states == ["queued", "queued", "failed"]  # every attempt, not two
+    finally:
+        services.close()
+
+
 def test_the_failure_history_keeps_every_attempt_first_cause_first(services: Services) -> None:
     bid = bucket_id(services, submit(services).buckets[0].key)
     steps = [("infra", "PUBLISH_FAILED", failures.Phase.PUBLISH), ("infra", "MODEL_FETCH_FAILED", failures.Phase.FETCH)]

@@ -28,39 +28,46 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any
 
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
-from compilesvc import backoff, failures, leases
+from compilesvc import backoff, leases
 from compilesvc.artifacts import publish_ready_artifacts
 from compilesvc.db import transaction
 from compilesvc.failures import Phase
 from compilesvc.logs import append_lines
-from compilesvc.manifest import BucketManifest, FileEntry, parse_bucket_manifest
+from compilesvc.manifest import BucketManifest
 from compilesvc.model_identity import ModelRefError
 from compilesvc.outbox import OutboxRelay
 from compilesvc.services import Services
-from compilesvc.states import ErrorClass
 from compilesvc.store import StoreError, bucket_manifest_name
 from workers.classify import Outcome, classify
 from workers.logstream import LogStream
+from workers.publishing import LOG_NAME, PublishError, archive_log, publish_outputs
+from workers.retries import (
+    ClaimNotRecorded,
+    Interrupted,
+    StoreRetriesExhausted,
+    is_transient,
+    retry_store,
+    with_db_retry,
+)
+from workers.workdirs import OWNER_LOCK, attempt_dirs, sweep_orphaned_attempts, work_root
+
+__all__ = ["OWNER_LOCK", "ClaimNotRecorded", "RunResult", "child_environment", "run_compile",
+           "sweep_orphaned_attempts", "work_root"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +77,6 @@ KILL_GRACE_SECONDS = 5.0
 MODEL_FILE_NAMES = {"torchscript": "model.pt", "exported-program": "model.pt2", "hf-dir": "model.tar",
                     "hlo": "model.hlo.pb"}
 RESULT_NAME = "result.json"
-LOG_NAME = "compile.log"
 
 # -- the child's environment -------------------------------------------------------------------------------
 
@@ -268,171 +274,7 @@ class CompilerProcess:
         return self.proc.returncode, timed_out
 
 
-# -- publishing ------------------------------------------------------------------------------------------
-
-class PublishError(Exception):
-    """The child's result cannot be published as it is (a path outside out_dir, a file changed)."""
-
-
-def _relative_output(out_dir: Path, path: str) -> PurePosixPath:
-    candidate = Path(path)
-    full = (candidate if candidate.is_absolute() else out_dir / candidate).resolve()
-    try:
-        relative = full.relative_to(out_dir.resolve())
-    except ValueError:
-        raise PublishError(f"result file {path!r} is outside the output directory") from None
-    if not full.is_file():
-        raise PublishError(f"result file {path!r} does not exist")
-    return PurePosixPath(relative.as_posix())
-
-
-def publish_outputs(services: Services, claim: leases.Claim, out_dir: Path, result: dict[str, Any],
-                    log_entry: FileEntry | None, worker_id: str) -> BucketManifest:
-    """Store every output file, then the bucket manifest (create-only). Returns the manifest in the store,
-    which is an earlier attempt's when one got there first (same key: its files are as good as ours)."""
-    store = services.store
-    files = []
-    for item in result.get("files") or []:
-        relative = _relative_output(out_dir, str(item["path"]))
-        info = store.put_file(out_dir / relative)
-        if item.get("sha256") and item["sha256"] != info.sha256:
-            raise PublishError(f"{relative} changed after the compiler reported it")
-        files.append(FileEntry(path=str(relative), role=str(item.get("role") or "aux"), size=info.size,
-                               sha256=info.sha256))
-    if not files:
-        raise PublishError("the compiler reported success but no files")
-    manifest = BucketManifest(
-        key=claim.key, material=claim.material, inputs=claim.inputs, files=files, log=log_entry,
-        versions=dict(result.get("versions") or {}), worker=worker_id,
-        compile_seconds=result.get("compile_seconds"), created_at=datetime.now(UTC).isoformat(),
-    )
-    name = bucket_manifest_name(claim.key)
-    if store.create_document(name, manifest.to_bytes()):
-        return manifest
-    existing = store.read_document(name)
-    if existing is None:
-        raise StoreError(f"{name} exists but cannot be read")
-    return parse_bucket_manifest(existing, claim.key)
-
-
-def archive_log(services: Services, *, logs_path: Path, bucket_id: int) -> FileEntry | None:
-    """Store the (closed) compile log as a blob; None (logged) if the store refuses."""
-    try:
-        info = services.store.put_file(logs_path)
-    except (StoreError, OSError) as exc:
-        log.warning("could not archive the compile log", extra={"error": str(exc), "bucket_compile_id": bucket_id})
-        return None
-    return FileEntry(path=LOG_NAME, role="log", size=info.size, sha256=info.sha256)
-
-
-# -- ledger writes ---------------------------------------------------------------------------------------
-
-T = TypeVar("T")
-
-
-def with_db_retry(fn: Callable[[], T], budget_seconds: float = 30.0) -> T:
-    """Run a ledger transaction, retrying on connection loss and deadlocks for up to ``budget_seconds``
-    with a jittered backoff (each try is a fresh transaction on a fresh connection: SQLAlchemy drops a
-    pool whose connection died with the server; the fenced writes make a retry after an unknown commit
-    outcome harmless). Long enough to ride out a database restart or failover."""
-    deadline = time.monotonic() + budget_seconds
-    retry = 0
-    while True:
-        try:
-            return fn()
-        except (OperationalError, DBAPIError) as exc:
-            retryable = isinstance(exc, OperationalError) or exc.connection_invalidated
-            retry += 1
-            pause = backoff.delay(retry, 0.5, 5.0)
-            if not retryable or time.monotonic() + pause > deadline:
-                raise
-            log.warning("ledger write failed; retrying", extra={"error": str(exc).splitlines()[0],
-                                                               "try": retry, "retry_in": round(pause, 2)})
-            time.sleep(pause)
-
-
-class ClaimNotRecorded(Exception):
-    """The ledger could not be reached to claim a compile: its message must not be acknowledged."""
-
-
 # -- the attempt -----------------------------------------------------------------------------------------
-
-def work_root() -> Path:
-    """Where attempts keep their files: one fixed directory per host and user.
-
-    Fixed because AOTInductor embeds its cache directory's path in what it generates, and the cpu backend
-    keeps that cache next to the work dirs (``<root>/compilesvc-inductor-cache``): a per-attempt parent
-    would make every compile's bytes different. Per user so two services on a host never share it.
-    """
-    root = Path(tempfile.gettempdir()) / f"compilesvc-work-{os.getuid()}"
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return root
-
-
-OWNER_LOCK = ".owner"
-#: Work dirs without a job dir are only swept when older than this (one may be a second old, being set up).
-UNPAIRED_WORK_DIR_SECONDS = 3600
-
-
-@contextmanager
-def _attempt_dirs(bucket_id: int) -> Iterator[tuple[Path, Path]]:
-    """``(files, work_dir)``: two fresh sibling directories under :func:`work_root`, removed afterwards.
-
-    ``files`` (``job-<suffix>``) holds the model, the request, the outputs and the log; ``work_dir``
-    (``work-<suffix>``) is the child's scratch and cwd, randomly named directly under the fixed root. The
-    attempt holds an exclusive ``flock`` on ``files/.owner`` while it runs: the kernel drops it when the
-    worker dies, however it dies, which is how :func:`sweep_orphaned_attempts` tells leftovers from live
-    attempts. The job dir gets its final name only once locked, so no sweep ever sees it unlocked.
-    """
-    root = work_root()
-    work = Path(tempfile.mkdtemp(prefix=f"work-{bucket_id}-", dir=root))
-    files = root / ("job-" + work.name.removeprefix("work-"))
-    staging = Path(tempfile.mkdtemp(prefix=".new-", dir=root))
-    owner = open(staging / OWNER_LOCK, "w")  # noqa: SIM115 - held for the whole attempt
-    try:
-        fcntl.flock(owner, fcntl.LOCK_EX)
-        staging.rename(files)
-        yield files, work
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(files, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
-        owner.close()
-
-
-def sweep_orphaned_attempts(root: Path | None = None) -> list[str]:
-    """Remove the directories of attempts whose worker died without cleaning up (SIGKILL, OOM, power);
-    they can hold a copy of a large model each. Safe while other workers on the host are running: a live
-    attempt holds its owner lock. Returns the names removed."""
-    root = root or work_root()
-    removed = []
-    cutoff = time.time() - UNPAIRED_WORK_DIR_SECONDS
-    for files in sorted(root.glob("job-*")):
-        try:
-            lock = open(files / OWNER_LOCK)  # noqa: SIM115 - closed below
-        except OSError:  # being removed by its own attempt right now, or left half-removed long ago
-            with contextlib.suppress(OSError):
-                if files.stat().st_mtime < cutoff:
-                    shutil.rmtree(files, ignore_errors=True)
-                    removed.append(files.name)
-            continue
-        with lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a live attempt
-            shutil.rmtree(root / ("work-" + files.name.removeprefix("job-")), ignore_errors=True)
-            shutil.rmtree(files, ignore_errors=True)
-            removed.append(files.name)
-    for pattern in ("work-*", ".new-*"):
-        for path in root.glob(pattern):
-            twin = root / ("job-" + path.name.removeprefix("work-"))
-            with contextlib.suppress(OSError):
-                if (pattern != "work-*" or not twin.exists()) and path.stat().st_mtime < cutoff:
-                    shutil.rmtree(path, ignore_errors=True)
-                    removed.append(path.name)
-    return removed
-
 
 def run_compile(services: Services, bucket_compile_id: int, worker_id: str, *,
                 relay: OutboxRelay | None = None) -> RunResult:
@@ -448,7 +290,9 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str, *,
 
     try:
         claim = with_db_retry(take)
-    except (OperationalError, DBAPIError) as exc:
+    except DBAPIError as exc:
+        if not is_transient(exc):  # not the ledger being away: giving the message back would only loop
+            raise
         raise ClaimNotRecorded(f"could not claim bucket compile {bucket_compile_id}: {exc}") from exc
     if claim is None:
         log.info("duplicate delivery: nothing to claim",
@@ -461,7 +305,7 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str, *,
                                           "target": claim.target, "sdk": claim.sdk, "backend": claim.backend})
     keeper = LeaseKeeper(services, claim, logger).start()
     try:
-        with _attempt_dirs(claim.bucket_id) as (files, work_dir):
+        with attempt_dirs(claim.bucket_id) as (files, work_dir):
             return _run_claimed(services, claim, worker_id, keeper, files, work_dir, relay, logger)
     except Exception as exc:
         # A bug or an unexpected library error: record it as infra (retried) rather than waiting for the
@@ -470,7 +314,7 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str, *,
         if keeper.lost:
             return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
         outcome = Outcome("infra", "WORKER_ERROR", f"{type(exc).__name__}: {exc}"[:500])
-        return _record_failure(services, claim, outcome, logger, phase=Phase.COMPILE, relay=relay)
+        return _record_failure(services, claim, outcome, logger, phase=Phase.WORKER, relay=relay)
     finally:
         keeper.close()
 
@@ -490,13 +334,17 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
         model_path = model_dir / MODEL_FILE_NAMES.get(model_format, "model.bin")
         fetch_started = time.monotonic()
         try:
-            services.resolver.fetch(claim.model["fetch"], model_path)
+            retry_store(services, claim, keeper.stop, Phase.FETCH,
+                        lambda: services.resolver.fetch(claim.model["fetch"], model_path), logger)
         except ModelRefError as exc:  # gone or changed since it was pinned: only a new submit's new pin helps
             return _fail(services, claim, Outcome("model", "MODEL_UNAVAILABLE", str(exc)), logs, relay, logger,
                          phase=Phase.FETCH)
-        except (StoreError, OSError) as exc:
-            return _fail(services, claim, Outcome("infra", "MODEL_FETCH_FAILED", f"{type(exc).__name__}: {exc}"),
-                         logs, relay, logger, phase=Phase.FETCH)
+        except (StoreRetriesExhausted, StoreError, OSError) as exc:
+            error = str(exc) if isinstance(exc, StoreRetriesExhausted) else f"{type(exc).__name__}: {exc}"
+            return _fail(services, claim, Outcome("infra", "MODEL_FETCH_FAILED", error), logs, relay, logger,
+                         phase=Phase.FETCH)
+        except Interrupted:
+            return _stopped(services, claim, keeper, logs, relay, logger)
         logs.service(f"fetched model sha256:{claim.model.get('sha256')} "
                      f"({model_path.stat().st_size} bytes) in {time.monotonic() - fetch_started:.1f}s")
         if keeper.stop.is_set():
@@ -558,10 +406,27 @@ def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: P
              logger: logging.LoggerAdapter[Any]) -> RunResult:
     logs.service("publishing")
     logs.close()
-    manifest = _publish_with_retries(services, claim, worker_id, out_dir, result, keeper, logs.log_path, relay,
-                                     logger)
-    if isinstance(manifest, RunResult):
-        return manifest
+
+    def publish() -> BucketManifest:
+        log_entry = archive_log(services, logs_path=logs.log_path, bucket_id=claim.bucket_id)
+        return publish_outputs(services, claim, out_dir, result, log_entry, worker_id)
+
+    try:
+        # A store outage is retried here, with the lease kept: the compiled output is on this worker, and a new
+        # attempt would compile again (hours, for Neuron).
+        manifest = retry_store(services, claim, keeper.stop, Phase.PUBLISH, publish, logger)
+    except PublishError as exc:
+        return _record_failure(services, claim, Outcome("infra", "BAD_RESULT", str(exc)), logger,
+                               phase=Phase.PUBLISH, relay=relay)
+    except (StoreRetriesExhausted, StoreError, OSError) as exc:
+        error = str(exc) if isinstance(exc, StoreRetriesExhausted) else f"{type(exc).__name__}: {exc}"
+        return _record_failure(services, claim, Outcome("infra", "PUBLISH_FAILED", error), logger,
+                               phase=Phase.PUBLISH, relay=relay)
+    except Interrupted:
+        if keeper.lost:
+            return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
+        cancelled = Outcome("cancelled", "CANCELLED", "cancelled while publishing")
+        return _record_failure(services, claim, cancelled, logger, phase=Phase.PUBLISH, relay=relay)
     name = bucket_manifest_name(claim.key)
     manifest_uri = services.store.document_location(name)
     if keeper.lost:  # published files are harmless (content-addressed, same key); the record is not ours
@@ -582,51 +447,6 @@ def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: P
     except StoreError as exc:  # the bucket is recorded; the reaper publishes the set when the store is back
         logger.warning("publishing complete artifacts failed", extra={"error": str(exc)})
     return RunResult(claim.bucket_id, "succeeded", claim.attempt, manifest_uri=manifest_uri)
-
-
-def _publish_with_retries(services: Services, claim: leases.Claim, worker_id: str, out_dir: Path,
-                          result: dict[str, Any], keeper: LeaseKeeper, log_path: Path, relay: OutboxRelay,
-                          logger: logging.LoggerAdapter[Any]) -> BucketManifest | RunResult:
-    """Publish the outputs, retrying a store outage with a backoff for up to ``publish_retry_seconds``
-    while the lease is kept: the compiled output is still here, and a new attempt would compile again
-    (hours, for Neuron). Each failed try is added to the compile's failure history, so the build shows
-    the outage. Returns the manifest, or how the attempt ended."""
-    settings = services.settings
-    deadline = time.monotonic() + settings.publish_retry_seconds
-    retry = 0
-    while True:
-        try:
-            log_entry = archive_log(services, logs_path=log_path, bucket_id=claim.bucket_id)
-            return publish_outputs(services, claim, out_dir, result, log_entry, worker_id)
-        except PublishError as exc:
-            return _record_failure(services, claim, Outcome("infra", "BAD_RESULT", str(exc)), logger,
-                                   phase=Phase.PUBLISH, relay=relay)
-        except (StoreError, OSError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            retry += 1
-            pause = backoff.for_settings(settings, retry)
-            if time.monotonic() + pause > deadline:
-                return _record_failure(services, claim, Outcome("infra", "PUBLISH_FAILED", error), logger,
-                                       phase=Phase.PUBLISH, relay=relay)
-        _note_publish_retry(services, claim, error, retry, pause, logger)
-        if keeper.stop.wait(pause):  # the lease was lost or the build cancelled while we waited
-            if keeper.lost:
-                return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
-            cancelled = Outcome("cancelled", "CANCELLED", "cancelled while publishing")
-            return _record_failure(services, claim, cancelled, logger, phase=Phase.PUBLISH, relay=relay)
-
-
-def _note_publish_retry(services: Services, claim: leases.Claim, error: str, retry: int, pause: float,
-                        logger: logging.LoggerAdapter[Any]) -> None:
-    line = f"publish failed ({error}); retry {retry} in {pause:.1f}s, without compiling again"
-    logger.warning("publish failed; retrying", extra={"error": error, "retry": retry, "retry_in": round(pause, 1)})
-    try:
-        with transaction(services.sessions) as session:
-            failures.record(session, claim.bucket_id, claim.attempt, Phase.PUBLISH, ErrorClass.INFRA,
-                            "PUBLISH_FAILED", error, retry=True)
-            append_lines(session, claim.bucket_id, claim.attempt, [line], stream="service")
-    except Exception as exc:  # the ledger is down too: the retry matters more than its record
-        logger.warning("could not record the publish failure", extra={"error": str(exc)})
 
 
 def _fail(services: Services, claim: leases.Claim, outcome: Outcome, logs: LogStream, relay: OutboxRelay,

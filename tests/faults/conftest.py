@@ -39,7 +39,7 @@ RECOVERY_ENV = {
     "COMPILESVC_RETRY_BACKOFF_SECONDS": "1",
     "COMPILESVC_RETRY_BACKOFF_MAX_SECONDS": "5",
     # A publish keeps retrying through the whole outage, and then some.
-    "COMPILESVC_PUBLISH_RETRY_SECONDS": str(int(OUTAGE_SECONDS) + 120),
+    "COMPILESVC_STORE_RETRY_SECONDS": str(int(OUTAGE_SECONDS) + 120),
 }
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -58,14 +58,15 @@ class ApiClient:
         assert response.status_code in (200, 201), response.text
         return str(response.json()["uri"])
 
-    def submit(self, spec: dict[str, Any], retry_for: float = 30) -> dict[str, Any]:
+    def submit(self, spec: dict[str, Any], retry_for: float = 30, queue_anyway: bool = False) -> dict[str, Any]:
         """POST /v1/builds; a 503 is retried after its Retry-After (at most 2 s here), as is a refused
         connection, for up to ``retry_for`` seconds. Returns the 200/202 body."""
         deadline = time.monotonic() + retry_for
+        params = {"queue_anyway": "true"} if queue_anyway else {}
         while True:
             wait = 1.0
             try:
-                response = self.http.post(f"{self.base}/v1/builds", json=spec, timeout=30)
+                response = self.http.post(f"{self.base}/v1/builds", json=spec, params=params, timeout=30)
             except requests.ConnectionError as exc:
                 last = f"{type(exc).__name__}: {exc}"
             else:

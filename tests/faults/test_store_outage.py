@@ -55,3 +55,26 @@ def test_s3_outage_during_publish(faults: FaultCluster) -> None:
     assert errors and all(set(error) >= ERROR_FIELDS for error in errors), errors
     assert any(error["code"] == "PUBLISH_FAILED" for error in errors), errors
     assert [error["at"] for error in errors] == sorted(error["at"] for error in errors), errors
+
+
+def test_s3_outage_while_the_model_is_fetched(faults: FaultCluster) -> None:
+    """The store is down when a worker takes the compile: the attempt waits for it, instead of failing
+    every attempt within seconds (the second half of the incident)."""
+    build_id = faults.api.submit(faults.hlo_spec("ok"), queue_anyway=True)["build_id"]  # no worker yet
+    faults.s3.stop()
+    faults.start_workers(1, concurrency=1)
+    outage = min(OUTAGE_SECONDS, 15.0)
+
+    def fetch_retried() -> bool:
+        build = faults.api.build(build_id)
+        return build is not None and any(e["code"] == "MODEL_FETCH_FAILED" for e in build["buckets"][0]["errors"])
+
+    wait_for(fetch_retried, 30, "the worker to meet the outage while fetching", interval=0.2)
+    time.sleep(outage)
+    faults.s3.start()
+
+    (build,) = faults.api.wait_builds([build_id], timeout=120)
+    bucket = build["buckets"][0]
+    assert build["state"] == "succeeded" and bucket["attempts"] == 1, summary(build)
+    fetches = [e for e in bucket["errors"] if e["code"] == "MODEL_FETCH_FAILED"]
+    assert fetches and all(e["phase"] == "fetch" and e["retried"] and e["attempt"] == 1 for e in fetches)

@@ -62,11 +62,17 @@ def test_broker_timings_are_settings_and_reach_every_process(tmp_path: Path) -> 
         assert options["socket_timeout"] == options["socket_connect_timeout"] == 4
 
 
-@pytest.mark.parametrize("visibility", [3600, 3600 + 600])
-def test_a_visibility_timeout_at_or_below_the_hard_limit_is_refused(tmp_path: Path, visibility: int) -> None:
-    # The hard limit is compile_timeout + 600 s: at or below it, Redis would deliver a running compile twice.
+@pytest.mark.parametrize("margin", [-3000, 0])
+def test_a_visibility_timeout_at_or_below_the_hard_limit_is_refused(tmp_path: Path, margin: int) -> None:
+    # The hard limit covers the compile and the store retries of fetch and publish: at or below it, Redis
+    # would deliver a running compile's message a second time.
+    hard = redis_settings(tmp_path, compile_timeout_seconds=3600, store_retry_seconds=900).task_hard_limit_seconds
+    assert hard == 3600 + 2 * 900 + 600
     with pytest.raises(ValidationError, match="must exceed the hard task limit"):
-        redis_settings(tmp_path, compile_timeout_seconds=3600, broker_visibility_timeout_seconds=visibility)
+        redis_settings(tmp_path, compile_timeout_seconds=3600, store_retry_seconds=900,
+                       broker_visibility_timeout_seconds=hard + margin)
+    assert redis_settings(tmp_path, compile_timeout_seconds=3600, store_retry_seconds=900,
+                          broker_visibility_timeout_seconds=hard + 1).visibility_timeout_seconds == hard + 1
 
 
 def test_backoff_bounds_are_consistent(tmp_path: Path) -> None:
