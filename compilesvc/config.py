@@ -77,6 +77,11 @@ class Settings(BaseSettings):
                     "worker meanwhile: a new attempt would compile again).",
     )
 
+    ledger_retry_seconds: float = Field(
+        default=30.0, ge=1,
+        description="How long a worker retries a ledger write (its claim, its result) through a database "
+                    "restart or failover before giving up (a claim then returns its message to the broker).",
+    )
     # The reconciler (in `compilesvc relay`) re-sends a queued compile whose message is in neither the
     # queue nor the broker's unacked set for this long: a broker that restarted empty or was flushed.
     dispatch_grace_seconds: float = Field(default=30.0, ge=0.5)

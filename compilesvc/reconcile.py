@@ -73,20 +73,28 @@ def _task_id_of(message: Any) -> object:
 
 
 class RedisView:
-    """Reads kombu's Redis keys: ``<prefix><queue>`` (and its priority lists ``<queue>\x06\x16<p>``) and
-    the ``<prefix>unacked`` hash of delivered messages, whose values are ``[message, exchange, key]``.
+    """Reads kombu's Redis keys: ``<prefix><queue>`` (and its priority lists ``<queue>\x06\x16<p>``), the
+    ``<prefix>unacked`` hash of delivered messages (values ``[message, exchange, key]``) and the
+    ``<prefix>unacked_index`` of their delivery times.
+
+    A delivered message counts as held only for ``claim_window`` seconds: a worker claims what it takes at
+    once (retrying the ledger for a bounded time), and with prefetch 1 and late acks it reserves nothing it
+    does not start, so a message delivered longer ago whose compile is still queued sits with a worker that
+    died or hung before its claim. Redis would hand it back only after the visibility timeout (hours).
 
     Connects through the producer's own kombu connection (same URL, TLS, Sentinel and timeouts) on first
     use, so a relay starts while Redis is down."""
 
-    def __init__(self, producer: Any, key_prefix: str = ""):
+    def __init__(self, producer: Any, key_prefix: str = "", claim_window: float = 120.0):
         self._producer = producer
         self._prefix = key_prefix
+        self._claim_window = claim_window
         self._connection: Any = None
         self._client: Any = None
         self._sep = "\x06\x16"
         self._steps: list[int] = []
         self._unacked = "unacked"
+        self._unacked_index = "unacked_index"
 
     def _connect(self) -> Any:
         if self._client is None:
@@ -97,7 +105,7 @@ class RedisView:
             # A plain client on kombu's pool: kombu's own prefixes only the commands kombu itself uses.
             self._client = redis.Redis(connection_pool=channel.client.connection_pool)
             self._connection = connection  # the pool lives as long as the kombu connection owning it
-            self._sep, self._unacked = channel.sep, channel.unacked_key
+            self._sep, self._unacked, self._unacked_index = channel.sep, channel.unacked_key, channel.unacked_index_key
             self._steps = [p for p in channel.priority_steps if p]
         return self._client
 
@@ -115,7 +123,11 @@ class RedisView:
                     if len(page) < _PAGE:
                         break
                     start += _PAGE
-        for raw in client.hvals(self._prefix + self._unacked):
+        delivered_at = dict(client.zrange(self._prefix + self._unacked_index, 0, -1, withscores=True))
+        too_old = time.time() - self._claim_window  # kombu scores deliveries with the worker's time.time()
+        for tag, raw in client.hgetall(self._prefix + self._unacked).items():
+            if delivered_at.get(tag, too_old + 1) < too_old:
+                continue
             try:
                 message = json.loads(raw)[0]
             except (ValueError, IndexError, TypeError, KeyError):
@@ -160,7 +172,10 @@ def broker_view(settings: Any, producer: Any) -> BrokerView | None:
     """The view for the configured broker, or None (logged) for one that cannot be inspected."""
     url = settings.resolved_broker_url
     if is_redis_url(url):
-        return RedisView(producer, settings.broker_key_prefix)
+        # How long a worker may hold a message before its claim: the claim's own ledger retries, plus a
+        # minute for the clocks of the worker (which scores the delivery) and the relay to disagree.
+        window = settings.ledger_retry_seconds + settings.dispatch_grace_seconds + 60
+        return RedisView(producer, settings.broker_key_prefix, window)
     if url.startswith("filesystem://"):
         return FilesystemView(settings.broker_folder / "queue")
     log.warning("lost broker messages cannot be detected on this broker", extra={"broker": url.split(":", 1)[0]})

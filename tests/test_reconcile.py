@@ -5,6 +5,7 @@ filesystem broker: a queued compile whose message the broker lost is re-sent, on
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,4 +161,36 @@ def test_the_filesystem_broker_is_inspected_too(tmp_path: Path, pg_url: str) -> 
         with services.sessions() as session:
             assert session.scalar(select(func.count()).select_from(Outbox).where(Outbox.sent_at.is_(None))) == 2
     finally:
+        services.close()
+
+
+def test_a_message_a_worker_took_long_ago_without_claiming_is_lost(tmp_path: Path, pg_url: str,
+                                                                   prefix: str) -> None:
+    """A worker died (or hung) between taking a message and claiming its compile: the message sits in the
+    unacked set until the visibility timeout (hours), so after the claim window it counts as lost."""
+    services = redis_services(tmp_path, pg_url, prefix)
+    try:
+        submit(services, buckets=1)
+        age_queued(services)
+        clock = Clock()
+        view = RedisView(services.producer, prefix, claim_window=60)
+        reconciler = Reconciler(services.sessions, view, 0.5, clock=clock)
+        with Connection(REDIS_URL, transport_options={"global_keyprefix": prefix}) as conn:
+            queue = conn.SimpleQueue(queue_of(services), no_ack=False)
+            queue.get(timeout=5)  # taken, never acknowledged nor claimed
+            for _ in range(2):
+                assert reconciler.run() == []  # just delivered: a worker may be claiming it right now
+                clock.now += 1
+            import redis
+
+            client = redis.Redis.from_url(REDIS_URL)
+            [(tag, _)] = client.zrange(prefix + "unacked_index", 0, -1, withscores=True)
+            client.zadd(prefix + "unacked_index", {tag: time.time() - 3600})  # delivered an hour ago
+            client.close()
+            assert reconciler.run() == []
+            clock.now += 1
+            assert len(reconciler.run()) == 1
+            queue.close()
+    finally:
+        services.producer.close()
         services.close()

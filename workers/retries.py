@@ -32,7 +32,7 @@ def is_transient(exc: DBAPIError) -> bool:
     return isinstance(exc, OperationalError) or exc.connection_invalidated
 
 
-def with_db_retry(fn: Callable[[], T], budget_seconds: float = 30.0) -> T:
+def with_db_retry(fn: Callable[[], T], budget_seconds: float) -> T:
     """Run a ledger transaction, retrying on connection loss and deadlocks for up to ``budget_seconds``
     with a jittered backoff (each try is a fresh transaction on a fresh connection: SQLAlchemy drops a
     pool whose connection died with the server; the fenced writes make a retry after an unknown commit

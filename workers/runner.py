@@ -289,7 +289,7 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str, *,
             return leases.claim(session, bucket_compile_id, worker_id, services.settings.lease_seconds)
 
     try:
-        claim = with_db_retry(take)
+        claim = with_db_retry(take, services.settings.ledger_retry_seconds)
     except DBAPIError as exc:
         if not is_transient(exc):  # not the ledger being away: giving the message back would only loop
             raise
@@ -437,7 +437,7 @@ def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: P
             return leases.succeed(session, claim.bucket_id, claim.token, manifest_uri, manifest.versions,
                                   manifest.compile_seconds)
 
-    if not with_db_retry(record):
+    if not with_db_retry(record, services.settings.ledger_retry_seconds):
         logger.warning("lease lost before the success was recorded; another attempt owns the compile")
         return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
     logger.info("compile succeeded", extra={"manifest": manifest_uri, "files": len(manifest.files),
@@ -477,7 +477,7 @@ def _record_failure(services: Services, claim: leases.Claim, outcome: Outcome, l
             return leases.fail(session, claim.bucket_id, claim.token, error_class, outcome.code, outcome.message,
                                phase=phase, backoff_seconds=retry_in)
 
-    settled = with_db_retry(record)
+    settled = with_db_retry(record, services.settings.ledger_retry_seconds)
     if settled is None:
         logger.warning("lease lost before the failure was recorded; another attempt owns the compile")
         return RunResult(claim.bucket_id, "lease-lost", claim.attempt, error_class, outcome.code, outcome.message)

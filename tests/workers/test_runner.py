@@ -29,7 +29,15 @@ from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
 from tests.workers.test_pipeline import group_members
 from workers.logstream import LogStream
-from workers.runner import OWNER_LOCK, RunResult, child_environment, run_compile, sweep_orphaned_attempts, work_root
+from workers.runner import (
+    OWNER_LOCK,
+    ClaimNotRecorded,
+    RunResult,
+    child_environment,
+    run_compile,
+    sweep_orphaned_attempts,
+    work_root,
+)
 
 WORKER = "runner-test@host"
 
@@ -339,3 +347,29 @@ def test_orphaned_attempt_directories_are_swept(tmp_path: Path) -> None:
         removed = sweep_orphaned_attempts(root)
     assert sorted(removed) == ["job-1-dead", "job-4-half-removed", "work-2-gone"]
     assert sorted(p.name for p in root.iterdir()) == ["job-1-live", "work-1-live", "work-3-starting"]
+
+
+def test_a_claim_that_cannot_reach_the_ledger_is_not_acknowledged(tmp_path: Path) -> None:
+    """The ledger is down for longer than the claim's retries: run_compile raises ClaimNotRecorded (the
+    task gives its message back to the broker) instead of returning as if there were nothing to claim."""
+    from tests.fixtures.private_services import PrivatePostgres
+
+    postgres = PrivatePostgres()
+    try:
+        url = postgres.init().url
+        services = Services.from_settings(Settings(
+            data_dir=tmp_path / "data", database_url=url, store_url=(tmp_path / "store").as_uri(),
+            broker_url="filesystem://", secret_key="k", require_live_worker=False, ledger_retry_seconds=2))
+        try:
+            row = bucket(services, submit(services, "ok"))
+            postgres.stop("fast")
+            started = time.monotonic()
+            with pytest.raises(ClaimNotRecorded):
+                run_compile(services, row.id, WORKER)
+            assert 0.2 <= time.monotonic() - started < 30  # retried within its budget, then gave up
+            postgres.start()
+            assert run_compile(services, row.id, WORKER).status == "succeeded"  # the same message, redelivered
+        finally:
+            services.close()
+    finally:
+        postgres.close()
