@@ -361,14 +361,17 @@ def test_a_claim_that_cannot_reach_the_ledger_is_not_acknowledged(tmp_path: Path
             data_dir=tmp_path / "data", database_url=url, store_url=(tmp_path / "store").as_uri(),
             broker_url="filesystem://", secret_key="k", require_live_worker=False, ledger_retry_seconds=2))
         try:
-            row = bucket(services, submit(services, "ok"))
+            submitted = submit(services, "ok")
+            row = bucket(services, submitted)
             postgres.stop("fast")
             started = time.monotonic()
             with pytest.raises(ClaimNotRecorded):
                 run_compile(services, row.id, WORKER)
             assert 0.2 <= time.monotonic() - started < 30  # retried within its budget, then gave up
             postgres.start()
-            assert run_compile(services, row.id, WORKER).status == "succeeded"  # the same message, redelivered
+            after = bucket(services, submitted)
+            # Nothing was consumed: the compile is queued with no attempt spent, for the message given back.
+            assert (after.state, after.attempts, after.worker_id) == ("queued", 0, None)
         finally:
             services.close()
     finally:
