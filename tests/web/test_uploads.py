@@ -131,12 +131,22 @@ def test_curl_f_upload_stores_nothing(sqlite_env: Env) -> None:
     assert raw.status_code == 201 and raw.json["sha256"] == hashlib.sha256(model).hexdigest()
 
 
-@pytest.mark.parametrize("content_type", [None, "application/octet-stream", "application/zip"])
+@pytest.mark.parametrize("content_type", [None, "application/octet-stream",
+                                          "Application/Octet-Stream; charset=binary"])
 def test_raw_bodies_are_accepted_with_or_without_a_type(sqlite_env: Env, content_type: str | None) -> None:
     # No Content-Type: what requests.post(url, data=f) sends; compilesvc upload sends octet-stream.
     response = post_stream(sqlite_env, CountingStream(1000), 1000, content_type=content_type)
     assert response.status_code == 201, response.get_data(as_text=True)
     assert response.json["size"] == 1000
+
+
+@pytest.mark.parametrize("content_type", ["application/zip", "text/plain", "application/json"])
+def test_other_typed_bodies_are_refused_with_the_hint(sqlite_env: Env, content_type: str) -> None:
+    stream = CountingStream(1000)
+    response = post_stream(sqlite_env, stream, 1000, content_type=content_type)
+    body = assert_problem(response, 415, "unsupported-media-type")
+    assert "application/octet-stream" in body["detail"] and body["hint"].startswith("curl --data-binary")
+    assert stream.consumed == 0 and response.headers["Accept-Post"] == "application/octet-stream"
 
 
 def _signed(env: Env, sha256: str, filename: str | None = "model.pt", expires_in: int = 60) -> str:

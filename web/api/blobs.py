@@ -75,22 +75,28 @@ def upload_model() -> Response:
 
 #: Bodies that are an envelope or an encoding around the file, never the file: storing one would store the
 #: form (boundaries, field headers; or curl -d's mangled bytes) as the model.
+RAW = "application/octet-stream"
 FORM_TYPES = ("multipart/", "application/x-www-form-urlencoded")
 UPLOAD_HINT = "curl --data-binary @model.pt -H 'Content-Type: application/octet-stream'"
 
 
 def refuse_form_upload() -> None:
-    """415 for a form upload, before a byte of the body is read (so nothing is stored).
+    """415 for anything but a raw body, before a byte of the body is read (so nothing is stored).
 
-    A missing Content-Type is accepted, as is any other type: the body is taken as the file's bytes, which
-    is what `compilesvc upload` (application/octet-stream), `requests.post(data=f)` (no type) and clients
-    labelling a model by its own type send.
+    The body is stored as the model's bytes exactly as received, so only a body that says it is raw bytes
+    (``application/octet-stream``) is taken: a form (``curl -F``; also ``curl --data-binary`` without
+    ``-H``, which labels the body a urlencoded form) would be stored envelope and all, and another type
+    (``text/plain``, ``application/json``) may have been transformed on its way. A body with no
+    Content-Type at all is raw bytes by definition (RFC 9110, 8.3: a recipient may assume
+    ``application/octet-stream``), which is what ``requests.post(url, data=f)`` sends.
     """
     mimetype = request.mimetype  # lower-cased, parameters (boundary=, charset=) stripped
-    if mimetype.startswith(FORM_TYPES):
-        raise Problem("unsupported-media-type",
-                      f"{mimetype} is a form, not a model file; send the file itself as the body: {UPLOAD_HINT}",
-                      headers={"Accept-Post": "application/octet-stream"}, hint=UPLOAD_HINT)
+    if not mimetype or mimetype == RAW:
+        return
+    what = "a form, not a model file" if mimetype.startswith(FORM_TYPES) else "not a raw model file"
+    raise Problem("unsupported-media-type",
+                  f"{mimetype} is {what}; send the file itself as the body, as {RAW}: {UPLOAD_HINT}",
+                  headers={"Accept-Post": RAW}, hint=UPLOAD_HINT)
 
 
 @bp.get("/blobs/<sha256:sha256>")
