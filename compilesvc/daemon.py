@@ -139,14 +139,21 @@ class RelayLoop:
             log.info("removed abandoned uploads", extra={"removed": removed})
         return removed
 
+    def _sweep_loop(self) -> None:
+        while True:
+            self.sweep_uploads()
+            if self.stop.wait(self.sweep_interval):
+                return
+
     def run(self) -> None:
-        next_reap = next_sweep = 0.0
+        # The sweep gets its own thread: against a store that hangs, its calls can take minutes (boto3's
+        # timeouts and retries), and relaying, reaping and reconciling must go on meanwhile.
+        sweeper = threading.Thread(target=self._sweep_loop, name="upload-sweep", daemon=True)
+        sweeper.start()
+        next_reap = 0.0
         failures = 0
         while not self.stop.is_set():
             now = time.monotonic()
-            if now >= next_sweep:
-                self.sweep_uploads()
-                next_sweep = now + self.sweep_interval
             try:
                 self.run_once(with_reap=now >= next_reap)
                 failures = 0
@@ -156,6 +163,7 @@ class RelayLoop:
             if now >= next_reap:
                 next_reap = now + self.reap_interval
             self.stop.wait(min(self.relay_interval * (2 ** min(failures, 5)), 30.0))
+        sweeper.join(5)
 
 
 @click.command("relay")

@@ -239,14 +239,11 @@ class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
     # -- problem+json instead of gunicorn's HTML ---------------------------------------------------------
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
-        if isinstance(exc, ClientTimeout):
-            self.log.info("Request head not complete within %ss; connection closed", self.limits.io_timeout)
-            answer = problem_bytes(408, "Request Timeout", str(exc.description))
-        else:
-            captured = _Captured()
-            # gunicorn picks the status, logs the request, and renders its page into `captured`.
-            super().handle_error(req, captured, addr, exc)
-            answer = _problem_from_html(captured.data)
+        # (A ClientTimeout never gets here: gthread handles every OSError, TimeoutError included, itself.)
+        captured = _Captured()
+        # gunicorn picks the status, logs the request, and renders its page into `captured`.
+        super().handle_error(req, captured, addr, exc)
+        answer = _problem_from_html(captured.data)
         try:
             util.write_nonblock(client, answer)
         except Exception:

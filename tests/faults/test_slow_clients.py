@@ -3,7 +3,7 @@
 200 connections each send a request line and then one header line every few seconds, never finishing
 their request head (slowloris), reconnecting whenever the server closes them. While they are held, a
 measuring client looks up a build and a missing artifact on fresh connections; its p99 latency must stay
-within 5x the idle p99 (floor 250 ms: the machine is shared and noisy).
+within 5x the idle p99 (the idle p99 counted as at least 20 ms: the machine is shared and noisy).
 
 - Through the reverse proxy: a real nginx running compose's configuration (docker/nginx/, rendered by
   tests/fixtures/nginx.py) in front of a real ``compilesvc serve``. This is the production layout.
@@ -175,7 +175,7 @@ def under_slow_clients(label: str, target_port: int, base: str) -> tuple[float, 
 
 
 def bound(idle_p99: float) -> float:
-    return max(5 * idle_p99, 0.25)
+    return 5 * max(idle_p99, 0.02)
 
 
 @pytest.fixture
