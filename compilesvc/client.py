@@ -228,7 +228,7 @@ def fetch(key: str, dest: Path, api: str, with_logs: bool, replace: bool) -> Non
             for relative, entry in planned:
                 with staging.open_file(relative) as out:
                     _download(entry["url"], out, str(relative), entry["size"], entry["sha256"])
-                staging.written[str(relative)] = entry["size"]
+                staging.written[str(relative)] = {"size": entry["size"], "sha256": entry["sha256"]}
             staging.write_manifest(manifest, key)
             staging.install()
     except fetch_dest.DestRefused as exc:

@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 
 #: The manifest.json member that marks a directory as written by compilesvc fetch.
 MARKER = "compilesvc_fetch"
-MARKER_FORMAT = 1
+MARKER_FORMAT = 2  # 2: each file's size and sha256
 MANIFEST = "manifest.json"
 #: Names inside an existing DEST that belong to fetch itself (never the user's).
 IN_PLACE_LOCK = ".compilesvc-fetch.lock"
@@ -68,9 +68,9 @@ def user_entries(directory: Path) -> list[str]:
     return sorted(name for name in os.listdir(directory) if name not in OWN_NAMES)
 
 
-def recorded_files(directory: Path) -> dict[str, int] | None:
-    """The files (relative path -> size) an earlier fetch recorded in ``directory``'s manifest.json, or
-    None when there is no manifest.json carrying the marker."""
+def recorded_files(directory: Path) -> dict[str, tuple[int, str]] | None:
+    """The files (relative path -> (size, sha256)) an earlier fetch recorded in ``directory``'s
+    manifest.json, or None when there is no manifest.json carrying the marker."""
     path = directory / MANIFEST
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
@@ -87,23 +87,34 @@ def recorded_files(directory: Path) -> dict[str, int] | None:
     key = document.get("key")
     if not isinstance(files, dict) or not isinstance(key, str) or marker.get("key") != key:
         return None
-    recorded: dict[str, int] = {}
-    for name, size in files.items():
+    recorded: dict[str, tuple[int, str]] = {}
+    for name, entry in files.items():
         try:
             relative = safe_relative(name)
         except ValueError:
             return None
-        if not isinstance(size, int) or relative.name == "" or str(relative) == MANIFEST:
+        size, sha256 = (entry.get("size"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
+        if not isinstance(size, int) or not isinstance(sha256, str) or relative.name == "" or \
+                str(relative) == MANIFEST:
             return None
-        recorded[str(relative)] = size
+        recorded[str(relative)] = (size, sha256)
     return recorded
+
+
+def _sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as source:
+        while chunk := source.read(1024 * 1024):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def stranger(directory: Path) -> str | None:
     """Why ``directory`` does not hold only what an earlier fetch wrote (None when it does).
 
-    Every file must be a regular file the marker lists, with the listed size; every directory must lead to
-    one. Listed files may be missing (an interrupted replace), never added to.
+    Every file must be a regular file the marker lists, with the listed size and sha256 (a user's edit of a
+    fetched file makes it the user's); every directory must lead to one. Listed files may be missing (an
+    interrupted replace), never added to.
     """
     recorded = recorded_files(directory)
     if recorded is None:
@@ -125,9 +136,9 @@ def stranger(directory: Path) -> str | None:
             info = os.lstat(os.path.join(root, name))
             if relative not in recorded or not stat.S_ISREG(info.st_mode):
                 return f"{relative} was not written by compilesvc fetch"
-            if info.st_size != recorded[relative]:
-                return f"{relative} changed since compilesvc fetch wrote it ({info.st_size} bytes, not " \
-                       f"{recorded[relative]})"
+            size, sha256 = recorded[relative]
+            if info.st_size != size or _sha256_of(os.path.join(root, name)) != sha256:
+                return f"{relative} changed since compilesvc fetch wrote it"
     return None
 
 
@@ -214,7 +225,7 @@ class Staging:
             name = _beside_name(dest)
             self.lock_path = dest.parent / f"{name}.lock"
             self.path = dest.parent / f"{name}.partial"
-        self.written: dict[str, int] = {}
+        self.written: dict[str, dict[str, int | str]] = {}
 
     def open_file(self, relative: PurePosixPath) -> BinaryIO:
         """A new file at ``relative`` in the staging directory (0644 less the umask)."""

@@ -275,6 +275,13 @@ def test_replace_swaps_an_earlier_fetch_only(served: Served, run: Run, work: Pat
     (dest / "bucket-0" / "mine.txt").unlink()
     (dest / "bucket-1" / "model.pt").write_bytes(b"edited")
     assert_one_error(run(second, str(dest), "--replace"), 2, "bucket-1/model.pt changed")
+    # An edit that keeps the size is the user's too.
+    fetched = dest / "bucket-2" / "model.pt"
+    original = fetched.read_bytes()
+    fetched.write_bytes(bytes([original[0] ^ 1]) + original[1:])
+    (dest / "bucket-1" / "model.pt").unlink()
+    assert_one_error(run(second, str(dest), "--replace"), 2, "bucket-2/model.pt changed")
+    assert fetched.read_bytes() != original  # still the user's bytes
 
 
 def _start_held_fetch(served: Served, key: str, dest: Path, cwd: Path) -> subprocess.Popen[str]:
