@@ -62,9 +62,14 @@ class BodyCutOff(Exception):
         super().__init__(f"the request body was cut off after {received} bytes")
 
 
+class EmptyBody(Exception):
+    """The body ended before its first byte: there is no model to store."""
+
+
 class RequestBody:
     """``read()`` over the request stream that counts what arrived and reports a cut-off transfer as
-    :class:`BodyCutOff` (werkzeug's 413 for a chunked body past the limit passes through)."""
+    :class:`BodyCutOff` (werkzeug's 413 for a chunked body past the limit passes through), and an empty
+    one as :class:`EmptyBody`, raised from ``read`` so that the store publishes nothing."""
 
     def __init__(self, stream: Any):
         self._stream = stream
@@ -75,6 +80,8 @@ class RequestBody:
             data: bytes = self._stream.read(size)
         except _TRANSPORT_ERRORS as exc:
             raise BodyCutOff(self.received) from exc
+        if not data and self.received == 0 and size != 0:
+            raise EmptyBody()
         self.received += len(data)
         return data
 
@@ -173,4 +180,4 @@ def refusal(exc: BodyCutOff | ContentMismatch, declared_length: int | None) -> P
     return Problem("upload-incomplete", detail, received_bytes=received, expected_bytes=expected)
 
 
-__all__ = ["UPLOAD_PARAMS", "BodyCutOff", "RequestBody", "declared_sha256", "refusal"]
+__all__ = ["UPLOAD_PARAMS", "BodyCutOff", "EmptyBody", "RequestBody", "declared_sha256", "refusal"]

@@ -313,3 +313,9 @@ def test_malformed_digests_are_refused_before_reading(
     body = assert_problem(response, 400, "invalid-request")
     assert field in [e["field"] for e in body["errors"]]
     assert stream.consumed == 0
+
+
+def test_an_empty_chunked_body_stores_nothing(any_store_env: Env) -> None:
+    response = post_stream(any_store_env, CountingStream(0), None)
+    assert_problem(response, 400, "invalid-request")
+    assert any_store_env.services.store.blob_size(hashlib.sha256(b"").hexdigest()) is None

@@ -27,7 +27,7 @@ from web.openapi import Param, operation
 from web.params import json_response
 from web.problems import Problem
 from web.schemas import UploadOut
-from web.uploads import UPLOAD_PARAMS, BodyCutOff, RequestBody, declared_sha256, refusal
+from web.uploads import UPLOAD_PARAMS, BodyCutOff, EmptyBody, RequestBody, declared_sha256, refusal
 
 bp = Blueprint("blobs", __name__, url_prefix="/v1")
 
@@ -53,9 +53,10 @@ def upload_model() -> Response:
     declared = request.content_length
     if declared is not None and declared > limit:
         raise too_large  # refuse before reading a byte
+    empty = Problem("invalid-request", "the body is empty; send the model file as the request body",
+                    errors=[{"field": "body", "message": "empty"}])
     if declared == 0:
-        raise Problem("invalid-request", "the body is empty; send the model file as the request body",
-                      errors=[{"field": "body", "message": "empty"}])
+        raise empty
     expected_sha256 = declared_sha256()  # a malformed digest is refused before a byte is read
     # One byte of headroom: the store sees the oversize and raises BlobTooLarge itself (it cleans up).
     request.max_content_length = limit + 1
@@ -66,9 +67,8 @@ def upload_model() -> Response:
         raise too_large from None
     except (BodyCutOff, ContentMismatch) as exc:
         raise refusal(exc, declared) from None
-    if info.size == 0:
-        raise Problem("invalid-request", "the body is empty; send the model file as the request body",
-                      errors=[{"field": "body", "message": "empty"}])
+    except EmptyBody:  # a chunked body of no chunks: refused before anything was stored
+        raise empty from None
     return json_response({"uri": f"blob:sha256:{info.sha256}", "sha256": info.sha256, "size": info.size,
                           "created": info.created}, 201)
 
