@@ -7,8 +7,11 @@ so a fresh checkout runs with no external service.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import secrets
+import tempfile
 from functools import cached_property
 from pathlib import Path
 
@@ -134,11 +137,19 @@ class Settings(BaseSettings):
             return self.secret_key.encode()
         path = self.data_dir / "secret_key"
         if not path.exists():
+            # Several processes start at once (gunicorn's workers, the worker and relay of `compilesvc dev`)
+            # and must end up with one key: each writes its own temp file, the first link wins, and every
+            # process reads the winner's. A shared temp name let one process's rename pull the file from
+            # under another, and a replace would let the last writer change a key already in use.
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(secrets.token_hex(32))
-            tmp.chmod(0o600)
-            tmp.replace(path)
+            fd, tmp = tempfile.mkstemp(prefix=".secret_key.", dir=path.parent)  # created 0600
+            try:
+                with os.fdopen(fd, "w") as out:
+                    out.write(secrets.token_hex(32))
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, path)
+            finally:
+                os.unlink(tmp)
         return path.read_text().strip().encode()
 
     @property
