@@ -10,7 +10,7 @@ The rules:
   owner, mode and the shell sitting in it are unaffected.
 * DEST holding anything else is refused, unless ``--replace`` is given *and* everything in it was written
   by an earlier fetch: ``manifest.json`` carries the :data:`MARKER` member listing every file that fetch
-  wrote (with its size), and nothing else may be there. The old files are moved aside only after the new
+  wrote (with its size and sha256), and nothing else may be there. The old files are moved aside only after the new
   artifact is downloaded and verified, and only after DEST is checked again.
 * Every fetch holds an ``flock`` on a lock file next to its staging directory, so a second fetch of the
   same DEST fails instead of clobbering the first one's staging, and a staging directory found with its
@@ -102,11 +102,8 @@ def recorded_files(directory: Path) -> dict[str, tuple[int, str]] | None:
 
 
 def _sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as source:
-        while chunk := source.read(1024 * 1024):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(source, "sha256").hexdigest()
 
 
 def stranger(directory: Path) -> str | None:

@@ -140,16 +140,17 @@ class SubmitResult:
     manifest: ArtifactManifest | None = None
 
 
-def bucket_views(session: Session, artifact_id: int) -> list[BucketView]:
-    """The artifact's bucket compiles in position order, each with its failure history."""
+def bucket_views(session: Session, artifact_id: int, *, history: bool = True) -> list[BucketView]:
+    """The artifact's bucket compiles in position order, each with its failure history (unless ``history``
+    is false: one query fewer, for a caller that only looks at states)."""
     rows = session.execute(
         select(BucketCompile, ArtifactBucket.position)
         .join(ArtifactBucket, ArtifactBucket.bucket_compile_id == BucketCompile.id)
         .where(ArtifactBucket.artifact_id == artifact_id)
         .order_by(ArtifactBucket.position)
     ).all()
-    history = failures.of_buckets(session, [bucket.id for bucket, _ in rows])
-    return [BucketView.of(bucket, position, history[bucket.id]) for bucket, position in rows]
+    found = failures.of_buckets(session, [bucket.id for bucket, _ in rows] if history else [])
+    return [BucketView.of(bucket, position, found.get(bucket.id, ())) for bucket, position in rows]
 
 
 def requeue_bucket(session: Session, bucket: BucketCompile, reason: str, *, reset_attempts: bool,
@@ -348,7 +349,8 @@ class Submitter:
                 raise _IdempotencyRace  # rolls the whole transaction back
             result = SubmitResult(build_id=build_id, outcome=outcome, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
                                   artifact_key=artifact.key, artifact_state=artifact.state,
-                                  buckets=bucket_views(session, artifact.id))
+                                  # States only (for `finalize`): the answer is read again after commit.
+                                  buckets=bucket_views(session, artifact.id, history=False))
             finalize = artifact.state == ArtifactState.BUILDING and all(b.state == BucketState.SUCCEEDED
                                                                        for b in result.buckets)
         return result, outbox_ids, finalize

@@ -75,8 +75,9 @@ _TYPES = [
                 "Request bodies are limited to `max_bytes`; models are uploaded with POST /v1/models."),
     ProblemType("upload-too-large", 413, "Upload too large", "Model uploads are limited to `max_bytes`."),
     ProblemType("unsupported-media-type", 415, "Upload must be the raw file",
-                "POST /v1/models takes the model file itself as the body (application/octet-stream), not a "
-                "form: `curl --data-binary @model.pt -H 'Content-Type: application/octet-stream'`."),
+                "POST /v1/models takes the model file itself as the body, as application/octet-stream (or "
+                "with no Content-Type), not a form or another type: "
+                "`curl --data-binary @model.pt -H 'Content-Type: application/octet-stream'`."),
     ProblemType("no-capable-worker", 503, "No live worker can compile this",
                 "No live worker serves the spec's queue. Start one, or submit with ?queue_anyway=true."),
     ProblemType("store-integrity", 503, "Stored manifest does not match its key",

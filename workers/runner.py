@@ -2,19 +2,23 @@
 
 :func:`run_compile` is everything the Celery task does. Its steps, and why they are in this order:
 
-1. **Claim** (:func:`compilesvc.leases.claim`): one conditional UPDATE. Nothing to claim means a duplicate
-   delivery, a cancelled or finished compile: log it and return (the message is acked, nothing runs).
+1. **Claim** (:func:`compilesvc.leases.claim`): one conditional UPDATE, retried through a ledger restart
+   (:mod:`workers.retries`). Nothing to claim means a duplicate delivery, a cancelled or finished compile:
+   log it and return (the message is acked, nothing runs). A claim that never reached the ledger raises
+   :class:`ClaimNotRecorded`, and the task gives its message back.
 2. **Lease heartbeat** (:class:`LeaseKeeper`): a thread renews the lease every ``heartbeat_seconds``. When
    the lease is lost (the reaper gave the compile to someone else) or a cancel is requested, it asks the
    main loop to kill the compiler's whole process group (SIGTERM, SIGKILL after a grace period).
 3. **Fetch** the pinned model (:meth:`ModelResolver.fetch`, digest-checked). A model that is gone or
-   changed is a final error (``MODEL_UNAVAILABLE``); store trouble is infra (retried).
+   changed is a final error (``MODEL_UNAVAILABLE``); an unreachable store is waited for within the
+   attempt (:func:`workers.retries.retry_store`); other store trouble is infra (a new attempt, backed off).
 4. **Compile** in ``python -m workers.compile_child`` (:class:`CompilerProcess`): a fresh temporary work
    dir as cwd, a new session/process group so the whole compiler tree can be killed, a hard timeout, an
    environment without the service's secrets, and the worker's death taking the child with it
    (``PR_SET_PDEATHSIG``). Output streams line by line into the central log (:mod:`workers.logstream`).
 5. **Classify** (:func:`workers.classify.classify`).
-6. **Publish** on success: every output file as a blob, the full log as a blob, then the bucket manifest
+6. **Publish** on success (:mod:`workers.publishing`; an unreachable store is waited for as at fetch,
+   without compiling again): every output file as a blob, the full log as a blob, then the bucket manifest
    (create-only: if an earlier attempt already published it, theirs is reused), then the ledger
    (:func:`compilesvc.leases.succeed`, fenced by the token), then any set that is now complete.
    On failure: archive the log, record the failure (:func:`compilesvc.leases.fail`), relay a requeue.

@@ -123,7 +123,6 @@ class ArtifactStore(abc.ABC):
     def put_file(self, path: Path) -> BlobInfo:
         """Store a file's bytes as a blob (hashing it while reading), unless that content exists."""
 
-    @abc.abstractmethod
     def put_stream(
         self,
         stream: BinaryIO,
@@ -140,6 +139,13 @@ class ArtifactStore(abc.ABC):
         An exception raised by ``stream.read`` (a client hanging up mid-body) propagates unchanged, with
         the same guarantee.
         """
+        check_expected_args(expected_size, expected_sha256, max_bytes)
+        return self._put_stream(stream, max_bytes, expected_size, expected_sha256)
+
+    @abc.abstractmethod
+    def _put_stream(self, stream: BinaryIO, max_bytes: int | None, expected_size: int | None,
+                    expected_sha256: str | None) -> BlobInfo:
+        """:meth:`put_stream` with its arguments checked: read, hash, call :func:`check_expected`, publish."""
 
     @abc.abstractmethod
     def blob_size(self, sha256: str) -> int | None:

@@ -38,7 +38,6 @@ from compilesvc.store.base import (
     StoreUnavailable,
     blob_name,
     check_expected,
-    check_expected_args,
 )
 from compilesvc.store.signing import check_filename, sign_blob_url
 
@@ -226,15 +225,8 @@ class LocalStore(ArtifactStore):
         with open(path, "rb") as src:
             return self._put(src.read, None)
 
-    def put_stream(
-        self,
-        stream: BinaryIO,
-        *,
-        max_bytes: int | None = None,
-        expected_size: int | None = None,
-        expected_sha256: str | None = None,
-    ) -> BlobInfo:
-        check_expected_args(expected_size, expected_sha256, max_bytes)
+    def _put_stream(self, stream: BinaryIO, max_bytes: int | None, expected_size: int | None,
+                    expected_sha256: str | None) -> BlobInfo:
         return self._put(stream.read, max_bytes, expected_size=expected_size, expected_sha256=expected_sha256)
 
     def blob_size(self, sha256: str) -> int | None:

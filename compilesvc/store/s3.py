@@ -63,7 +63,6 @@ from compilesvc.store.base import (
     StoreUnavailable,
     blob_name,
     check_expected,
-    check_expected_args,
 )
 from compilesvc.store.local import HashedCopy, SinkWriteError, copy_hashing
 from compilesvc.store.s3_sweep import abort_abandoned_uploads
@@ -378,15 +377,8 @@ class S3Store(ArtifactStore):
             raise IntegrityError(f"{path} changed while it was being stored")
         return self._store_file(path, copied)
 
-    def put_stream(
-        self,
-        stream: BinaryIO,
-        *,
-        max_bytes: int | None = None,
-        expected_size: int | None = None,
-        expected_sha256: str | None = None,
-    ) -> BlobInfo:
-        check_expected_args(expected_size, expected_sha256, max_bytes)
+    def _put_stream(self, stream: BinaryIO, max_bytes: int | None, expected_size: int | None,
+                    expected_sha256: str | None) -> BlobInfo:
         # Spool to local disk while hashing: the upload needs a seekable source for parallel parts and
         # retries, and the name (sha256) is only known once the last byte is read.
         with tempfile.NamedTemporaryFile(dir=self.spool_dir, prefix="compilesvc-spool-") as spool:
