@@ -5,7 +5,6 @@ torchscript compiler)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +17,10 @@ from compilesvc.artifacts import read_manifest
 from compilesvc.config import Settings
 from compilesvc.ledger.models import Artifact, Build
 from compilesvc.store import open_store
+from tests.fixtures.ports import free_port
 
 COMPILESVC = str(Path(sys.executable).with_name("compilesvc"))
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.slow

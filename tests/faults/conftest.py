@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import requests
 
-from tests.fixtures.private_services import PrivatePostgres, PrivateRedis, free_port
+from tests.fixtures.ports import free_port
+from tests.fixtures.private_services import PrivatePostgres, PrivateRedis
 from tests.fixtures.s3server import WeedProcess
 from tests.workers.conftest import HLO_MODEL, Cluster, ServiceProcess, cluster_factory, wait_for
 

@@ -31,7 +31,8 @@ import pytest
 import requests
 
 from tests.fixtures.nginx import nginx_binary, nginx_proxy
-from tests.fixtures.serve import Served, compilesvc_serve, free_port
+from tests.fixtures.ports import free_port
+from tests.fixtures.serve import Served, compilesvc_serve
 from tests.web.support import spec_for
 
 pytestmark = pytest.mark.slow

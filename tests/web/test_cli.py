@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import requests
@@ -18,6 +14,7 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from compilesvc.cli import main
+from tests.fixtures.serve import compilesvc_serve
 from tests.web.support import spec_for
 
 
@@ -28,34 +25,9 @@ def test_serve_is_a_compilesvc_command() -> None:
         assert option in result.output
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_serve_under_gunicorn(tmp_path: Path) -> None:
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "COMPILESVC_DATA_DIR": str(tmp_path / "data"), "COMPILESVC_PUBLIC_URL": base,
-           "COMPILESVC_REQUIRE_LIVE_WORKER": "false"}
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    log_path = tmp_path / "serve.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "compilesvc", "serve", "--port", str(port), "--workers", "2",
-                                 "--migrate"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if requests.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:  # not listening yet, or too slow to answer on a loaded host
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
-
+    with compilesvc_serve(tmp_path, workers=2) as served:
+        base, log_path = served.base, served.log
         model = tmp_path / "model.pt2"
         model.write_bytes(b"served model")
         upload = subprocess.run([sys.executable, "-m", "compilesvc", "upload", str(model), "--api", base],
@@ -71,9 +43,6 @@ def test_serve_under_gunicorn(tmp_path: Path) -> None:
             submits = [s.value for f in text_string_to_metric_families(metrics) for s in f.samples
                        if s.name == "compilesvc_submits_total"]
             assert submits == [6.0]
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
 
     lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
     access = [line for line in lines if line.get("logger") == "compilesvc.web.access"]

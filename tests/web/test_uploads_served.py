@@ -14,10 +14,7 @@ import hashlib
 import http.client
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,20 +23,14 @@ from typing import Any
 
 import boto3
 import pytest
-import requests
 
 from compilesvc.store import ArtifactStore, LocalStore, S3Store
 from compilesvc.store.s3 import make_client
 from tests.fixtures.s3server import S3Server
+from tests.fixtures.serve import compilesvc_serve
 
 MiB = 1024 * 1024
 SECRET = "served-upload-test-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -113,32 +104,11 @@ def _probe(store_kind: str, tmp_path: Path, s3_server: S3Server) -> tuple[dict[s
 def served(request: pytest.FixtureRequest, tmp_path: Path, s3_server: S3Server) -> Iterator[Served]:
     server, store_kind = request.param
     store_env, store = _probe(store_kind, tmp_path, s3_server)
-    port = _free_port()
-    env = {**os.environ, **store_env, "COMPILESVC_DATA_DIR": str(tmp_path / "data"),
-           "COMPILESVC_PUBLIC_URL": f"http://127.0.0.1:{port}", "COMPILESVC_SECRET_KEY": SECRET,
-           "COMPILESVC_REQUIRE_LIVE_WORKER": "false", "TMPDIR": str(tmp_path)}
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    args = [sys.executable, "-m", "compilesvc", "serve", "--port", str(port), "--migrate"]
-    args += ["--dev"] if server == "dev" else ["--workers", "1", "--threads", "4"]
-    log_path = tmp_path / "serve.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    served = Served(port, store, log_path)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if requests.get(f"{served.base}/healthz", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
-        yield served
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+    env = {**store_env, "COMPILESVC_DATA_DIR": str(tmp_path / "data"), "COMPILESVC_SECRET_KEY": SECRET,
+           "TMPDIR": str(tmp_path)}
+    extra = ["--dev"] if server == "dev" else ["--threads", "4"]
+    with compilesvc_serve(tmp_path, extra, workers=1, env=env) as process:
+        yield Served(process.port, store, process.log)
 
 
 def sha(data: bytes) -> str:

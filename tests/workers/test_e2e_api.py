@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import socket
 import time
 from datetime import datetime
 from pathlib import Path
@@ -16,16 +15,12 @@ from typing import Any
 import pytest
 import requests
 
+from tests.fixtures.ports import free_port as _free_port
 from tests.fixtures.s3server import S3Server
 from tests.workers.conftest import Cluster, wait_for
 
 BUCKETS = [{"batch_size": 1, "seq_len": 16}, {"batch_size": 2, "seq_len": 32}, {"batch_size": 4, "seq_len": 64}]
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _overlaps(buckets: list[dict[str, Any]]) -> bool:
