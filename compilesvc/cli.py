@@ -241,7 +241,7 @@ def key_command(spec_path: str, explain_: bool, as_json: bool, isa: str | None, 
     # the key salt.
     settings = _settings()
     try:
-        spec = load_spec_file(spec_path, settings.element_limits)
+        spec = load_spec_file(spec_path, settings.element_limits, settings.extra_flags)
     except SpecError as exc:
         raise SpecUsageError(spec_path, exc) from None
     if salt is None:

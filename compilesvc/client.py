@@ -128,8 +128,9 @@ def submit(spec_path: str, api: str, wait: bool, timeout: float, poll: float, lo
            idempotency_key: str | None, queue_anyway: bool, submitted_by: str | None) -> None:
     """Submit SPEC; print the artifact key once it is published (exit 1 if the build fails)."""
     try:
-        # Element bounds are the service's settings, which this host may not share: the API judges them.
-        spec = load_spec_file(spec_path, limits=None)
+        # Element bounds and extra compiler flags are the service's settings, which this host may not share:
+        # the API judges them.
+        spec = load_spec_file(spec_path, limits=None, extra_flags=None)
     except SpecError as exc:
         raise click.UsageError(f"{spec_path}: {exc}") from None
     client = Api(api)

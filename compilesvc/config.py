@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from compilesvc.neuronx_cc_options import parse_extra_flags
 from compilesvc.spec import DEFAULT_MAX_ELEMENTS_PER_BUCKET, DEFAULT_MAX_ELEMENTS_PER_INPUT, ElementLimits
 
 
@@ -58,6 +59,11 @@ class Settings(BaseSettings):
         default=DEFAULT_MAX_ELEMENTS_PER_BUCKET, ge=1, description="Most elements of all a bucket's inputs together."
     )
     allow_file_models: bool = Field(default=False, description="Accept file:// model URIs (embedded/dev).")
+    extra_compiler_flags: str = Field(
+        default="",
+        description="neuronx-cc option names accepted beyond the built-in table (comma- or space-separated), "
+                    "e.g. an undocumented option or one of an SDK release newer than the table; kept in the key.",
+    )
 
     # Disowns every earlier key at once (poisoned artifacts): part of every key.
     key_salt: str = ""
@@ -105,6 +111,17 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         # Compose files and shells pass "" for "not set"; boto3 and SQLAlchemy reject an empty URL.
         return None if value == "" else value
+
+    @field_validator("extra_compiler_flags")
+    @classmethod
+    def _option_names(cls, value: str) -> str:
+        parse_extra_flags(value)  # a ValueError names the bad entry
+        return value
+
+    @property
+    def extra_flags(self) -> frozenset[str]:
+        """:attr:`extra_compiler_flags` as option names (for :func:`compilesvc.spec.parse_spec`)."""
+        return parse_extra_flags(self.extra_compiler_flags)
 
     @property
     def element_limits(self) -> ElementLimits:

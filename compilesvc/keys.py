@@ -20,7 +20,7 @@ from typing import Any
 from compilesvc.flags import canonical_flags
 from compilesvc.spec import ISA_RE, CompileSpec
 
-KEY_SCHEMA = "compilesvc-key/2"
+KEY_SCHEMA = "compilesvc-key/3"
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -26,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from compilesvc.flags import FlagError, canonical_flags, flag_names
+from compilesvc.flags import FlagError, canonical_flags, check_neuron_flags, flag_names
 
 Target = Literal["inf2", "trn1", "trn2", "cpu"]
 ModelFormat = Literal["torchscript", "exported-program", "hf-dir", "hlo"]
@@ -44,7 +45,8 @@ BACKEND_FORMATS: dict[str, dict[str, frozenset[str]]] = {
         "aotinductor": frozenset({"exported-program", "hf-dir"}),
     },
 }
-#: flags the cpu backends understand; neuron flags go to neuronx-cc, which is their judge.
+#: flags the cpu backends understand; neuron flags are checked against neuronx-cc's options table
+#: (compilesvc.neuronx_cc_options) for the spec's SDK release and target.
 CPU_BACKEND_FLAGS: dict[str, frozenset[str]] = {
     "torchscript": frozenset({"--freeze", "--optimize-for-inference"}),
     "aotinductor": frozenset({"--freezing", "--max-autotune"}),
@@ -86,6 +88,9 @@ class ElementLimits:
 DEFAULT_LIMITS = ElementLimits()
 #: The validation-context entry that carries the :class:`ElementLimits` (None: unbounded).
 LIMITS_CONTEXT = "element_limits"
+#: The validation-context entry that carries option names accepted beyond neuronx-cc's table (the setting
+#: COMPILESVC_EXTRA_COMPILER_FLAGS), or None to leave neuron flags to the service that receives the spec.
+EXTRA_FLAGS_CONTEXT = "extra_compiler_flags"
 
 
 def _limits(info: ValidationInfo) -> ElementLimits | None:
@@ -297,7 +302,7 @@ class CompileSpec(_Strict):
         return sdk
 
     @model_validator(mode="after")
-    def _consistent(self) -> CompileSpec:
+    def _consistent(self, info: ValidationInfo) -> CompileSpec:
         family = "cpu" if self.target == "cpu" else "neuron"
         backends = BACKEND_FORMATS[family]
         backend = self.backend
@@ -325,9 +330,25 @@ class CompileSpec(_Strict):
                     f"{sorted(unknown)} are not understood by the cpu {backend} backend; "
                     f"expected some of {sorted(CPU_BACKEND_FLAGS[backend])}",
                 )
+        else:
+            self._check_neuron_flags(info)
         if self.compiler.isa is not None and backend != "aotinductor":
             raise _FieldError(("compiler", "isa"), "applies only to the cpu aotinductor backend")
         return self
+
+    def _check_neuron_flags(self, info: ValidationInfo) -> None:
+        context = info.context if isinstance(info.context, dict) else {}
+        extra = context.get(EXTRA_FLAGS_CONTEXT, frozenset())
+        if extra is None:
+            return
+        try:
+            problems = check_neuron_flags(self.compiler.args, sdk=self.sdk, target=self.target,
+                                          extra=frozenset(extra))
+        except FlagError as exc:  # pragma: no cover - CompilerOptions._splittable refuses these first
+            raise _FieldError(("compiler", "args"), str(exc)) from None
+        if problems:
+            # One error (a model validator raises once), at the first bad item, naming every bad flag.
+            raise _FieldError(("compiler", "args", problems[0].item), "; ".join(p.message for p in problems))
 
     @property
     def backend(self) -> str:
@@ -386,16 +407,19 @@ def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
     return out
 
 
-def parse_spec(data: Any, limits: ElementLimits | None = DEFAULT_LIMITS) -> CompileSpec:
+def parse_spec(data: Any, limits: ElementLimits | None = DEFAULT_LIMITS,
+               extra_flags: Iterable[str] | None = ()) -> CompileSpec:
     """Validate a decoded JSON/YAML document as a CompileSpec, raising :class:`SpecError`.
 
     ``limits`` bounds the elements of inputs and buckets (None: unbounded, for a client that leaves the
-    bounds to the service it submits to).
+    bounds to the service it submits to). Neuron flags are checked against neuronx-cc's options for the
+    spec's SDK release, plus the option names in ``extra_flags`` (None: not checked, for the same client).
     """
     if not isinstance(data, dict):
         raise SpecError([{"field": "", "message": "expected a JSON object"}])
     try:
-        return CompileSpec.model_validate(data, context={LIMITS_CONTEXT: limits})
+        extra = None if extra_flags is None else frozenset(extra_flags)
+        return CompileSpec.model_validate(data, context={LIMITS_CONTEXT: limits, EXTRA_FLAGS_CONTEXT: extra})
     except ValidationError as exc:
         raise SpecError(validation_errors(exc)) from None
 
@@ -407,8 +431,9 @@ def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
     return f"{text} (line {mark.line + 1}, column {mark.column + 1})" if mark else text
 
 
-def load_spec_file(path: str | Path, limits: ElementLimits | None = DEFAULT_LIMITS) -> CompileSpec:
-    """Read a spec from a .json, .yaml or .yml file (the CLI's input), validated with ``limits``."""
+def load_spec_file(path: str | Path, limits: ElementLimits | None = DEFAULT_LIMITS,
+                   extra_flags: Iterable[str] | None = ()) -> CompileSpec:
+    """Read a spec from a .json, .yaml or .yml file (the CLI's input), validated as :func:`parse_spec`."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -423,4 +448,4 @@ def load_spec_file(path: str | Path, limits: ElementLimits | None = DEFAULT_LIMI
         kind = "YAML" if is_yaml else "JSON"
         detail = _yaml_problem(exc) if isinstance(exc, yaml.MarkedYAMLError) else " ".join(str(exc).split())
         raise SpecError([{"field": "", "message": f"{path} is not valid {kind}: {detail}"}]) from None
-    return parse_spec(data, limits)
+    return parse_spec(data, limits, extra_flags)

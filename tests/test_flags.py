@@ -4,7 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from compilesvc.flags import OUTPUT_NEUTRAL_FLAGS, SWITCHES, FlagError, canonical_flags, flag_names
+from compilesvc.flags import (
+    OUTPUT_NEUTRAL_FLAGS,
+    SWITCHES,
+    FlagError,
+    canonical_flags,
+    check_neuron_flags,
+    flag_names,
+)
+from compilesvc.neuronx_cc_options import (
+    FIRST_RELEASE,
+    NEWEST_RELEASE,
+    OPTIONS,
+    Arity,
+    lookup,
+    nearest,
+    parse_extra_flags,
+    release,
+)
 
 # (id, args, canonical form)
 CASES: list[tuple[str, list[str], list[str]]] = [
@@ -141,3 +158,99 @@ def test_every_output_neutral_flag_is_dropped() -> None:
         # A switch leaves the next token alone (a positional); any other flag takes it as its value.
         expected = ["value", "-O1"] if flag in SWITCHES else ["-O1"]
         assert canonical_flags([flag, "value", "-O1"]) == expected, flag
+
+
+# --- driven by neuronx-cc's options table (compilesvc.neuronx_cc_options) -------------------------------------
+
+TABLE_CASES: list[tuple[str, list[str], list[str]]] = [
+    ("disable right-most wins",
+     ["--enable-mixed-precision-accumulation", "-O1", "--disable-mixed-precision-accumulation"],
+     ["--disable-mixed-precision-accumulation", "-O1"]),
+    ("enable right-most wins", ["--disable-mixed-precision-accumulation", "--enable-mixed-precision-accumulation"],
+     ["--enable-mixed-precision-accumulation"]),
+    ("competing pair in one item", ["--enable-mixed-precision-accumulation --disable-mixed-precision-accumulation"],
+     ["--disable-mixed-precision-accumulation"]),
+    ("several values kept whole and in order", ["--pipeline", "compile", "SaveTemps", "-O1"],
+     ["-O1", "--pipeline", "compile", "SaveTemps"]),
+    ("several values in one item", ["--pipeline compile SaveTemps"], ["--pipeline", "compile", "SaveTemps"]),
+    ("several values, equals form", ["--pipeline=compile SaveTemps"], ["--pipeline", "compile", "SaveTemps"]),
+    ("several values: last occurrence wins", ["--pipeline a b", "--pipeline c"], ["--pipeline", "c"]),
+    ("dash-leading value, equals form", ["--tensorizer-options=--foo"], ["--tensorizer-options=--foo"]),
+    ("quoted dash-leading value with a space", ["--tensorizer-options='--foo --bar'"],
+     ["--tensorizer-options=--foo --bar"]),
+    ("quoted dash-leading value, separate token", ["--tensorizer-options '--foo --bar'"],
+     ["--tensorizer-options=--foo --bar"]),
+    ("nested equals kept", ["--internal-hlo2tensorizer-options=--verify-hlo=true"],
+     ["--internal-hlo2tensorizer-options=--verify-hlo=true"]),
+    ("switch never takes a value", ["--enable-saturate-infinity", "x.hlo"], ["x.hlo", "--enable-saturate-infinity"]),
+    ("known switch is not confused by a later option", ["--enable-fast-context-switch", "--auto-cast", "none"],
+     ["--auto-cast=none", "--enable-fast-context-switch"]),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), [c[1:] for c in TABLE_CASES], ids=[c[0] for c in TABLE_CASES])
+def test_table_driven_canonical_form(args: list[str], expected: list[str]) -> None:
+    assert canonical_flags(args) == expected
+    import shlex
+
+    assert canonical_flags([shlex.quote(item) for item in expected]) == expected  # a fixed point
+
+
+def test_every_alias_takes_its_options_name() -> None:
+    for option in OPTIONS:
+        for alias in option.aliases:
+            value = option.values[-1].name if option.values else "1"
+            canonical = canonical_flags([alias, value])
+            assert canonical == canonical_flags([option.name, value]), alias
+
+
+def test_table_rows_are_consistent() -> None:
+    seen: set[str] = set()
+    for option in OPTIONS:
+        names = {option.name, *option.aliases}
+        assert not names & seen, names  # one meaning per spelling
+        seen |= names
+        assert option.source, option.name
+        assert release(FIRST_RELEASE) <= release(option.since) <= release(NEWEST_RELEASE), option.name
+        if option.until is not None:
+            assert release(option.since) < release(option.until), option.name
+        if option.arity is Arity.SWITCH:
+            assert option.values is None and option.value_check is None, option.name
+        assert not (option.values and option.value_check), option.name
+    groups: dict[str, list[str]] = {}
+    for option in OPTIONS:
+        if option.group:
+            groups.setdefault(option.group, []).append(option.name)
+    assert groups == {"mixed-precision-accumulation": ["--enable-mixed-precision-accumulation",
+                                                       "--disable-mixed-precision-accumulation"]}
+
+
+def test_newer_release_uses_the_newest_table() -> None:
+    assert lookup("--native-int64") is not None
+    option = lookup("--native-int64")
+    assert option is not None and option.available("2.40.0") and not option.available("2.31.1")
+    removed = lookup("--neuroncore-pipeline-cores")
+    assert removed is not None and removed.available("2.6.0") and not removed.available("2.40.0")
+
+
+@pytest.mark.parametrize(("name", "expected"), [("--auto-cats", "--auto-cast"), ("--optlevle", "--optlevel"),
+                                                ("--logical-nc-confg", "--logical-nc-config"), ("--zzz", None)])
+def test_nearest_name(name: str, expected: str | None) -> None:
+    assert nearest(name) == expected
+
+
+def test_check_reports_each_problem_with_its_item() -> None:
+    problems = check_neuron_flags(["-O1", "--auto-cast matmul", "--lnc=2"], sdk="2.27.1", target="trn1")
+    assert [(p.flag, p.item) for p in problems] == [("--auto-cast", 1), ("--lnc", 2)]
+    assert check_neuron_flags(["--x=1"], sdk="2.27.1", target="trn1", extra=frozenset({"--x"})) == []
+
+
+@pytest.mark.parametrize("text", ["--a,--b", "--a --b", " --a ,\n--b "])
+def test_extra_flags_setting(text: str) -> None:
+    assert parse_extra_flags(text) == {"--a", "--b"}
+
+
+@pytest.mark.parametrize("text", ["a", "--a=1", "--a,-"])
+def test_extra_flags_setting_refuses_non_names(text: str) -> None:
+    with pytest.raises(ValueError, match="expected option names"):
+        parse_extra_flags(text)

@@ -88,6 +88,32 @@ def test_golden_vectors_in_process() -> None:
     assert compute_golden(golden["cases"]) == expected_golden(golden)
 
 
+def _golden_flags(name: str) -> tuple[str, list[str]]:
+    case = next(c for c in load_golden()["cases"] if c["name"] == name)
+    keys = compute_keys(parse_spec(case["spec"]), model_sha256=case["model_sha256"], default_isa=case["isa"],
+                        salt=case["salt"])
+    return keys.key, keys.material["flags"]
+
+
+def test_golden_competing_flags_keep_the_right_most() -> None:
+    # Schema 3: competing options are one setting, and the right-most wins (neuronx-cc's CLI reference).
+    disable_key, disable_flags = _golden_flags("trn2-competing-flags-disable-right-most")
+    enable_key, enable_flags = _golden_flags("trn2-competing-flags-enable-right-most")
+    assert disable_flags == ["--disable-mixed-precision-accumulation", "-O1"]
+    assert enable_flags == ["--enable-mixed-precision-accumulation", "-O1"]
+    assert disable_key != enable_key
+
+
+def test_golden_multi_value_and_dash_leading_values_are_kept_whole() -> None:
+    _, flags = _golden_flags("trn2-multi-value-and-dash-leading-values")
+    assert flags == [
+        "--internal-hlo2tensorizer-options=--verify-hlo=true",
+        "--logical-nc-config=2",
+        "--pipeline", "compile", "SaveTemps",
+        "--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2",
+    ]
+
+
 def test_golden_vectors_in_fresh_processes_under_several_hash_seeds() -> None:
     golden = load_golden()
     expected = expected_golden(golden)
@@ -252,14 +278,15 @@ def test_digest_is_order_independent_for_dicts() -> None:
 DTYPES: list[str] = list(get_args(DType))
 NEURON_TARGETS = ["inf2", "trn1", "trn2"]
 INPUT_NAMES = ["input_ids", "attention_mask", "position_ids", "pixel_values", "x", "y"]
-#: neuronx-cc style flags and the values each may take (None: a boolean flag). "-O" is the optlevel.
+#: neuronx-cc flags and the values each may take (None: a boolean flag). "-O" is the optlevel. All exist on
+#: every release :data:`sdks` draws for neuron specs, and on every target (lnc 2 is trn2's alone).
 NEURON_FLAGS: dict[str, list[str | None]] = {
     "--auto-cast": ["none", "matmult", "all"],
     "--auto-cast-type": ["bf16", "fp16", "tf32", "fp8_e4m3"],
     "--model-type": ["generic", "transformer", "unet-inference"],
-    "--lnc": ["1", "2"],
+    "--lnc": ["1"],
     "-O": ["1", "2", "3"],
-    "--internal-tuning": ["-1", "0.5", "7"],
+    "--internal-backend-options": ["-1", "0.5", "7"],
     "--enable-fast-loading-neuron-binaries": [None],
     "--enable-saturate-infinity": [None],
 }
@@ -394,6 +421,9 @@ label_dicts = st.dictionaries(st.text(min_size=1, max_size=8).filter(str.strip),
 sdks = st.builds(
     lambda parts: ".".join(map(str, parts)), st.lists(st.integers(0, 30), min_size=3, max_size=3)
 )
+# Neuron flags are checked against the release: from 2.21.0 on every flag in NEURON_FLAGS exists; releases
+# past the table's newest are checked against the newest table.
+neuron_sdks = st.builds(lambda minor, patch: f"2.{minor}.{patch}", st.integers(21, 40), st.integers(0, 9))
 
 
 @st.composite
@@ -422,7 +452,7 @@ def cases(draw: st.DrawFn, family: str | None = None, backend: str | None = None
     buckets = draw(st.lists(any_bucket, min_size=1, max_size=4, unique_by=bucket_id))
     return Case(
         target=target,
-        sdk=draw(sdks),
+        sdk=draw(sdks if family == "cpu" else neuron_sdks),
         backend=backend,
         explicit_backend=backend != default_backend or draw(st.booleans()),
         format=fmt,
@@ -490,7 +520,8 @@ def _add_flag(case: Case, data: st.DataObject) -> Case:
         assume(missing)
         new = Flag(data.draw(st.sampled_from(missing)), None, "eq")
     else:
-        new = Flag("--brand-new-option", data.draw(st.sampled_from([None, "1", "on"])), "eq")
+        new = data.draw(st.sampled_from([Flag("--enable-fast-context-switch", None, "eq"),
+                                         Flag("--distribution-strategy", "llm-training", "sep")]))
     at = data.draw(st.integers(0, len(case.flags)))
     return replace(case, flags=(*case.flags[:at], new, *case.flags[at:]))
 

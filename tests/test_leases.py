@@ -30,6 +30,7 @@ from compilesvc.spec import parse_spec
 from compilesvc.states import IllegalTransition
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 from compilesvc.submit import SubmitResult, Submitter
+from tests.doubles.compiler_flags import DOUBLE_FLAGS
 
 LEASE = 30.0
 
@@ -70,7 +71,7 @@ def submit(services: Services, buckets: int = 1, args: list[str] | None = None) 
         "model": {"uri": uri, "format": "torchscript"}, "target": "inf2", "sdk": "2.20.0",
         "compiler": {"args": args or []},
         "buckets": [{"batch_size": 1, "seq_len": 8 * (i + 1)} for i in range(buckets)],
-    })
+    }, extra_flags=DOUBLE_FLAGS)
     return Submitter(services).submit(spec)
 
 

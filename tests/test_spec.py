@@ -117,9 +117,87 @@ def test_cpu_flag_allowlist_accepts_known_and_output_neutral_flags() -> None:
     assert parse_spec(aot).compiler.isa == "x86_64-avx2"
 
 
-def test_neuron_flags_are_not_judged_here() -> None:
-    # neuronx-cc is the judge of its own flags; the spec only needs them to be readable.
-    parse_spec(neuron_doc(compiler={"args": ["--anything-goes=1", "-O3", "positional"]}))
+# --- neuron flags, checked against neuronx-cc's options for the spec's SDK and target ----------------------
+
+
+def flags_doc(args: list[str], sdk: str = "2.20.0", target: str = "inf2") -> dict[str, Any]:
+    return neuron_doc(sdk=sdk, target=target, compiler={"args": args})
+
+
+@pytest.mark.parametrize(
+    ("args", "sdk", "target"),
+    [
+        (["--model-type=transformer", "-O1", "--auto-cast", "matmult", "--logfile", "/tmp/x.log"], "2.20.0", "inf2"),
+        (["--enable-saturate-infinity --auto-cast=none --model-type=transformer -O1"], "2.20.0", "trn1"),
+        (["-lnc", "2", "--enable-mixed-precision-accumulation", "--disable-mixed-precision-accumulation"],
+         "2.27.1", "trn2"),
+        (["--lnc=1"], "2.21.0", "inf2"),  # lnc 1 is the only LNC off trn2 (EARG001), and it is allowed
+        (["--tensorizer-options='--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2'",
+          "--internal-hlo2tensorizer-options=--verify-hlo=true", "--pipeline", "compile", "SaveTemps"],
+         "2.26.1", "trn2"),
+        (["--auto-cast-type", "fp8_e4m3", "--optlevel=3", "--verbose", "35", "--no_cache"], "2.20.0", "inf2"),
+        (["--native-int64=enabled", "--implicit-integer-downcast=dot,pow"], "2.32.0", "trn2"),
+        # A release newer than the table is checked against the newest table, whose options it keeps.
+        (["--native-int64=enabled", "-O2"], "2.40.0", "trn2"),
+        (["--neuroncore-pipeline-cores", "4"], "2.3.0", "inf2"),
+    ],
+)
+def test_documented_neuron_flags_are_accepted(args: list[str], sdk: str, target: str) -> None:
+    parse_spec(flags_doc(args, sdk, target))
+
+
+@pytest.mark.parametrize(
+    ("args", "sdk", "target", "field", "fragment"),
+    [
+        (["-O1", "--auto-cats=none"], "2.20.0", "inf2", "compiler.args[1]",
+         "unknown neuronx-cc option '--auto-cats' (did you mean '--auto-cast'?)"),
+        (["--enable-fast-loading-neuron-binarys"], "2.20.0", "inf2", "compiler.args[0]",
+         "did you mean '--enable-fast-loading-neuron-binaries'?"),
+        (["--totally-new"], "2.40.0", "inf2", "compiler.args[0]",
+         "checked against Neuron SDK 2.32.0's options, the newest this service knows"),
+        (["--auto-cast", "matmul"], "2.20.0", "inf2", "compiler.args[0]",
+         "'--auto-cast' does not accept 'matmul': expected one of none, matmult, all"),
+        (["--model-type=unet-inference"], "2.9.1", "inf2", "compiler.args[0]", "exists from Neuron SDK 2.10.0 on"),
+        (["-lnc", "2"], "2.21.0", "trn1", "compiler.args[0]", "only accepted for target trn2, not trn1"),
+        (["--lnc=2"], "2.20.0", "trn2", "compiler.args[0]", "'--lnc' is not available on Neuron SDK 2.20.0 "
+                                                            "(it exists from 2.21.0 on)"),
+        (["--disable-mixed-precision-accumulation"], "2.26.1", "inf2", "compiler.args[0]", "from 2.27.0 on"),
+        (["--neuroncore-pipeline-cores=4"], "2.20.0", "inf2", "compiler.args[0]", "removed in 2.7.0"),
+        (["--native-int64=enabled"], "2.32.0", "trn1", "compiler.args[0]", "only available for target trn2"),
+        (["--implicit-integer-downcast=dot,matmul"], "2.32.0", "trn2", "compiler.args[0]", "not 'matmul'"),
+        (["-O4"], "2.20.0", "inf2", "compiler.args[0]", "'-O4' does not accept '4'"),
+        (["--auto-cast"], "2.20.0", "inf2", "compiler.args[0]", "'--auto-cast' needs a value"),
+        (["--tensorizer-options", "--foo"], "2.20.0", "inf2", "compiler.args[0]",
+         "a value that starts with '-' is written --tensorizer-options=VALUE"),
+        (["--enable-saturate-infinity=yes"], "2.20.0", "inf2", "compiler.args[0]", "takes no value"),
+        (["--target=trn1"], "2.20.0", "inf2", "compiler.args[0]", "set by the service from the spec's target"),
+        (["-O1", "model.hlo"], "2.20.0", "inf2", "compiler.args[1]", "'model.hlo' is not an option"),
+        (["-O1", "--", "-x"], "2.20.0", "inf2", "compiler.args[1]", "'--' would pass what follows"),
+        (["--double-behaviour=ok"], "2.20.0", "inf2", "compiler.args[0]", "unknown neuronx-cc option"),
+    ],
+)
+def test_bad_neuron_flags_are_refused_naming_the_flag(args: list[str], sdk: str, target: str, field: str,
+                                                      fragment: str) -> None:
+    assert_refused(flags_doc(args, sdk, target), field, fragment)
+
+
+def test_every_bad_flag_is_named_in_one_error() -> None:
+    found = errors(flags_doc(["-O1", "--auto-cats=none", "--optlevl=2"]))
+    assert len(found) == 1 and found[0]["field"] == "compiler.args[1]"
+    assert "'--auto-cats'" in found[0]["message"] and "'--optlevl'" in found[0]["message"]
+
+
+def test_extra_flags_are_accepted_only_when_given() -> None:
+    doc = flags_doc(["--double-behaviour=slow:1", "-O1"])
+    assert parse_spec(doc, extra_flags={"--double-behaviour"}).compiler.args == ["--double-behaviour=slow:1", "-O1"]
+    with pytest.raises(SpecError, match="unknown neuronx-cc option '--double-behaviour'"):
+        parse_spec(doc)
+    # None leaves neuron flags to the service (a client that does not share the service's settings).
+    parse_spec(flags_doc(["--whatever"]), extra_flags=None)
+
+
+def test_cpu_flags_are_not_checked_against_neuronx_cc() -> None:
+    assert parse_spec(cpu_doc(compiler={"args": ["--freeze", "--logfile", "/tmp/x"]})).compiler.args
 
 
 # --- the bucket shorthand --------------------------------------------------------------------------------

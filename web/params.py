@@ -146,7 +146,8 @@ def parse_spec_text(text: str) -> CompileSpec:
     try:
         # The service's bounds on elements per input and bucket: a shape no compiler can allocate is a 422
         # here, not three failed compile attempts.
-        return parse_spec(data, web().settings.element_limits)
+        settings = web().settings
+        return parse_spec(data, settings.element_limits, settings.extra_flags)
     except SpecError as exc:
         raise Problem("spec-invalid", str(exc), errors=exc.errors) from None
     except RecursionError:

@@ -38,6 +38,7 @@ from compilesvc.services import Services
 from compilesvc.spec import parse_spec
 from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
+from tests.doubles.compiler_flags import DOUBLE_FLAGS_SETTING
 
 REDIS_URL = os.environ.get("COMPILESVC_TEST_REDIS", "redis://127.0.0.1:6379/0")
 COMPILESVC = str(Path(sys.executable).with_name("compilesvc"))
@@ -172,7 +173,7 @@ class Cluster:
         return f"blob:sha256:{self.services.store.put_file(path).sha256}"
 
     def submit(self, doc: dict[str, Any], **kwargs: Any) -> SubmitResult:
-        return Submitter(self.services).submit(parse_spec(doc), **kwargs)
+        return Submitter(self.services).submit(parse_spec(doc, extra_flags=self.settings.extra_flags), **kwargs)
 
     def hlo_spec(self, behaviour: str = "ok", buckets: int = 1, uri: str | None = None,
                  **extra: Any) -> dict[str, Any]:
@@ -289,6 +290,7 @@ CLUSTER_DEFAULTS: dict[str, Any] = {
     "relay_interval_seconds": 0.2,
     "max_attempts": 3,
     "require_live_worker": True,
+    "extra_compiler_flags": DOUBLE_FLAGS_SETTING,  # the API accepts the double's --double-behaviour
 }
 
 

@@ -27,6 +27,7 @@ from compilesvc.spec import parse_spec
 from compilesvc.store.base import blob_name, bucket_manifest_name
 from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
+from tests.doubles.compiler_flags import DOUBLE_FLAGS
 from tests.workers.test_pipeline import group_members
 from workers.logstream import LogStream
 from workers.runner import (
@@ -66,7 +67,7 @@ def submit(services: Services, behaviour: str = "ok", *, uri: str | None = None)
     return Submitter(services).submit(parse_spec({
         "model": {"uri": uri, "format": "hlo"}, "target": "inf2", "sdk": "2.20.0",
         "compiler": {"args": [f"--double-behaviour={behaviour}"]}, "buckets": [{"batch_size": 1, "seq_len": 16}],
-    }))
+    }, extra_flags=DOUBLE_FLAGS))
 
 
 def bucket(services: Services, result: SubmitResult) -> BucketCompile:

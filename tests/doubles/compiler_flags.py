@@ -1,0 +1,16 @@
+"""The Neuron test double's own compiler flag, declared to the service the way an operator declares one.
+
+``--double-behaviour=<b>`` (see :mod:`tests.doubles`) is no neuronx-cc option, so a spec holding it is
+refused at submit unless the service accepts it as an extra option: processes read the setting
+``COMPILESVC_EXTRA_COMPILER_FLAGS`` (:data:`DOUBLE_FLAGS_SETTING`), and tests that call
+:func:`compilesvc.spec.parse_spec` directly pass :data:`DOUBLE_FLAGS`. Production code knows nothing of it.
+"""
+
+from __future__ import annotations
+
+from compilesvc.neuronx_cc_options import parse_extra_flags
+
+#: The value of ``COMPILESVC_EXTRA_COMPILER_FLAGS`` (``Settings.extra_compiler_flags``) for the double.
+DOUBLE_FLAGS_SETTING = "--double-behaviour"
+#: The same, as ``parse_spec(..., extra_flags=DOUBLE_FLAGS)`` takes it.
+DOUBLE_FLAGS = parse_extra_flags(DOUBLE_FLAGS_SETTING)
