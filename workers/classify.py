@@ -24,6 +24,7 @@ child already applied the table, or raised a worker problem itself: wrong host o
 
 from __future__ import annotations
 
+import builtins
 import re
 import signal
 from collections.abc import Callable, Iterable, Sequence
@@ -53,6 +54,8 @@ REJECTED_FLAG_RE = re.compile(
 #: Exceptions a trace raises for an operator it cannot lower (torch-xla: RuntimeError "Error while lowering";
 #: torch_neuronx: RuntimeError "neuronx-cc failed with N" around the compiler's own message).
 OPERATOR_EXCEPTIONS = frozenset({"RuntimeError", "NotImplementedError"})
+#: A traceback's last line: an unindented exception name, then ": message" or nothing.
+_EXCEPTION_LINE_RE = re.compile(r"^([A-Za-z_][\w.]*)(?::|\s*$)")
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,8 @@ TABLE: tuple[Row, ...] = (
         "Python's import system: a package missing on this worker", skip_coded_lines=True,
         pattern=re.compile(r"^\s*(?:[\w.]+\.)?(?:ModuleNotFoundError|ImportError)\b"),
         exceptions=frozenset({"ImportError"})),
-    Row("host-os-error", E.INFRA, "HOST_OS_ERROR", "trace raised an OSError (I/O, permissions, a vanished file)",
+    Row("host-os-error", E.INFRA, "HOST_OS_ERROR",
+        "trace raised an OSError, or the child's traceback ends in one (I/O, permissions, a vanished file)",
         "Python's OSError family: the host's files and devices, not the model",
         exceptions=frozenset({"OSError"})),
     Row("rejected-flag", E.BAD_REQUEST, "COMPILER_FLAG_REJECTED",
@@ -328,11 +332,28 @@ def classify(returncode: int, result: dict[str, Any] | None, log_tail: list[str]
             match = CHILD_COMPILE_ERROR_RE.search(line)
             if match:
                 return Outcome(ErrorClass.COMPILE, match.group(1), _one_line(match.group(2)))
-    verdict = judge(Evidence(tail, returncode, who="the compile child", unknown_code=f"EXIT_{returncode}"))
+    verdict = judge(Evidence(tail, returncode, exception=_traceback_exception(tail), who="the compile child",
+                             unknown_code=f"EXIT_{returncode}"))
     message = verdict.message
     if verdict.error_class == ErrorClass.UNKNOWN and 128 < returncode < 128 + 65:
         message = _one_line(f"{message} (exit {returncode}: perhaps {_signal_name(returncode - 128)})")
     return Outcome(verdict.error_class, verdict.code, message)
+
+
+def _traceback_exception(lines: Sequence[str]) -> tuple[str, ...]:
+    """The class hierarchy (for builtins; else just the name) of the exception the last traceback ends in."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return ()
+    for line in lines[starts[-1] + 1:]:
+        match = _EXCEPTION_LINE_RE.match(line)
+        if match:
+            name = match.group(1).rsplit(".", 1)[-1]
+            cls = getattr(builtins, name, None)
+            if isinstance(cls, type) and issubclass(cls, BaseException):
+                return tuple(c.__name__ for c in cls.__mro__)
+            return (name,)
+    return ()
 
 
 def _child_killed(number: int, tail: list[str], last: str) -> Outcome:
