@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(default=10.0, gt=0)
     worker_stale_seconds: int = Field(default=90, ge=2)
     max_attempts: int = Field(default=3, ge=1)
+    unknown_failure_retries: int = Field(
+        default=2, ge=0,
+        description="How many times a compile that failed with no diagnosis (class 'unknown': e.g. exit 70 with "
+                    "no error code) is retried before it is reported as such; always within max_attempts.")
     compile_timeout_seconds: int = Field(default=4 * 3600 + 1800, ge=1)
     relay_interval_seconds: float = Field(default=0.5, gt=0)
     require_live_worker: bool = True

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from compilesvc import events, failures
 from compilesvc.artifacts import fail_artifacts_of_bucket
 from compilesvc.failures import Phase
-from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, utcnow
+from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, BucketFailure, utcnow
 from compilesvc.states import RETRIED, ArtifactState, BucketState, ErrorClass
 from compilesvc.submit import requeue_bucket
 
@@ -178,13 +178,18 @@ def _lock_artifacts(session: Session, bucket_id: int) -> list[Artifact]:
 
 
 def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass | str, code: str | None,
-         message: str | None, *, phase: str = Phase.COMPILE, backoff_seconds: float = 0.0) -> Outcome | None:
+         message: str | None, *, phase: str = Phase.COMPILE, backoff_seconds: float = 0.0,
+         unknown_retries: int = 2) -> Outcome | None:
     """Record a failed attempt; None when the lease was lost.
 
-    - ``compile``: final. The compile stays failed (the negative cache) and so do the sets containing it.
+    - ``compile`` / ``bad_request``: final. The compile stays failed (the negative cache) and so do the sets
+      containing it.
     - ``infra`` / ``timeout``: requeued, to be sent after ``backoff_seconds``, while ``attempts <
       max_attempts`` and the failure is not the previous attempt's repeated identically (class, code and
       message: a deterministic failure in disguise, which another attempt would only repeat); else failed.
+    - ``unknown``: requeued like infra while fewer than ``unknown_retries`` unknown failures were retried
+      since the attempts were last reset (an identical repeat is retried too: the bound is the limit here),
+      then failed as ``unknown`` with a message saying so; never the negative cache.
     - ``cancelled``: cancelled, unless someone still wants the compile (a submit reopened a set
       containing it while the cancel was in flight), in which case it is requeued.
 
@@ -204,7 +209,7 @@ def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass |
     if bucket is None:
         return None
     return _settle_attempt(session, bucket, artifacts, error_class, code, message, phase=phase,
-                           backoff_seconds=backoff_seconds)
+                           backoff_seconds=backoff_seconds, unknown_retries=unknown_retries)
 
 
 def expire(session: Session, bucket_id: int) -> Outcome | None:
@@ -248,9 +253,22 @@ def _repeats_previous(session: Session, bucket: BucketCompile, phase: str, error
         error_class, code, message)
 
 
+def _earlier_unknown_failures(session: Session, bucket: BucketCompile) -> int:
+    """Unknown failures of the compile's earlier attempts since its attempts were last reset (a resubmit or
+    an explicit retry). Rows of an older round are told apart by id: all of them precede the newest row
+    numbered at or above the current attempt, which this round has not reached yet."""
+    row = BucketFailure.__table__.c
+    boundary = (select(func.coalesce(func.max(row.id), 0))
+                .where(row.bucket_compile_id == bucket.id, row.attempt >= bucket.attempts).scalar_subquery())
+    return int(session.scalar(
+        select(func.count()).select_from(BucketFailure.__table__)
+        .where(row.bucket_compile_id == bucket.id, row.error_class == ErrorClass.UNKNOWN,
+               row.attempt < bucket.attempts, row.id > boundary)) or 0)
+
+
 def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Artifact], error_class: ErrorClass,
                     code: str | None, message: str | None, *, phase: str, backoff_seconds: float,
-                    reason: str | None = None) -> Outcome:
+                    reason: str | None = None, unknown_retries: int = 0) -> Outcome:
     wanted = any(a.state == ArtifactState.BUILDING for a in artifacts)
     attempt = bucket.attempts
     if error_class == ErrorClass.CANCELLED and (wanted or not bucket.cancel_requested):
@@ -258,11 +276,18 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
         # the compile is wanted again, so it goes back to the queue rather than to a dead end.
         outbox_id = requeue_bucket(session, bucket, "cancel superseded by a new request", reset_attempts=False)
         return Outcome(BucketState.QUEUED, bucket.key, outbox_id)
-    repeated = error_class in RETRIED and _repeats_previous(session, bucket, phase, error_class, code, message)
-    retry = error_class in RETRIED and bucket.attempts < bucket.max_attempts and not repeated
+    unknown = error_class == ErrorClass.UNKNOWN
+    repeated = (error_class in RETRIED and not unknown
+                and _repeats_previous(session, bucket, phase, error_class, code, message))
+    retried_unknowns = _earlier_unknown_failures(session, bucket) if unknown else 0
+    retry = (error_class in RETRIED and bucket.attempts < bucket.max_attempts and not repeated
+             and (not unknown or retried_unknowns < unknown_retries))
     message_of_record = message
     if repeated:
         message_of_record = f"the same failure as attempt {attempt - 1}, so not retried again: {message}"
+    elif unknown and not retry:
+        message_of_record = (f"no diagnosis after {retried_unknowns + 1} unknown failure(s) "
+                             f"({retried_unknowns} retried; attempt {attempt} of {bucket.max_attempts}): {message}")
     if error_class != ErrorClass.CANCELLED:
         failures.record(session, bucket.id, attempt, phase, error_class, code, message, retry=retry)
     if retry:

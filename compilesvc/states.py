@@ -10,9 +10,10 @@ Bucket compile (one row per bucket key; the unit a worker compiles)::
                         ▲  ▲               │
                         │  └──requeue──────┤  infra / timeout failure with attempts left (after a backoff),
                         │                  │  lease expired (reaper), cancel superseded by a new request
-                        │                  ├──fail──▶ failed     compile error (final: the negative cache),
-                        │                  │                     model gone, attempts exhausted, or the same
-                        │                  │                     infra failure twice in a row
+                        │                  ├──fail──▶ failed     compile error or rejected flag (final: the
+                        │                  │                     negative cache), model gone, attempts or
+                        │                  │                     unknown-failure retries exhausted, or the
+                        │                  │                     same infra failure twice in a row
                         │                  └──cancel─▶ cancelled
                         └──resubmit / retry── failed | cancelled      (a compile error only by explicit retry)
     queued ──cancel──▶ cancelled;   (new) ──import──▶ succeeded (a manifest found in the store)
@@ -74,18 +75,25 @@ class ErrorClass(StrEnum):
     """Why an attempt failed, which decides what happens next (:data:`RETRIED`, :data:`REQUEUED_BY_SUBMIT`)."""
 
     COMPILE = "compile"  # the compiler refused the model: final for the key until an explicit retry
+    BAD_REQUEST = "bad_request"  # the compiler rejected a flag of the spec: final, like a compile error
     MODEL = "model"  # the pinned model bytes are gone or changed: a new submit re-pins them
     INFRA = "infra"  # the host, the store, the broker or the ledger failed: retried
     TIMEOUT = "timeout"  # the compile ran out of time: retried like infra
+    UNKNOWN = "unknown"  # the compiler failed with nothing saying why: retried a bounded number of times
     CANCELLED = "cancelled"
 
 
-#: Failures a worker's attempt is retried after (with a backoff), while attempts remain.
-RETRIED: frozenset[ErrorClass] = frozenset({ErrorClass.INFRA, ErrorClass.TIMEOUT})
-#: Failures a new submit requeues. Only a compile error sticks (the negative cache); a model failure is
-#: requeued with the new submit's pin of the same bytes.
+#: Failures a worker's attempt is retried after (with a backoff), while attempts remain; an unknown failure
+#: only ``unknown_failure_retries`` times (:func:`compilesvc.leases.fail`).
+RETRIED: frozenset[ErrorClass] = frozenset({ErrorClass.INFRA, ErrorClass.TIMEOUT, ErrorClass.UNKNOWN})
+#: Failures that are the key's answer until an explicit retry (the negative cache): the compiler's verdict on
+#: the model, or on a flag of the spec. Both are deterministic for the key (the flags and the SDK release
+#: are key material), so compiling again could only say the same.
+NEGATIVELY_CACHED: frozenset[ErrorClass] = frozenset({ErrorClass.COMPILE, ErrorClass.BAD_REQUEST})
+#: Failures a new submit requeues: everything not negatively cached (a model failure is requeued with the
+#: new submit's pin of the same bytes; an unknown one gets a fresh bounded set of retries).
 REQUEUED_BY_SUBMIT: frozenset[ErrorClass] = frozenset(
-    {ErrorClass.MODEL, ErrorClass.INFRA, ErrorClass.TIMEOUT, ErrorClass.CANCELLED})
+    {ErrorClass.MODEL, ErrorClass.INFRA, ErrorClass.TIMEOUT, ErrorClass.UNKNOWN, ErrorClass.CANCELLED})
 
 BUILD_STATE_FOR_ARTIFACT: dict[str, BuildState] = {
     ArtifactState.BUILDING: BuildState.BUILDING,

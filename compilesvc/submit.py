@@ -3,7 +3,8 @@
 One call (:meth:`Submitter.submit`) decides:
 
 - **hit**: the artifact is published in the ledger, or its manifest is in the store (imported on sight);
-- **join**: the same artifact is already in flight (or failed with a compile error: the negative cache);
+- **join**: the same artifact is already in flight (or failed with a compile error or a rejected flag: the
+  negative cache);
 - **new**: an artifact row is created and only the bucket compiles that do not exist yet (or whose last
   attempt failed for infrastructure reasons, or was cancelled) are queued, so adding one bucket to a
   built set compiles one bucket.
@@ -46,10 +47,10 @@ from compilesvc.services import Services
 from compilesvc.spec import CompileSpec
 from compilesvc.states import (
     BUILD_STATE_FOR_ARTIFACT,
+    NEGATIVELY_CACHED,
     REQUEUED_BY_SUBMIT,
     ArtifactState,
     BucketState,
-    ErrorClass,
     Outcome,
 )
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
@@ -339,7 +340,7 @@ class Submitter:
                 outcome = Outcome.HIT
             elif artifact.state == ArtifactState.BUILDING:
                 outcome = Outcome.JOIN
-            else:  # failed or cancelled: reopen unless a bucket failed with a compile error
+            else:  # failed or cancelled: reopen unless a bucket failed for good (negative cache)
                 outcome = Outcome.JOIN
                 outbox_ids = self._reopen(session, artifact, ctx)
             self._settle(session, artifact)
@@ -383,7 +384,7 @@ class Submitter:
 
     def _reopen(self, session: Session, artifact: Artifact, ctx: _Context) -> list[int]:
         buckets = linked_buckets(session, artifact.id)
-        failed = [b for b in buckets if b.state == BucketState.FAILED and b.error_class == ErrorClass.COMPILE]
+        failed = [b for b in buckets if b.state == BucketState.FAILED and b.error_class in NEGATIVELY_CACHED]
         if failed:
             # The negative cache: the set stays failed until an explicit retry. One that was cancelled meanwhile
             # (a bucket it shares with another set failed there) is failed now, so the new build says why.
@@ -401,11 +402,11 @@ class Submitter:
         return outbox_ids
 
     def _settle(self, session: Session, artifact: Artifact) -> None:
-        """A set containing a bucket that already failed with a compile error fails at once."""
+        """A set containing a bucket that already failed for good (a compile error, a rejected flag) fails at once."""
         if artifact.state != ArtifactState.BUILDING:
             return
         for bucket in linked_buckets(session, artifact.id):
-            if bucket.state == BucketState.FAILED and bucket.error_class == ErrorClass.COMPILE:
+            if bucket.state == BucketState.FAILED and bucket.error_class in NEGATIVELY_CACHED:
                 fail_artifacts_of_bucket(session, bucket)
                 return
 
@@ -499,7 +500,8 @@ class Submitter:
 def _will_compile(state: str | None, error_class: str | None) -> bool:
     """Whether a submit finding a bucket compile in this state queues it (None: no such compile yet).
 
-    A compile error is answered from the negative cache: no worker is needed to say it again.
+    A compile error or a rejected flag is answered from the negative cache: no worker is needed to say it
+    again.
     """
     if state == BucketState.FAILED:
         return error_class in REQUEUED_BY_SUBMIT

@@ -30,7 +30,7 @@ from compilesvc.spec import parse_spec
 from compilesvc.states import IllegalTransition
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 from compilesvc.submit import SubmitResult, Submitter
-from tests.doubles.compiler_flags import DOUBLE_FLAGS
+from tests.doubles.compiler_flags import DOUBLE_AND_REJECTED_FLAGS
 
 LEASE = 30.0
 
@@ -71,7 +71,7 @@ def submit(services: Services, buckets: int = 1, args: list[str] | None = None) 
         "model": {"uri": uri, "format": "torchscript"}, "target": "inf2", "sdk": "2.20.0",
         "compiler": {"args": args or []},
         "buckets": [{"batch_size": 1, "seq_len": 8 * (i + 1)} for i in range(buckets)],
-    }, extra_flags=DOUBLE_FLAGS)
+    }, extra_flags=DOUBLE_AND_REJECTED_FLAGS)
     return Submitter(services).submit(spec)
 
 
@@ -240,6 +240,68 @@ def test_infra_errors_requeue_until_the_attempt_cap(services: Services) -> None:
     # An infra failure is not a negative cache: submitting again requeues it with fresh attempts.
     again = submit(services)
     assert again.outcome == "join" and row(services, bid).state == "queued" and row(services, bid).attempts == 0
+
+
+def _fail_attempt(services: Services, bid: int, error_class: str, code: str, message: str,
+                  unknown_retries: int) -> leases.Outcome | None:
+    c = claim(services, bid)
+    assert c is not None
+    with transaction(services.sessions) as session:
+        return leases.fail(session, bid, c.token, error_class, code, message, unknown_retries=unknown_retries)
+
+
+def test_unknown_failures_are_retried_a_bounded_number_of_times_then_reported(tmp_path: Path,
+                                                                              ledger_url: str) -> None:
+    """Identical unknown failures are retried (unlike infra ones): the setting, not the repeat rule, bounds
+    them, within max_attempts; the final record says so, and nothing is negatively cached."""
+    services = Services.from_settings(make_settings(tmp_path, ledger_url, max_attempts=5))
+    try:
+        result = submit(services)
+        bid = bucket_id(services, result.buckets[0].key)
+        states = [getattr(_fail_attempt(services, bid, "unknown", "NEURONX_CC_EXIT_70", "exit 70, no code", 2),
+                          "state", None) for _ in range(3)]
+        assert states == ["queued", "queued", "failed"]
+        bucket = row(services, bid)
+        assert (bucket.state, bucket.error_class, bucket.error_code, bucket.attempts) == (
+            "failed", "unknown", "NEURONX_CC_EXIT_70", 3)
+        assert bucket.error_message.startswith("no diagnosis after 3 unknown failure(s) (2 retried; attempt 3 of 5)")
+        with services.sessions() as session:
+            history = failures.of_buckets(session, [bid])[bid]
+        assert [(f.error_class, f.retry) for f in history] == [("unknown", True), ("unknown", True),
+                                                                ("unknown", False)]
+        assert artifact_state(services, result.artifact_key) == "failed"
+
+        # A new submit is a fresh round with a fresh bound (older rounds' failures do not count against it).
+        again = submit(services)
+        assert again.buckets[0].state == "queued"
+        kinds = [("infra", "SIGKILL"), ("unknown", "EXIT_1"), ("unknown", "EXIT_1"), ("unknown", "EXIT_1")]
+        assert [_fail_attempt(services, bid, kind, code, "no code", 2).state  # type: ignore[union-attr]
+                for kind, code in kinds] == ["queued", "queued", "queued", "failed"]
+        assert row(services, bid).attempts == 4
+
+        # The attempt cap still holds when it is lower than the unknown bound.
+        capped = Services.from_settings(make_settings(tmp_path, ledger_url, max_attempts=2))
+        try:
+            other = submit(capped, args=["-O1"])
+            other_id = bucket_id(capped, other.buckets[0].key)
+            assert [_fail_attempt(capped, other_id, "unknown", "EXIT_1", "no code", 5).state  # type: ignore[union-attr]
+                    for _ in range(2)] == ["queued", "failed"]
+        finally:
+            capped.close()
+    finally:
+        services.close()
+
+
+def test_a_rejected_flag_is_final_and_negatively_cached(services: Services) -> None:
+    result = submit(services, args=["--no-such-flag"])
+    bid = bucket_id(services, result.buckets[0].key)
+    outcome = _fail_attempt(services, bid, "bad_request", "COMPILER_FLAG_REJECTED",
+                            "the compiler rejected --no-such-flag", 2)
+    assert outcome is not None and outcome.state == "failed"
+    assert artifact_state(services, result.artifact_key) == "failed"
+    again = submit(services, args=["--no-such-flag"])
+    assert (again.outcome, again.state, again.buckets[0].state) == ("join", "failed", "failed")
+    assert row(services, bid).attempts == 1
 
 
 def test_a_retry_waits_out_its_backoff_before_it_is_sent(services: Services) -> None:

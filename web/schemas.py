@@ -48,7 +48,7 @@ class BucketFailureOut(_Out):
     attempt: int
     at: datetime
     phase: str = Field(description="dispatch | fetch | compile | publish | lease")
-    error_class: str = Field(description="compile | model | infra | timeout")
+    error_class: str = Field(description=" | ".join(c for c in states.ErrorClass if c != states.ErrorClass.CANCELLED))
     code: str | None
     message: str | None
     retried: bool = Field(description="Whether the step was retried (same attempt for a publish, else a new one).")
@@ -60,7 +60,7 @@ class BucketOut(_Out):
     inputs: list[dict[str, Any]]
     state: BucketState
     attempts: int
-    error_class: str | None = Field(description="compile | model | infra | timeout | cancelled")
+    error_class: str | None = Field(description=" | ".join(states.ErrorClass))
     error_code: str | None
     error_message: str | None
     worker_id: str | None = None

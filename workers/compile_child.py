@@ -29,8 +29,12 @@ Outcome:
     "versions": {"torch": ..., "python": ..., ...}, "compile_seconds": 1.23}``, exit 0;
   - ``{"status": "compile_error", "code": "NCC_EOOM001", "message": "one line"}``, exit 3 —
     deterministic, final for the key;
-  - ``{"status": "infra_error", "code": "WRONG_HOST", "message": "one line"}``, exit 4 (or 70 when
-    neuronx-cc failed with its intermittent internal error) — retry;
+  - ``{"status": "bad_request", "code": "COMPILER_FLAG_REJECTED", "message": "one line naming the flag"}``,
+    exit 5 — final for the key;
+  - ``{"status": "infra_error", "code": "WRONG_HOST", "message": "one line"}``, exit 4 — retry;
+  - ``{"status": "unknown_error", "code": "NEURONX_CC_EXIT_70", "message": "one line"}``, exit 6 — the
+    compiler failed with no evidence of why: retried a bounded number of times
+    (:mod:`workers.classify`);
 
 - a malformed request: message on stderr, exit 2, no result.json;
 - any other exception: traceback on stderr, exit 1, no result.json. The child deletes a stale
@@ -53,10 +57,9 @@ from typing import Any
 
 from workers.backends.base import (
     EXIT_BAD_REQUEST,
-    EXIT_COMPILE_ERROR,
     EXIT_OK,
     EXIT_UNCAUGHT,
-    CompileFailure,
+    BackendFailure,
     CompileRequest,
     InfraError,
     RequestError,
@@ -65,6 +68,8 @@ from workers.backends.base import (
 )
 
 RESULT_NAME = "result.json"
+_LOG_WORDS = {"compile_error": "compile error", "bad_request": "flag rejected", "infra_error": "infrastructure error",
+              "unknown_error": "unexplained failure"}
 
 
 def write_result(path: Path, document: dict[str, Any]) -> None:
@@ -108,13 +113,10 @@ def run(request: CompileRequest) -> int:
             raise InfraError("MODEL_FILE_MISSING", f"model file {request.model_path} does not exist on this worker")
         backend = backend_class(request.backend)()
         result = backend.compile(request)
-    except CompileFailure as exc:
-        log(f"compile error {exc.code}: {exc.message}")
-        write_result(result_path, {"status": "compile_error", "code": exc.code, "message": exc.message})
-        return EXIT_COMPILE_ERROR
-    except InfraError as exc:
-        log(f"infrastructure error {exc.code}: {exc.message}")
-        write_result(result_path, {"status": "infra_error", "code": exc.code, "message": exc.message})
+    except BackendFailure as exc:
+        # "compile error CODE: ..." is also the runner's fallback when result.json goes missing (exit 3).
+        log(f"{_LOG_WORDS[exc.status]} {exc.code}: {exc.message}")
+        write_result(result_path, {"status": exc.status, "code": exc.code, "message": exc.message})
         return exc.exit_code
     seconds = time.monotonic() - started
 

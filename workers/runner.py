@@ -479,7 +479,8 @@ def _record_failure(services: Services, claim: leases.Claim, outcome: Outcome, l
     def record() -> leases.Outcome | None:
         with transaction(services.sessions) as session:
             return leases.fail(session, claim.bucket_id, claim.token, error_class, outcome.code, outcome.message,
-                               phase=phase, backoff_seconds=retry_in)
+                               phase=phase, backoff_seconds=retry_in,
+                               unknown_retries=services.settings.unknown_failure_retries)
 
     settled = with_db_retry(record, services.settings.ledger_retry_seconds)
     if settled is None:

@@ -120,7 +120,7 @@ class BucketCompile(Base):
     lease_expires_at: Mapped[datetime | None]
     worker_id: Mapped[str | None] = mapped_column(String(255))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    error_class: Mapped[str | None] = mapped_column(String(16), doc="compile | model | infra | timeout | cancelled")
+    error_class: Mapped[str | None] = mapped_column(String(16), doc=" | ".join(ErrorClass))
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
     manifest_uri: Mapped[str | None] = mapped_column(String(1024))

@@ -14,3 +14,9 @@ from compilesvc.neuronx_cc_options import parse_extra_flags
 DOUBLE_FLAGS_SETTING = "--double-behaviour"
 #: The same, as ``parse_spec(..., extra_flags=DOUBLE_FLAGS)`` takes it.
 DOUBLE_FLAGS = parse_extra_flags(DOUBLE_FLAGS_SETTING)
+
+#: An option an operator declared as extra (so the submit check lets it through) that the compiler then
+#: refuses: how a ``bad_request`` failure reaches a worker once flags are checked at submit.
+REJECTED_FLAG = "--no-such-flag"
+#: :data:`DOUBLE_FLAGS` plus :data:`REJECTED_FLAG`.
+DOUBLE_AND_REJECTED_FLAGS = parse_extra_flags(f"{DOUBLE_FLAGS_SETTING} {REJECTED_FLAG}")

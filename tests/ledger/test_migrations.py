@@ -232,7 +232,8 @@ def _row_counts(url: str) -> dict[str, int]:
 
 
 def test_a_populated_ledger_keeps_every_row_through_each_migration(empty_url: str, tmp_path: Path) -> None:
-    """Migrations that rebuild SQLite tables (batch mode) must not cascade-delete or trip foreign keys."""
+    """Migrations that rebuild SQLite tables (batch mode) must not cascade-delete or trip foreign keys; a
+    downgrade that narrows a CHECK maps the newer values onto older ones instead of failing."""
     from compilesvc import leases
     from compilesvc.db import transaction
     from compilesvc.services import Services
@@ -243,19 +244,38 @@ def test_a_populated_ledger_keeps_every_row_through_each_migration(empty_url: st
     try:
         result = submit(services, buckets=3)
         submit(services, buckets=3)  # a second build of the same artifact
-        with transaction(services.sessions) as session:
-            bucket_id = session.execute(text("SELECT id FROM bucket_compiles WHERE key = :k"),
-                                        {"k": result.buckets[0].key}).scalar_one()
-            claim = leases.claim(session, bucket_id, "w", 60)
-            assert claim is not None
-        with transaction(services.sessions) as session:
-            leases.fail(session, bucket_id, claim.token, "infra", "EXIT_1", "boom")
+        failures = [(0, "infra", "EXIT_1"), (1, "unknown", "NEURONX_CC_EXIT_70"),
+                    (2, "bad_request", "COMPILER_FLAG_REJECTED")]
+        for index, error_class, code in failures:
+            with transaction(services.sessions) as session:
+                bucket_id = session.execute(text("SELECT id FROM bucket_compiles WHERE key = :k"),
+                                            {"k": result.buckets[index].key}).scalar_one()
+                claim = leases.claim(session, bucket_id, "w", 60)
+                assert claim is not None
+            with transaction(services.sessions) as session:
+                leases.fail(session, bucket_id, claim.token, error_class, code, "boom", unknown_retries=0)
     finally:
         services.close()
     before = _row_counts(empty_url)
-    assert before["builds"] == 2 and before["artifact_buckets"] == 3 and before["outbox"] == 4
-    previous = _revisions_base_to_head()[-2].revision
-    downgrade(empty_url, previous)
-    assert _row_counts(empty_url) == {k: v for k, v in before.items() if k != "bucket_failures"}
+    assert before["builds"] == 2 and before["artifact_buckets"] == 3 and before["bucket_failures"] == 3
+
+    revisions = _revisions_base_to_head()
+    bucket_failures_added = next(r.revision for r in revisions if r.revision.startswith("0004"))
+    for script in reversed(revisions[revisions.index(next(r for r in revisions
+                                                          if r.revision == bucket_failures_added)):]):
+        downgrade(empty_url, script.down_revision)  # one step at a time: each keeps every row it can hold
+        counts = _row_counts(empty_url)
+        assert counts == {k: v for k, v in before.items() if k in counts}
+        if script.down_revision == bucket_failures_added:
+            engine = make_engine(empty_url, poolclass=pool.NullPool)
+            try:
+                with engine.connect() as conn:
+                    classes = {*conn.execute(text("SELECT error_class FROM bucket_failures")).scalars(),
+                               *conn.execute(text("SELECT error_class FROM bucket_compiles "
+                                                  "WHERE error_class IS NOT NULL")).scalars()}
+            finally:
+                engine.dispose()
+            assert classes == {"infra", "compile"}  # unknown -> infra, bad_request -> compile
+    assert "bucket_failures" not in _row_counts(empty_url)
     upgrade(empty_url)
     assert _row_counts(empty_url) == {**before, "bucket_failures": 0}

@@ -192,7 +192,7 @@ def test_uncaught_exception_exits_nonzero_with_traceback_and_no_result(tmp_path:
     assert run.result is None
     assert "Traceback (most recent call last)" in run.stderr
     outcome = classify(run.returncode, run.result, run.lines, timed_out=False, cancelled=False)
-    assert outcome.error_class == "infra"
+    assert (outcome.error_class, outcome.code) == ("infra", "HOST_OS_ERROR")  # the traceback's OSError
 
 
 def test_missing_model_file_is_infrastructure(tmp_path: Path) -> None:

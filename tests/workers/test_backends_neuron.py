@@ -134,8 +134,8 @@ HLO_CASES = [
     ("ok", 0, "ok", (None, None)),
     ("ncc-error:NCC_EVRF007", 3, "compile_error", ("compile", "NCC_EVRF007")),
     ("unsupported-op", 3, "compile_error", ("compile", "UNSUPPORTED_OPERATOR")),
-    ("exit:70", 70, "infra_error", ("infra", "NEURONX_CC_EXIT_70")),
-    ("exit:1", 4, "infra_error", ("infra", "NEURONX_CC_EXIT_1")),
+    ("exit:70", 6, "unknown_error", ("unknown", "NEURONX_CC_EXIT_70")),  # exit 70 and no code says nothing
+    ("exit:1", 6, "unknown_error", ("unknown", "NEURONX_CC_EXIT_1")),
     ("crash", 4, "infra_error", ("infra", "COMPILER_KILLED")),
     ("segfault", 4, "infra_error", ("infra", "COMPILER_KILLED")),
     ("missing-lib", 4, "infra_error", ("infra", "SHARED_LIBRARY")),

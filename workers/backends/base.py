@@ -4,13 +4,18 @@ This module owns the shapes exchanged between :mod:`workers.compile_child` and t
 neither torch nor any Neuron package, so the child can parse and validate a request (and the runner can
 import the exit codes) on any host.
 
-How a backend reports trouble decides whether the runner retries:
+How a backend reports trouble decides what the runner does next (a :class:`BackendFailure` subclass;
+the Neuron backends choose it with :func:`workers.classify.judge`, see :func:`failure_for`):
 
 - :class:`CompileFailure` (child exit 3): deterministic for this key — the compiler's own error code, an
   unsupported operator, a model that cannot be traced or exported at the bucket's shapes. Final.
-- :class:`InfraError` (child exit 4, or the exit code it names): a problem of this worker or host — the
-  wrong ISA, a missing package, the compiler killed by a signal. Retried, possibly elsewhere.
-- anything else escapes as an exception (child exit 1, traceback on stderr): unknown, so retried.
+- :class:`FlagRejected` (exit 5): the compiler refused a flag of the request. Final.
+- :class:`InfraError` (exit 4): a problem of this worker or host — the wrong ISA, a missing package, the
+  compiler killed by a signal. Retried, possibly elsewhere.
+- :class:`UnexplainedFailure` (exit 6): the compiler failed and left no evidence of why. Retried a bounded
+  number of times.
+- anything else escapes as an exception (child exit 1, traceback on stderr), classified by the runner
+  from the log (usually unknown).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any, ClassVar
 from pydantic import ValidationError
 
 from compilesvc.spec import BACKEND_FORMATS, NEURON_TARGETS, InputSpec
+from compilesvc.states import ErrorClass
 
 #: Child exit codes (see :mod:`workers.compile_child`).
 EXIT_OK = 0
@@ -32,6 +38,8 @@ EXIT_UNCAUGHT = 1
 EXIT_BAD_REQUEST = 2
 EXIT_COMPILE_ERROR = 3
 EXIT_INFRA_ERROR = 4
+EXIT_FLAG_REJECTED = 5
+EXIT_UNEXPLAINED = 6
 
 #: Longest message kept in result.json; the full text is in the streamed log.
 MAX_MESSAGE_CHARS = 500
@@ -50,13 +58,12 @@ def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return squeezed if len(squeezed) <= limit else squeezed[: limit - 1] + "…"
 
 
-class CompileFailure(Exception):
-    """A deterministic compile error for this key: compiling again on any worker fails the same way.
+class BackendFailure(Exception):
+    """A failed compile with its class: ``status`` goes into result.json, ``exit_code`` is the child's."""
 
-    ``code`` is the compiler's own code when it has one (``NCC_EOOM001``) or one of ours
-    (``CPU_TRACE_ERROR``, ``CPU_EXPORT_ERROR``, ``CPU_INDUCTOR_ERROR``, ``NEURON_TRACE_ERROR``,
-    ``UNSUPPORTED_OPERATOR``, ``MODEL_LOAD_ERROR`` ...).
-    """
+    status: ClassVar[str]
+    exit_code: ClassVar[int]
+    error_class: ClassVar[ErrorClass]
 
     def __init__(self, code: str, message: str):
         self.code = code
@@ -64,18 +71,42 @@ class CompileFailure(Exception):
         super().__init__(f"{code}: {self.message}")
 
 
-class InfraError(Exception):
-    """A failure of this worker or host, not of the model: the compile should be retried (maybe elsewhere).
+class CompileFailure(BackendFailure):
+    """A deterministic compile error for this key: compiling again on any worker fails the same way.
 
-    ``exit_code`` lets the child pass on a meaningful compiler exit status (70: neuronx-cc's intermittent
-    internal error) so the classifier sees it.
+    ``code`` is the compiler's own code when it has one (``NCC_EOOM001``) or one of ours
+    (``CPU_TRACE_ERROR``, ``CPU_EXPORT_ERROR``, ``CPU_INDUCTOR_ERROR``, ``NEURON_TRACE_ERROR``,
+    ``UNSUPPORTED_OPERATOR``, ``MODEL_LOAD_ERROR`` ...).
     """
 
-    def __init__(self, code: str, message: str, exit_code: int = EXIT_INFRA_ERROR):
-        self.code = code
-        self.message = one_line(message)
-        self.exit_code = exit_code
-        super().__init__(f"{code}: {self.message}")
+    status, exit_code, error_class = "compile_error", EXIT_COMPILE_ERROR, ErrorClass.COMPILE
+
+
+class FlagRejected(BackendFailure):
+    """The compiler refused a flag of the request (the message names it): final, like a compile error."""
+
+    status, exit_code, error_class = "bad_request", EXIT_FLAG_REJECTED, ErrorClass.BAD_REQUEST
+
+
+class InfraError(BackendFailure):
+    """A failure of this worker or host, not of the model: the compile should be retried (maybe elsewhere)."""
+
+    status, exit_code, error_class = "infra_error", EXIT_INFRA_ERROR, ErrorClass.INFRA
+
+
+class UnexplainedFailure(BackendFailure):
+    """The compiler failed with no evidence of why: retried a bounded number of times, then reported."""
+
+    status, exit_code, error_class = "unknown_error", EXIT_UNEXPLAINED, ErrorClass.UNKNOWN
+
+
+_FAILURES: dict[ErrorClass, type[BackendFailure]] = {
+    cls.error_class: cls for cls in (CompileFailure, FlagRejected, InfraError, UnexplainedFailure)}
+
+
+def failure_for(error_class: ErrorClass, code: str, message: str) -> BackendFailure:
+    """The exception reporting a failure of ``error_class`` (one of the four a backend can find)."""
+    return _FAILURES[error_class](code, message)
 
 
 class RequestError(ValueError):
@@ -205,10 +236,10 @@ class Backend(ABC):
 
     Implementations set ``name`` (the spec's ``compiler.backend`` value) and implement :meth:`compile`,
     which writes files under ``request.out_dir`` (scratch under ``request.work_dir``) and returns a
-    :class:`CompileResult` listing them with the exact tool versions used. They raise
-    :class:`CompileFailure` for deterministic errors and :class:`InfraError` for known host trouble; any
-    other exception means "unknown" and is retried. A backend runs once per process (the child), so it may
-    set process-wide state such as environment variables.
+    :class:`CompileResult` listing them with the exact tool versions used. They raise a
+    :class:`BackendFailure` (see the module docstring); any other exception is classified by the runner.
+    A backend runs once per process (the child), so it may set process-wide state such as environment
+    variables.
     """
 
     name: ClassVar[str]

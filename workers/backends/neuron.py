@@ -33,7 +33,6 @@ import functools
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import threading
@@ -47,13 +46,13 @@ from compilesvc.flags import FlagError, canonical_flags
 from workers.backends.base import (
     ArtifactFile,
     Backend,
-    CompileFailure,
     CompileRequest,
     CompileResult,
     InfraError,
+    failure_for,
     log,
 )
-from workers.classify import INTERMITTENT_EXIT, find_compiler_error, find_infra_hint
+from workers.classify import Evidence, judge
 from workers.versions import (
     NEURON_SDK_ENV,
     module_version,
@@ -191,31 +190,21 @@ class OutputTee:
 
 
 def _raise_for_trace_failure(exc: BaseException, lines: Sequence[str]) -> NoReturn:
-    """Turn a failed torch_neuronx trace into CompileFailure or InfraError from what the compiler printed."""
-    hint = find_infra_hint(lines)
-    if hint:
-        raise InfraError(hint[0], hint[1]) from exc
+    """Turn a failed torch_neuronx trace into the failure :data:`workers.classify.TABLE` finds for it.
+
+    The exception's type and message are evidence too (an operator torch-xla cannot lower raises during
+    trace, with no code); the exit status comes from the exception (``neuronx-cc failed with -9``).
+    """
     status = getattr(exc, "returncode", None)
-    if status is None:
+    if not isinstance(status, int):
         match = _EXIT_STATUS_RE.search(str(exc))
         status = int(match.group(1)) if match else None
-    if status is not None and status < 0:
-        raise InfraError("COMPILER_KILLED", f"neuronx-cc was killed by {_signal_name(-status)}") from exc
-    if status == INTERMITTENT_EXIT:
-        raise InfraError("NEURONX_CC_EXIT_70", "neuronx-cc failed with 70 (internal error, intermittent at "
-                                               "high tp)", exit_code=INTERMITTENT_EXIT) from exc
-    error = find_compiler_error(lines)
-    if error:
-        raise CompileFailure(error[0], error[1]) from exc
-    raise InfraError("NEURON_TRACE_FAILED", f"torch_neuronx.trace failed without a compiler error code: "
-                                            f"{type(exc).__name__}: {exc}") from exc
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+    names = tuple(cls.__name__ for cls in type(exc).__mro__)
+    evidence = Evidence([*lines, f"{type(exc).__name__}: {exc}"], status, exception=names,
+                        who="torch_neuronx.trace" if status is None else "neuronx-cc (under torch_neuronx.trace)",
+                        unknown_code="NEURON_TRACE_FAILED" if status is None else f"NEURONX_CC_EXIT_{status}")
+    verdict = judge(evidence)
+    raise failure_for(verdict.error_class, verdict.code, verdict.message) from exc
 
 
 def _load_for_rank(request: CompileRequest) -> tuple[Any, dict[str, Any]]:
@@ -355,22 +344,7 @@ class NeuronxCcBackend(Backend):
                 versions["neuron_sdk"] = host_sdk
             return CompileResult(files=[ArtifactFile("model.neff", "model")], versions=versions)
 
-        lines = [*tail, *_read_compiler_logs(workdir)]
-        if returncode < 0:
-            name = _signal_name(-returncode)
-            hint = find_infra_hint(lines)
-            why = f" ({hint[1]})" if hint else (" (possibly OOM-killed)" if name == "SIGKILL" else "")
-            raise InfraError("COMPILER_KILLED", f"neuronx-cc was killed by {name}{why}")
-        hint = find_infra_hint(lines)
-        if hint:
-            raise InfraError(hint[0], hint[1])
-        if returncode == INTERMITTENT_EXIT:
-            raise InfraError("NEURONX_CC_EXIT_70", "neuronx-cc failed with 70 (internal error, intermittent at "
-                                                   "high tp)", exit_code=INTERMITTENT_EXIT)
-        error = find_compiler_error(lines)
-        if error:
-            raise CompileFailure(*error)
-        last = next((line for line in reversed(tail) if line.strip()), "no output")
-        raise InfraError(f"NEURONX_CC_EXIT_{returncode}", f"neuronx-cc failed with {returncode} and no error "
-                                                          f"code: {last}")
+        verdict = judge(Evidence([*tail, *_read_compiler_logs(workdir)], returncode,
+                                 unknown_code=f"NEURONX_CC_EXIT_{returncode}"))
+        raise failure_for(verdict.error_class, verdict.code, verdict.message)
 
