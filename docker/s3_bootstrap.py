@@ -3,7 +3,7 @@
 Reads the same settings as every compilesvc process: the bucket from ``COMPILESVC_STORE_URL``
 (``s3://bucket/prefix``), the server from ``COMPILESVC_S3_ENDPOINT_URL`` (unset for AWS S3) and
 ``COMPILESVC_S3_REGION``, credentials from the standard ``AWS_*`` variables. Extra ``s3://bucket/prefix``
-arguments (the Neuron compile cache) get their buckets created too.
+arguments get their buckets created too.
 
 Idempotent: an existing bucket is left as it is. Each bucket gets a lifecycle rule that aborts multipart
 uploads left incomplete for a day, unless it already has one; a server that does not implement lifecycle

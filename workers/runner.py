@@ -14,8 +14,10 @@
    attempt (:func:`workers.retries.retry_store`); other store trouble is infra (a new attempt, backed off).
 4. **Compile** in ``python -m workers.compile_child`` (:class:`CompilerProcess`): a fresh temporary work
    dir as cwd, a new session/process group so the whole compiler tree can be killed, a hard timeout, an
-   environment without the service's secrets, and the worker's death taking the child with it
-   (``PR_SET_PDEATHSIG``). Output streams line by line into the central log (:mod:`workers.logstream`).
+   environment without the service's secrets (plus, for Neuron targets, ``NEURON_PLATFORM_TARGET_OVERRIDE``
+   from process start: :func:`workers.backends.neuron.child_environment_for`), and the worker's death taking
+   the child with it (``PR_SET_PDEATHSIG``).
+   Output streams line by line into the central log (:mod:`workers.logstream`).
 5. **Classify** (:func:`workers.classify.classify`).
 6. **Publish** on success (:mod:`workers.publishing`; an unreachable store is waited for as at fetch,
    without compiling again): every output file as a blob, the full log as a blob, then the bucket manifest
@@ -57,6 +59,7 @@ from compilesvc.model_identity import ModelRefError
 from compilesvc.outbox import OutboxRelay
 from compilesvc.services import Services
 from compilesvc.store import StoreError, bucket_manifest_name
+from workers.backends.neuron import child_environment_for
 from workers.classify import Outcome, classify
 from workers.logstream import LogStream
 from workers.publishing import LOG_NAME, PublishError, archive_log, publish_outputs
@@ -366,7 +369,8 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
 
         started = time.monotonic()
         child = CompilerProcess([sys.executable, "-m", "workers.compile_child", str(request_path)],
-                                cwd=work_dir, env=child_environment(os.environ), logs=logs)
+                                cwd=work_dir, env={**child_environment(os.environ),
+                                                   **child_environment_for(claim.target)}, logs=logs)
         logger.info("compiler started", extra={"pid": child.proc.pid})
         returncode, timed_out = child.wait(settings.compile_timeout_seconds, keeper.stop, KILL_GRACE_SECONDS)
         wall = time.monotonic() - started

@@ -1,37 +1,73 @@
 """Test doubles: stand-ins for software that cannot be installed on the test hosts.
 
-``tests/doubles/neuron/`` is a TEST DOUBLE of the AWS Neuron SDK's interfaces used by
-:mod:`workers.backends.neuron` (the real ``torch-neuronx``/``neuronx-cc`` come from the Neuron package
-repository, need a Neuron-capable Linux image, and cannot be installed here). It is never installed
-and never imported by production code; tests put it on the *child process's* search paths:
+``tests/doubles/neuron/`` is a TEST DOUBLE of the AWS Neuron SDK interfaces used by
+:mod:`workers.backends.neuron` (the real ``torch-neuronx``/``neuronx-cc``/``neuronx-distributed`` come
+from the Neuron package repository, need a Neuron-capable Linux image, and cannot be installed here). It
+behaves as the SDK's documentation, release notes and public issues say, each behaviour citing its source
+in a comment. It is never installed and never imported by production code; tests put it on the *child
+process's* search paths with :func:`neuron_double_env`.
 
-- ``PYTHONPATH`` += ``tests/doubles/neuron`` -> ``import torch_neuronx``, ``import neuronxcc``,
-  ``import neuronx_distributed`` resolve to the doubles;
-- ``PATH`` += ``tests/doubles/neuron/bin`` -> ``neuronx-cc`` resolves to the double's script;
-- ``COMPILESVC_NEURON_SDK=2.20.0`` (any release; the child checks requests against it).
+Environment (all read by the double in the child, none by our code):
 
-:func:`neuron_double_env` builds that environment. Behaviour is chosen per compile by a compiler flag in
-the request's ``args`` (``--double-behaviour=<b>``, passed through as real compiler flags are) or for a
-whole process tree by ``COMPILESVC_NEURON_DOUBLE_BEHAVIOUR=<b>`` (the flag wins). Behaviours:
+``PYTHONPATH`` += ``tests/doubles/neuron``, ``PATH`` += ``tests/doubles/neuron/bin``
+    ``import torch_neuronx`` / ``neuronxcc`` / ``neuronx_distributed`` and ``neuronx-cc`` resolve to the double.
+``COMPILESVC_NEURON_SDK``
+    the release the worker *claims* (our code reads it).
+``COMPILESVC_NEURON_DOUBLE_RELEASE``
+    the release whose packages are *installed* (default 2.27.1): version strings, code style (bare codes
+    before 2.21), which NxD APIs exist. Versions per release: ``tests/doubles/neuron/_release.py``
+    (``RELEASES``, from the SDK's release manifest).
+``COMPILESVC_NEURON_DOUBLE_DEVICES=N``
+    simulate N Neuron devices (0: none); unset, real ``/dev/neuron*`` nodes decide.
+``COMPILESVC_NEURON_DOUBLE_PLATFORM``
+    the platform a host with devices detects (default trn1).
+``NEURON_PLATFORM_TARGET_OVERRIDE``
+    read once, when ``torch_neuronx`` is imported (later changes have no effect, as in the SDK).
+``COMPILESVC_NEURON_DOUBLE_PMT_PORT``
+    the port parallel_model_trace's rank 0 binds (real: 2022, hard-coded).
+
+Behaviour is chosen per compile by a compiler flag in the request's ``args`` (``--double-behaviour=<b>``,
+which the double's neuronx-cc accepts as an option) or for a whole process tree by
+``COMPILESVC_NEURON_DOUBLE_BEHAVIOUR=<b>`` (the flag wins). Preconditions come first: trace on a host with
+no device and ``cpu_backend=False`` raises the PJRT "num_devices > 0" RuntimeError; ``cpu_backend=True``
+without ``--target`` (or with no platform frozen at import) raises the "If you want to compile on CPU,
+please supply compiler argument target" RuntimeError; neuronx-cc rejects unknown options argparse-style
+("unrecognized arguments", exit 2). Behaviours:
 
 ``ok`` (default)
-    trace really traces with ``torch.jit.trace`` (the artifact loads and runs on CPU); neuronx-cc
-    writes a deterministic fake NEFF. Both print neuronx-cc-style log lines.
-``ncc-error`` / ``ncc-error:NCC_EXXX123``
-    the compiler fails with that code (default ``NCC_EOOM001``, over the HBM limit) -> child exit 3.
+    trace really traces with ``torch.jit.trace`` (the artifact loads and runs on CPU); neuronx-cc writes a
+    deterministic fake NEFF recording ``target=`` (the compiler's) and ``lowered_for=`` (trace's frozen
+    platform). Both print neuronx-cc-style log lines.
+``ncc-error`` / ``ncc-error:NCC_EXXX000``
+    exit 70 with ``[NCC_EOOM001] ...`` (default code); on releases before 2.21 the bare form ``[OOM001]``.
+    trace raises ``RuntimeError("neuronx-cc failed with 70")``.
+``ncc-internal`` / ``ncc-internal:NCC_IXXX000``
+    exit 70 with ``[INTERNAL_ERROR] [NCC_INLA001] ...`` (default code); before 2.21 ``[NLA001]  Unhandled ...``.
+``bare-code`` / ``bare-code:XTP002``
+    exit 70 with ``[XTP002] neuronx-cc terminated abnormally ...`` (old-style code, any release).
 ``unsupported-op``
-    the compiler reports ``Unsupported operator`` without a code -> child exit 3.
+    trace raises ``NotImplementedError("Could not run 'aten::_fft_r2c' with arguments from the 'XLA'
+    backend ...")`` before any compiler runs (no code); neuronx-cc exits 70 with ``[NCC_EUOC002] An
+    unsupported operator was used ...``.
+``oom``
+    the compiler is SIGKILLed (the OOM killer): neuronx-cc's status is -9, trace raises
+    ``RuntimeError("neuronx-cc failed with -9")``.
 ``crash`` / ``segfault``
     trace: the calling process (the compile child) kills itself with SIGKILL / SIGSEGV -> child
-    returncode -9 / -11. neuronx-cc script: the compiler kills itself -> child exit 4 (COMPILER_KILLED).
+    returncode -9 / -11. neuronx-cc: the compiler kills itself -> status -9 / -11.
 ``slow:N``
     the compiler prints a progress line every 0.25 s for N seconds (float), then succeeds. For the
     runner's timeout and cancel tests: it runs as a grandchild in the child's process group.
 ``exit:N``
-    the compiler prints an internal error and exits N (``exit:70``: the intermittent failure).
+    the compiler prints the internal-error banner with no code and exits N: an unknown failure.
 ``missing-lib``
-    the compiler fails like a binary missing ``libxml2.so.2`` ("error while loading shared
-    libraries") -> infra.
+    the compiler fails like a binary missing ``libxml2.so.2`` ("error while loading shared libraries"),
+    exit 127.
+
+neuronx_distributed: ``parallel_model_trace`` runs one spawned process per rank (rank 0 binds the
+rendezvous port; a second concurrent run fails with "Address already in use"), honours
+``max_parallel_compilations``, needs a device, warns on 2.26 and raises from 2.27; ``trace.model_builder
+.ModelBuilder`` exists from 2.20 (``compiler_flag_hook`` from 2.26).
 
 Runner tests: ``env = neuron_double_env(behaviour="slow:30")`` and start the child with it.
 """
@@ -44,15 +80,32 @@ from pathlib import Path
 
 NEURON_DOUBLE_DIR = Path(__file__).resolve().parent / "neuron"
 BEHAVIOUR_ENV = "COMPILESVC_NEURON_DOUBLE_BEHAVIOUR"
+RELEASE_ENV = "COMPILESVC_NEURON_DOUBLE_RELEASE"
+DEVICES_ENV = "COMPILESVC_NEURON_DOUBLE_DEVICES"
+DEFAULT_SDK = "2.27.1"
 
 
 def _prepend(path: str, existing: str | None) -> str:
     return path if not existing else path + os.pathsep + existing
 
 
+def known_releases() -> tuple[str, ...]:
+    """The releases the double can emulate (``RELEASES`` of ``tests/doubles/neuron/_release.py``)."""
+    from tests.doubles.neuron._release import RELEASES  # a namespace package: importable, never on sys.path
+
+    return tuple(RELEASES)
+
+
 def neuron_double_env(base: Mapping[str, str] | None = None, *, behaviour: str | None = None,
-                      sdk: str | None = "2.20.0") -> dict[str, str]:
-    """A copy of ``base`` (default: os.environ) with the Neuron SDK double enabled (see the module doc)."""
+                      sdk: str | None = DEFAULT_SDK, installed: str | None = None,
+                      devices: int | None = None) -> dict[str, str]:
+    """A copy of ``base`` (default: os.environ) with the Neuron SDK double enabled (see the module doc).
+
+    ``sdk``: the release the worker claims (``COMPILESVC_NEURON_SDK``; None: unset). ``installed``: the
+    release the double emulates; default ``sdk`` when the double knows it, else the double's default (a
+    claim such as "2.20" that is not a release still needs installed packages). ``devices``: simulated
+    Neuron device count (None: leave it to the host's ``/dev/neuron*``).
+    """
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = _prepend(str(NEURON_DOUBLE_DIR), env.get("PYTHONPATH"))
     env["PATH"] = _prepend(str(NEURON_DOUBLE_DIR / "bin"), env.get("PATH"))
@@ -60,4 +113,9 @@ def neuron_double_env(base: Mapping[str, str] | None = None, *, behaviour: str |
         env[BEHAVIOUR_ENV] = behaviour
     if sdk is not None:
         env["COMPILESVC_NEURON_SDK"] = sdk
+    if installed is None:
+        installed = sdk if sdk in known_releases() else DEFAULT_SDK
+    env[RELEASE_ENV] = installed
+    if devices is not None:
+        env[DEVICES_ENV] = str(devices)
     return env

@@ -19,15 +19,36 @@ from typing import Any
 import pytest
 
 from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env
+from tests.doubles.neuron._release import RELEASES
 from tests.workers import DEMO_MODEL, PYTHON, REPO, make_request, run_child, text_inputs
+from workers.backends.neuron import child_environment_for
 from workers.classify import classify
 
 SDK = "2.20.0"
+INSTALLED = RELEASES[SDK]
 
 
 @pytest.fixture
-def env() -> dict[str, str]:
-    return neuron_double_env(sdk=SDK)
+def env(tmp_path: Path) -> dict[str, str]:
+    """A device-less host (no /dev/neuron* nodes), with the child environment the runner gives trn1 compiles."""
+    return {**neuron_double_env(sdk=SDK, devices=0), **child_environment_for("trn1"),
+            "COMPILESVC_NEURON_DEVICE_GLOB": str(tmp_path / "no-devices" / "neuron[0-9]*")}
+
+
+def _with_devices(env: dict[str, str], root: Path, count: int) -> dict[str, str]:
+    """``env`` on a host with ``count`` Neuron devices (device nodes the backend sees, and the double's own)."""
+    nodes = root / "dev"
+    nodes.mkdir(exist_ok=True)
+    for index in range(count):
+        (nodes / f"neuron{index}").touch()
+    return {**env, "COMPILESVC_NEURON_DEVICE_GLOB": str(nodes / "neuron[0-9]*"),
+            "COMPILESVC_NEURON_DOUBLE_DEVICES": str(count)}
+
+
+def _neff_metadata(run: Any) -> dict[str, str]:
+    """The double's NEFF records: the compiler's --target and the platform trace lowered for."""
+    neff = next((run.work_dir / "neuron").rglob("graph.neff"))
+    return dict(line.split("=", 1) for line in neff.read_text().splitlines() if "=" in line)
 
 
 @pytest.fixture(scope="module")
@@ -61,21 +82,23 @@ def _outcome(run: Any) -> Any:
 def test_trace_writes_a_loadable_module_and_streams_compiler_logs(tmp_path: Path, env: dict[str, str]) -> None:
     import torch
 
-    env = {**env, "NEURON_CC_FLAGS": "--cache_dir=s3://neuron-cache/cc --verbose=info",
-           "NEURON_COMPILE_CACHE_URL": "s3://neuron-cache/cc"}
+    env = {**env, "NEURON_CC_FLAGS": "--cache_dir=s3://neuron-cache/cc --verbose=info"}
     run = _trace(tmp_path, "ok", env, ["--auto-cast=none", "--model-type=transformer", "--target=inf2"])
     assert run.returncode == 0, run.describe()
     assert run.result["files"][0]["path"] == "model.pt"
     versions = run.result["versions"]
-    assert versions["torch_neuronx"] == "0.0.0+testdouble" and versions["neuronx_cc"] == "0.0.0.0+testdouble"
+    assert versions["torch_neuronx"].startswith(INSTALLED.torch_neuronx + "+")
+    assert versions["neuronx_cc"] == f"{INSTALLED.neuronx_cc}+{INSTALLED.build_hash}"
     assert versions["neuron_sdk"] == SDK and versions["target"] == "trn1" and versions["torch"] == torch.__version__
-    # The wrapper's cache settings are logged and stay in the environment, never in the compiler args.
+    # The wrapper's settings are logged and stay in the environment, never in the compiler args.
     assert "NEURON_CC_FLAGS='--cache_dir=s3://neuron-cache/cc --verbose=info'" in run.stdout
-    assert "NEURON_COMPILE_CACHE_URL='s3://neuron-cache/cc'" in run.stdout
     command = next(line for line in run.lines if "Call compiler with cmd:" in line)
     assert "--target trn1" in command and "--target=inf2" not in command and "s3://" not in command
     assert "--auto-cast=none --model-type=transformer" in command
-    assert "--retry_failed_compilation" in next(line for line in run.lines if "TEST DOUBLE 0.0.0" in line)
+    # No device on this host: trace lowers on the CPU backend, for the target frozen at the child's start.
+    assert "cpu_backend=True devices=0 NEURON_PLATFORM_TARGET_OVERRIDE=trn1" in run.stdout
+    assert "platform target frozen at import: trn1; cpu_backend=True" in run.stdout
+    assert _neff_metadata(run) == {"target": "trn1", "lowered_for": "trn1", "neuronx_cc": INSTALLED.neuronx_cc}
     assert "Compiler status PASS" in run.stdout  # the compiler's own output passes through
     assert (run.work_dir / "neuron").is_dir()
 
@@ -116,12 +139,39 @@ def test_trace_refuses_output_changing_neuron_cc_flags(tmp_path: Path, env: dict
 
 
 def test_trace_with_tp_degree_uses_the_parallel_tracer(tmp_path: Path, env: dict[str, str], scripted: str) -> None:
-    run = _trace(tmp_path, "tp", env, [], tp_degree=2, model_path=scripted, model_format="torchscript")
+    # parallel_model_trace's ranks need a device, and SDK 2.20 still supports it.
+    run = _trace(tmp_path, "tp", _with_devices(env, tmp_path, 2), [], tp_degree=2, model_path=scripted,
+                 model_format="torchscript")
     assert run.returncode == 0, run.describe()
     files = run.result["files"]
     assert [(f["path"], f["role"], f["rank"]) for f in files] == [("model/tp_0.pt", "model-shard", 0),
                                                                    ("model/tp_1.pt", "model-shard", 1)]
     assert sum("tracing rank" in line for line in run.lines) == 2
+
+
+def test_trace_on_a_host_with_a_device_does_not_use_the_cpu_backend(tmp_path: Path, env: dict[str, str],
+                                                                    scripted: str) -> None:
+    run = _trace(tmp_path, "device", _with_devices(env, tmp_path, 1), [], model_path=scripted,
+                 model_format="torchscript")
+    assert run.returncode == 0, run.describe()
+    assert "cpu_backend=False devices=1" in run.stdout
+    assert "platform target frozen at import: trn1; cpu_backend=False" in run.stdout
+    assert _neff_metadata(run)["lowered_for"] == "trn1"
+
+
+def test_trace_lowers_for_the_requested_target_not_a_stale_override(tmp_path: Path, env: dict[str, str],
+                                                                    scripted: str) -> None:
+    """The target is frozen when torch_neuronx is imported: the child fixes it first, so inf2 never leaks in."""
+    run = _trace(tmp_path, "stale", {**env, "NEURON_PLATFORM_TARGET_OVERRIDE": "inf2"}, [], model_path=scripted,
+                 model_format="torchscript")
+    assert run.returncode == 0, run.describe()
+    assert "platform target frozen at import: trn1" in run.stdout
+    assert _neff_metadata(run) == {"target": "trn1", "lowered_for": "trn1", "neuronx_cc": INSTALLED.neuronx_cc}
+
+
+def test_the_runner_gives_neuron_children_their_target_from_process_start() -> None:
+    assert child_environment_for("trn2") == {"NEURON_PLATFORM_TARGET_OVERRIDE": "trn2"}
+    assert child_environment_for("cpu") == {}
 
 
 def test_trace_on_a_host_with_another_sdk_release_is_infrastructure(tmp_path: Path) -> None:
@@ -157,7 +207,7 @@ def test_neuronx_cc_on_hlo(tmp_path: Path, env: dict[str, str], hlo: Path, behav
     if status == "ok":
         assert (run.out_dir / "model.neff").read_bytes().startswith(b"NEFF\0TESTDOUBLE")
         assert run.result["files"][0]["path"] == "model.neff"
-        assert run.result["versions"]["neuronx_cc"] == "0.0.0.0+testdouble"
+        assert run.result["versions"]["neuronx_cc"] == f"{INSTALLED.neuronx_cc}+{INSTALLED.build_hash}"
         assert "Compiler status PASS" in run.stdout
     if behaviour == "crash":
         assert "SIGKILL" in run.result["message"]
@@ -222,8 +272,8 @@ def test_capabilities_with_the_neuron_double(env: dict[str, str]) -> None:
     assert caps["sdk"] == {"cpu": "2.13.0", "inf2": SDK, "trn1": SDK, "trn2": SDK}
     assert caps["backends"]["cpu"] == ["aotinductor", "torchscript"]
     assert caps["backends"]["trn1"] == ["neuronx-cc", "trace"]
-    assert caps["versions"]["torch_neuronx"] == "0.0.0+testdouble"
-    assert caps["versions"]["neuronx_cc"] == "0.0.0.0+testdouble"
+    assert caps["versions"]["torch_neuronx"] == f"{INSTALLED.torch_neuronx}+{INSTALLED.build_hash}"
+    assert caps["versions"]["neuronx_cc"] == f"{INSTALLED.neuronx_cc}+{INSTALLED.build_hash}"
     assert caps["neuron"]["release"] == SDK
     assert caps["neuron"]["neuronx_cc_path"] == str(NEURON_DOUBLE_DIR / "bin" / "neuronx-cc")
     assert f"compile.cpu.2.13.0.{caps['isa']}" in caps["queues"] and f"compile.trn2.{SDK}" in caps["queues"]

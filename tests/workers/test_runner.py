@@ -45,8 +45,9 @@ WORKER = "runner-test@host"
 
 @pytest.fixture
 def services(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Services]:
-    for name in ("PYTHONPATH", "PATH", "COMPILESVC_NEURON_SDK"):  # the compile child finds the double
-        monkeypatch.setenv(name, neuron_double_env()[name])
+    double = neuron_double_env(sdk="2.20.0")  # the release submit()'s specs name
+    for name in ("PYTHONPATH", "PATH", "COMPILESVC_NEURON_SDK", "COMPILESVC_NEURON_DOUBLE_RELEASE"):
+        monkeypatch.setenv(name, double[name])  # the compile child finds the double
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # this test's own work root
     (tmp_path / "tmp").mkdir()
     services = Services.from_settings(Settings(

@@ -15,13 +15,20 @@ the compiler's output is passed through and read for its error codes, and which 
   neuronx-cc has no tensor-parallel option: an HLO module is one rank's program, so ``tp_degree`` changes
   nothing in the command (it is in the key, and logged).
 
-Environment: ``NEURON_CC_FLAGS`` and ``NEURON_COMPILE_CACHE_URL`` (which may be ``s3://``) are the worker's
-cache settings; they stay in the environment, are logged, and never go into the compiler args. For
-``trace`` the child refuses a ``NEURON_CC_FLAGS`` carrying flags that change compiler output (they would
-change artifacts without changing keys) and adds ``--retry_failed_compilation``: the wrapper's cache keeps
-failed compiles, so without it a retry after an infrastructure failure would replay the cached failure.
-``NEURON_PLATFORM_TARGET_OVERRIDE`` is set to the request's target so the wrapper cross-compiles for it on
-any host. ``COMPILESVC_NEURON_SDK`` (see :mod:`workers.versions`), when set, must match the request's sdk.
+Hosts without a Neuron device (compiling needs the SDK, not the chip): :func:`neuron_devices` looks for
+``/dev/neuron*``; with none, trace gets ``cpu_backend=True`` and ``--target <target>`` in its compiler args
+(trace API reference; optimum-neuron PR #961), otherwise it fails in the PJRT client ("num_devices > 0",
+aws-neuron-sdk#902/#910). ``NEURON_PLATFORM_TARGET_OVERRIDE`` is read once, when the Neuron libraries are
+imported (optimum-neuron #961/#988), so the runner puts the request's target in the compile child's
+environment at process start (:func:`child_environment_for`); the child checks it before importing
+torch_neuronx and refuses a disagreeing value.
+
+``NEURON_CC_FLAGS`` is read by the torch-neuronx wrapper, not by the ``neuronx-cc`` CLI. The persistent
+compile cache it and ``NEURON_COMPILE_CACHE_URL`` configure belongs to the lazy-tensor path; the SDK's
+caching doc says it does not apply to ``torch_neuronx.trace``, so it is not a cache of our compiles. For
+``trace`` the child still refuses a ``NEURON_CC_FLAGS`` carrying flags that change compiler output (they
+would change artifacts without changing keys). ``COMPILESVC_NEURON_SDK`` (see :mod:`workers.versions`), when
+set, must match the request's sdk.
 
 Nothing here imports torch or the SDK at module level: the hlo path needs neither.
 """
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import os
 import re
 import shlex
@@ -67,6 +75,12 @@ from workers.versions import (
 TAIL_LINES = 400
 #: The compiler's own log file (neuronx-cc writes it in its working directory).
 COMPILER_LOG_NAME = "log-neuron-cc.txt"
+#: Neuron device nodes (the driver creates /dev/neuron0 … per device).
+DEVICE_GLOB = "/dev/neuron[0-9]*"
+DEVICE_GLOB_ENV = "COMPILESVC_NEURON_DEVICE_GLOB"
+#: The SDK's platform target override (read once, when the Neuron libraries are imported).
+PLATFORM_OVERRIDE_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
+NEURON_TARGETS = frozenset({"inf2", "trn1", "trn1n", "trn2"})
 
 _EXIT_STATUS_RE = re.compile(r"(?:failed with|exit(?:ed)?(?: with)?(?: status| code)?)\s*:?\s*(-?\d+)", re.IGNORECASE)
 
@@ -81,24 +95,46 @@ def _check_sdk(request: CompileRequest) -> str | None:
     return host
 
 
-def _cache_environment(for_trace: bool) -> None:
-    """Log the wrapper's cache settings; for trace, refuse output-changing flags and add retry."""
+def _check_neuron_cc_flags(for_trace: bool) -> None:
+    """Log NEURON_CC_FLAGS; for trace (where the wrapper reads it), refuse flags that change output."""
     raw = os.environ.get("NEURON_CC_FLAGS", "")
-    log(f"NEURON_CC_FLAGS={raw!r} NEURON_COMPILE_CACHE_URL={os.environ.get('NEURON_COMPILE_CACHE_URL')!r}")
+    log(f"NEURON_CC_FLAGS={raw!r}")
     if not for_trace:
-        return  # only torch_neuronx reads them; the hlo path runs neuronx-cc itself
+        return  # only torch_neuronx reads it; the hlo path runs neuronx-cc itself
     try:
         affecting = canonical_flags([raw])  # drops cache/log/verbosity flags: what is left changes output
-        tokens = shlex.split(raw)
     except (FlagError, ValueError) as exc:
         raise InfraError("WORKER_MISCONFIGURED", f"NEURON_CC_FLAGS cannot be parsed: {exc}") from exc
     if affecting:
         raise InfraError("WORKER_MISCONFIGURED", f"NEURON_CC_FLAGS on this worker holds flags that change the "
                                                  f"compiler's output ({' '.join(affecting)}); they belong in "
                                                  f"the spec's compiler.args, where the key sees them")
-    if "--retry_failed_compilation" not in tokens:
-        os.environ["NEURON_CC_FLAGS"] = shlex.join([*tokens, "--retry_failed_compilation"])
-        log("added --retry_failed_compilation to NEURON_CC_FLAGS (a retry must not replay a cached failure)")
+
+
+def neuron_devices() -> list[str]:
+    """This host's Neuron device nodes (``/dev/neuron0`` …): where there are none, trace runs on the CPU
+    backend. ``COMPILESVC_NEURON_DEVICE_GLOB`` replaces the pattern, for tests only."""
+    return sorted(glob.glob(os.environ.get(DEVICE_GLOB_ENV) or DEVICE_GLOB))
+
+
+def child_environment_for(target: str) -> dict[str, str]:
+    """What a compile child for ``target`` needs in its environment from process start (see the module doc)."""
+    return {PLATFORM_OVERRIDE_ENV: target} if target in NEURON_TARGETS else {}
+
+
+def _freeze_platform_target(target: str) -> None:
+    """Make sure the Neuron libraries will see (or saw) ``target`` as the platform when they are imported."""
+    current = os.environ.get(PLATFORM_OVERRIDE_ENV)
+    if current == target:
+        return
+    if "torch_neuronx" in sys.modules or "libneuronxla" in sys.modules:
+        raise InfraError("WORKER_MISCONFIGURED", f"{PLATFORM_OVERRIDE_ENV}={current!r} when the Neuron libraries "
+                                                 f"were imported; this compile needs {target!r} (the value is "
+                                                 f"read once, at import)")
+    if current:
+        log(f"{PLATFORM_OVERRIDE_ENV}={current!r} in this child's environment, but the request's target is "
+            f"{target}: using {target}")
+    os.environ[PLATFORM_OVERRIDE_ENV] = target  # before any Neuron import in this process
 
 
 def _compiler_args(request: CompileRequest) -> list[str]:
@@ -223,7 +259,8 @@ class TraceBackend(Backend):
 
     def compile(self, request: CompileRequest) -> CompileResult:
         host_sdk = _check_sdk(request)
-        _cache_environment(for_trace=True)
+        _check_neuron_cc_flags(for_trace=True)
+        _freeze_platform_target(request.target)
         try:
             import torch
             import torch_neuronx
@@ -244,8 +281,11 @@ class TraceBackend(Backend):
         workdir = request.work_dir / "neuron"
         workdir.mkdir(parents=True, exist_ok=True)
         args = [*_compiler_args(request), "--target", request.target]
-        os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = request.target
-        log(f"torch_neuronx.trace compiler_workdir={workdir} compiler_args={args} tp_degree={request.tp_degree}")
+        devices = neuron_devices()
+        cpu_backend = not devices  # no device: the PJRT client cannot start, trace must lower on the CPU
+        log(f"torch_neuronx.trace compiler_workdir={workdir} compiler_args={args} tp_degree={request.tp_degree} "
+            f"cpu_backend={cpu_backend} devices={len(devices)} "
+            f"{PLATFORM_OVERRIDE_ENV}={os.environ.get(PLATFORM_OVERRIDE_ENV)}")
 
         t0 = time.monotonic()
         files: list[ArtifactFile]
@@ -254,7 +294,7 @@ class TraceBackend(Backend):
             try:
                 with tee:
                     traced = torch_neuronx.trace(model, tensors, compiler_workdir=str(workdir),
-                                                 compiler_args=args)
+                                                 compiler_args=args, cpu_backend=cpu_backend)
             except Exception as exc:
                 _raise_for_trace_failure(exc, [*tee.lines, *str(exc).splitlines(), *_read_compiler_logs(workdir)])
             torch.jit.save(traced, str(request.out_dir / "model.pt"))
@@ -307,7 +347,7 @@ class NeuronxCcBackend(Backend):
 
     def compile(self, request: CompileRequest) -> CompileResult:
         host_sdk = _check_sdk(request)
-        _cache_environment(for_trace=False)
+        _check_neuron_cc_flags(for_trace=False)
         executable = neuronx_cc_executable()
         if executable is None:
             raise InfraError("NEURONX_CC_MISSING", "neuronx-cc is not on this worker's PATH")

@@ -1,0 +1,131 @@
+"""TEST DOUBLE support: which Neuron SDK release the double emulates, and that release's package versions.
+
+Not part of the real SDK (the real packages carry no such module). Everything release-dependent in the
+double (version strings, error-code style, which NxD APIs exist) is read from here, and tests import the
+table to know what to expect: ``from tests.doubles.neuron._release import RELEASES``.
+
+The emulated *installed* release is ``COMPILESVC_NEURON_DOUBLE_RELEASE`` (default :data:`DEFAULT_RELEASE`),
+read when asked (not at import), so a test can emulate a host whose packages are another release than the
+one ``COMPILESVC_NEURON_SDK`` claims. Standard library only: bin/neuronx-cc imports it too.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from dataclasses import dataclass
+
+RELEASE_ENV = "COMPILESVC_NEURON_DOUBLE_RELEASE"
+#: Simulated Neuron device count; unset: real ``/dev/neuron*`` nodes decide (see :func:`device_count`).
+DEVICES_ENV = "COMPILESVC_NEURON_DOUBLE_DEVICES"
+#: The platform a host *with* devices auto-detects (the real SDK reads the instance type); default trn1.
+PLATFORM_ENV = "COMPILESVC_NEURON_DOUBLE_PLATFORM"
+BEHAVIOUR_ENV = "COMPILESVC_NEURON_DOUBLE_BEHAVIOUR"
+#: Rendezvous port parallel_model_trace hard-codes (2022, see neuronx_distributed/trace); tests may move it.
+PMT_PORT_ENV = "COMPILESVC_NEURON_DOUBLE_PMT_PORT"
+DEFAULT_RELEASE = "2.27.1"
+TARGETS = ("inf2", "trn1", "trn1n", "trn2")
+
+
+@dataclass(frozen=True)
+class Release:
+    """Exact package versions of one SDK release, as the release manifest lists them."""
+
+    release: str
+    neuronx_cc: str
+    torch_neuronx: str
+    neuronx_distributed: str
+    runtime: str  # aws-neuronx-runtime-lib
+    python: str  # the DLC image's Python (REFERENCE.md: <= 2.25 py310, 2.26.1 py311, 2.27.1 py312)
+
+    @property
+    def tuple(self) -> tuple[int, ...]:
+        return tuple(int(part) for part in self.release.split("."))
+
+    @property
+    def build_hash(self) -> str:
+        """The ``+<hash>`` suffix of installed versions. The manifest has no hashes: the double derives one."""
+        return hashlib.sha1(self.neuronx_cc.encode()).hexdigest()[:8]
+
+
+# Source: aws-neuron/aws-neuron-sdk src/helperscripts/n2-manifest.json (manifest_version 2.32.0, commit
+# 81ce03ae), "neuron_releases" entries for neuronx-cc, torch-neuronx, neuronx_distributed,
+# aws-neuronx-runtime-lib. Where a release ships several torch-neuronx builds, the newest torch line is
+# taken. 2.27.0/2.27.1 ship identical packages (as do 2.24.0/2.24.1): a release label is not a toolchain.
+RELEASES: dict[str, Release] = {r.release: r for r in (
+    Release("2.19.0", "2.14.213.0", "2.1.2.2.2.0", "0.8.0", "2.21.41.0", "3.10"),
+    Release("2.20.0", "2.15.128.0", "2.1.2.2.3.0", "0.9.0", "2.22.14.0", "3.10"),
+    Release("2.25.0", "2.20.9961.0", "2.7.0.2.9.9357", "0.14.18461", "2.27.23.0", "3.10"),
+    Release("2.26.0", "2.21.18209.0", "2.8.0.2.10.13553", "0.15.22404", "2.28.23.0", "3.11"),
+    Release("2.26.1", "2.21.33363.0", "2.8.0.2.10.16998", "0.15.22404", "2.28.23.0", "3.11"),
+    Release("2.27.0", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12"),
+    Release("2.27.1", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12"),
+    Release("2.28.0", "2.23.6484.0", "2.9.0.2.12.22436", "0.17.26814", "2.30.51.0", "3.12"),
+)}
+
+# Release-dependent behaviour, each with its source:
+#: Compilers before this release print bare codes (``[NLA001]``, ``[XTP002]``, ``[TEN404]``, ``[F134]``):
+#: aws-neuron-sdk#948 shows ``[NLA001]`` from neuronx-cc 2.14.227 (SDK 2.19.1); ``NCC_``-prefixed codes are
+#: seen from neuronx-cc 2.24 (aws-neuron-sdk#1314, SDK 2.29) and in the 2.27 error-code docs. Releases in
+#: between are unverified: the double draws the line at 2.21.0 (the first 2.2x compiler line, 2.16.x).
+NCC_CODES_SINCE = (2, 21, 0)
+#: neuronx_distributed.trace.model_builder first ships with the SDK 2.20.0 release of neuronx-distributed
+#: (aws-neuron/neuronx-distributed commit 4f95471 "Neuron SDK Release 2.20.0" adds model_builder.py).
+MODEL_BUILDER_SINCE = (2, 20, 0)
+#: ModelBuilder(compiler_flag_hook=...) is new in 2.26.0 (release-notes/prev/2.26.0/nxd-core.rst).
+COMPILER_FLAG_HOOK_SINCE = (2, 26, 0)
+#: parallel_model_trace: 2.26.0 is the last release supporting it (announce-deprecation-nxd-path-trace-api),
+#: unsupported from 2.27 (announcement-end-of-support-parallel-model-trace.rst).
+PMT_DEPRECATED_SINCE = (2, 26, 0)
+PMT_UNSUPPORTED_SINCE = (2, 27, 0)
+
+
+def current() -> Release:
+    """The emulated installed release (``COMPILESVC_NEURON_DOUBLE_RELEASE``); unknown labels are a test bug."""
+    label = os.environ.get(RELEASE_ENV, "").strip() or DEFAULT_RELEASE
+    try:
+        return RELEASES[label]
+    except KeyError:
+        raise RuntimeError(f"Neuron TEST DOUBLE: {RELEASE_ENV}={label!r} is not a release the double knows "
+                           f"({', '.join(RELEASES)}); see tests/doubles/neuron/_release.py") from None
+
+
+def device_count() -> int:
+    """Neuron devices on this host: ``/dev/neuron*`` nodes (how the runtime finds them), unless the test
+    override ``COMPILESVC_NEURON_DOUBLE_DEVICES`` says otherwise."""
+    override = os.environ.get(DEVICES_ENV, "").strip()
+    if override:
+        return int(override)
+    return len(glob.glob("/dev/neuron[0-9]*"))
+
+
+def detected_platform() -> str | None:
+    """The platform target the SDK would pick now: the override, else the host's own (needs a device)."""
+    override = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "").strip()
+    if override:
+        return override
+    if device_count() > 0:
+        return os.environ.get(PLATFORM_ENV, "").strip() or "trn1"
+    return None
+
+
+def behaviour_from(args: list[str]) -> str:
+    """The test channel: ``--double-behaviour=<b>`` / ``--double-behaviour <b>`` wins over the variable."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--double-behaviour="):
+            return arg.partition("=")[2]
+        if arg == "--double-behaviour" and i + 1 < len(args):
+            return args[i + 1]
+    return os.environ.get(BEHAVIOUR_ENV) or "ok"
+
+
+def coded(code: str, release: Release) -> str:
+    """How ``code`` (``NCC_E…``/``NCC_I…`` or bare) is printed by ``release``'s compiler.
+
+    New compilers: ``NCC_`` + E (user-facing) / I (internal) + component + number; old ones print the
+    component + number alone (NCC_INLA001 <-> NLA001, NCC_ITEN404 <-> TEN404: #948 vs #1314).
+    """
+    if release.tuple >= NCC_CODES_SINCE or not code.startswith("NCC_"):
+        return code
+    return code[5:]

@@ -1,0 +1,143 @@
+"""TEST DOUBLE of ``neuronx_distributed.trace.model_builder`` (NxD's ModelBuilder). Not the real SDK.
+
+Signatures from aws-neuron/neuronx-distributed src/neuronx_distributed/trace/model_builder.py (release
+2.29): ``BaseModelInstance(module_cls, input_output_aliases)``; ``ModelBuilder(router, tp_degree,
+checkpoint_loader, ..., compiler_workdir=None, ..., logical_nc_config=1, ..., compiler_flag_hook=None)``;
+``add(key, model_instance, example_inputs, compiler_args=None, bucket_config=None, priority_model_idx=None)``
+returning the builder; ``trace(initialize_model_weights=True, dry_run=False, disable_fail_fast=False)``
+returning one TorchScript module (save it with ``torch.jit.save``); ``shard_checkpoint(serialize_path)``
+writing ``tp<rank>_sharded_checkpoint.safetensors`` per rank. Behaviour mirrored:
+
+- tracing happens in this one process with a mocked process group (no rank processes, no rendezvous
+  port), and each (key, bucket) is compiled once for all ranks;
+- compiler flags get the defaults of ``append_default_compiler_flags`` (``--auto-cast=none``, ``-O1``,
+  ``--verbose=35`` when absent), then ``compiler_flag_hook(key, container, bucket_rank, flags)`` (2.26+);
+- the platform target comes from ``--target`` in the flags, else the one frozen at import; no device is
+  needed (aws-neuron-sdk#1303 cross-compiles NxD models with NEURON_PLATFORM_TARGET_OVERRIDE and no device).
+
+Double limits: one key with one bucket per builder; weights are not sharded (each rank file holds the
+whole checkpoint); the returned module is the traced model itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch_neuronx
+from _release import COMPILER_FLAG_HOOK_SINCE, MODEL_BUILDER_SINCE, current
+
+if current().tuple < MODEL_BUILDER_SINCE:  # the module does not exist in older neuronx-distributed
+    raise ModuleNotFoundError("No module named 'neuronx_distributed.trace.model_builder'")
+
+
+def append_default_compiler_flags(compiler_args: str | None = "") -> str:
+    """The real defaults (model_builder.py ``append_default_compiler_flags``)."""
+    if not compiler_args:
+        compiler_args = "--enable-saturate-infinity --auto-cast=none --model-type=transformer -O1"
+    if "--auto-cast" not in compiler_args:
+        compiler_args += " --auto-cast=none "
+    if not re.search(r"-O\d+", compiler_args):
+        compiler_args += " -O1 "
+    if "--verbose" not in compiler_args:
+        compiler_args += " --verbose=35"
+    return compiler_args
+
+
+class BaseModelInstance:
+    def __init__(self, module_cls: Callable[[], torch.nn.Module], input_output_aliases: dict[Any, Any]):
+        self.module_cls = module_cls
+        self.module: torch.nn.Module | None = None
+        self.input_output_aliases = [input_output_aliases]
+
+    def load_module(self) -> None:
+        self.module = self.module_cls()
+
+    def get(self, bucket_rank: int, **kwargs: Any) -> tuple[torch.nn.Module | None, dict[Any, Any]]:
+        return self.module, self.input_output_aliases[0]
+
+
+class ModelContainer:
+    def __init__(self, model_instance: BaseModelInstance, example_inputs: list[tuple[torch.Tensor, ...]],
+                 compiler_args: str, bucket_config: Any, priority_model_idx: int | None):
+        self.model_instance = model_instance
+        self.example_inputs = example_inputs
+        self.compiler_args = compiler_args
+        self.bucket_config = bucket_config
+        self.priority_model_idx = priority_model_idx
+
+
+class ModelBuilder:
+    def __init__(self, router: Any, tp_degree: int, checkpoint_loader: Callable[[], dict[str, torch.Tensor]],
+                 start_rank_id: int = 0, pp_degree: int = 1, ep_degree: int = 1, local_ranks_size: int | None = None,
+                 world_size: int | None = None, compiler_workdir: str | None = None,
+                 master_proc_env_vars: dict[str, str] | None = None, debug: bool = False, num_cores_per_group: int = 1,
+                 init_custom_process_group_fn: Callable[[], None] | None = None, logical_nc_config: int = 1,
+                 weights_to_skip_layout_optimization: set[str] | None = None,
+                 compiler_flag_hook: Callable[..., str] | None = None):
+        if compiler_flag_hook is not None and current().tuple < COMPILER_FLAG_HOOK_SINCE:
+            raise TypeError("ModelBuilder.__init__() got an unexpected keyword argument 'compiler_flag_hook'")
+        if world_size is None:
+            world_size = tp_degree * pp_degree * ep_degree
+        elif local_ranks_size is None:
+            raise ValueError("`world_size` is specified, but `local_ranks_size` is None. Cannot determine "
+                             "local_ranks_size.")
+        self.router = router
+        self.tp_degree = tp_degree
+        self.world_size = world_size
+        self.start_rank_id = start_rank_id
+        self.local_ranks_size = local_ranks_size if local_ranks_size is not None else world_size
+        self.checkpoint_loader = checkpoint_loader
+        self.compiler_workdir = compiler_workdir or "/tmp/nxd_model/"
+        self.master_proc_env_vars = master_proc_env_vars
+        self.logical_nc_config = logical_nc_config
+        self.compiler_flag_hook = compiler_flag_hook
+        self.model_collection: dict[str, ModelContainer] = {}
+
+    def add(self, key: str, model_instance: BaseModelInstance, example_inputs: list[tuple[torch.Tensor, ...]],
+            compiler_args: str | None = None, bucket_config: Any = None,
+            priority_model_idx: int | None = None) -> ModelBuilder:
+        self.model_collection[key] = ModelContainer(model_instance, example_inputs,
+                                                    append_default_compiler_flags(compiler_args), bucket_config,
+                                                    priority_model_idx)
+        return self
+
+    def trace(self, initialize_model_weights: bool = True, dry_run: bool = False,
+              disable_fail_fast: bool = False) -> Any:
+        if self.master_proc_env_vars:
+            os.environ.update(self.master_proc_env_vars)
+        buckets = [(key, c, i) for key, c in self.model_collection.items() for i in range(len(c.example_inputs))]
+        if len(buckets) != 1:
+            raise NotImplementedError("TEST DOUBLE: ModelBuilder supports exactly one key with one bucket")
+        key, container, bucket_rank = buckets[0]
+        container.model_instance.load_module()
+        model, _aliases = container.model_instance.get(bucket_rank)
+        flags = container.compiler_args
+        if self.compiler_flag_hook is not None:
+            flags = self.compiler_flag_hook(key, container, bucket_rank, flags)
+        args = shlex.split(flags)
+        target = torch_neuronx._target_arg(args) or torch_neuronx.PLATFORM_TARGET
+        if target is None:
+            raise RuntimeError(torch_neuronx.CPU_TARGET_ERROR)
+        print(f"[neuronx_distributed TEST DOUBLE] ModelBuilder tracing {key} bucket {bucket_rank} for "
+              f"tp_degree={self.tp_degree} world_size={self.world_size} target={target}", flush=True)
+        workdir = Path(self.compiler_workdir) / key / f"_tp0_bk{bucket_rank}"
+        return torch_neuronx._trace(model, container.example_inputs[bucket_rank], workdir, args, target)
+
+    def shard_checkpoint(self, serialize_path: str | None = None) -> list[dict[str, torch.Tensor]]:
+        checkpoint = self.checkpoint_loader()
+        shards = []
+        for rank in range(self.start_rank_id, self.start_rank_id + self.local_ranks_size):
+            shard = {name: tensor.contiguous() for name, tensor in checkpoint.items()}
+            if serialize_path is not None:
+                from safetensors.torch import save_file  # the real module imports it at the top
+
+                Path(serialize_path).mkdir(parents=True, exist_ok=True)
+                save_file(shard, os.path.join(serialize_path, f"tp{rank}_sharded_checkpoint.safetensors"))
+            shards.append(shard)
+        return shards
