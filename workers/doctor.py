@@ -317,7 +317,8 @@ def load_check(root: Path, trace: Check, trace_request: dict[str, Any], devices:
     run = run_process([sys.executable, "-m", "workers.load_check", str(model), str(inputs)], inputs.parent,
                       child_environment(target), inputs.parent / "load.log", timeout)
     seconds = round(run.seconds, 1)
-    done = next((line.split("] ", 1)[1] for line in run.tail if line.startswith("[load-check] ok")), None)
+    done = next((line.removeprefix("[load-check] ok: ") for line in run.tail if line.startswith("[load-check] ok")),
+                None)
     if run.returncode == 0 and done:
         return Check("load", PASS, f"model.pt on {len(devices)} Neuron device(s): {done}", seconds)
     why = "timed out" if run.timed_out else f"exited {run.returncode}"
@@ -353,6 +354,8 @@ def render_text(report: dict[str, Any]) -> str:
             lines += [f"    {line}" for line in check["output_tail"]]
     if report["work_dir"]:
         lines += ["", f"work dirs kept in {report['work_dir']}"]
+    elif failed:
+        lines += ["", "the work dirs named above are gone: run again with --keep DIR to keep them"]
     return "\n".join(lines)
 
 
@@ -362,8 +365,6 @@ def work_root(keep: Path | None) -> Iterator[Path]:
         with tempfile.TemporaryDirectory(prefix="compilesvc-doctor-") as tmp:
             yield Path(tmp)
         return
-    if keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
-        raise BadInput(f"--keep {keep}: must be a new or empty directory (earlier results would mix with these)")
     keep.mkdir(parents=True, exist_ok=True)
     yield keep.resolve()
 
@@ -393,6 +394,8 @@ def doctor(target: str | None, as_json: bool, keep: Path | None, flags: tuple[st
 
     Exit status: 0 every check passed or was skipped; 1 a check failed; 2 bad usage.
     """
+    if keep is not None and keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
+        raise BadInput(f"--keep {keep}: must be a new or empty directory (earlier results would mix with these)")
     target_source = "--target"
     if target is None:
         target, target_source = default_target()
