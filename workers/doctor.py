@@ -48,6 +48,7 @@ from compilesvc.hostinfo import host_isa, instance_type
 from compilesvc.spec import NEURON_TARGETS, parse_spec
 from workers.backends.neuron import child_environment_for, neuron_devices
 from workers.classify import classify
+from workers.compile_child import RESULT_NAME
 from workers.versions import (
     NEURON_SDK_ENV,
     dist_version,
@@ -226,8 +227,6 @@ def compile_child(name: str, root: Path, request: dict[str, Any], timeout: float
 
 def judged(name: str, run: ChildRun, request: dict[str, Any], success: Callable[[dict[str, Any]], str]) -> Check:
     """The check's verdict from the child's exit, result.json and output, as the runner classifies it."""
-    from workers.runner import RESULT_NAME
-
     try:
         result = json.loads((Path(request["work_dir"]) / RESULT_NAME).read_text())
     except (OSError, ValueError):

@@ -159,13 +159,17 @@ def test_a_compile_error_fails_with_its_class_code_and_the_compiler_output(env: 
 def test_no_neuronx_cc_on_path_is_a_clear_failure(env: dict[str, str], tmp_path: Path) -> None:
     double_bin = str(NEURON_DOUBLE_DIR / "bin")
     path = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != double_bin)
-    run = doctor({**env, "PATH": path}, tmp_path, "--json")
+    unconfigured = {k: v for k, v in env.items() if k != "COMPILESVC_NEURON_SDK"}
+    run = doctor({**unconfigured, "PATH": path}, tmp_path, "--json")
     assert run.returncode == 1, run.stdout + run.stderr
     report: dict[str, Any] = json.loads(run.stdout)
     checks = {c["name"]: c for c in report["checks"]}
     assert report["status"] == "fail" and report["host"]["neuronx_cc_path"] is None
     assert checks["toolchain"]["status"] == "FAIL"
     assert checks["toolchain"]["detail"].startswith("neuronx-cc is not on PATH")
+    assert checks["release"]["status"] == "SKIP"
+    assert checks["release"]["detail"].startswith("COMPILESVC_NEURON_SDK is not set: a worker on this host will offer "
+                                                  "no Neuron targets")
     compile_check = checks["neuronx-cc"]
     assert (compile_check["status"], compile_check["error_class"], compile_check["code"]) == (
         "FAIL", "infra", "NEURONX_CC_MISSING")
