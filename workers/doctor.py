@@ -61,7 +61,8 @@ from workers.versions import (
 )
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Exit status (2, bad usage, is click's UsageError via compilesvc.cli).
+EXIT_OK, EXIT_FAILED = 0, 1
 #: Compiler output lines shown under a FAIL.
 TAIL_LINES = 20
 #: Seconds one compile may take (a tiny model compiles in well under a minute on a real host).
