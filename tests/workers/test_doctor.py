@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ import pytest
 
 from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env
 from tests.doubles.neuron._release import RELEASES
-from tests.workers import REPO
 
 SDK = "2.27.1"
 INSTALLED = RELEASES[SDK]
@@ -31,30 +29,11 @@ CLI = Path(sys.executable).with_name("compilesvc")
 CHECK_LINE_RE = re.compile(r"^(PASS|FAIL|SKIP)  (\S+)\s+(.*)  \[(\d+\.\d) s\]$")
 
 
-def _declared_entry_points(root: Path) -> Path:
-    """A ``compilesvc`` dist-info under ``root`` with the entry points pyproject.toml declares.
-
-    The venv's editable install wrote its entry points when it was installed, so a command registered since
-    would be missing until ``pip install -e .`` runs again; this checks the registration as declared (a
-    dist-info earlier on sys.path wins over the installed one: importlib.metadata keeps the first per name).
-    """
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    dist = root / f"compilesvc-{project['version']}.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: compilesvc\nVersion: {project['version']}\n")
-    groups = {"console_scripts": project["scripts"], **project["entry-points"]}
-    (dist / "entry_points.txt").write_text("".join(
-        f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in entries.items()) + "\n"
-        for group, entries in groups.items()))
-    return root
-
-
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """A device-less host with the Neuron double installed and SDK 2.27.1 configured, no other settings."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("COMPILESVC_")}
     env = neuron_double_env(base, sdk=SDK, devices=0)
-    env["PYTHONPATH"] = f"{_declared_entry_points(tmp_path / 'metadata')}{os.pathsep}{env['PYTHONPATH']}"
     env["COMPILESVC_NEURON_DEVICE_GLOB"] = str(tmp_path / "no-devices" / "neuron[0-9]*")
     return env
 
