@@ -226,7 +226,7 @@ class ArtifactFile:
     """One file a backend wrote under ``out_dir``; ``extra`` holds role-specific fields (e.g. ``rank``)."""
 
     path: str  # relative to out_dir, with "/" separators
-    role: str  # "model" for the loadable artifact; "model-shard" for one tensor-parallel rank
+    role: str  # "model" (loadable); "model-shard" / "weights-shard": one tensor-parallel rank (docs/api.md)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
