@@ -141,7 +141,8 @@ def _model_builder_trace(request: CompileRequest, model: Any, tensors: tuple[Any
             log(f"this ModelBuilder takes no logical NC config: --logical-nc-config={lnc} reaches the compiler only")
     weights_dir = request.out_dir / WEIGHTS_DIR
     log(f"ModelBuilder(tp_degree={request.tp_degree}, {', '.join(f'{k}={v}' for k, v in options.items())}); "
-        f"one compiler run for all ranks")
+        f"one compiler run for all ranks (max_parallel_rank_compiles={request.max_parallel_rank_compiles} has "
+        f"nothing to bound)")
 
     builder = ModelBuilder(router=None, tp_degree=request.tp_degree,
                            checkpoint_loader=lambda: dict(model.state_dict()), **options)
