@@ -21,6 +21,29 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from compilesvc.neuronx_cc_options import parse_extra_flags
 from compilesvc.spec import DEFAULT_MAX_ELEMENTS_PER_BUCKET, DEFAULT_MAX_ELEMENTS_PER_INPUT, ElementLimits
 
+#: Host memory one tensor-parallel rank is assumed to need while neuronx-distributed's parallel_model_trace
+#: compiles ranks side by side: each rank process loads the whole model and runs its own neuronx-cc, which
+#: needs several GB for small models and tens of GB for large ones (docs/neuron-hosts.md, "Memory"). An
+#: estimate for the default only; an operator who knows the models sets the bound itself.
+RANK_COMPILE_MEMORY_BYTES = 16 * 1024**3
+
+
+def host_memory_bytes() -> int | None:
+    """The host's total memory (``MemTotal`` of /proc/meminfo, else sysconf), or None if unknown."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024  # the kernel reports kB
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+def default_parallel_rank_compiles() -> int:
+    """How many ranks may compile at once by default: host memory / :data:`RANK_COMPILE_MEMORY_BYTES`, >= 1."""
+    memory = host_memory_bytes()
+    return max(1, memory // RANK_COMPILE_MEMORY_BYTES) if memory else 1
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="COMPILESVC_", extra="ignore")
@@ -77,6 +100,11 @@ class Settings(BaseSettings):
         description="How many times a compile that failed with no diagnosis (class 'unknown': e.g. exit 70 with "
                     "no error code) is retried before it is reported as such; always within max_attempts.")
     compile_timeout_seconds: int = Field(default=4 * 3600 + 1800, ge=1)
+    neuron_max_parallel_rank_compiles: int = Field(
+        default_factory=default_parallel_rank_compiles, ge=1,
+        description="Most tensor-parallel ranks of one Neuron compile that compile at the same time (SDKs whose "
+                    "tp > 1 path is parallel_model_trace, where each rank is a process with its own model and "
+                    "compiler). Default: host memory / 16 GiB, at least 1. Not part of any key.")
     relay_interval_seconds: float = Field(default=0.5, gt=0)
     require_live_worker: bool = True
 

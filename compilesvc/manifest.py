@@ -31,7 +31,7 @@ class _Doc(BaseModel):
 
 class FileEntry(_Doc):
     path: str = Field(description="Path of the file within the bucket's artifact directory.")
-    role: str = Field(description="model | log | aux")
+    role: str = Field(description="model | model-shard | weights-shard | log | aux (docs/api.md)")
     size: int
     sha256: str
 

@@ -74,7 +74,7 @@ class BucketOut(_Out):
 
 class FileOut(_Out):
     path: str
-    role: str = Field(description="model | log | aux")
+    role: str = Field(description="model | model-shard | weights-shard | log | aux (docs/api.md)")
     size: int
     sha256: str
     url: str = Field(description="Download URL, valid for `urls_expire_in` seconds from the response.")

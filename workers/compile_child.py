@@ -17,6 +17,7 @@ Request (JSON object)::
      "args": ["--auto-cast=none", "-O2"],   # canonical flags (compilesvc.flags.canonical_flags)
      "tp_degree": 1,                        # optional, default 1
      "isa": "x86_64-avx512" | null,         # optional; aotinductor refuses a host with another ISA
+     "max_parallel_rank_compiles": 4,       # optional; tp > 1 on parallel_model_trace: ranks compiling at once
      "out_dir": "/abs/dir",                 # artifact files go here (created if missing)
      "work_dir": "/abs/dir"}                # scratch; result.json goes here
 

@@ -363,6 +363,8 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             "model_format": model_format, "inputs": claim.inputs, "args": list(claim.material.get("flags", [])),
             "tp_degree": int(toolchain.get("tp_degree", 1)), "isa": toolchain.get("isa"),
             "out_dir": str(out_dir), "work_dir": str(work_dir),
+            # A host setting, not key material: the child's environment carries no COMPILESVC_* variables.
+            "max_parallel_rank_compiles": settings.neuron_max_parallel_rank_compiles,
         }
         request_path = tmp / "request.json"
         request_path.write_text(json.dumps(request, indent=1, sort_keys=True))

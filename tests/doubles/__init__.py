@@ -66,8 +66,10 @@ please supply compiler argument target" RuntimeError; neuronx-cc rejects unknown
 
 neuronx_distributed: ``parallel_model_trace`` runs one spawned process per rank (rank 0 binds the
 rendezvous port; a second concurrent run fails with "Address already in use"), honours
-``max_parallel_compilations``, needs a device, warns on 2.26 and raises from 2.27; ``trace.model_builder
-.ModelBuilder`` exists from 2.20 (``compiler_flag_hook`` from 2.26).
+``max_parallel_compilations`` (and prints what it got), needs a device, warns on 2.26 and raises from 2.27;
+``trace.model_builder.ModelBuilder`` exists from 2.20 and traces from 2.21 (the one-process form;
+``compiler_flag_hook`` from 2.26), in one process with no port; ``shard_checkpoint`` writes per-rank
+``tp<rank>_sharded_checkpoint.safetensors`` files.
 
 Runner tests: ``env = neuron_double_env(behaviour="slow:30")`` and start the child with it.
 """

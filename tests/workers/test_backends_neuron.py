@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -18,9 +19,11 @@ from typing import Any
 
 import pytest
 
+from compilesvc.config import RANK_COMPILE_MEMORY_BYTES, Settings, default_parallel_rank_compiles, host_memory_bytes
 from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env
 from tests.doubles.neuron._release import RELEASES
-from tests.workers import DEMO_MODEL, PYTHON, REPO, make_request, run_child, text_inputs
+from tests.fixtures.ports import free_port
+from tests.workers import DEMO_MODEL, PYTHON, REPO, make_request, run_child, run_children, text_inputs
 from workers.backends.neuron import child_environment_for
 from workers.classify import classify
 
@@ -139,16 +142,115 @@ def test_trace_refuses_output_changing_neuron_cc_flags(tmp_path: Path, env: dict
     assert _outcome(run).error_class == "infra"
 
 
-def test_trace_with_tp_degree_uses_the_parallel_tracer(tmp_path: Path, env: dict[str, str], scripted: str) -> None:
-    # parallel_model_trace's ranks need a device, and SDK 2.20 still supports it.
-    old = {**env, **neuron_double_env(sdk="2.20.0", devices=0)}
-    run = _trace(tmp_path, "tp", _with_devices(old, tmp_path, 2), [], tp_degree=2, model_path=scripted,
-                 model_format="torchscript", sdk="2.20.0")
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (8-byte little-endian length, then the JSON)."""
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + length])
+    header.pop("__metadata__", None)
+    return dict(header)
+
+
+def _old_release_host(env: dict[str, str], root: Path, devices: int = 2) -> dict[str, str]:
+    """SDK 2.20.0 (neuronx-distributed 0.9: parallel_model_trace) on a host with ``devices`` Neuron devices,
+    its rendezvous port moved off 2022 so that other test runs on this host cannot disturb it."""
+    old = {**env, **neuron_double_env(sdk="2.20.0", devices=0),
+           "COMPILESVC_NEURON_DOUBLE_PMT_PORT": str(free_port())}
+    return _with_devices(old, root, devices) if devices else old
+
+
+def test_tp_on_a_current_sdk_goes_through_model_builder(tmp_path: Path, env: dict[str, str],
+                                                        scripted: str) -> None:
+    """2.27.1 no longer supports parallel_model_trace: ModelBuilder traces once, in the child, with no device."""
+    import torch
+
+    run = _trace(tmp_path, "mb", env, ["--auto-cast=none"], tp_degree=2, model_path=scripted,
+                 model_format="torchscript")
     assert run.returncode == 0, run.describe()
+    assert "through ModelBuilder" in run.stdout and "parallel_model_trace" not in run.stdout
+    assert "ModelBuilder tracing model bucket 0 for tp_degree=2 world_size=2 target=trn1" in run.stdout
+    assert run.result["versions"]["neuronx_distributed"] == "0.16.0"  # the package's _version (major.minor.0)
+    assert _neff_metadata(run)["target"] == "trn1"
+    files = run.result["files"]
+    assert [(f["path"], f["role"], f.get("rank")) for f in files] == [
+        ("model.pt", "model", None),
+        ("weights/tp0_sharded_checkpoint.safetensors", "weights-shard", 0),
+        ("weights/tp1_sharded_checkpoint.safetensors", "weights-shard", 1)]
+
+    # Every rank's weights file carries the model's parameters (the double does not shard: whole tensors).
+    eager = torch.jit.load(scripted)
+    expected = {name: list(tensor.shape) for name, tensor in eager.state_dict().items()}
+    for rank in (0, 1):
+        header = _safetensors_header(run.out_dir / "weights" / f"tp{rank}_sharded_checkpoint.safetensors")
+        assert {name: entry["shape"] for name, entry in header.items()} == expected
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.load(str(run.out_dir / "model.pt"))(ids, mask), eager(ids, mask))
+
+
+def test_tp_on_an_old_sdk_goes_through_parallel_model_trace_within_the_bound(tmp_path: Path, env: dict[str, str],
+                                                                            scripted: str) -> None:
+    # SDK 2.20.0 ships neuronx-distributed 0.9.0, before the one-process ModelBuilder; its ranks need a device.
+    run = _trace(tmp_path, "pmt", _old_release_host(env, tmp_path), [], tp_degree=2, model_path=scripted,
+                 model_format="torchscript", sdk="2.20.0", max_parallel_rank_compiles=1)
+    assert run.returncode == 0, run.describe()
+    assert "through parallel_model_trace" in run.stdout and "ModelBuilder" not in run.stdout
     files = run.result["files"]
     assert [(f["path"], f["role"], f["rank"]) for f in files] == [("model/tp_0.pt", "model-shard", 0),
                                                                    ("model/tp_1.pt", "model-shard", 1)]
-    assert sum("tracing rank" in line for line in run.lines) == 2
+    assert run.result["versions"]["neuronx_distributed"] == "0.9.0"
+    # The worker's bound reached the SDK call, and no more ranks than that compiled at once.
+    assert "parallel_model_trace tp_degree=2 max_parallel_compilations=1" in run.stdout
+    ranks = [line for line in run.lines if "tracing rank" in line]
+    assert len(ranks) == 2 and all(line.endswith("(ranks compiling now: 1)") for line in ranks)
+
+
+def test_the_rank_bound_defaults_to_host_memory(tmp_path: Path, env: dict[str, str], scripted: str) -> None:
+    """A request without the field (an older runner) gets the setting's default, derived from this host."""
+    run = _trace(tmp_path, "pmt-default", _old_release_host(env, tmp_path), [], tp_degree=2, model_path=scripted,
+                 model_format="torchscript", sdk="2.20.0")
+    assert run.returncode == 0, run.describe()
+    expected = min(2, default_parallel_rank_compiles())
+    assert f"parallel_model_trace tp_degree=2 max_parallel_compilations={expected}" in run.stdout
+
+
+def test_parallel_model_trace_without_a_device_is_infrastructure(tmp_path: Path, env: dict[str, str],
+                                                                 scripted: str) -> None:
+    run = _trace(tmp_path, "pmt-nodev", _old_release_host(env, tmp_path, devices=0), [], tp_degree=2,
+                 model_path=scripted, model_format="torchscript", sdk="2.20.0")
+    assert run.returncode == 4 and run.result["code"] == "NEURON_DEVICE_REQUIRED", run.describe()
+    assert _outcome(run).error_class == "infra"
+
+
+@pytest.mark.parametrize("sdk", ["2.20.0", SDK], ids=["parallel_model_trace", "model_builder"])
+def test_two_tp_compiles_at_once_on_one_host_both_succeed(tmp_path: Path, env: dict[str, str], scripted: str,
+                                                          sdk: str) -> None:
+    """parallel_model_trace binds one hard-coded port (the double's, for both): the second waits for the first.
+
+    The compiler takes a few seconds (``slow``) while rank 0 holds the port, so the two would overlap."""
+    host = _old_release_host(env, tmp_path) if sdk == "2.20.0" else env
+    fields = {"backend": "trace", "target": "trn1", "sdk": sdk, "tp_degree": 2, "model_path": scripted,
+              "model_format": "torchscript", "inputs": text_inputs(2, 16), "max_parallel_rank_compiles": 2,
+              "args": ["--double-behaviour=slow:4"]}
+    runs = run_children(tmp_path, [("first", fields), ("second", fields)], env=host)
+    for run in runs:
+        assert run.returncode == 0, run.describe()
+        assert "Address already in use" not in run.stdout + run.stderr
+    if sdk == "2.20.0":
+        assert all("holding rendezvous port 2022" in run.stdout for run in runs)
+
+
+def test_the_rank_bound_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPILESVC_NEURON_MAX_PARALLEL_RANK_COMPILES", "3")
+    assert Settings().neuron_max_parallel_rank_compiles == 3
+    monkeypatch.delenv("COMPILESVC_NEURON_MAX_PARALLEL_RANK_COMPILES")
+    memory = host_memory_bytes()
+    assert memory is not None and memory > 0
+    assert Settings().neuron_max_parallel_rank_compiles == max(1, memory // RANK_COMPILE_MEMORY_BYTES)
+    monkeypatch.setenv("COMPILESVC_NEURON_MAX_PARALLEL_RANK_COMPILES", "0")
+    with pytest.raises(ValueError, match="neuron_max_parallel_rank_compiles"):
+        Settings()
 
 
 def test_trace_on_a_host_with_a_device_does_not_use_the_cpu_backend(tmp_path: Path, env: dict[str, str],

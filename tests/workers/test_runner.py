@@ -296,6 +296,42 @@ def test_an_operator_trace_cannot_lower_is_a_compile_error_through_the_runner(se
     assert submit(services, uri=uri, args=args, model_format="torchscript").buckets[0].state == "failed"
 
 
+def test_tp_through_the_runner_publishes_the_model_and_each_ranks_weights(services: Services,
+                                                                         tmp_path: Path) -> None:
+    """SDK 2.27.1: ModelBuilder's layout reaches the manifest, and the worker's rank bound reaches the child."""
+    import torch
+
+    class Embed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(100, 8)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.emb(input_ids) * attention_mask.unsqueeze(-1)
+
+    path = tmp_path / "embed.pt"
+    example = (torch.zeros(1, 16, dtype=torch.int64), torch.ones(1, 16, dtype=torch.int64))
+    torch.jit.save(torch.jit.trace(Embed(), example), str(path))
+    services.settings.neuron_max_parallel_rank_compiles = 3
+    uri = f"blob:sha256:{services.store.put_file(path).sha256}"
+    result = Submitter(services).submit(parse_spec({
+        "model": {"uri": uri, "format": "torchscript"}, "target": "inf2", "sdk": "2.27.1",
+        "compiler": {"backend": "trace", "tp_degree": 2, "args": ["--auto-cast=none"]},
+        "buckets": [{"batch_size": 1, "seq_len": 16}],
+    }))
+    row = bucket(services, result)
+    outcome = run_compile(services, row.id, WORKER)
+    assert outcome.status == "succeeded", outcome
+    manifest = parse_bucket_manifest(services.store.read_document(bucket_manifest_name(row.key)), row.key)
+    assert [(f.path, f.role) for f in manifest.files] == [
+        ("model.pt", "model"), ("weights/tp0_sharded_checkpoint.safetensors", "weights-shard"),
+        ("weights/tp1_sharded_checkpoint.safetensors", "weights-shard")]
+    assert manifest.versions["neuronx_distributed"] == "0.16.0"
+    with services.sessions() as session:
+        lines = session.scalars(select(LogLine.line).where(LogLine.bucket_compile_id == row.id)).all()
+    assert any("max_parallel_rank_compiles=3" in line for line in lines)
+
+
 def test_a_changed_model_fails_until_a_new_submit_pins_the_same_bytes_again(services: Services,
                                                                            tmp_path: Path) -> None:
     model = tmp_path / "model.hlo.pb"

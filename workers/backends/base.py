@@ -137,6 +137,9 @@ class CompileRequest:
     isa: str | None
     out_dir: Path
     work_dir: Path
+    #: Most tensor-parallel ranks compiling at once (``Settings.neuron_max_parallel_rank_compiles``); None:
+    #: the worker did not say, the backend derives it from this host's memory.
+    max_parallel_rank_compiles: int | None = None
 
     @property
     def family(self) -> str:
@@ -151,7 +154,7 @@ class CompileRequest:
         missing = [name for name in required if name not in data]
         if missing:
             raise RequestError(f"missing field(s): {', '.join(missing)}")
-        known = {*required, "args", "tp_degree", "isa"}
+        known = {*required, "args", "tp_degree", "isa", "max_parallel_rank_compiles"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise RequestError(f"unknown field(s): {', '.join(unknown)}")
@@ -193,6 +196,9 @@ class CompileRequest:
         tp_degree = data.get("tp_degree", 1)
         if not isinstance(tp_degree, int) or isinstance(tp_degree, bool) or tp_degree < 1:
             raise RequestError("tp_degree: expected a positive integer")
+        bound = data.get("max_parallel_rank_compiles")
+        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 1):
+            raise RequestError("max_parallel_rank_compiles: expected a positive integer or null")
         isa = data.get("isa")
         if isa is not None and not isinstance(isa, str):
             raise RequestError("isa: expected a string or null")
@@ -211,6 +217,7 @@ class CompileRequest:
             isa=isa,
             out_dir=paths["out_dir"],
             work_dir=paths["work_dir"],
+            max_parallel_rank_compiles=bound,
         )
 
 
@@ -219,7 +226,7 @@ class ArtifactFile:
     """One file a backend wrote under ``out_dir``; ``extra`` holds role-specific fields (e.g. ``rank``)."""
 
     path: str  # relative to out_dir, with "/" separators
-    role: str  # "model" for the loadable artifact; "model-shard" for one tensor-parallel rank
+    role: str  # "model" (loadable); "model-shard" / "weights-shard": one tensor-parallel rank (docs/api.md)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -5,11 +5,11 @@ the compiler's output is passed through and read for its error codes, and which 
 
 - ``trace`` (torchscript / exported-program / hf-dir models): ``torch_neuronx.trace(model, example_inputs,
   compiler_workdir=<work_dir>/neuron, compiler_args=<args> + ["--target", <target>])``, saved with
-  ``torch.jit.save`` as ``model.pt`` (a TorchScript module with the NEFF inside). ``tp_degree > 1`` uses the
-  SDK's tensor-parallel tracer, ``neuronx_distributed.trace.parallel_model_trace(..., tp_degree=N)``, which
-  loads the model once per rank; the ranks are saved with ``parallel_model_save`` as
-  ``model/tp_<rank>.pt`` (role ``model-shard``). Only models built from neuronx-distributed's parallel
-  layers are actually sharded by it; others are replicated per rank.
+  ``torch.jit.save`` as ``model.pt`` (a TorchScript module with the NEFF inside). ``tp_degree > 1`` goes
+  through neuronx-distributed: its ``ModelBuilder`` where the installed release has the one-process form,
+  ``parallel_model_trace`` on older ones (:mod:`workers.backends.neuron_parallel`, which also owns the
+  rendezvous port and the bound on ranks compiling at once). Only models built from neuronx-distributed's
+  parallel layers are actually sharded; others are replicated per rank.
 - ``neuronx-cc`` (hlo models): ``neuronx-cc compile <model> --framework XLA --target <target> --output
   <out_dir>/model.neff <args>`` run as a subprocess in ``<work_dir>/neuron`` with its output streamed through.
   neuronx-cc has no tensor-parallel option: an HLO module is one rank's program, so ``tp_degree`` changes
@@ -36,7 +36,6 @@ Nothing here imports torch or the SDK at module level: the hlo path needs neithe
 from __future__ import annotations
 
 import contextlib
-import functools
 import glob
 import os
 import re
@@ -48,7 +47,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from compilesvc.flags import FlagError, canonical_flags
 from workers.backends.base import (
@@ -150,7 +149,7 @@ def _compiler_args(request: CompileRequest) -> list[str]:
     return args
 
 
-def _read_compiler_logs(directory: Path, limit: int = TAIL_LINES) -> list[str]:
+def read_compiler_logs(directory: Path, limit: int = TAIL_LINES) -> list[str]:
     """The last lines of every neuronx-cc log file under ``directory`` (a fallback source of codes)."""
     lines: list[str] = []
     if directory.is_dir():
@@ -225,7 +224,7 @@ class OutputTee:
                 os.close(saved)
 
 
-def _raise_for_trace_failure(exc: BaseException, lines: Sequence[str]) -> NoReturn:
+def raise_for_trace_failure(exc: BaseException, lines: Sequence[str]) -> NoReturn:
     """Turn a failed torch_neuronx trace into the failure :data:`workers.classify.TABLE` finds for it.
 
     The exception's type and message are evidence too (an operator torch-xla cannot lower raises during
@@ -243,17 +242,8 @@ def _raise_for_trace_failure(exc: BaseException, lines: Sequence[str]) -> NoRetu
     raise failure_for(verdict.error_class, verdict.code, verdict.message) from exc
 
 
-def _load_for_rank(request: CompileRequest) -> tuple[Any, dict[str, Any]]:
-    """parallel_model_trace's model factory: each rank loads its own copy (module-level: picklable)."""
-    from workers.model_loading import load_model
-
-    model = load_model(request.model_path, request.model_format, request.work_dir / f"rank-{os.getpid()}",
-                       [i.name for i in request.inputs])
-    return model, {}
-
-
 class TraceBackend(Backend):
-    """``torch_neuronx.trace`` (or neuronx-distributed's parallel trace for tp_degree > 1)."""
+    """``torch_neuronx.trace`` (neuronx-distributed for tp_degree > 1, see :mod:`workers.backends.neuron_parallel`)."""
 
     name = "trace"
 
@@ -289,6 +279,7 @@ class TraceBackend(Backend):
 
         t0 = time.monotonic()
         files: list[ArtifactFile]
+        parallel_versions: dict[str, str] = {}
         tee = OutputTee()
         if request.tp_degree == 1:
             try:
@@ -296,11 +287,13 @@ class TraceBackend(Backend):
                     traced = torch_neuronx.trace(model, tensors, compiler_workdir=str(workdir),
                                                  compiler_args=args, cpu_backend=cpu_backend)
             except Exception as exc:
-                _raise_for_trace_failure(exc, [*tee.lines, *str(exc).splitlines(), *_read_compiler_logs(workdir)])
+                raise_for_trace_failure(exc, [*tee.lines, *str(exc).splitlines(), *read_compiler_logs(workdir)])
             torch.jit.save(traced, str(request.out_dir / "model.pt"))
             files = [ArtifactFile("model.pt", "model")]
         else:
-            files = self._parallel_trace(request, tensors, workdir, args, tee)
+            from workers.backends.neuron_parallel import parallel_trace  # imports this module
+
+            files, parallel_versions = parallel_trace(request, model, tensors, workdir, args, tee, devices)
         log(f"traced and compiled in {time.monotonic() - t0:.2f} s")
 
         versions = {
@@ -312,32 +305,8 @@ class TraceBackend(Backend):
         }
         if host_sdk:
             versions["neuron_sdk"] = host_sdk
+        versions.update(parallel_versions)
         return CompileResult(files=files, versions=versions)
-
-    def _parallel_trace(self, request: CompileRequest, tensors: tuple[Any, ...], workdir: Path,
-                        args: list[str], tee: OutputTee) -> list[ArtifactFile]:
-        try:
-            from neuronx_distributed.trace import parallel_model_save, parallel_model_trace
-        except ImportError as exc:
-            raise InfraError("NEURONX_DISTRIBUTED_MISSING", f"tp_degree {request.tp_degree} needs "
-                                                            f"neuronx-distributed on this worker: {exc}") from exc
-        try:
-            with tee:
-                traced = parallel_model_trace(functools.partial(_load_for_rank, request), tensors,
-                                              compiler_workdir=str(workdir), compiler_args=args,
-                                              tp_degree=request.tp_degree)
-        except Exception as exc:
-            _raise_for_trace_failure(exc, [*tee.lines, *str(exc).splitlines(), *_read_compiler_logs(workdir)])
-        model_dir = request.out_dir / "model"
-        parallel_model_save(traced, str(model_dir))
-        files = []
-        for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
-            rank = re.search(r"tp_(\d+)", path.name)
-            extra = {"rank": int(rank.group(1))} if rank else {}
-            files.append(ArtifactFile(path.relative_to(request.out_dir).as_posix(), "model-shard", extra))
-        if not files:
-            raise InfraError("NO_OUTPUT", f"parallel_model_save wrote nothing under {model_dir}")
-        return files
 
 
 class NeuronxCcBackend(Backend):
@@ -384,7 +353,7 @@ class NeuronxCcBackend(Backend):
                 versions["neuron_sdk"] = host_sdk
             return CompileResult(files=[ArtifactFile("model.neff", "model")], versions=versions)
 
-        verdict = judge(Evidence([*tail, *_read_compiler_logs(workdir)], returncode,
+        verdict = judge(Evidence([*tail, *read_compiler_logs(workdir)], returncode,
                                  unknown_code=f"NEURONX_CC_EXIT_{returncode}"))
         raise failure_for(verdict.error_class, verdict.code, verdict.message)
 

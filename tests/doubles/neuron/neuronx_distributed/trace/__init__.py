@@ -126,6 +126,9 @@ def parallel_model_trace(func: Callable[[], tuple[Any, Any]], example_inputs: An
     logging.warning("Using non SPMD mode. Set spmd_mode=True if the workload is SPMD for a faster trace. "
                     "Tracing in non SPMD mode for large models can run into OOM errors as we compile all ranks")
 
+    # Not printed by the real function: lets tests see what the caller asked for.
+    print(f"[neuronx_distributed TEST DOUBLE] parallel_model_trace tp_degree={tp_degree} "
+          f"max_parallel_compilations={max_parallel_compilations} port={port}", flush=True)
     ctx = multiprocessing.get_context("spawn")
     gate = ctx.Semaphore(max_parallel_compilations or tp_degree)
     running = ctx.Value("i", 0)

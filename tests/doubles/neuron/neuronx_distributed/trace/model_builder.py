@@ -15,22 +15,40 @@ writing ``tp<rank>_sharded_checkpoint.safetensors`` per rank. Behaviour mirrored
 - the platform target comes from ``--target`` in the flags, else the one frozen at import; no device is
   needed (aws-neuron-sdk#1303 cross-compiles NxD models with NEURON_PLATFORM_TARGET_OVERRIDE and no device).
 
+- ``trace(initialize_model_weights=True)`` shards the checkpoint and loads it onto the Neuron runtime
+  (``nxd_model.initialize``), which needs a device; a compile host without one passes False;
+- ``shard_checkpoint`` writes safetensors files (the real module does ``from safetensors.torch import
+  save_file`` at the top; neuronx-distributed's setup.py requires ``safetensors``). The double writes the
+  same file format itself (see :func:`_save_safetensors`), so tests need no safetensors package;
+- before 2.21 the real ModelBuilder spawned one process per rank with ``MASTER_PORT=2022`` hard-coded
+  (commit 4f95471, SDK 2.20.0); it became one process under a mocked process group in 2.21 (commit 3aa65c6,
+  ``mock_torchdist``). The double emulates only the later form and refuses to trace on 2.20.
+
 Double limits: one key with one bucket per builder; weights are not sharded (each rank file holds the
 whole checkpoint); the returned module is the traced model itself.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch_neuronx
-from _release import COMPILER_FLAG_HOOK_SINCE, MODEL_BUILDER_SINCE, current
+from _release import COMPILER_FLAG_HOOK_SINCE, MODEL_BUILDER_SINCE, current, device_count
+
+#: The one-process ModelBuilder (mock_distributed) ships from SDK 2.21.0 (neuronx-distributed 0.10.0).
+ONE_PROCESS_SINCE = (2, 21, 0)
+#: safetensors' dtype names (huggingface/safetensors README, "Format").
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
 
 if current().tuple < MODEL_BUILDER_SINCE:  # the module does not exist in older neuronx-distributed
     raise ModuleNotFoundError("No module named 'neuronx_distributed.trace.model_builder'")
@@ -109,6 +127,13 @@ class ModelBuilder:
 
     def trace(self, initialize_model_weights: bool = True, dry_run: bool = False,
               disable_fail_fast: bool = False) -> Any:
+        if current().tuple < ONE_PROCESS_SINCE:
+            raise NotImplementedError("TEST DOUBLE: the SDK 2.20 ModelBuilder (one process per rank, rendezvous "
+                                      "on port 2022) is not emulated")
+        if initialize_model_weights and device_count() == 0:
+            # nxd_model.initialize loads the weights through the Neuron runtime. The real message is
+            # unverified; the PJRT client's no-device error stands in for it.
+            raise RuntimeError(torch_neuronx.NO_DEVICE_ERROR)
         if self.master_proc_env_vars:
             os.environ.update(self.master_proc_env_vars)
         buckets = [(key, c, i) for key, c in self.model_collection.items() for i in range(len(c.example_inputs))]
@@ -135,9 +160,26 @@ class ModelBuilder:
         for rank in range(self.start_rank_id, self.start_rank_id + self.local_ranks_size):
             shard = {name: tensor.contiguous() for name, tensor in checkpoint.items()}
             if serialize_path is not None:
-                from safetensors.torch import save_file  # the real module imports it at the top
-
                 Path(serialize_path).mkdir(parents=True, exist_ok=True)
-                save_file(shard, os.path.join(serialize_path, f"tp{rank}_sharded_checkpoint.safetensors"))
+                _save_safetensors(shard, Path(serialize_path) / f"tp{rank}_sharded_checkpoint.safetensors")
             shards.append(shard)
         return shards
+
+
+def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """What ``safetensors.torch.save_file`` writes (huggingface/safetensors README, "Format"): an 8-byte
+    little-endian header length, a JSON header mapping each name to dtype, shape and byte offsets into the
+    data, padded with spaces to 8 bytes, then the tensors' bytes."""
+    header: dict[str, Any] = {}
+    chunks = []
+    offset = 0
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().contiguous().cpu()
+        data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(chunks))
