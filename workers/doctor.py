@@ -52,9 +52,9 @@ from workers.compile_child import RESULT_NAME
 from workers.versions import (
     NEURON_SDK_ENV,
     dist_version,
-    module_version,
     neuronx_cc_executable,
     neuronx_cc_version,
+    neuronx_distributed_version,
     python_version,
     torch_neuronx_version,
     torch_version,
@@ -121,7 +121,7 @@ def installed_versions() -> dict[str, str | None]:
     return {
         "neuronx-cc": neuronx_cc_version(),  # the binary on PATH answers first (`neuronx-cc --version`)
         "torch-neuronx": torch_neuronx_version(),
-        "neuronx-distributed": dist_version("neuronx-distributed") or module_version("neuronx_distributed"),
+        "neuronx-distributed": neuronx_distributed_version(),
         "libneuronxla": dist_version("libneuronxla"),
         "torch": torch_version(),
     }

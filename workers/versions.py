@@ -89,6 +89,14 @@ def torch_neuronx_version() -> str | None:
     return dist_version("torch-neuronx") or module_version("torch_neuronx")
 
 
+def neuronx_distributed_version() -> str | None:
+    """neuronx-distributed's version: package metadata, else its ``_version`` module (the real package keeps
+    ``__version__`` there, not in ``__init__``)."""
+    if not module_available("neuronx_distributed"):
+        return None
+    return dist_version("neuronx-distributed") or module_version("neuronx_distributed._version")
+
+
 def neuronx_cc_executable() -> str | None:
     return shutil.which("neuronx-cc")
 

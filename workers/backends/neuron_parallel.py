@@ -59,7 +59,7 @@ from typing import Any
 
 from workers.backends.base import ArtifactFile, CompileRequest, InfraError, log
 from workers.backends.neuron import OutputTee, raise_for_trace_failure, read_compiler_logs
-from workers.versions import dist_version, module_version, release_tuple
+from workers.versions import neuronx_distributed_version, release_tuple
 
 #: First neuronx-distributed whose ModelBuilder traces in one process (SDK 2.21.0; see the module doc).
 MODEL_BUILDER_SINCE = (0, 10)
@@ -71,13 +71,6 @@ WEIGHTS_DIR = "weights"
 _LNC_RE = re.compile(r"^--logical-nc-config(?:=(\d+))?$")
 
 
-def nxd_version() -> str | None:
-    """The installed neuronx-distributed's version: package metadata, else its ``_version`` module (the
-    real package keeps ``__version__`` there, not in ``__init__``), else the package attribute."""
-    return (dist_version("neuronx-distributed") or module_version("neuronx_distributed._version")
-            or module_version("neuronx_distributed"))
-
-
 def uses_model_builder(version: str) -> bool:
     """Whether tp > 1 goes through ModelBuilder with this neuronx-distributed (see the module doc)."""
     return release_tuple(version)[:2] >= MODEL_BUILDER_SINCE
@@ -86,7 +79,7 @@ def uses_model_builder(version: str) -> bool:
 def parallel_trace(request: CompileRequest, model: Any, tensors: tuple[Any, ...], workdir: Path,
                    args: list[str], tee: OutputTee, devices: list[str]) -> tuple[list[ArtifactFile], dict[str, str]]:
     """Trace ``model`` for ``request.tp_degree`` ranks into ``request.out_dir``: the files and extra versions."""
-    version = nxd_version()
+    version = neuronx_distributed_version()
     if version is None:
         raise InfraError("NEURONX_DISTRIBUTED_MISSING", f"tp_degree {request.tp_degree} needs neuronx-distributed "
                                                         f"on this worker; it is not installed")
