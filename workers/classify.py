@@ -165,14 +165,17 @@ TABLE: tuple[Row, ...] = (
         "REFERENCE ([XTP002])",
         pattern=BARE_CODE_RE),
     Row("unsupported-operator", E.COMPILE, "UNSUPPORTED_OPERATOR",
-        "no code; 'Error while lowering:' (torch-xla), 'Unsupported operator', 'supported XLA operators only' "
-        "(neuronx-cc), raised as RuntimeError / NotImplementedError in trace or printed by the CLI",
-        "pytorch/xla#9707, #2897 ('RuntimeError: Error while lowering: … aten::…'); #588 (neuronx-cc: 'Please "
-        "consider implementing the deep learning model … using supported XLA operators only'); REFERENCE: "
+        "no code; 'Error while lowering:' (torch-xla), \"Could not run 'aten::…' with arguments from the 'XLA' "
+        "backend\" (the dispatcher), 'Unsupported operator', 'supported XLA operators only' (neuronx-cc), raised "
+        "as RuntimeError / NotImplementedError in trace or printed by the CLI",
+        "pytorch/xla#9707, #2897 ('RuntimeError: Error while lowering: … aten::…'); pytorch/xla#9725 "
+        "(NotImplementedError: Could not run 'aten::…' with arguments from the 'XLA' backend); "
+        "#588 (neuronx-cc: 'Please consider implementing the deep learning model … using supported XLA "
+        "operators only'); REFERENCE: "
         "deterministic for the model. Any other exception type (ImportError, MemoryError, OSError, …) is "
         "never read as this row",
-        pattern=re.compile(r"Error while lowering:|\bunsupported\s+(?:operator|op)\b|supported XLA operators only",
-                           re.IGNORECASE),
+        pattern=re.compile(r"Error while lowering:|Could not run '[\w:.]+' with arguments from the 'XLA' backend|"
+                           r"\bunsupported\s+(?:operator|op)\b|supported XLA operators only", re.IGNORECASE),
         applies=_not_an_infra_exception),
     Row("unknown", E.UNKNOWN, "{unknown}", "anything else: a nonzero exit or an exception with none of the above",
         "no evidence: retried unknown_failure_retries times (compilesvc/config.py), then final as 'unknown'; "

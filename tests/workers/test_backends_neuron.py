@@ -24,7 +24,7 @@ from tests.workers import DEMO_MODEL, PYTHON, REPO, make_request, run_child, tex
 from workers.backends.neuron import child_environment_for
 from workers.classify import classify
 
-SDK = "2.20.0"
+SDK = "2.27.1"  # the release docker-compose.yml ships
 INSTALLED = RELEASES[SDK]
 
 
@@ -71,7 +71,8 @@ def hlo(tmp_path: Path) -> Path:
 
 
 def _trace(tmp_path: Path, name: str, env: dict[str, str], args: list[str], **fields: Any) -> Any:
-    return run_child(tmp_path, name, env=env, backend="trace", target="trn1", sdk=SDK, args=args,
+    fields.setdefault("sdk", SDK)
+    return run_child(tmp_path, name, env=env, backend="trace", target="trn1", args=args,
                      inputs=text_inputs(2, 16), **fields)
 
 
@@ -115,7 +116,7 @@ def test_trace_compiler_error_code_is_a_compile_error(tmp_path: Path, env: dict[
                  model_format="torchscript")
     assert run.returncode == 3, run.describe()
     assert run.result["status"] == "compile_error" and run.result["code"] == "NCC_EOOM001"
-    assert run.result["message"].startswith("[NCC_EOOM001] Estimated peak HBM usage")
+    assert run.result["message"].startswith("[NCC_EOOM001] The combined memory needed")
     outcome = _outcome(run)
     assert (outcome.error_class, outcome.code, outcome.retryable) == ("compile", "NCC_EOOM001", False)
 
@@ -140,8 +141,9 @@ def test_trace_refuses_output_changing_neuron_cc_flags(tmp_path: Path, env: dict
 
 def test_trace_with_tp_degree_uses_the_parallel_tracer(tmp_path: Path, env: dict[str, str], scripted: str) -> None:
     # parallel_model_trace's ranks need a device, and SDK 2.20 still supports it.
-    run = _trace(tmp_path, "tp", _with_devices(env, tmp_path, 2), [], tp_degree=2, model_path=scripted,
-                 model_format="torchscript")
+    old = {**env, **neuron_double_env(sdk="2.20.0", devices=0)}
+    run = _trace(tmp_path, "tp", _with_devices(old, tmp_path, 2), [], tp_degree=2, model_path=scripted,
+                 model_format="torchscript", sdk="2.20.0")
     assert run.returncode == 0, run.describe()
     files = run.result["files"]
     assert [(f["path"], f["role"], f["rank"]) for f in files] == [("model/tp_0.pt", "model-shard", 0),
@@ -183,7 +185,8 @@ def test_trace_on_a_host_with_another_sdk_release_is_infrastructure(tmp_path: Pa
 HLO_CASES = [
     ("ok", 0, "ok", (None, None)),
     ("ncc-error:NCC_EVRF007", 3, "compile_error", ("compile", "NCC_EVRF007")),
-    ("unsupported-op", 3, "compile_error", ("compile", "UNSUPPORTED_OPERATOR")),
+    # neuronx-cc reports an operator it cannot compile with a code (compiler/error-codes/EUOC002.rst).
+    ("unsupported-op", 3, "compile_error", ("compile", "NCC_EUOC002")),
     ("exit:70", 6, "unknown_error", ("unknown", "NEURONX_CC_EXIT_70")),  # exit 70 and no code says nothing
     ("exit:1", 6, "unknown_error", ("unknown", "NEURONX_CC_EXIT_1")),
     ("crash", 4, "infra_error", ("infra", "COMPILER_KILLED")),

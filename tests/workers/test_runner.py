@@ -26,7 +26,7 @@ from compilesvc.services import Services
 from compilesvc.spec import parse_spec
 from compilesvc.store.base import blob_name, bucket_manifest_name
 from compilesvc.submit import SubmitResult, Submitter
-from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env
+from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_AND_REJECTED_FLAGS
 from tests.workers.test_pipeline import group_members
 from workers.logstream import LogStream
@@ -45,7 +45,7 @@ WORKER = "runner-test@host"
 
 @pytest.fixture
 def services(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Services]:
-    double = neuron_double_env(sdk="2.20.0")  # the release submit()'s specs name
+    double = neuron_double_env(sdk="2.27.1")  # the release submit()'s specs name
     for name in ("PYTHONPATH", "PATH", "COMPILESVC_NEURON_SDK", "COMPILESVC_NEURON_DOUBLE_RELEASE"):
         monkeypatch.setenv(name, double[name])  # the compile child finds the double
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # this test's own work root
@@ -60,14 +60,14 @@ def services(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> It
 
 
 def submit(services: Services, behaviour: str = "ok", *, uri: str | None = None,
-           args: list[str] | None = None) -> SubmitResult:
+           args: list[str] | None = None, model_format: str = "hlo") -> SubmitResult:
     if uri is None:
         path = services.settings.data_dir / "model.hlo.pb"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"hlo bytes")
         uri = f"blob:sha256:{services.store.put_file(path).sha256}"
     return Submitter(services).submit(parse_spec({
-        "model": {"uri": uri, "format": "hlo"}, "target": "inf2", "sdk": "2.20.0",
+        "model": {"uri": uri, "format": model_format}, "target": "inf2", "sdk": "2.27.1",
         "compiler": {"args": args if args is not None else [f"--double-behaviour={behaviour}"]},
         "buckets": [{"batch_size": 1, "seq_len": 16}],
     }, extra_flags=DOUBLE_AND_REJECTED_FLAGS))
@@ -217,27 +217,19 @@ def test_without_a_backoff_the_worker_relays_its_own_requeue(services: Services)
     assert len(requeue) == 2 and requeue[-1].sent_at is not None
 
 
-#: The rewritten double (issue 7, part 1) knows these behaviours and rejects unknown flags like the real CLI.
-NEW_DOUBLE = "ncc-internal" in (NEURON_DOUBLE_DIR / "bin" / "neuronx-cc").read_text()
-needs_new_double = pytest.mark.xfail(not NEW_DOUBLE, strict=False,
-                                     reason="needs the rewritten Neuron double (not on this branch yet)")
-
 # compiler args of the spec; the table row that decides; the final class and code; attempts it takes
 # (max_attempts 3 here, unknown_failure_retries 1; None: retried, the count depends on the message repeating)
 ROW_CASES = [
     pytest.param(["--double-behaviour=missing-lib"], "infra", "SHARED_LIBRARY", None, id="missing-shared-library"),
     pytest.param(["--double-behaviour=crash"], "infra", "COMPILER_KILLED", None, id="killed-by-signal"),
-    pytest.param(["--double-behaviour=oom"], "infra", "COMPILER_KILLED", None, id="killed-by-signal-oom",
-                 marks=needs_new_double),
-    pytest.param(["--no-such-flag"], "bad_request", "COMPILER_FLAG_REJECTED", 1, id="rejected-flag",
-                 marks=needs_new_double),
+    pytest.param(["--double-behaviour=oom"], "infra", "COMPILER_KILLED", None, id="killed-by-signal-oom"),
+    pytest.param(["--no-such-flag"], "bad_request", "COMPILER_FLAG_REJECTED", 1, id="rejected-flag"),
     pytest.param(["--double-behaviour=ncc-error:NCC_EVRF007"], "compile", "NCC_EVRF007", 1, id="ncc-error-code"),
-    pytest.param(["--double-behaviour=ncc-internal:NCC_IXCG856"], "compile", "NCC_IXCG856", 1,
-                 id="ncc-internal-code", marks=needs_new_double),
-    pytest.param(["--double-behaviour=bare-code:XTP002"], "compile", "XTP002", 1, id="bare-code",
-                 marks=needs_new_double),
-    pytest.param(["--double-behaviour=unsupported-op"], "compile", "UNSUPPORTED_OPERATOR", 1,
-                 id="unsupported-operator"),
+    pytest.param(["--double-behaviour=ncc-internal:NCC_IXCG856"], "compile", "NCC_IXCG856", 1, id="ncc-internal-code"),
+    pytest.param(["--double-behaviour=bare-code:XTP002"], "compile", "XTP002", 1, id="bare-code"),
+    # neuronx-cc reports an operator it cannot compile with a code (compiler/error-codes/EUOC002.rst); a
+    # trace that cannot lower one raises with none: test_an_operator_trace_cannot_lower_...
+    pytest.param(["--double-behaviour=unsupported-op"], "compile", "NCC_EUOC002", 1, id="compiler-unsupported-op"),
     pytest.param(["--double-behaviour=exit:70"], "unknown", "NEURONX_CC_EXIT_70", 2, id="unknown-exit-70"),
     pytest.param(["--double-behaviour=exit:1"], "unknown", "NEURONX_CC_EXIT_1", 2, id="unknown-exit-1"),
 ]
@@ -277,6 +269,31 @@ def test_each_row_of_the_classification_table_through_the_runner(services: Servi
     # Final classes answer a new submit from the negative cache; retried ones compile again.
     again = submit(services, args=args)
     assert (again.buckets[0].state == "failed") == (error_class in ("compile", "bad_request"))
+
+
+def test_an_operator_trace_cannot_lower_is_a_compile_error_through_the_runner(services: Services,
+                                                                               tmp_path: Path) -> None:
+    """No code at all: torch-xla refuses the operator while tracing (a Python exception, before neuronx-cc
+    runs). The table's unsupported-operator row makes that final, and a new submit is answered from the
+    negative cache."""
+    import torch
+
+    class Masked(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return (input_ids * attention_mask).sum(-1)
+
+    path = tmp_path / "masked.pt"
+    example = (torch.zeros(1, 16, dtype=torch.int64), torch.ones(1, 16, dtype=torch.int64))
+    torch.jit.save(torch.jit.trace(Masked(), example), str(path))
+    uri = f"blob:sha256:{services.store.put_file(path).sha256}"
+    args = ["--double-behaviour=unsupported-op"]
+    result = submit(services, uri=uri, args=args, model_format="torchscript")
+    outcome = run_compile(services, bucket(services, result).id, WORKER)
+    assert (outcome.status, outcome.error_class, outcome.code) == ("failed", "compile", "UNSUPPORTED_OPERATOR")
+    final = bucket(services, result)
+    assert (final.attempts, final.error_class) == (1, "compile")
+    assert "aten::" in final.error_message  # the operator is named
+    assert submit(services, uri=uri, args=args, model_format="torchscript").buckets[0].state == "failed"
 
 
 def test_a_changed_model_fails_until_a_new_submit_pins_the_same_bytes_again(services: Services,
