@@ -7,7 +7,8 @@ dropped before the child starts or refused when the worker starts; nothing else 
 The child gets (:func:`child_environment`) exactly:
 
 - :data:`ALLOWED` names: the process basics (``PATH``, ``HOME``, locale, ``TMPDIR``, ``PYTHONPATH`` …, where
-  the toolchain is and how text is decoded), thread counts, ``COMPILESVC_NEURON_SDK`` (the child refuses a
+  the toolchain is and how text is decoded), thread counts, ``TORCH_HOME`` and ``TORCHINDUCTOR_CACHE_DIR``
+  (paths), ``COMPILESVC_NEURON_SDK`` (the child refuses a
   request for another release), and ``NEURON_CC_FLAGS``, which may hold only output-neutral flags (cache,
   log and verbosity settings), checked at worker start;
 - :data:`ALLOWED_PREFIXES`: ``LC_*`` (locale), ``NEURON_RT_*`` (the runtime's device, core and log
@@ -19,7 +20,8 @@ The child gets (:func:`child_environment`) exactly:
 
 Everything else is dropped: the service's settings and credentials (``COMPILESVC_*``, ``AWS_*``: the
 runner fetches the model, the child needs no S3), a worker-level ``NEURON_PLATFORM_TARGET_OVERRIDE`` (the
-request's target replaces it), unknown ``NEURON_*`` / ``XLA_*`` / ``TORCH*`` variables.
+request's target replaces it), other ``NEURON_*`` / ``XLA_*`` / ``TORCH*`` variables (``XLA_FLAGS``,
+``TORCHINDUCTOR_MAX_AUTOTUNE``, … change what is generated and are not in the key).
 
 Refused at worker start (:func:`output_changing_problems`; the message names where the setting belongs):
 ``NEURON_LOGICAL_NC_CONFIG`` (same meaning as ``--lnc``, per the NCC_EARG001 doc), ``XLA_USE_BF16`` /
@@ -37,6 +39,9 @@ from compilesvc.flags import FlagError, canonical_flags
 ALLOWED = frozenset({
     "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "LOGNAME", "PYTHONPATH", "LD_LIBRARY_PATH",
     "VIRTUAL_ENV", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    # Paths, not settings: torch's download cache, and inductor's cache (the cpu backend replaces it with a
+    # fresh directory per compile; other TORCHINDUCTOR_* variables change generated code and are dropped).
+    "TORCH_HOME", "TORCHINDUCTOR_CACHE_DIR",
     "COMPILESVC_NEURON_SDK",
     "NEURON_CC_FLAGS",  # output-neutral flags only (checked at worker start): cache, logs, verbosity
 })
