@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compilesvc.flags import canonical_flags
-from compilesvc.spec import ISA_RE, CompileSpec
+from compilesvc.neuron_releases import toolchain_material
+from compilesvc.spec import ISA_RE, NEURON_TARGETS, CompileSpec
 
 KEY_SCHEMA = "compilesvc-key/3"
 
@@ -66,7 +67,8 @@ class KeySet:
 def set_material(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt: str = "") -> dict[str, Any]:
     """The set-level key material: everything in a key except a bucket's inputs.
 
-    Raises ValueError for a ``model_sha256`` that is not a SHA-256 hex digest, or an unusable ISA.
+    Raises ValueError for a ``model_sha256`` that is not a SHA-256 hex digest, an unusable ISA, or a Neuron
+    release the release table does not know (:class:`compilesvc.neuron_releases.UnknownRelease`).
     """
     # One spelling per digest: an upper-case hex digest of the same bytes must not make a second key.
     sha = model_sha256.lower()
@@ -74,10 +76,15 @@ def set_material(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt
         raise ValueError(f"model_sha256 must be 64 hex digits, got {model_sha256!r}")
     toolchain: dict[str, Any] = {
         "target": spec.target,
-        "sdk": spec.sdk,
         "backend": spec.backend,
         "tp_degree": spec.compiler.tp_degree,
     }
+    if spec.target in NEURON_TARGETS:
+        # The exact packages the release resolves to, not its label: releases shipping the same toolchain
+        # share artifacts, and a table entry that changed would show as a changed key (docs/keys.md).
+        toolchain["neuron"] = toolchain_material(spec.sdk, spec.backend, spec.compiler.tp_degree)
+    else:
+        toolchain["sdk"] = spec.sdk  # the cpu target's sdk is the exact torch version already
     if spec.backend == "aotinductor":
         isa = spec.compiler.isa or default_isa
         if not ISA_RE.match(isa):

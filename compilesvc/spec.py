@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from compilesvc.flags import FlagError, canonical_flags, check_neuron_flags, flag_names
+from compilesvc.neuron_releases import NotShipped, UnknownRelease, toolchain_material
 
 Target = Literal["inf2", "trn1", "trn2", "cpu"]
 ModelFormat = Literal["torchscript", "exported-program", "hf-dir", "hlo"]
@@ -349,6 +350,15 @@ class CompileSpec(_Strict):
         if problems:
             # One error (a model validator raises once), at the first bad item, naming every bad flag.
             raise _FieldError(("compiler", "args", problems[0].item), "; ".join(p.message for p in problems))
+        # The key names the toolchain the release resolves to (docs/keys.md), so a release the release table
+        # does not know cannot be keyed: say so here, where the user can act on it. After the flags, whose
+        # check of a release newer than the table still names a misspelt option.
+        try:
+            toolchain_material(self.sdk, self.backend, self.compiler.tp_degree)
+        except UnknownRelease as exc:
+            raise _FieldError(("sdk",), str(exc)) from None
+        except NotShipped as exc:
+            raise _FieldError(("compiler", "backend"), str(exc)) from None
 
     @property
     def backend(self) -> str:

@@ -217,7 +217,9 @@ def test_explain_output(example_key: ExampleKey, run: Run) -> None:
         assert any(line.startswith(name) for line in lines), name
     text = result.stdout
     assert KEY_SCHEMA in text
-    assert '"tp_degree": 2' in text and '"sdk": "2.20.0"' in text
+    # The spec's sdk 2.20.0 as the exact toolchain it resolves to (compilesvc/neuron_releases.json).
+    assert '"tp_degree": 2' in text and '"neuronx-cc": "2.15.128.0"' in text
+    assert '"torch-neuronx": "2.1.2.2.3.0"' in text
     # Canonical flags: --logfile is gone, spellings are unified.
     assert '["--auto-cast=matmult", "--model-type=transformer", "-O1"]' in text and "logfile" not in text
     assert sum(line.lstrip().startswith("bucket[") for line in lines) == 3

@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import compilesvc.keys
+from compilesvc import neuron_releases
 from compilesvc.keys import KEY_SCHEMA, KeySet, canonical_json, compute_keys, digest, explain
 from compilesvc.spec import BACKEND_FORMATS, CPU_BACKEND_FLAGS, MAX_DIM, DType, parse_spec
 
@@ -112,6 +113,43 @@ def test_golden_multi_value_and_dash_leading_values_are_kept_whole() -> None:
         "--pipeline", "compile", "SaveTemps",
         "--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2",
     ]
+
+
+def _golden(name: str) -> KeySet:
+    case = next(c for c in load_golden()["cases"] if c["name"] == name)
+    return compute_keys(parse_spec(case["spec"]), model_sha256=case["model_sha256"], default_isa=case["isa"],
+                        salt=case["salt"])
+
+
+def test_golden_a_neuron_key_holds_the_exact_toolchain_not_the_release_label() -> None:
+    # Release manifest (aws-neuron-sdk n2-manifest.json): 2.27.0 and 2.27.1 ship identical packages, as do
+    # 2.24.0 and 2.24.1; 2.26.1 ships another compiler. Same toolchain, same artifacts; another, another key.
+    trace_2270 = _golden("trn1-trace-release-2.27.0-same-toolchain-as-2.27.1")
+    trace_2271 = _golden("trn1-trace-release-2.27.1")
+    assert trace_2270.key == trace_2271.key and trace_2270.bucket_keys == trace_2271.bucket_keys
+    assert trace_2271.material["toolchain"] == {
+        "target": "trn1", "backend": "trace", "tp_degree": 1,
+        "neuron": {"neuronx-cc": "2.22.12471.0", "torch-neuronx": "2.9.0.2.11.19912", "libneuronxla": ["2.2.14584.0"]},
+    }
+    assert "sdk" not in trace_2271.material["toolchain"]
+    assert _golden("trn1-trace-release-2.26.1").key != trace_2271.key
+    assert _golden("trn2-hlo-release-2.24.0-same-compiler-as-2.24.1").key == _golden("trn2-hlo-release-2.24.1").key
+    # tp > 1 runs neuronx-distributed too, so its version is material; an HLO compile is neuronx-cc alone.
+    tp4 = _golden("trn1-trace-tp4-release-2.27.1").material["toolchain"]["neuron"]
+    assert tp4["neuronx-distributed"] == "0.16.25997"
+    assert _golden("trn2-hlo-release-2.24.1").material["toolchain"]["neuron"] == {"neuronx-cc": "2.19.8089.0"}
+
+
+def test_golden_output_changing_environment_reaches_the_key_only_as_spec_flags() -> None:
+    # A worker's NEURON_LOGICAL_NC_CONFIG / XLA_USE_BF16 never reach a compile (the worker refuses to start
+    # with them, and the child's environment is an allow-list: tests/workers/test_toolchain.py); the spec
+    # flags that say the same thing are key material and move the key.
+    default = _golden("trn2-hlo-lnc-default-what-a-worker-env-cannot-change")
+    lnc2 = _golden("trn2-hlo-lnc-2-the-spec-form-of-NEURON_LOGICAL_NC_CONFIG")
+    bf16 = _golden("trn2-hlo-auto-cast-bf16-the-spec-form-of-XLA_USE_BF16")
+    assert len({default.key, lnc2.key, bf16.key}) == 3
+    assert lnc2.material["flags"] == ["--logical-nc-config=2", "-O2"]
+    assert not any("environ" in name or name == "env" for name in default.material)
 
 
 def test_golden_vectors_in_fresh_processes_under_several_hash_seeds() -> None:
@@ -259,6 +297,14 @@ def test_unusable_default_isa_is_refused_only_where_it_matters() -> None:
     with pytest.raises(ValueError, match="ISA"):
         keys_of(simple_spec(), isa="")
     keys_of(simple_spec(compiler={"backend": "torchscript"}), isa="")  # not used, not checked
+
+
+def test_a_neuron_release_the_table_does_not_know_has_no_key() -> None:
+    doc = simple_spec(target="trn2", sdk="2.99.0", model={"uri": f"blob:sha256:{HEX64}", "format": "hlo"},
+                      compiler={"args": []})
+    spec = parse_spec(doc, extra_flags=None)  # a client's parse: the release table is the service's to check
+    with pytest.raises(neuron_releases.UnknownRelease, match="neuron-releases refresh"):
+        compute_keys(spec, model_sha256=HEX64, default_isa="x86_64-avx512")
 
 
 def test_components_diff_explains_a_miss() -> None:
@@ -421,9 +467,13 @@ label_dicts = st.dictionaries(st.text(min_size=1, max_size=8).filter(str.strip),
 sdks = st.builds(
     lambda parts: ".".join(map(str, parts)), st.lists(st.integers(0, 30), min_size=3, max_size=3)
 )
-# Neuron flags are checked against the release: from 2.21.0 on every flag in NEURON_FLAGS exists; releases
-# past the table's newest are checked against the newest table.
-neuron_sdks = st.builds(lambda minor, patch: f"2.{minor}.{patch}", st.integers(21, 40), st.integers(0, 9))
+# Neuron flags are checked against the release: from 2.21.0 on every flag in NEURON_FLAGS exists. A Neuron
+# spec's release must be in the release table (the key holds the toolchain it resolves to); these ship
+# everything any backend and tp degree needs.
+NEURON_RELEASES = [label for label, r in neuron_releases.table().items()
+                   if neuron_releases.version_tuple(label) >= (2, 21, 0)
+                   and r.trace_torch_neuronx and r.neuronx_distributed]
+neuron_sdks = st.sampled_from(NEURON_RELEASES)
 
 
 @st.composite
@@ -495,6 +545,19 @@ def _bump_sdk(sdk: str) -> str:
     return ".".join(parts)
 
 
+def _toolchain(case: Case, sdk: str) -> dict[str, Any]:
+    return neuron_releases.toolchain_material(sdk, case.backend, case.tp_degree)
+
+
+def _other_sdk(case: Case, data: st.DataObject) -> Case:
+    """Another release: for cpu the next torch version; for Neuron one whose toolchain differs (releases
+    shipping the same packages share keys: test_releases_with_one_toolchain_share_every_key)."""
+    if case.target == "cpu":
+        return replace(case, sdk=_bump_sdk(case.sdk))
+    others = [r for r in NEURON_RELEASES if _toolchain(case, r) != _toolchain(case, case.sdk)]
+    return replace(case, sdk=data.draw(st.sampled_from(others)))
+
+
 def _flag_value(case: Case, data: st.DataObject) -> Case:
     valued = [i for i, f in enumerate(case.flags) if f.value is not None and len(NEURON_FLAGS[f.name]) > 1]
     assume(valued)
@@ -540,7 +603,7 @@ SET_LEVEL: dict[str, tuple[st.SearchStrategy[Case], Mutation]] = {
     "model sha": (cases(), lambda c, d: replace(c, sha=("0" if c.sha[0] != "0" else "1") + c.sha[1:])),
     "format": (cases(), _with_format),
     "target": (cases(family="neuron"), lambda c, d: replace(c, target=_other(d, NEURON_TARGETS, c.target))),
-    "sdk": (cases(), lambda c, d: replace(c, sdk=_bump_sdk(c.sdk))),
+    "sdk": (cases(), _other_sdk),
     "backend": (
         cases(backend="torchscript").filter(lambda c: c.format != "torchscript").map(lambda c: replace(c, flags=())),
         _cpu_backend,
@@ -574,6 +637,15 @@ def test_set_level_change_moves_every_key(change: str, data: st.DataObject) -> N
     assert after.key != before.key
     # Every bucket compiles differently now, so no bucket key may survive.
     assert not set(after.bucket_keys) & set(before.bucket_keys)
+
+
+@PROPERTY_SETTINGS
+@given(case=cases(family="neuron"), data=st.data())
+def test_releases_with_one_toolchain_share_every_key(case: Case, data: st.DataObject) -> None:
+    same = [r for r in NEURON_RELEASES if _toolchain(case, r) == _toolchain(case, case.sdk)]
+    other = data.draw(st.sampled_from(same))
+    before, after = case.keys(), replace(case, sdk=other).keys()
+    assert after.key == before.key and after.bucket_keys == before.bucket_keys
 
 
 def _explicit(case: Case, i: int) -> list[dict[str, Any]]:

@@ -103,9 +103,33 @@ def test_version_id_allowed_with_s3() -> None:
     assert parse_spec(neuron_doc(model=model)).model.version_id == "3HL4kqtJlcpXroDTDmJ"
 
 
-@pytest.mark.parametrize("sdk", ["2.20.0", "2.21.1", "10.0.1"])
+@pytest.mark.parametrize("sdk", ["2.20.0", "2.21.1", "2.27.1"])
 def test_accepted_sdks(sdk: str) -> None:
     assert parse_spec(neuron_doc(sdk=sdk)).sdk == sdk
+
+
+def test_a_neuron_release_missing_from_the_release_table_is_refused_with_the_refresh_command() -> None:
+    # The key holds the exact toolchain a release resolves to (docs/keys.md): an unknown release has none.
+    with pytest.raises(SpecError) as caught:
+        parse_spec(neuron_doc(sdk="10.0.1"))
+    assert caught.value.errors[0]["field"] == "sdk"
+    assert "10.0.1" in caught.value.errors[0]["message"]
+    assert "compilesvc neuron-releases refresh" in caught.value.errors[0]["message"]
+    # A client leaving checks to its service (extra_flags=None) does not judge the release either.
+    assert parse_spec(neuron_doc(sdk="10.0.1"), extra_flags=None).sdk == "10.0.1"
+
+
+def test_a_release_newer_than_the_tables_is_refused_after_its_flags_are_checked() -> None:
+    # Flags of a release newer than the flag table are checked against the newest table (a misspelt option is
+    # still named); flags that pass leave the release itself, which the release table does not know.
+    with pytest.raises(SpecError, match=r"release 2\.40\.0 is not in this service's release table"):
+        parse_spec(flags_doc(["--native-int64=enabled", "-O2"], "2.40.0", "trn2"))
+
+
+def test_trace_on_a_release_without_torch_neuronx_is_refused() -> None:
+    # SDK 2.32.0's manifest lists no torch-neuronx (n2-manifest.json, manifest_version 2.32.0).
+    with pytest.raises(SpecError, match="ships no torch-neuronx"):
+        parse_spec(neuron_doc(sdk="2.32.0"))
 
 
 def test_cpu_flag_allowlist_accepts_known_and_output_neutral_flags() -> None:
@@ -121,7 +145,9 @@ def test_cpu_flag_allowlist_accepts_known_and_output_neutral_flags() -> None:
 
 
 def flags_doc(args: list[str], sdk: str = "2.20.0", target: str = "inf2") -> dict[str, Any]:
-    return neuron_doc(sdk=sdk, target=target, compiler={"args": args})
+    # An HLO model: neuronx-cc alone, which every release in the release table ships (2.32.0 has no trace).
+    return neuron_doc(sdk=sdk, target=target, compiler={"args": args},
+                      model={"uri": f"blob:sha256:{SHA}", "format": "hlo"})
 
 
 @pytest.mark.parametrize(
@@ -137,8 +163,6 @@ def flags_doc(args: list[str], sdk: str = "2.20.0", target: str = "inf2") -> dic
          "2.26.1", "trn2"),
         (["--auto-cast-type", "fp8_e4m3", "--optlevel=3", "--verbose", "35", "--no_cache"], "2.20.0", "inf2"),
         (["--native-int64=enabled", "--implicit-integer-downcast=dot,pow"], "2.32.0", "trn2"),
-        # A release newer than the table is checked against the newest table, whose options it keeps.
-        (["--native-int64=enabled", "-O2"], "2.40.0", "trn2"),
         (["--neuroncore-pipeline-cores", "4"], "2.3.0", "inf2"),
     ],
 )

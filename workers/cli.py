@@ -6,6 +6,12 @@ the worker registers them in the ledger's ``workers`` table (which is what lets 
 ``require_live_worker`` accept work for them), heartbeats from a thread, and runs the Celery worker
 in-process. On exit (SIGTERM: Celery's warm shutdown lets running compiles finish) it marks itself stopped.
 
+A host that claims a Neuron SDK release (``COMPILESVC_NEURON_SDK``) whose installed packages are another
+release's, that the release table does not know, or whose environment holds a variable that changes compiler
+output does not start: one ``error:`` line naming every problem, exit status 78
+(:func:`workers.versions.detect_capabilities`, ``neuron.refused``). Exit 2: bad options or settings, or
+nothing to compile.
+
 Why a thread pool by default: a task's thread does no compiling itself; it supervises the compiler's own
 process (:mod:`workers.runner`), so threads are all the concurrency it needs. Prefork would fork a parent
 that already runs threads (the registry heartbeat, database and broker clients) for nothing, and with it
@@ -73,6 +79,12 @@ class RegistryHeartbeat:
                 log.warning("registry heartbeat failed", extra={"error": f"{type(exc).__name__}: {exc}"})
 
 
+class ToolchainRefused(click.ClickException):
+    """The host's Neuron toolchain or environment is not the release it claims (docs/neuron-hosts.md)."""
+
+    exit_code = 78  # EX_CONFIG (sysexits.h): configuration error
+
+
 def default_worker_name() -> str:
     return f"compilesvc-{os.getpid()}@{socket.gethostname()}"
 
@@ -103,6 +115,14 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     except ValidationError as exc:
         raise click.UsageError(f"invalid COMPILESVC_* settings: {exc}") from None
     capabilities = detect_capabilities()
+    refused = (capabilities.get("neuron") or {}).get("refused") or []
+    if refused:
+        # The host claims a Neuron release its packages or environment contradict: serving anything would
+        # hide that (an operator expects Neuron work here), and serving Neuron would publish artifacts under
+        # keys that lie. Exit 78 (EX_CONFIG): a restart does not help until the host is fixed.
+        for problem in refused:
+            log.error("refusing to start", extra={"detail": problem})
+        raise ToolchainRefused("refusing to start: " + "; ".join(refused))
     for warning in capabilities.get("warnings", []):
         log.warning("capability", extra={"detail": warning})
     queue_list = ([q.strip() for q in queues.split(",") if q.strip()] if queues

@@ -14,9 +14,9 @@
    attempt (:func:`workers.retries.retry_store`); other store trouble is infra (a new attempt, backed off).
 4. **Compile** in ``python -m workers.compile_child`` (:class:`CompilerProcess`): a fresh temporary work
    dir as cwd, a new session/process group so the whole compiler tree can be killed, a hard timeout, an
-   environment without the service's secrets (plus, for Neuron targets, ``NEURON_PLATFORM_TARGET_OVERRIDE``
-   from process start: :func:`workers.backends.neuron.child_environment_for`), and the worker's death taking
-   the child with it (``PR_SET_PDEATHSIG``).
+   environment built from an allow-list (:mod:`workers.child_env`; plus, for Neuron targets,
+   ``NEURON_PLATFORM_TARGET_OVERRIDE`` from process start: :func:`workers.backends.neuron.child_environment_for`),
+   and the worker's death taking the child with it (``PR_SET_PDEATHSIG``).
    Output streams line by line into the central log (:mod:`workers.logstream`).
 5. **Classify** (:func:`workers.classify.classify`).
 6. **Publish** on success (:mod:`workers.publishing`; an unreachable store is waited for as at fetch,
@@ -42,7 +42,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ from compilesvc.outbox import OutboxRelay
 from compilesvc.services import Services
 from compilesvc.store import StoreError, bucket_manifest_name
 from workers.backends.neuron import child_environment_for
+from workers.child_env import child_environment
 from workers.classify import Outcome, classify
 from workers.logstream import LogStream
 from workers.publishing import LOG_NAME, PublishError, archive_log, publish_outputs
@@ -84,34 +85,6 @@ KILL_GRACE_SECONDS = 5.0
 MODEL_FILE_NAMES = {"torchscript": "model.pt", "exported-program": "model.pt2", "hf-dir": "model.tar",
                     "hlo": "model.hlo.pb"}
 RESULT_NAME = "result.json"
-
-# -- the child's environment -------------------------------------------------------------------------------
-
-#: Variables the compiler child keeps. Everything else (COMPILESVC_*, AWS_*, database and broker URLs and
-#: credentials, whatever else the service was started with) is dropped: a compiler, or a model's code run
-#: while tracing, has no business with the service's secrets.
-CHILD_ENV_KEEP = frozenset({"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "LOGNAME", "PYTHONPATH",
-                            "LD_LIBRARY_PATH", "VIRTUAL_ENV",
-                            # The host's Neuron SDK release (configuration, not a secret): the child
-                            # refuses a request for another release, which means it was misrouted.
-                            "COMPILESVC_NEURON_SDK"})
-CHILD_ENV_KEEP_PREFIXES = ("LC_", "NEURON_", "TORCH", "XLA_", "OMP_", "MKL_")
-#: Even under a kept prefix, names like these are secrets and are dropped.
-CHILD_ENV_SECRET_MARKERS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "_KEY", "AUTH")
-
-
-def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The compiler child's environment: an allowlist of ``environ`` (see :data:`CHILD_ENV_KEEP`)."""
-    env = {}
-    for name, value in environ.items():
-        upper = name.upper()
-        if any(marker in upper for marker in CHILD_ENV_SECRET_MARKERS):
-            continue
-        if name in CHILD_ENV_KEEP or upper.startswith(CHILD_ENV_KEEP_PREFIXES):
-            env[name] = value
-    env["PYTHONUNBUFFERED"] = "1"  # lines reach the central log as they are printed
-    return env
-
 
 # -- results ---------------------------------------------------------------------------------------------
 

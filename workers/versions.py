@@ -10,6 +10,13 @@ Neuron SDK releases ("2.20.0"), which is what specs name and queues are routed b
 therefore configuration: ``COMPILESVC_NEURON_SDK`` (set it from the DLAMI/container image that installed
 the SDK). Without it the worker offers no Neuron targets, since it cannot say which queue is its own.
 
+The claim is checked (:func:`neuron_refusals`): the installed neuronx-cc, torch-neuronx, neuronx-distributed
+and libneuronxla must be the exact versions the release table (:mod:`compilesvc.neuron_releases`) lists for
+that release, the release must be in the table, and the environment must hold no variable that changes
+compiler output (:mod:`workers.child_env`). Any of these wrong and the worker offers no Neuron target and
+``compilesvc worker`` refuses to start (exit 78, one line per problem): a key names the toolchain a release
+resolves to, so a worker whose packages are another release's would publish artifacts under keys that lie.
+
 Neuron targets: compiling needs the SDK, not the chip, so a host with neuronx-cc offers inf2, trn1 and trn2
 by default; ``COMPILESVC_NEURON_TARGETS`` (comma-separated, or ``none``) narrows that.
 """
@@ -26,8 +33,10 @@ import subprocess
 import sys
 from typing import Any
 
+from compilesvc import neuron_releases
 from compilesvc.hostinfo import host_isa, instance_type
 from compilesvc.spec import BACKEND_FORMATS, NEURON_TARGETS, SDK_RE
+from workers.child_env import output_changing_problems
 
 NEURON_SDK_ENV = "COMPILESVC_NEURON_SDK"
 NEURON_TARGETS_ENV = "COMPILESVC_NEURON_TARGETS"
@@ -117,6 +126,46 @@ def neuronx_cc_version(executable: str | None = None) -> str | None:
     return dist_version("neuronx-cc") or module_version("neuronxcc")
 
 
+def libneuronxla_version() -> str | None:
+    if not module_available("libneuronxla"):
+        return None
+    return dist_version("libneuronxla") or module_version("libneuronxla")
+
+
+def installed_neuron_packages(executable: str | None = None, neuronx_cc: str | None = None) -> dict[str, str | None]:
+    """The installed Neuron packages' versions, by the release table's package names (None: not installed)."""
+    return {"neuronx-cc": neuronx_cc or neuronx_cc_version(executable), "torch-neuronx": torch_neuronx_version(),
+            "neuronx-distributed": neuronx_distributed_version(), "libneuronxla": libneuronxla_version()}
+
+
+def neuron_manifest_versions(release: str | None, *, trace: bool) -> dict[str, str]:
+    """What a Neuron compile's manifest records besides the compiler's own version: the release label, the
+    runtime library that release ships (a serving host must match it; it is a system package, not checked
+    here), and for trace the installed neuronx-distributed and libneuronxla."""
+    out: dict[str, str] = {}
+    if release:
+        out["neuron_sdk"] = release
+        known = neuron_releases.table().get(release)
+        if known is not None and known.runtime_lib:
+            out["aws_neuronx_runtime_lib"] = known.runtime_lib
+    if trace:
+        for name, version in (("neuronx_distributed", neuronx_distributed_version()),
+                              ("libneuronxla", libneuronxla_version())):
+            if version:
+                out[name] = version
+    return out
+
+
+def neuron_refusals(release: str, installed: dict[str, str | None], environ: dict[str, str]) -> list[str]:
+    """Why this host must not compile for Neuron SDK ``release`` (empty: it may); see the module docstring."""
+    try:
+        mismatches = neuron_releases.installed_mismatches(release, installed)
+        problems = [f"{NEURON_SDK_ENV}={release}: {p}" for p in mismatches]
+    except neuron_releases.UnknownRelease as exc:
+        problems = [f"{NEURON_SDK_ENV}={release}: {exc}"]
+    return problems + output_changing_problems(environ)
+
+
 def neuron_sdk_release(warnings: list[str]) -> str | None:
     """The host's Neuron SDK release from ``COMPILESVC_NEURON_SDK`` (see the module docstring).
 
@@ -153,8 +202,14 @@ def detect_capabilities() -> dict[str, Any]:
          "instance_type": "trn1.2xlarge" | null,
          "versions": {"python": ..., "torch": ... | null, "torch_neuronx": ... | null,
                       "neuronx_cc": ... | null, "transformers": ... | null},
-         "neuron": {"release": "2.20.0" | null, "neuronx_cc_path": str | null} | null,
+         "neuron": {"release": "2.20.0" | null, "neuronx_cc_path": str | null,
+                    "packages": {"neuronx-cc": ..., "torch-neuronx": ..., ...},   # installed, exact
+                    "release_packages": {...} | null,                             # what the release ships
+                    "refused": ["why this worker must not start", ...]} | null,
          "warnings": ["why something is not offered", ...]}
+
+    ``neuron.refused`` non-empty: the host claims a Neuron release (``COMPILESVC_NEURON_SDK`` is set) that its
+    packages or environment contradict; no Neuron target is offered and ``compilesvc worker`` exits 78.
     """
     warnings: list[str] = []
     caps: dict[str, Any] = {
@@ -182,11 +237,20 @@ def detect_capabilities() -> dict[str, Any]:
     executable = neuronx_cc_executable()
     has_compiler = executable is not None or module_available("neuronxcc")
     tnx = torch_neuronx_version()
-    caps["versions"].update({"torch_neuronx": tnx, "neuronx_cc": neuronx_cc_version(executable) if has_compiler
-                             else None})
+    ncc = neuronx_cc_version(executable) if has_compiler else None
+    caps["versions"].update({"torch_neuronx": tnx, "neuronx_cc": ncc})
     if has_compiler:
+        refused: list[str] = []
+        raw_release = os.environ.get(NEURON_SDK_ENV, "").strip()
         release = neuron_sdk_release(warnings)
-        caps["neuron"] = {"release": release, "neuronx_cc_path": executable}
+        if raw_release and not release:
+            refused.append(f"{NEURON_SDK_ENV}={raw_release!r} is not a release such as 2.27.1")
+        packages = installed_neuron_packages(executable, ncc)
+        caps["versions"].update({"neuronx_distributed": packages["neuronx-distributed"],
+                                 "libneuronxla": packages["libneuronxla"]})
+        known = neuron_releases.table().get(release) if release else None
+        caps["neuron"] = {"release": release, "neuronx_cc_path": executable, "packages": packages,
+                          "release_packages": known.as_versions() if known else None, "refused": refused}
         # A Neuron queue carries every backend of its target and SDK, so a worker takes Neuron work only with
         # the whole toolchain; a partial one (which a real SDK install never is) would claim compiles it
         # cannot run and burn their attempts.
@@ -198,6 +262,9 @@ def detect_capabilities() -> dict[str, Any]:
                             f"(package versions do not name the SDK release)")
         elif missing:
             warnings.append(f"incomplete Neuron SDK, no Neuron targets: missing {' and '.join(missing)}")
+        elif refusals := neuron_refusals(release, packages, dict(os.environ)):
+            refused.extend(refusals)
+            warnings.extend(f"no Neuron targets: {problem}" for problem in refusals)
         else:
             backends = sorted(BACKEND_FORMATS["neuron"])
             for target in targets:

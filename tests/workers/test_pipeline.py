@@ -28,8 +28,9 @@ from compilesvc.outbox import OutboxRelay
 from compilesvc.registry import live_workers
 from compilesvc.store import ArtifactStore
 from compilesvc.submit import NoCapableWorker
+from tests.doubles.neuron._release import RELEASES, coded
 from tests.fixtures.s3server import S3Server
-from tests.workers.conftest import REDIS_URL, Cluster, ServiceProcess, redis_connections_of, wait_for
+from tests.workers.conftest import NEURON_SDK, REDIS_URL, Cluster, ServiceProcess, redis_connections_of, wait_for
 
 MakeCluster = Callable[..., Cluster]
 
@@ -278,14 +279,16 @@ def test_timeout_is_retried_up_to_max_attempts(make_cluster: MakeCluster) -> Non
 def test_compile_error_is_final_and_negatively_cached(make_cluster: MakeCluster) -> None:
     """(f) A compiler error fails the compile, its artifact and build for good; submitting the spec again
     joins the failure without compiling; an explicit retry compiles again."""
+    # The compile child emulates the worker's release (the allow-listed COMPILESVC_NEURON_DOUBLE_RELEASE
+    # reaches it), and SDK 2.20.0's compiler prints the code bare (tests/doubles/neuron/_release.py).
+    code = coded("NCC_EOOM001", RELEASES[NEURON_SDK])
     cluster = make_cluster()
     worker = cluster.start_worker("w1", concurrency=1)
     spec = cluster.hlo_spec("ncc-error")
     first = cluster.submit(spec)
     key = first.buckets[0].key
     failed = cluster.wait_bucket(key, ("failed", "succeeded"), timeout=30)
-    assert (failed.state, failed.error_class, failed.error_code, failed.attempts) == ("failed", "compile",
-                                                                                      "NCC_EOOM001", 1)
+    assert (failed.state, failed.error_class, failed.error_code, failed.attempts) == ("failed", "compile", code, 1)
     assert cluster.wait_artifact(first.artifact_key, ("failed",), 5).state == "failed"
     with cluster.services.sessions() as session:
         assert session.get_one(Build, first.build_id).state == "failed"
@@ -293,7 +296,7 @@ def test_compile_error_is_final_and_negatively_cached(make_cluster: MakeCluster)
                                                               LogLine.line.startswith("full log archived"))).one()
     log_sha = archived.split("sha256:")[1].split()[0]
     log_text = b"".join(cluster.services.store.iter_blob(log_sha)).decode()
-    assert "NCC_EOOM001" in log_text
+    assert f"[{code}]" in log_text
 
     outbox_rows = count(cluster, Outbox)
     second = cluster.submit(spec)
@@ -306,7 +309,7 @@ def test_compile_error_is_final_and_negatively_cached(make_cluster: MakeCluster)
     wait_for(lambda: len(worker.logged("compile attempt failed", bucket_compile_id=failed.id)) == 2, 30,
              "the retried compile to run (and fail the same way)")
     again = cluster.wait_bucket(key, ("failed",), timeout=10)
-    assert (again.error_code, again.attempts) == ("NCC_EOOM001", 1)  # the retry reset the attempts
+    assert (again.error_code, again.attempts) == (code, 1)  # the retry reset the attempts
     assert cluster.transitions(failed.id).count(("queued", "running")) == 2
 
 

@@ -63,6 +63,7 @@ from workers.classify import Evidence, judge
 from workers.versions import (
     NEURON_SDK_ENV,
     module_version,
+    neuron_manifest_versions,
     neuronx_cc_executable,
     neuronx_cc_version,
     python_version,
@@ -302,9 +303,8 @@ class TraceBackend(Backend):
             "neuronx_cc": module_version("neuronxcc") or neuronx_cc_version() or "unknown",
             "python": python_version(),
             "target": request.target,
+            **neuron_manifest_versions(host_sdk, trace=True),
         }
-        if host_sdk:
-            versions["neuron_sdk"] = host_sdk
         versions.update(parallel_versions)
         return CompileResult(files=files, versions=versions)
 
@@ -348,9 +348,7 @@ class NeuronxCcBackend(Backend):
                 raise InfraError("NO_OUTPUT", f"neuronx-cc exited 0 but wrote no {out.name}")
             log(f"neuronx-cc finished in {seconds:.2f} s")
             versions = {"neuronx_cc": neuronx_cc_version(executable) or "unknown", "python": python_version(),
-                        "target": request.target}
-            if host_sdk:
-                versions["neuron_sdk"] = host_sdk
+                        "target": request.target, **neuron_manifest_versions(host_sdk, trace=False)}
             return CompileResult(files=[ArtifactFile("model.neff", "model")], versions=versions)
 
         verdict = judge(Evidence([*tail, *read_compiler_logs(workdir)], returncode,

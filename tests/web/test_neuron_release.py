@@ -1,0 +1,30 @@
+"""A Neuron spec's sdk must be a release in the release table (compilesvc/neuron_releases.json): the key holds
+the exact toolchain the release resolves to, so an unknown release is a 422 naming it and the refresh command,
+before anything is queued; releases that ship the same packages share one artifact."""
+
+from __future__ import annotations
+
+from tests.web.support import Env, spec_for
+from tests.web.test_compiler_flags import builds
+from tests.web.test_submit import assert_problem
+
+
+def test_unknown_release_is_422_naming_it_and_the_refresh_command(sqlite_env: Env) -> None:
+    env = sqlite_env
+    spec = spec_for(env.upload(), sdk="2.99.0", target="trn2")
+    for path in ("/v1/builds?queue_anyway=true", "/v1/artifacts/resolve"):
+        body = assert_problem(env.client.post(path, json=spec), 422, "spec-invalid")
+        assert body["errors"][0]["field"] == "sdk"
+        message = body["errors"][0]["message"]
+        assert "2.99.0" in message and "compilesvc neuron-releases refresh --from" in message
+    assert builds(env) == 0
+
+
+def test_releases_shipping_one_toolchain_share_the_artifact(sqlite_env: Env) -> None:
+    env = sqlite_env
+    uri = env.upload()
+    first = env.submit(spec_for(uri, sdk="2.27.0", target="trn2"))
+    second = env.submit(spec_for(uri, sdk="2.27.1", target="trn2"))
+    other = env.submit(spec_for(uri, sdk="2.26.1", target="trn2"))
+    assert first.status_code == second.status_code == other.status_code == 202, first.get_data(as_text=True)
+    assert first.get_json()["artifact_key"] == second.get_json()["artifact_key"] != other.get_json()["artifact_key"]
