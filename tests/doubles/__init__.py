@@ -77,6 +77,7 @@ Runner tests: ``env = neuron_double_env(behaviour="slow:30")`` and start the chi
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -98,6 +99,36 @@ def known_releases() -> tuple[str, ...]:
     return tuple(RELEASES)
 
 
+def installed_metadata(release: str) -> Path:
+    """A directory of pip ``*.dist-info`` records for the double's packages at ``release``'s versions.
+
+    On a real host pip leaves these, and :mod:`importlib.metadata` (what workers read versions from)
+    sees the distributions' full versions, e.g. neuronx-distributed ``0.16.25997`` where the package's own
+    ``_version`` module says ``0.16.0``. Written once per release under the temp dir, atomically.
+    """
+    from tests.doubles.neuron._release import RELEASES
+
+    entry = RELEASES[release]
+    root = Path(tempfile.gettempdir()) / "compilesvc-neuron-double-metadata" / release
+    if root.is_dir():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{release}-"))
+    for name, version in (("neuronx-cc", f"{entry.neuronx_cc}+{entry.build_hash}"),
+                          ("torch-neuronx", f"{entry.torch_neuronx}+{entry.build_hash}"),
+                          ("neuronx-distributed", entry.neuronx_distributed)):
+        dist = staging / f"{name.replace('-', '_')}-{version}.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    try:
+        staging.rename(root)
+    except OSError:  # another process published it first: theirs is identical
+        for path in sorted(staging.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        staging.rmdir()
+    return root
+
+
 def neuron_double_env(base: Mapping[str, str] | None = None, *, behaviour: str | None = None,
                       sdk: str | None = DEFAULT_SDK, installed: str | None = None,
                       devices: int | None = None) -> dict[str, str]:
@@ -109,14 +140,15 @@ def neuron_double_env(base: Mapping[str, str] | None = None, *, behaviour: str |
     Neuron device count (None: leave it to the host's ``/dev/neuron*``).
     """
     env = dict(os.environ if base is None else base)
-    env["PYTHONPATH"] = _prepend(str(NEURON_DOUBLE_DIR), env.get("PYTHONPATH"))
+    if installed is None:
+        installed = sdk if sdk in known_releases() else DEFAULT_SDK
+    paths = os.pathsep.join([str(NEURON_DOUBLE_DIR), str(installed_metadata(installed))])
+    env["PYTHONPATH"] = _prepend(paths, env.get("PYTHONPATH"))
     env["PATH"] = _prepend(str(NEURON_DOUBLE_DIR / "bin"), env.get("PATH"))
     if behaviour is not None:
         env[BEHAVIOUR_ENV] = behaviour
     if sdk is not None:
         env["COMPILESVC_NEURON_SDK"] = sdk
-    if installed is None:
-        installed = sdk if sdk in known_releases() else DEFAULT_SDK
     env[RELEASE_ENV] = installed
     if devices is not None:
         env[DEVICES_ENV] = str(devices)

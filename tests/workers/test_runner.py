@@ -28,6 +28,7 @@ from compilesvc.store.base import blob_name, bucket_manifest_name
 from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_AND_REJECTED_FLAGS
+from tests.doubles.neuron._release import RELEASES
 from tests.workers.test_pipeline import group_members
 from workers.logstream import LogStream
 from workers.runner import (
@@ -326,7 +327,7 @@ def test_tp_through_the_runner_publishes_the_model_and_each_ranks_weights(servic
     assert [(f.path, f.role) for f in manifest.files] == [
         ("model.pt", "model"), ("weights/tp0_sharded_checkpoint.safetensors", "weights-shard"),
         ("weights/tp1_sharded_checkpoint.safetensors", "weights-shard")]
-    assert manifest.versions["neuronx_distributed"] == "0.16.0"
+    assert manifest.versions["neuronx_distributed"] == RELEASES["2.27.1"].neuronx_distributed
     with services.sessions() as session:
         lines = session.scalars(select(LogLine.line).where(LogLine.bucket_compile_id == row.id)).all()
     assert any("max_parallel_rank_compiles=3" in line for line in lines)
