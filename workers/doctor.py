@@ -52,6 +52,7 @@ from workers.compile_child import RESULT_NAME
 from workers.versions import (
     NEURON_SDK_ENV,
     dist_version,
+    neuron_refusals,
     neuronx_cc_executable,
     neuronx_cc_version,
     neuronx_distributed_version,
@@ -161,18 +162,17 @@ def toolchain_check(facts: dict[str, Any]) -> Check:
 
 
 def release_check(release: str | None, installed: dict[str, str | None]) -> Check:
-    """The configured release against the installed packages.
-
-    PLUG-IN POINT (issue 7, part 5): the release manifest check (installed packages vs the release
-    ``COMPILESVC_NEURON_SDK`` claims, the same verdict a worker gets before it registers) belongs here, as
-    PASS when it finds nothing and FAIL naming each package that differs. Until it lands, this check only
-    says what is configured.
-    """
+    """The configured release against the installed packages and this environment: the verdict a worker
+    gets before it registers (:func:`workers.versions.neuron_refusals`), so a FAIL here is a worker that
+    would refuse to start."""
     if release is None:
         return Check("release", SKIP, f"{NEURON_SDK_ENV} is not set: a worker on this host will offer no Neuron "
                                       f"targets until it names the installed Neuron SDK release (e.g. 2.27.1)")
-    return Check("release", SKIP, f"{NEURON_SDK_ENV}={release}; this build cannot yet check that the installed "
-                                  f"packages are that release's")
+    problems = neuron_refusals(release, installed, dict(os.environ))
+    if problems:
+        return Check("release", FAIL, "; ".join(problems))
+    return Check("release", PASS, f"{NEURON_SDK_ENV}={release}: the installed packages are that release's, and "
+                                  f"no output-changing variable is set")
 
 
 # -- checks that run the worker's compile path --------------------------------------------------------------
@@ -180,7 +180,7 @@ def release_check(release: str | None, installed: dict[str, str | None]) -> Chec
 def child_environment(target: str) -> dict[str, str]:
     """What the runner gives a compile child for ``target`` (imported late: the runner pulls in the ledger's
     modules, which the host facts do not need)."""
-    from workers.runner import child_environment as runner_environment
+    from workers.child_env import child_environment as runner_environment
 
     return {**runner_environment(os.environ), **child_environment_for(target)}
 

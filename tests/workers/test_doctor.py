@@ -73,7 +73,8 @@ def test_a_device_less_host_compiles_through_trace_and_neuronx_cc_and_skips_the_
     checks = checks_of(run.stdout)
     assert list(checks) == ["toolchain", "release", "trace", "neuronx-cc", "load"]
     assert checks["toolchain"][0] == "PASS" and f"neuronx-cc {INSTALLED.neuronx_cc}+" in checks["toolchain"][1]
-    assert checks["release"][0] == "SKIP" and f"COMPILESVC_NEURON_SDK={SDK}" in checks["release"][1]
+    assert checks["release"] == ("PASS", f"COMPILESVC_NEURON_SDK={SDK}: the installed packages are that release's, "
+                                         f"and no output-changing variable is set")
     status, detail = checks["trace"]
     assert status == "PASS" and "traced for inf2: model.pt (" in detail and "cpu_backend=True" in detail
     # The double leaves its HLO as <compiler workdir>/<uuid>/model.hlo_module.pb; the report names it.
@@ -100,7 +101,7 @@ def test_a_host_with_a_device_loads_and_runs_the_traced_model_and_json_parses(
     report = json.loads(run.stdout)
     assert report["status"] == "pass" and report["exit_code"] == 0
     statuses = {c["name"]: c["status"] for c in report["checks"]}
-    assert statuses == {"toolchain": "PASS", "release": "SKIP", "trace": "PASS", "neuronx-cc": "PASS",
+    assert statuses == {"toolchain": "PASS", "release": "PASS", "trace": "PASS", "neuronx-cc": "PASS",
                         "load": "PASS"}
     load = next(c for c in report["checks"] if c["name"] == "load")
     assert load["detail"].startswith("model.pt on 2 Neuron device(s): loaded in ")
@@ -133,6 +134,20 @@ def test_a_compile_error_fails_with_its_class_code_and_the_compiler_output(env: 
     assert 2 <= len(tail) - 1 <= 20
     assert any("[NCC_EVRF007]" in line for line in tail)  # the compiler's own line, as it printed it
     assert "run again with --keep DIR" in run.stdout
+
+
+def test_packages_of_another_release_fail_the_release_check_as_a_worker_would_refuse(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """The host claims 2.27.1 but has 2.26.1's packages, and sets an output-changing variable: the worker
+    would refuse to start, and the doctor says why, naming each package and the variable."""
+    claimed = {**neuron_double_env(env, sdk=SDK, installed="2.26.1", devices=0), "XLA_USE_BF16": "1"}
+    run = doctor(claimed, tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    status, detail = checks_of(run.stdout)["release"]
+    assert status == "FAIL"
+    assert f"neuronx-cc: installed {RELEASES['2.26.1'].neuronx_cc}" in detail
+    assert f"release {SDK} ships {INSTALLED.neuronx_cc}" in detail
+    assert "XLA_USE_BF16" in detail
 
 
 def test_no_neuronx_cc_on_path_is_a_clear_failure(env: dict[str, str], tmp_path: Path) -> None:
