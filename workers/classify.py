@@ -54,6 +54,9 @@ REJECTED_FLAG_RE = re.compile(
 #: Exceptions a trace raises for an operator it cannot lower (torch-xla: RuntimeError "Error while lowering";
 #: torch_neuronx: RuntimeError "neuronx-cc failed with N" around the compiler's own message).
 OPERATOR_EXCEPTIONS = frozenset({"RuntimeError", "NotImplementedError"})
+#: An OSError's text where an exception is reported: a traceback's "PermissionError: [Errno 13] …" or the
+#: compiler driver's "Unhandled exception with message: [Errno 5] …".
+OS_ERROR_RE = re.compile(r"(?:\b[A-Z]\w*Error|Unhandled exception with message):\s*\[Errno \d+\]")
 #: A traceback's last line: an unindented exception name, then ": message" or nothing.
 _EXCEPTION_LINE_RE = re.compile(r"^([A-Za-z_][\w.]*)(?::|\s*$)")
 
@@ -87,9 +90,12 @@ class Verdict:
 class Row:
     """One row of the table: the first row whose evidence is present decides.
 
-    Evidence is a line of output matching ``pattern`` (lines carrying an NCC code are skipped when
-    ``skip_coded_lines``: ``NCC_EOOM…`` is the device's memory, not the host's), or an exception whose
-    hierarchy holds one of ``exceptions``, or ``applies`` being true; ``applies`` also gates the others.
+    Evidence is a line of output matching ``pattern`` (lines carrying a user-facing ``NCC_E…`` code are
+    skipped when ``skip_coded_lines``: ``NCC_EOOM…`` is the device's memory, not the host's; an internal
+    ``NCC_I…`` code is not a reason to skip, because the driver prints every unhandled exception behind
+    one: ``[INTERNAL_ERROR] [NCC_INLA001] Unhandled exception with message: [Errno 28] No space left on
+    device``), or an exception whose hierarchy holds one of ``exceptions``, or ``applies`` being true;
+    ``applies`` also gates the others.
     """
 
     name: str
@@ -136,14 +142,20 @@ TABLE: tuple[Row, ...] = (
                            r"Out of memory: Kill|oom-kill", re.IGNORECASE),
         exceptions=frozenset({"MemoryError"})),
     Row("missing-module", E.INFRA, "MISSING_MODULE",
-        "a traceback ending in ImportError / ModuleNotFoundError (not a warning that mentions a module)",
-        "Python's import system: a package missing on this worker", skip_coded_lines=True,
+        "a traceback ending in ImportError / ModuleNotFoundError (not a warning that mentions a module), also "
+        "as the cause of trace's exception",
+        "Python's import system: a package missing on this worker (#714: an SDK console script dying on import; "
+        "huggingface/optimum-neuron#68: trace re-raises a failed `import neuronxcc` as RuntimeError)",
+        skip_coded_lines=True,
         pattern=re.compile(r"^\s*(?:[\w.]+\.)?(?:ModuleNotFoundError|ImportError)\b"),
         exceptions=frozenset({"ImportError"})),
     Row("host-os-error", E.INFRA, "HOST_OS_ERROR",
-        "trace raised an OSError, or the child's traceback ends in one (I/O, permissions, a vanished file)",
-        "Python's OSError family: the host's files and devices, not the model",
-        exceptions=frozenset({"OSError"})),
+        "trace raised an OSError, or the output shows one: 'XxxError: [Errno N] …' (a traceback's last line) or "
+        "the compiler's 'Unhandled exception with message: [Errno N] …' (I/O, permissions, a vanished file)",
+        "Python's OSError family, whose str() is '[Errno N] strerror: path': the host's files and devices, not "
+        "the model; neuronx-cc's driver reports any unhandled exception as '[NLA001] / [INTERNAL_ERROR] "
+        "[NCC_INLA001] Unhandled exception with message: <str(exc)>' (#1118, #948, #1314)",
+        skip_coded_lines=True, pattern=OS_ERROR_RE, exceptions=frozenset({"OSError"})),
     Row("rejected-flag", E.BAD_REQUEST, "COMPILER_FLAG_REJECTED",
         "the argument parser's 'error: unrecognized arguments: …' / 'argument --x: invalid choice' / "
         "'expected one argument' / 'ambiguous option', no NCC code",
@@ -223,7 +235,7 @@ def _find(row: Row, evidence: Evidence) -> tuple[str, re.Match[str] | None] | No
         return None
     if row.pattern is not None:
         for line in evidence.lines:
-            if row.skip_coded_lines and ANY_NCC_RE.search(line):
+            if row.skip_coded_lines and NCC_ERROR_RE.search(line):
                 continue
             match = row.pattern.search(line)
             if match:

@@ -64,6 +64,28 @@ please supply compiler argument target" RuntimeError; neuronx-cc rejects unknown
     the compiler fails like a binary missing ``libxml2.so.2`` ("error while loading shared libraries"),
     exit 127.
 
+The host's trouble, not the model's (each row of workers/classify.py's table has a behaviour; sources in
+the double's comments). neuronx-cc reports an exception its passes raise through the driver's wrapper:
+the "An Internal Compiler Error has occurred" banner, ``[INTERNAL_ERROR] [NCC_INLA001] Unhandled exception
+with message: <str(exception)>`` (``[NLA001]`` before 2.21), ``Type: <class '...'>``, exit 70. trace raises
+the Python exception the real code path raises (a RuntimeError for neuronx-cc failing under it).
+
+``disk-full``
+    neuronx-cc: the wrapper around ``[Errno 28] No space left on device: '<output>'`` (OSError). trace:
+    writing the HLO into ``compiler_workdir`` raises that OSError (ENOSPC) before the compiler runs.
+``host-oom``
+    neuronx-cc: the wrapper around ``std::bad_alloc`` (MemoryError, as Cython translates it). trace:
+    lowering on the CPU raises torch's ``RuntimeError: [enforce fail at alloc_cpu.cpp:117] ...
+    DefaultCPUAllocator: can't allocate memory ... (Cannot allocate memory)``. (A kernel OOM kill is ``oom``.)
+``missing-module`` / ``missing-module:NAME``
+    neuronx-cc: a half-installed SDK, the console script dies on import with a traceback ending in
+    ``ModuleNotFoundError: No module named 'numpy'`` (default NAME), exit 1, before parsing anything.
+    trace: ``RuntimeError("neuronx-cc is not installed. ...")`` chained from ``ModuleNotFoundError: No
+    module named 'neuronxcc'`` (default NAME), before the compiler runs.
+``host-os-error``
+    neuronx-cc: the wrapper around ``[Errno 5] Input/output error: '<input>'`` (OSError). trace: creating
+    its run directory under ``compiler_workdir`` raises ``PermissionError: [Errno 13] Permission denied``.
+
 neuronx_distributed: ``parallel_model_trace`` runs one spawned process per rank (rank 0 binds the
 rendezvous port; a second concurrent run fails with "Address already in use"), honours
 ``max_parallel_compilations`` (and prints what it got), needs a device, warns on 2.26 and raises from 2.27;

@@ -27,6 +27,11 @@ LOWERING = ("RuntimeError: Error while lowering: [] aten::inverse, xla_shape=f32
 RUNTIME = ("RuntimeError",)
 MRO_OS = ("FileNotFoundError", "OSError", "Exception", "BaseException", "object")
 
+# neuronx-cc's driver reports any unhandled exception behind an internal code (aws-neuron-sdk#1118, #948,
+# #1314); a host error raised inside the compiler arrives that way.
+UNHANDLED = ("2026-05-09T07:35:25Z USER 4242 [neuronx-cc]: [INTERNAL_ERROR] [NCC_INLA001] Unhandled exception with "
+             "message: {} - Please open a support ticket at https://github.com/aws-neuron/aws-neuron-sdk/issues/new")
+
 # id, evidence, expected row, class, code, a part of the message
 JUDGE_CASES: list[tuple[str, Evidence, str, ErrorClass, str, str]] = [
     ("shared library, CLI", Evidence(["neuronx-cc: error while loading shared libraries: libxml2.so.2: cannot "
@@ -41,6 +46,24 @@ JUDGE_CASES: list[tuple[str, Evidence, str, ErrorClass, str, str]] = [
      "COMPILER_KILLED", "SIGSEGV"),
     ("disk full", Evidence(["OSError: [Errno 28] No space left on device", "[NCC_IBIR001] write failed"], 70),
      "disk-full", ErrorClass.INFRA, "DISK_FULL", "No space left"),
+    ("disk full behind an internal code", Evidence([UNHANDLED.format("[Errno 28] No space left on device: '/w/n'"),
+                                                    "Type: <class 'OSError'>"], 70),
+     "disk-full", ErrorClass.INFRA, "DISK_FULL", "No space left on device"),
+    ("bad_alloc behind an internal code", Evidence([UNHANDLED.format("std::bad_alloc"),
+                                                    "Type: <class 'MemoryError'>"], 70),
+     "host-out-of-memory", ErrorClass.INFRA, "HOST_OOM", "std::bad_alloc"),
+    ("EIO behind an internal code", Evidence([UNHANDLED.format("[Errno 5] Input/output error: '/w/m.pb'")], 70),
+     "host-os-error", ErrorClass.INFRA, "HOST_OS_ERROR", "Input/output error"),
+    ("EIO behind a bare pre-2.21 code", Evidence(["[NLA001]  Unhandled exception with message: [Errno 5] "
+                                                  "Input/output error: '/w/m.pb'"], 70),
+     "host-os-error", ErrorClass.INFRA, "HOST_OS_ERROR", "Input/output error"),
+    ("a CLI traceback ending in PermissionError", Evidence(["Traceback (most recent call last):",
+                                                           "PermissionError: [Errno 13] Permission denied: '/w'"], 1),
+     "host-os-error", ErrorClass.INFRA, "HOST_OS_ERROR", "Permission denied"),
+    ("a user-facing code is never host trouble", Evidence(["[NCC_EARG001] bad config: OSError: [Errno 22] x"], 70),
+     "ncc-error-code", ErrorClass.COMPILE, "NCC_EARG001", "bad config"),
+    ("an errno in a warning is no OSError", Evidence(["WARNING: could not read /sys/x ([Errno 2])", NCC_INTERNAL], 70),
+     "ncc-internal-code", ErrorClass.COMPILE, "NCC_IXCG856", "MATCH_REPLACE8"),
     ("host MemoryError line", Evidence(["Traceback (most recent call last):", "MemoryError"], 1),
      "host-out-of-memory", ErrorClass.INFRA, "HOST_OOM", "MemoryError"),
     ("host MemoryError raised in trace", Evidence([], None, exception=("MemoryError", "Exception")),

@@ -236,7 +236,15 @@ def raise_for_trace_failure(exc: BaseException, lines: Sequence[str]) -> NoRetur
         match = _EXIT_STATUS_RE.search(str(exc))
         status = int(match.group(1)) if match else None
     names = tuple(cls.__name__ for cls in type(exc).__mro__)
-    evidence = Evidence([*lines, f"{type(exc).__name__}: {exc}"], status, exception=names,
+    # A traceback prints the exceptions an exception was raised from; so does the evidence. torch_neuronx's
+    # hlo_compile re-raises a failed `import neuronxcc` as RuntimeError("neuronx-cc is not installed")
+    # (huggingface/optimum-neuron#68): the ModuleNotFoundError behind it is what says "host".
+    causes = []
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    while cause is not None and len(causes) < 5:
+        causes.append(f"{type(cause).__name__}: {cause}")
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+    evidence = Evidence([*lines, *reversed(causes), f"{type(exc).__name__}: {exc}"], status, exception=names,
                         who="torch_neuronx.trace" if status is None else "neuronx-cc (under torch_neuronx.trace)",
                         unknown_code="NEURON_TRACE_FAILED" if status is None else f"NEURONX_CC_EXIT_{status}")
     verdict = judge(evidence)

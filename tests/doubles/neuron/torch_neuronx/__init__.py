@@ -16,10 +16,13 @@ torch-neuronx/api-reference-guide/inference/api-torch-neuronx-trace.html) and th
   NEFF inside), writes an HLO file under ``compiler_workdir`` and runs the ``neuronx-cc`` found on PATH
   as a subprocess sharing our stdout/stderr, raising ``RuntimeError("neuronx-cc failed with <status>")``
   when it fails: codes are only in that output. ``crash``/``segfault`` kill the *calling* process.
+- the host's trouble surfaces as the Python exception the real code path would raise: ``disk-full``,
+  ``host-os-error``, ``host-oom``, ``missing-module`` (see :func:`_host_trouble`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import shutil
@@ -48,6 +51,16 @@ NO_DEVICE_ERROR = ("Bad StatusOr access: INVALID_ARGUMENT: PJRT_Client_Create: e
 CPU_TARGET_ERROR = ("If you want to compile on CPU, please supply compiler argument target, with one of "
                     "options trn1, inf2, trn1n, or trn2. Ex: \"--target trn1\"")
 #: The dispatcher's message for an op with no XLA kernel (pytorch/xla#9725).
+#: torch's CPU allocator out of host memory (c10/core/impl/alloc_cpu.cpp; the text as users report it, e.g.
+#: "RuntimeError: [enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory:
+#: you tried to allocate 2359296 bytes. Error code 12 (Cannot allocate memory)").
+HOST_OOM_ERROR = ("[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                  "you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)")
+#: torch_neuronx's hlo_compile when neuronxcc cannot be imported (its source as quoted in
+#: huggingface/optimum-neuron#68: ``import neuronxcc`` in a try, re-raised as this RuntimeError from the
+#: ImportError): torch-neuronx installed without (or with a broken) neuronx-cc.
+COMPILER_MISSING_ERROR = ("neuronx-cc is not installed.\nneuronx-cc can be installed using:\npython3 -m pip install "
+                          "--extra-index-url=https://pip.repos.neuron.amazonaws.com neuronx-cc")
 UNSUPPORTED_OP_ERROR = ("Could not run 'aten::_fft_r2c' with arguments from the 'XLA' backend. This could be "
                         "because the operator doesn't exist for this backend, or was omitted during the "
                         "selective/custom build process (if using custom build).")
@@ -97,6 +110,31 @@ def trace(func: Any, example_inputs: Any, *_: Any, input_output_aliases: dict[An
     return _trace(func, example_inputs, compiler_workdir, args, lowered_for, inline_weights_to_neff)
 
 
+def _host_trouble(behaviour: str, where: Path, stage: str) -> None:
+    """Raise what the real trace raises at ``stage`` when the host, not the model, is at fault.
+
+    ``workdir``: creating ``compiler_workdir`` on a directory the worker may not write (host-os-error:
+    PermissionError EACCES, "[Errno 13] Permission denied: '<path>'"). ``lowering``: tracing on the CPU runs
+    out of host memory (host-oom: torch's allocator RuntimeError above). ``write``: the HLO module is
+    written into ``compiler_workdir`` before neuronx-cc runs (the trace API reference: "compiler_workdir: the
+    directory to save any compiler outputs to"); a full disk fails it with ENOSPC (disk-full). ``compile``:
+    hlo_compile imports neuronxcc first (missing-module: the RuntimeError above, chained from the
+    ModuleNotFoundError, as optimum-neuron#68 shows).
+    """
+    if stage == "workdir" and behaviour == "host-os-error":
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(where))
+    if stage == "lowering" and behaviour == "host-oom":
+        raise RuntimeError(HOST_OOM_ERROR)
+    if stage == "write" and behaviour == "disk-full":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
+    if stage == "compile" and behaviour.startswith("missing-module"):
+        name = behaviour.split(":", 1)[1] if ":" in behaviour else "neuronxcc"
+        try:
+            raise ModuleNotFoundError(f"No module named '{name}'", name=name)
+        except ImportError as exc:
+            raise RuntimeError(COMPILER_MISSING_ERROR) from exc
+
+
 def _trace(func: Any, example_inputs: Any, compiler_workdir: str | os.PathLike[str] | None, args: list[str],
            lowered_for: str, inline_weights_to_neff: bool = True) -> Any:
     """Lower (CPU TorchScript) and compile (the neuronx-cc on PATH); shared with the NxD double."""
@@ -106,16 +144,20 @@ def _trace(func: Any, example_inputs: Any, compiler_workdir: str | os.PathLike[s
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     workdir = (Path(compiler_workdir) if compiler_workdir else Path("neuron-compiler-workdir")).resolve()
     run_dir = workdir / str(uuid.uuid4())
+    _host_trouble(behaviour, run_dir, "workdir")
     run_dir.mkdir(parents=True, exist_ok=True)
 
     if behaviour == "unsupported-op":
         # torch-xla fails while lowering, before any compiler runs: a Python exception, no NCC code.
         raise NotImplementedError(UNSUPPORTED_OP_ERROR)
+    _host_trouble(behaviour, run_dir, "lowering")
     with torch.no_grad():
         traced = torch.jit.trace(func, inputs)
     hlo = run_dir / "model.hlo_module.pb"
+    _host_trouble(behaviour, hlo, "write")
     hlo.write_text(str(traced.inlined_graph) if hasattr(traced, "inlined_graph") else repr(traced))
     neff = run_dir / "graph.neff"
+    _host_trouble(behaviour, run_dir, "compile")
     compiler = shutil.which("neuronx-cc") or str(_BIN)
     # The wrapper puts its own --target (the frozen platform) first, the caller's args after (#872's
     # command line); the compiler's argparse keeps the right-most --target.
