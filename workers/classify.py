@@ -143,11 +143,13 @@ TABLE: tuple[Row, ...] = (
         exceptions=frozenset({"MemoryError"})),
     Row("missing-module", E.INFRA, "MISSING_MODULE",
         "a traceback ending in ImportError / ModuleNotFoundError (not a warning that mentions a module), also "
-        "as the cause of trace's exception",
+        "as the cause of trace's exception; trace's 'neuronx-cc compiler binary does not exist'",
         "Python's import system: a package missing on this worker (#714: an SDK console script dying on import; "
-        "huggingface/optimum-neuron#68: trace re-raises a failed `import neuronxcc` as RuntimeError)",
+        "huggingface/optimum-neuron#68: trace re-raises a failed `import neuronxcc` as RuntimeError); #737: "
+        "trace's RuntimeError when the neuronx-cc binary is missing",
         skip_coded_lines=True,
-        pattern=re.compile(r"^\s*(?:[\w.]+\.)?(?:ModuleNotFoundError|ImportError)\b"),
+        pattern=re.compile(r"^\s*(?:[\w.]+\.)?(?:ModuleNotFoundError|ImportError)\b|"
+                           r"neuronx-cc compiler binary does not exist"),
         exceptions=frozenset({"ImportError"})),
     Row("host-os-error", E.INFRA, "HOST_OS_ERROR",
         "trace raised an OSError, or the output shows one: 'XxxError: [Errno N] …' (a traceback's last line) or "
