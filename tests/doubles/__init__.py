@@ -175,3 +175,13 @@ def neuron_double_env(base: Mapping[str, str] | None = None, *, behaviour: str |
     if devices is not None:
         env[DEVICES_ENV] = str(devices)
     return env
+
+
+def with_devices(env: Mapping[str, str], root: Path, count: int) -> dict[str, str]:
+    """``env`` on a host with ``count`` Neuron devices: device nodes under ``root / "dev"`` that our code
+    finds (``COMPILESVC_NEURON_DEVICE_GLOB``), and the double's own simulated count."""
+    nodes = root / "dev"
+    nodes.mkdir(exist_ok=True)
+    for index in range(count):
+        (nodes / f"neuron{index}").touch()
+    return {**env, "COMPILESVC_NEURON_DEVICE_GLOB": str(nodes / "neuron[0-9]*"), DEVICES_ENV: str(count)}

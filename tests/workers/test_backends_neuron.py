@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from compilesvc.config import RANK_COMPILE_MEMORY_BYTES, Settings, default_parallel_rank_compiles, host_memory_bytes
-from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env
+from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env, with_devices
 from tests.doubles.neuron._release import RELEASES
 from tests.fixtures.ports import free_port
 from tests.workers import DEMO_MODEL, PYTHON, REPO, make_request, run_child, run_children, text_inputs
@@ -36,16 +36,6 @@ def env(tmp_path: Path) -> dict[str, str]:
     """A device-less host (no /dev/neuron* nodes), with the child environment the runner gives trn1 compiles."""
     return {**neuron_double_env(sdk=SDK, devices=0), **child_environment_for("trn1"),
             "COMPILESVC_NEURON_DEVICE_GLOB": str(tmp_path / "no-devices" / "neuron[0-9]*")}
-
-
-def _with_devices(env: dict[str, str], root: Path, count: int) -> dict[str, str]:
-    """``env`` on a host with ``count`` Neuron devices (device nodes the backend sees, and the double's own)."""
-    nodes = root / "dev"
-    nodes.mkdir(exist_ok=True)
-    for index in range(count):
-        (nodes / f"neuron{index}").touch()
-    return {**env, "COMPILESVC_NEURON_DEVICE_GLOB": str(nodes / "neuron[0-9]*"),
-            "COMPILESVC_NEURON_DOUBLE_DEVICES": str(count)}
 
 
 def _neff_metadata(run: Any) -> dict[str, str]:
@@ -156,7 +146,7 @@ def _old_release_host(env: dict[str, str], root: Path, devices: int = 2) -> dict
     its rendezvous port moved off 2022 so that other test runs on this host cannot disturb it."""
     old = {**env, **neuron_double_env(sdk="2.20.0", devices=0),
            "COMPILESVC_NEURON_DOUBLE_PMT_PORT": str(free_port())}
-    return _with_devices(old, root, devices) if devices else old
+    return with_devices(old, root, devices) if devices else old
 
 
 def test_tp_on_a_current_sdk_goes_through_model_builder(tmp_path: Path, env: dict[str, str],
@@ -255,7 +245,7 @@ def test_the_rank_bound_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_trace_on_a_host_with_a_device_does_not_use_the_cpu_backend(tmp_path: Path, env: dict[str, str],
                                                                     scripted: str) -> None:
-    run = _trace(tmp_path, "device", _with_devices(env, tmp_path, 1), [], model_path=scripted,
+    run = _trace(tmp_path, "device", with_devices(env, tmp_path, 1), [], model_path=scripted,
                  model_format="torchscript")
     assert run.returncode == 0, run.describe()
     assert "cpu_backend=False devices=1" in run.stdout

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env
+from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env, with_devices
 from tests.doubles.neuron._release import RELEASES
 
 SDK = "2.27.1"
@@ -36,16 +36,6 @@ def env(tmp_path: Path) -> dict[str, str]:
     env = neuron_double_env(base, sdk=SDK, devices=0)
     env["COMPILESVC_NEURON_DEVICE_GLOB"] = str(tmp_path / "no-devices" / "neuron[0-9]*")
     return env
-
-
-def _with_devices(env: dict[str, str], root: Path, count: int) -> dict[str, str]:
-    """``env`` on a host with ``count`` Neuron devices (device nodes our code sees, and the double's own)."""
-    nodes = root / "dev"
-    nodes.mkdir()
-    for index in range(count):
-        (nodes / f"neuron{index}").touch()
-    return {**env, "COMPILESVC_NEURON_DEVICE_GLOB": str(nodes / "neuron[0-9]*"),
-            "COMPILESVC_NEURON_DOUBLE_DEVICES": str(count)}
 
 
 def doctor(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -96,7 +86,7 @@ def test_a_device_less_host_compiles_through_trace_and_neuronx_cc_and_skips_the_
 def test_a_host_with_a_device_loads_and_runs_the_traced_model_and_json_parses(
         env: dict[str, str], tmp_path: Path) -> None:
     keep = tmp_path / "kept"
-    run = doctor(_with_devices(env, tmp_path, 2), tmp_path, "--json", "--keep", str(keep), "--target", "trn1")
+    run = doctor(with_devices(env, tmp_path, 2), tmp_path, "--json", "--keep", str(keep), "--target", "trn1")
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(run.stdout)
     assert report["status"] == "pass" and report["exit_code"] == 0
