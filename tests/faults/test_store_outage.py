@@ -45,8 +45,10 @@ def test_s3_outage_during_publish(faults: FaultCluster) -> None:
     assert build["state"] == "succeeded", (summary(build), seen)
     assert bucket["attempts"] == 1, summary(build)
 
-    # The compiler ran once: one double "Compiling ..." line in the central log, one "compiler started".
-    compiles = [line for line in faults.api.log_lines(build_id) if "[neuronx-cc]: Compiling " in line["line"]]
+    # The compiler ran once: one compiler banner (the double's "NeuronX Compiler version ... compiling") in the
+    # central log, one "compiler started".
+    compiles = [line for line in faults.api.log_lines(build_id)
+                if "[neuronx-cc]: NeuronX Compiler version " in line["line"] and "; compiling " in line["line"]]
     assert len(compiles) == 1, compiles
     assert len(faults.worker_records("compiler started", bucket_key=bucket["key"])) == 1
 
