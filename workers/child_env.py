@@ -59,6 +59,9 @@ OUTPUT_CHANGING: dict[str, str] = {
     "XLA_USE_32BIT_LONG": "the model (cast int64 inputs before submitting) or the spec's input dtypes",
 }
 NEURON_CC_FLAGS = "NEURON_CC_FLAGS"
+#: The SDK's platform target override, and the targets it names (the SDK's own list includes trn1n).
+PLATFORM_OVERRIDE_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
+NEURON_PLATFORM_TARGETS = frozenset({"inf2", "trn1", "trn1n", "trn2"})
 
 
 def allowed(name: str) -> bool:
@@ -69,10 +72,19 @@ def allowed(name: str) -> bool:
     return name in ALLOWED or name.startswith(ALLOWED_PREFIXES)
 
 
-def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The compiler child's environment: the allowed part of ``environ`` (see the module doc)."""
+def child_environment_for(target: str) -> dict[str, str]:
+    """What a compile child for ``target`` needs in its environment from process start: the SDK reads
+    ``NEURON_PLATFORM_TARGET_OVERRIDE`` once, when its libraries are imported (optimum-neuron #961/#988)."""
+    return {PLATFORM_OVERRIDE_ENV: target} if target in NEURON_PLATFORM_TARGETS else {}
+
+
+def child_environment(environ: Mapping[str, str], target: str | None = None) -> dict[str, str]:
+    """The compiler child's environment: the allowed part of ``environ``, plus what a compile for ``target``
+    needs from process start (see the module doc)."""
     env = {name: value for name, value in environ.items() if allowed(name)}
     env["PYTHONUNBUFFERED"] = "1"  # lines reach the central log as they are printed
+    if target is not None:
+        env.update(child_environment_for(target))
     return env
 
 
@@ -94,8 +106,3 @@ def output_changing_problems(environ: Mapping[str, str]) -> list[str]:
                                 f"compiler.args; only cache, log and verbosity flags may stay there")
     return problems
 
-
-def dropped(environ: Mapping[str, str]) -> list[str]:
-    """Names in ``environ`` that look Neuron/XLA/torch related and will not reach the child (for a log line)."""
-    interesting = ("NEURON_", "XLA_", "TORCH", "PJRT_")
-    return sorted(name for name in environ if name.upper().startswith(interesting) and not allowed(name))

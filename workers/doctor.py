@@ -4,7 +4,7 @@ Owns the checks, how each one is run and judged, and the report (text for a bug 
 machines). Needs no database, broker, store or COMPILESVC_* settings: it runs on a bare compile host before
 a worker is configured there. Every compile goes through the worker's own path: the real compile child
 (``python -m workers.compile_child``, :mod:`workers.compile_child`) in the environment the runner gives it
-(:func:`workers.runner.child_environment` + :func:`workers.backends.neuron.child_environment_for`), its
+(:func:`workers.child_env.child_environment`), its
 outcome classified by :func:`workers.classify.classify`, so a FAIL shows the class and code a real compile
 would get. Checks, in order:
 
@@ -46,7 +46,8 @@ from compilesvc.cli import BadInput
 from compilesvc.demo import MODEL_FILE, demo_model_bytes, demo_spec
 from compilesvc.hostinfo import host_isa, instance_type
 from compilesvc.spec import NEURON_TARGETS, parse_spec
-from workers.backends.neuron import child_environment_for, neuron_devices
+from workers.backends.neuron import neuron_devices
+from workers.child_env import child_environment
 from workers.classify import classify
 from workers.compile_child import RESULT_NAME
 from workers.versions import (
@@ -177,14 +178,6 @@ def release_check(release: str | None, installed: dict[str, str | None]) -> Chec
 
 # -- checks that run the worker's compile path --------------------------------------------------------------
 
-def child_environment(target: str) -> dict[str, str]:
-    """What the runner gives a compile child for ``target`` (imported late: the runner pulls in the ledger's
-    modules, which the host facts do not need)."""
-    from workers.child_env import child_environment as runner_environment
-
-    return {**runner_environment(os.environ), **child_environment_for(target)}
-
-
 def run_process(argv: list[str], cwd: Path, env: dict[str, str], log: Path, timeout: float) -> ChildRun:
     """Run ``argv`` in its own process group with stdout and stderr into ``log``; the group dies on timeout
     (or on Ctrl-C of the doctor), as the runner kills a compiler's whole tree."""
@@ -222,7 +215,7 @@ def compile_child(name: str, root: Path, request: dict[str, Any], timeout: float
     request_path = base / "request.json"
     request_path.write_text(json.dumps(request, indent=1, sort_keys=True))
     run = run_process([sys.executable, "-m", "workers.compile_child", str(request_path)], work_dir,
-                      child_environment(request["target"]), base / "compile.log", timeout)
+                      child_environment(os.environ, request["target"]), base / "compile.log", timeout)
     return run, request
 
 
@@ -315,7 +308,7 @@ def load_check(root: Path, trace: Check, trace_request: dict[str, Any], devices:
     inputs.parent.mkdir(parents=True)
     inputs.write_text(json.dumps(trace_request["inputs"]))
     run = run_process([sys.executable, "-m", "workers.load_check", str(model), str(inputs)], inputs.parent,
-                      child_environment(target), inputs.parent / "load.log", timeout)
+                      child_environment(os.environ, target), inputs.parent / "load.log", timeout)
     seconds = round(run.seconds, 1)
     done = next((line.removeprefix("[load-check] ok: ") for line in run.tail if line.startswith("[load-check] ok")),
                 None)

@@ -15,7 +15,7 @@
 4. **Compile** in ``python -m workers.compile_child`` (:class:`CompilerProcess`): a fresh temporary work
    dir as cwd, a new session/process group so the whole compiler tree can be killed, a hard timeout, an
    environment built from an allow-list (:mod:`workers.child_env`; plus, for Neuron targets,
-   ``NEURON_PLATFORM_TARGET_OVERRIDE`` from process start: :func:`workers.backends.neuron.child_environment_for`),
+   ``NEURON_PLATFORM_TARGET_OVERRIDE`` from process start: :func:`workers.child_env.child_environment_for`),
    and the worker's death taking the child with it (``PR_SET_PDEATHSIG``).
    Output streams line by line into the central log (:mod:`workers.logstream`).
 5. **Classify** (:func:`workers.classify.classify`).
@@ -59,7 +59,6 @@ from compilesvc.model_identity import ModelRefError
 from compilesvc.outbox import OutboxRelay
 from compilesvc.services import Services
 from compilesvc.store import StoreError, bucket_manifest_name
-from workers.backends.neuron import child_environment_for
 from workers.child_env import child_environment
 from workers.classify import Outcome, classify
 from workers.logstream import LogStream
@@ -344,8 +343,7 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
 
         started = time.monotonic()
         child = CompilerProcess([sys.executable, "-m", "workers.compile_child", str(request_path)],
-                                cwd=work_dir, env={**child_environment(os.environ),
-                                                   **child_environment_for(claim.target)}, logs=logs)
+                                cwd=work_dir, env=child_environment(os.environ, claim.target), logs=logs)
         logger.info("compiler started", extra={"pid": child.proc.pid})
         returncode, timed_out = child.wait(settings.compile_timeout_seconds, keeper.stop, KILL_GRACE_SECONDS)
         wall = time.monotonic() - started

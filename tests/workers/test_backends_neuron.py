@@ -24,7 +24,7 @@ from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env, with_devices
 from tests.doubles.neuron._release import RELEASES
 from tests.fixtures.ports import free_port
 from tests.workers import DEMO_MODEL, PYTHON, REPO, make_request, run_child, run_children, text_inputs
-from workers.backends.neuron import child_environment_for
+from workers.child_env import child_environment_for
 from workers.classify import classify
 
 SDK = "2.27.1"  # the release docker-compose.yml ships

@@ -21,8 +21,7 @@ from tests.doubles import neuron_double_env
 from tests.doubles.neuron._release import RELEASES
 from tests.test_cli import clean_env
 from tests.workers import REPO, run_child, text_inputs
-from workers.backends.neuron import child_environment_for
-from workers.child_env import child_environment
+from workers.child_env import child_environment, child_environment_for
 
 CLI = Path(sys.executable).parent / "compilesvc"
 EX_CONFIG = 78

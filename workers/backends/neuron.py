@@ -20,7 +20,7 @@ Hosts without a Neuron device (compiling needs the SDK, not the chip): :func:`ne
 (trace API reference; optimum-neuron PR #961), otherwise it fails in the PJRT client ("num_devices > 0",
 aws-neuron-sdk#902/#910). ``NEURON_PLATFORM_TARGET_OVERRIDE`` is read once, when the Neuron libraries are
 imported (optimum-neuron #961/#988), so the runner puts the request's target in the compile child's
-environment at process start (:func:`child_environment_for`); the child checks it before importing
+environment at process start (:func:`workers.child_env.child_environment_for`); the child checks it before importing
 torch_neuronx and refuses a disagreeing value.
 
 ``NEURON_CC_FLAGS`` is read by the torch-neuronx wrapper, not by the ``neuronx-cc`` CLI. The persistent
@@ -59,6 +59,7 @@ from workers.backends.base import (
     failure_for,
     log,
 )
+from workers.child_env import PLATFORM_OVERRIDE_ENV
 from workers.classify import Evidence, judge
 from workers.versions import (
     NEURON_SDK_ENV,
@@ -78,9 +79,6 @@ COMPILER_LOG_NAME = "log-neuron-cc.txt"
 #: Neuron device nodes (the driver creates /dev/neuron0 … per device).
 DEVICE_GLOB = "/dev/neuron[0-9]*"
 DEVICE_GLOB_ENV = "COMPILESVC_NEURON_DEVICE_GLOB"
-#: The SDK's platform target override (read once, when the Neuron libraries are imported).
-PLATFORM_OVERRIDE_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
-NEURON_TARGETS = frozenset({"inf2", "trn1", "trn1n", "trn2"})
 
 _EXIT_STATUS_RE = re.compile(r"(?:failed with|exit(?:ed)?(?: with)?(?: status| code)?)\s*:?\s*(-?\d+)", re.IGNORECASE)
 
@@ -115,11 +113,6 @@ def neuron_devices() -> list[str]:
     """This host's Neuron device nodes (``/dev/neuron0`` …): where there are none, trace runs on the CPU
     backend. ``COMPILESVC_NEURON_DEVICE_GLOB`` replaces the pattern, for tests only."""
     return sorted(glob.glob(os.environ.get(DEVICE_GLOB_ENV) or DEVICE_GLOB))
-
-
-def child_environment_for(target: str) -> dict[str, str]:
-    """What a compile child for ``target`` needs in its environment from process start (see the module doc)."""
-    return {PLATFORM_OVERRIDE_ENV: target} if target in NEURON_TARGETS else {}
 
 
 def _freeze_platform_target(target: str) -> None:
