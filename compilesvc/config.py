@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from compilesvc.hostinfo import host_memory_bytes
 from compilesvc.neuronx_cc_options import parse_extra_flags
 from compilesvc.spec import DEFAULT_MAX_ELEMENTS_PER_BUCKET, DEFAULT_MAX_ELEMENTS_PER_INPUT, ElementLimits
 
@@ -26,17 +27,6 @@ from compilesvc.spec import DEFAULT_MAX_ELEMENTS_PER_BUCKET, DEFAULT_MAX_ELEMENT
 #: needs several GB for small models and tens of GB for large ones (docs/neuron-hosts.md, "Memory"). An
 #: estimate for the default only; an operator who knows the models sets the bound itself.
 RANK_COMPILE_MEMORY_BYTES = 16 * 1024**3
-
-
-def host_memory_bytes() -> int | None:
-    """The host's total memory (``MemTotal`` of /proc/meminfo, else sysconf), or None if unknown."""
-    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024  # the kernel reports kB
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return None
 
 
 def default_parallel_rank_compiles() -> int:

@@ -32,6 +32,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from compilesvc.neuron_releases import version_tuple
 from compilesvc.neuronx_cc_options import (
     NEWEST_RELEASE,
     OUTPUT_NEUTRAL,
@@ -40,7 +41,6 @@ from compilesvc.neuronx_cc_options import (
     Option,
     lookup,
     nearest,
-    release,
     table_release,
 )
 
@@ -175,7 +175,7 @@ def _value_problem(option: Option, value: str, sdk: str, target: str) -> str | N
         return option.value_check(value)
     if option.values is None:
         return None
-    allowed = [v for v in option.values if release(v.since) <= release(table_release(sdk))
+    allowed = [v for v in option.values if version_tuple(v.since) <= version_tuple(table_release(sdk))
                and (v.targets is None or target in v.targets)]
     if any(v.name == value for v in allowed):
         return None
@@ -199,7 +199,7 @@ def _option_problem(flag: _Flag, sdk: str, target: str, extra: frozenset[str]) -
     if option.reserved:
         return f"{given!r} {option.reserved}; remove it from compiler.args"
     if not option.available(sdk):
-        if release(table_release(sdk)) < release(option.since):
+        if version_tuple(table_release(sdk)) < version_tuple(option.since):
             return f"{given!r} is not available on Neuron SDK {sdk} (it exists from {option.since} on)"
         return f"{given!r} is not available on Neuron SDK {sdk} (removed in {option.until})"
     if option.targets is not None and target not in option.targets:

@@ -1,4 +1,4 @@
-"""Facts about the host a process runs on: CPU instruction set, instance type.
+"""Facts about the host a process runs on: CPU instruction set, instance type, memory.
 
 The cpu target's AOTInductor code is built for the compiling host's vector ISA, so that ISA is part of the
 artifact key and of the queue a compile is routed to. It is read from /proc/cpuinfo (no torch needed, so
@@ -7,6 +7,8 @@ the API host and the worker agree on it).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
 import re
 from functools import cache
@@ -68,4 +70,15 @@ def instance_type() -> str | None:
             continue
         if "." in name and name.split(".")[0].isalnum():
             return name
+    return None
+
+
+def host_memory_bytes() -> int | None:
+    """The host's total memory (``MemTotal`` of /proc/meminfo, else sysconf), or None if unknown."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024  # the kernel reports kB
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return None

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from compilesvc.neuron_releases import version_tuple
+
 #: The first SDK release with neuronx-cc's CLI reference (CLI@2.3.0; compiler 2.1.0.76 per the manifest).
 FIRST_RELEASE = "2.3.0"
 #: The newest SDK release this table was checked against (CLI@2.32.0, compiler 2.27.5334.0).
@@ -49,11 +51,6 @@ class Arity(StrEnum):
     ONE = "one"  # exactly one value, required
     OPTIONAL = "optional"  # a value if the next token is not an option
     SEVERAL = "several"  # one or more values, up to the next option (``--pipeline compile SaveTemps``)
-
-
-def release(text: str) -> tuple[int, ...]:
-    """``"2.27.1"`` -> ``(2, 27, 1)``; for comparing releases."""
-    return tuple(int(part) for part in text.split("."))
 
 
 @dataclass(frozen=True)
@@ -90,8 +87,8 @@ class Option:
         return self.group or self.name
 
     def available(self, sdk: str) -> bool:
-        have = release(table_release(sdk))
-        return release(self.since) <= have and (self.until is None or have < release(self.until))
+        have = version_tuple(table_release(sdk))
+        return version_tuple(self.since) <= have and (self.until is None or have < version_tuple(self.until))
 
 
 def _v(*names: str, since: str = FIRST_RELEASE, targets: frozenset[str] | None = None) -> tuple[Value, ...]:
@@ -205,7 +202,7 @@ def lookup(name: str) -> Option | None:
 
 def table_release(sdk: str) -> str:
     """The release whose options apply to ``sdk``: itself, or the newest known for a newer one."""
-    return sdk if release(sdk) <= release(NEWEST_RELEASE) else NEWEST_RELEASE
+    return sdk if version_tuple(sdk) <= version_tuple(NEWEST_RELEASE) else NEWEST_RELEASE
 
 
 def nearest(name: str, extra: frozenset[str] = frozenset()) -> str | None:

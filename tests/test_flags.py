@@ -12,6 +12,7 @@ from compilesvc.flags import (
     check_neuron_flags,
     flag_names,
 )
+from compilesvc.neuron_releases import version_tuple
 from compilesvc.neuronx_cc_options import (
     FIRST_RELEASE,
     NEWEST_RELEASE,
@@ -20,7 +21,6 @@ from compilesvc.neuronx_cc_options import (
     lookup,
     nearest,
     parse_extra_flags,
-    release,
 )
 
 # (id, args, canonical form)
@@ -211,9 +211,9 @@ def test_table_rows_are_consistent() -> None:
         assert not names & seen, names  # one meaning per spelling
         seen |= names
         assert option.source, option.name
-        assert release(FIRST_RELEASE) <= release(option.since) <= release(NEWEST_RELEASE), option.name
+        assert version_tuple(FIRST_RELEASE) <= version_tuple(option.since) <= version_tuple(NEWEST_RELEASE), option.name
         if option.until is not None:
-            assert release(option.since) < release(option.until), option.name
+            assert version_tuple(option.since) < version_tuple(option.until), option.name
         if option.arity is Arity.SWITCH:
             assert option.values is None and option.value_check is None, option.name
         assert not (option.values and option.value_check), option.name

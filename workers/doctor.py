@@ -52,13 +52,10 @@ from workers.classify import classify
 from workers.compile_child import RESULT_NAME
 from workers.versions import (
     NEURON_SDK_ENV,
-    dist_version,
+    installed_neuron_packages,
     neuron_refusals,
     neuronx_cc_executable,
-    neuronx_cc_version,
-    neuronx_distributed_version,
     python_version,
-    torch_neuronx_version,
     torch_version,
 )
 
@@ -120,13 +117,7 @@ def default_target() -> tuple[str, str]:
 
 def installed_versions() -> dict[str, str | None]:
     """The Neuron toolchain as installed, by package name (None: not installed)."""
-    return {
-        "neuronx-cc": neuronx_cc_version(),  # the binary on PATH answers first (`neuronx-cc --version`)
-        "torch-neuronx": torch_neuronx_version(),
-        "neuronx-distributed": neuronx_distributed_version(),
-        "libneuronxla": dist_version("libneuronxla"),
-        "torch": torch_version(),
-    }
+    return {**installed_neuron_packages(), "torch": torch_version()}
 
 
 def host_facts(target: str, target_source: str) -> dict[str, Any]:

@@ -50,11 +50,6 @@ def release_tuple(version: str) -> tuple[int, ...]:
     return tuple([*numbers, 0, 0, 0, 0][:4])
 
 
-def base_release(version: str) -> str:
-    """``"2.13.0+cpu"`` -> ``"2.13.0"``: the form specs use for the cpu target's sdk."""
-    return version.split("+")[0]
-
-
 def module_available(name: str) -> bool:
     """Whether ``name`` can be imported, without importing it."""
     try:
@@ -229,7 +224,7 @@ def detect_capabilities() -> dict[str, Any]:
     caps["formats"]["hf-dir"] = transformers is not None
     if torch:
         caps["targets"].append("cpu")
-        caps["sdk"]["cpu"] = base_release(torch)
+        caps["sdk"]["cpu"] = neuron_releases.base_version(torch)  # "2.13.0+cpu" -> the spec form "2.13.0"
         caps["backends"]["cpu"] = sorted(BACKEND_FORMATS["cpu"])
     else:
         warnings.append("torch is not installed: no cpu target")

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from compilesvc.config import RANK_COMPILE_MEMORY_BYTES, Settings, default_parallel_rank_compiles, host_memory_bytes
+from compilesvc.config import RANK_COMPILE_MEMORY_BYTES, Settings, default_parallel_rank_compiles
+from compilesvc.hostinfo import host_memory_bytes
 from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env, with_devices
 from tests.doubles.neuron._release import RELEASES
 from tests.fixtures.ports import free_port

@@ -49,7 +49,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from compilesvc.flags import FlagError, canonical_flags
 from workers.backends.base import (
     ArtifactFile,
     Backend,
@@ -59,7 +58,7 @@ from workers.backends.base import (
     failure_for,
     log,
 )
-from workers.child_env import PLATFORM_OVERRIDE_ENV
+from workers.child_env import NEURON_CC_FLAGS, PLATFORM_OVERRIDE_ENV, output_changing_problems
 from workers.classify import Evidence, judge
 from workers.versions import (
     NEURON_SDK_ENV,
@@ -95,18 +94,14 @@ def _check_sdk(request: CompileRequest) -> str | None:
 
 def _check_neuron_cc_flags(for_trace: bool) -> None:
     """Log NEURON_CC_FLAGS; for trace (where the wrapper reads it), refuse flags that change output."""
-    raw = os.environ.get("NEURON_CC_FLAGS", "")
-    log(f"NEURON_CC_FLAGS={raw!r}")
+    raw = os.environ.get(NEURON_CC_FLAGS, "")
+    log(f"{NEURON_CC_FLAGS}={raw!r}")
     if not for_trace:
         return  # only torch_neuronx reads it; the hlo path runs neuronx-cc itself
-    try:
-        affecting = canonical_flags([raw])  # drops cache/log/verbosity flags: what is left changes output
-    except (FlagError, ValueError) as exc:
-        raise InfraError("WORKER_MISCONFIGURED", f"NEURON_CC_FLAGS cannot be parsed: {exc}") from exc
-    if affecting:
-        raise InfraError("WORKER_MISCONFIGURED", f"NEURON_CC_FLAGS on this worker holds flags that change the "
-                                                 f"compiler's output ({' '.join(affecting)}); they belong in "
-                                                 f"the spec's compiler.args, where the key sees them")
+    # The worker refused to start with such flags; this guards a child started some other way.
+    problems = output_changing_problems({NEURON_CC_FLAGS: raw})
+    if problems:
+        raise InfraError("WORKER_MISCONFIGURED", "; ".join(problems))
 
 
 def neuron_devices() -> list[str]:
