@@ -73,7 +73,7 @@ from workers.retries import (
 )
 from workers.workdirs import OWNER_LOCK, attempt_dirs, sweep_orphaned_attempts, work_root
 
-__all__ = ["OWNER_LOCK", "ClaimNotRecorded", "RunResult", "child_environment", "run_compile",
+__all__ = ["OWNER_LOCK", "ClaimNotRecorded", "RunResult", "run_compile",
            "sweep_orphaned_attempts", "work_root"]
 
 log = logging.getLogger(__name__)

@@ -30,13 +30,13 @@ from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_AND_REJECTED_FLAGS
 from tests.doubles.neuron._release import RELEASES
 from tests.workers.test_pipeline import group_members
+from workers.child_env import child_environment
 from workers.classify import TABLE
 from workers.logstream import LogStream
 from workers.runner import (
     OWNER_LOCK,
     ClaimNotRecorded,
     RunResult,
-    child_environment,
     run_compile,
     sweep_orphaned_attempts,
     work_root,
