@@ -9,6 +9,7 @@ compiles come from the Neuron TEST DOUBLE (``tests/doubles/neuron``), chosen per
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 import time
 from collections.abc import Callable
@@ -100,7 +101,7 @@ def test_three_buckets_compile_in_parallel_into_one_artifact(make_cluster: MakeC
     with pytest.raises(NoCapableWorker):
         cluster.submit(spec)  # nobody serves compile.cpu.2.13.0 yet
 
-    cluster.start_worker("w1", concurrency=2)
+    worker = cluster.start_worker("w1", concurrency=2)
     result = cluster.submit(spec)
     assert (result.outcome, len(result.buckets)) == ("new", 3)
     artifact = cluster.wait_artifact(result.artifact_key, ("published", "failed"), timeout=150)
@@ -117,6 +118,10 @@ def test_three_buckets_compile_in_parallel_into_one_artifact(make_cluster: MakeC
             streams = set(session.scalars(select(LogLine.stream).where(LogLine.bucket_compile_id == bucket.id,
                                                                        LogLine.attempt == 1)))
             assert streams == {"compiler", "service"}
+    # Every line the worker process printed is one JSON object in the shared format (compilesvc.jsonlog):
+    # no Celery banner, no multi-line warning text.
+    printed = worker.log_path.read_text().splitlines()
+    assert printed and all(json.loads(line)["service"] == "worker" for line in printed), printed[:5]
 
 
 def test_killed_worker_is_recovered_by_the_reaper(make_cluster: MakeCluster) -> None:
