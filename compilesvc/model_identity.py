@@ -355,7 +355,7 @@ class ModelResolver:
         if not stat.S_ISREG(st.st_mode):
             raise ModelRefError(f"{path} is not a regular file")
         if not os.access(path, os.R_OK):
-            raise ModelRefError(f"{path} is not readable by the service")
+            raise ModelRefError(f"{path} is not readable (permissions)")
         return st
 
     # -- fetching (worker side) ----------------------------------------------------------------------
