@@ -180,7 +180,8 @@ def test_stale_worker_late_result_is_rejected(make_cluster: MakeCluster) -> None
     wait_for(lambda: frozen.logged("lease lost", bucket_compile_id=bucket.id)
              or frozen.logged("lease lost before the success was recorded; another attempt owns the compile"),
              20, "the frozen worker to notice it lost the lease")
-    time.sleep(1.0)  # let it finish whatever it would still do
+    wait_for(lambda: frozen.logged("task done", bucket_compile_id=bucket.id, result="lease-lost"), 20,
+             "the frozen worker to finish its task")
     after = cluster.bucket(key)
     assert (after.state, after.worker_id, after.attempts, after.manifest_uri) == (
         "succeeded", "other@test", 2, done.manifest_uri)
@@ -307,7 +308,10 @@ def test_compile_error_is_final_and_negatively_cached(make_cluster: MakeCluster)
     second = cluster.submit(spec)
     assert (second.outcome, second.state, second.artifact_state) == ("join", "failed", "failed")
     assert count(cluster, Outbox) == outbox_rows  # nothing was queued
-    time.sleep(1.0)
+    # A compile submitted after the join and finished on the same worker's queue: had the join queued the
+    # failed bucket again, that message would have come first.
+    sentinel = cluster.submit(cluster.hlo_spec("ok"))
+    assert cluster.wait_artifact(sentinel.artifact_key, ("published", "failed"), 30).state == "published"
     assert cluster.bucket(key).attempts == 1 and len(compiler_pids(worker, failed.id)) == 1
 
     retry_build(cluster.services, first.build_id)
@@ -335,7 +339,7 @@ def test_outbox_rows_written_during_a_broker_outage_are_relayed_later(make_clust
     assert len(rows) == 2 and all(r.sent_at is None for r in rows)
     assert rows[0].last_error and "127.0.0.1:1" in rows[0].last_error  # the failed send is on record
     assert OutboxRelay(cluster.services.sessions, down).relay() == 0  # still down: nothing is lost
-    time.sleep(1.0)
+    assert count(cluster, Outbox, Outbox.sent_at.is_(None)) == 2  # nothing reached a broker to run
     assert [cluster.bucket(b.key).state for b in result.buckets] == ["queued", "queued"]
 
     relay = cluster.start_relay()  # the relay process talks to the real broker
