@@ -59,6 +59,8 @@ class LocalStore(ArtifactStore):
         self.public_url = public_url.rstrip("/")
         self._secret_key = secret_key
         self.url = self.root.as_uri()
+        #: Unix time for the URLs this store signs (replaceable, so a test can sign "in the past").
+        self.clock: Callable[[], float] = time.time
         self._tmp = self.root / "tmp"
         try:
             self._tmp.mkdir(parents=True, exist_ok=True)
@@ -222,7 +224,7 @@ class LocalStore(ArtifactStore):
         if filename is not None:
             check_filename(filename)
         # Round up: the URL must stay valid for at least expires_in seconds, not up to a second less.
-        expires = math.ceil(time.time()) + expires_in
+        expires = math.ceil(self.clock()) + expires_in
         sig = sign_blob_url(self._secret_key, sha256, expires, filename)
         query = {"expires": str(expires), "sig": sig}
         if filename is not None:
