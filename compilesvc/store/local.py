@@ -59,8 +59,9 @@ class LocalStore(ArtifactStore):
         self.public_url = public_url.rstrip("/")
         self._secret_key = secret_key
         self.url = self.root.as_uri()
-        #: Unix time for the URLs this store signs (replaceable, so a test can sign "in the past").
-        self.clock: Callable[[], float] = time.time
+        #: Unix time for the URLs this store signs; a test may set it to sign "in the past" (None: time.time,
+        #: looked up at each call).
+        self.clock: Callable[[], float] | None = None
         self._tmp = self.root / "tmp"
         try:
             self._tmp.mkdir(parents=True, exist_ok=True)
@@ -224,7 +225,7 @@ class LocalStore(ArtifactStore):
         if filename is not None:
             check_filename(filename)
         # Round up: the URL must stay valid for at least expires_in seconds, not up to a second less.
-        expires = math.ceil(self.clock()) + expires_in
+        expires = math.ceil((self.clock or time.time)()) + expires_in
         sig = sign_blob_url(self._secret_key, sha256, expires, filename)
         query = {"expires": str(expires), "sig": sig}
         if filename is not None:
