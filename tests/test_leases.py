@@ -482,6 +482,7 @@ def test_registry_lifecycle(services: Services) -> None:
         assert (worker.slots, worker.stopped_at) == (4, None)
 
 
+@pytest.mark.slow
 def test_relay_command_runs_one_pass(tmp_path: Path, pg_services: Services) -> None:
     """`compilesvc relay --once` in its own process: requeues an expired lease and relays the message."""
     result = submit(pg_services)

@@ -91,7 +91,8 @@ def _serve_local_blobs(store_ref: list[LocalStore]) -> tuple[ThreadingHTTPServer
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # A short poll: shutdown() waits for the serve loop's next poll, 0.5 s by default, at every test's teardown.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
@@ -236,7 +237,7 @@ def _botocore_signed_ago(seconds: float) -> Iterator[None]:
         botocore.auth.get_current_datetime = real
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def case(request: pytest.FixtureRequest) -> StoreCase:
     """The conformance suite runs every test on both stores."""
     return request.getfixturevalue(f"{request.param}_case")  # type: ignore[no-any-return]

@@ -247,6 +247,7 @@ def test_failing_stream_leaves_nothing(case: StoreCase, isolated_tmp: Path) -> N
     assert_nothing_stored(case, isolated_tmp, data)
 
 
+@pytest.mark.slow
 def test_sweep_removes_abandoned_uploads_only(case: StoreCase) -> None:
     stale = case.abandon_upload()
     active = case.abandon_upload()
