@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: dev test test-tools lint install bench
+.PHONY: dev test test-quick test-tools lint install bench
 
 $(BIN)/compilesvc: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: install test-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest
+
+# The edit loop: every test that neither compiles nor starts processes (tests/conftest.py), under a minute.
+test-quick: install
+	$(BIN)/pytest -m "not slow" -q
 
 # `make bench BENCH_ARGS=--quick` for a smoke run; `BENCH_ARGS="--only pipeline"` for one bench.
 bench: install

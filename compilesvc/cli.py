@@ -13,7 +13,6 @@ work itself failed (model file unreadable, model lookup, database migration).
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import sys
@@ -21,7 +20,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import click
 
@@ -182,35 +181,22 @@ def main() -> None:
     """compilesvc: compile artifacts for AWS Neuron (inf2/trn) and CPU targets."""
 
 
-def _hash_file(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    except OSError as exc:
-        raise CommandFailed(f"cannot read model file {path}: {exc.strerror or exc}") from None
-
-
 def model_sha256(spec: CompileSpec, settings: Settings | None = None) -> str:
-    """The content identity of the spec's model: what the key names instead of the URI."""
-    uri = spec.model.uri
-    if uri.startswith("blob:sha256:"):
-        return uri.removeprefix("blob:sha256:")
-    if uri.startswith("file://"):
-        # Local to whoever runs the CLI, so always allowed here (the API gates file:// by settings).
-        return _hash_file(Path(unquote(urlsplit(uri).path)))
-    if uri.startswith("s3://"):
-        try:
-            from compilesvc.model_identity import content_sha256_for_key
+    """The content identity of the spec's model (what the key names instead of the URI), computed exactly as
+    the service computes it (:func:`compilesvc.model_identity.content_sha256_for_key`)."""
+    from compilesvc.model_identity import ModelRefError, content_sha256_for_key
 
-            digest: str = content_sha256_for_key(spec.model, settings or _settings())
-        except click.ClickException:
-            raise
-        except ValueError as exc:  # model_identity's client mistakes (no such object, a prefix): exit 2
-            raise BadInput(f"model.uri: {exc}") from None
-        except Exception as exc:  # S3 outages, credentials: one error line, exit 1
-            raise CommandFailed(f"cannot identify model {uri}: {type(exc).__name__}: {exc}") from None
-        return digest
-    raise CommandFailed(f"unsupported model URI {uri!r}")  # pragma: no cover - the spec refuses it first
+    uri = spec.model.uri
+    try:
+        return content_sha256_for_key(spec.model, settings or _settings())
+    except ModelRefError as exc:
+        if uri.startswith("file://"):  # a file on this machine that cannot be read: exit 1, like any I/O error
+            raise CommandFailed(f"cannot read model file: {exc.message}") from None
+        raise BadInput(str(exc)) from None  # a client mistake (no such object, a prefix): exit 2
+    except click.ClickException:
+        raise
+    except Exception as exc:  # S3 outages, credentials: one error line, exit 1
+        raise CommandFailed(f"cannot identify model {uri}: {type(exc).__name__}: {exc}") from None
 
 
 def _check_isa(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

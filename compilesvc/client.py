@@ -49,38 +49,44 @@ def _problem_line(status: int, body: bytes) -> str:
 
 
 class Api:
-    def __init__(self, base: str, timeout: float = 30.0):
+    """compilesvc's one HTTP client (the CLI's commands and ``compilesvc dev`` alike): JSON in and out,
+    problems as :class:`ApiError`, transport failures retried ``retries`` times with backoff."""
+
+    def __init__(self, base: str, timeout: float = 30.0, *, retries: int = TRANSPORT_RETRIES):
         self.base = base.rstrip("/")
         self.timeout = timeout
+        self.retries = retries
 
     def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, *,
-                upload: Path | None = None) -> Any:
-        """JSON in (or the file ``upload``, streamed), JSON out; transport failures are retried with backoff
-        (the caller makes POSTs safe: an Idempotency-Key, or content addressing for uploads)."""
+                upload: Path | bytes | None = None) -> Any:
+        """JSON in (or ``upload``: a file, streamed, or bytes), JSON out; transport failures are retried with
+        backoff (the caller makes POSTs safe: an Idempotency-Key, or content addressing for uploads)."""
         url = path if path.startswith("http") else f"{self.base}{path}"
         data = json.dumps(body).encode() if body is not None else None
         all_headers = {"Accept": "application/json", **(headers or {})}
         if data is not None:
             all_headers["Content-Type"] = "application/json"
         if upload is not None:
-            all_headers.update({"Content-Type": "application/octet-stream",
-                                "Content-Length": str(upload.stat().st_size)})
-        for attempt in range(TRANSPORT_RETRIES + 1):
+            size = len(upload) if isinstance(upload, bytes) else upload.stat().st_size
+            all_headers.update({"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+        for attempt in range(self.retries + 1):
             try:
                 with contextlib.ExitStack() as stack:
                     # A file body streams from disk, and each attempt starts it again from the beginning.
-                    payload = stack.enter_context(upload.open("rb")) if upload is not None else data
+                    payload = stack.enter_context(upload.open("rb")) if isinstance(upload, Path) else data
+                    if isinstance(upload, bytes):
+                        payload = upload
                     req = urllib.request.Request(url, data=payload, method=method, headers=all_headers)
                     with urllib.request.urlopen(req, timeout=self.timeout) as response:
                         return json.loads(response.read() or b"null")
             except urllib.error.HTTPError as exc:
                 body_bytes = exc.read()
-                if exc.code in (502, 503, 504) and attempt < TRANSPORT_RETRIES and not _is_refusal(body_bytes):
+                if exc.code in (502, 503, 504) and attempt < self.retries and not _is_refusal(body_bytes):
                     time.sleep(2**attempt)
                     continue
                 raise ApiError(_problem_line(exc.code, body_bytes)) from None
             except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-                if attempt == TRANSPORT_RETRIES:
+                if attempt == self.retries:
                     reason = getattr(exc, "reason", exc)
                     raise ApiError(f"cannot reach the API at {self.base}: {reason}") from None
                 time.sleep(2**attempt)

@@ -7,28 +7,23 @@ uploads (:meth:`compilesvc.store.ArtifactStore.sweep_incomplete_uploads`). Any n
 may run: outbox rows and expired leases are taken with ``SKIP LOCKED``. SIGTERM/SIGINT finish the current
 pass and exit 0.
 
-Shared plumbing, also used by the worker process (``workers/``):
-
-- :func:`configure_json_logging`: one JSON object per log line, with the record's ``extra`` fields (ids
-  such as ``bucket_compile_id``, ``bucket_key``, ``attempt``, ``worker``) as top-level keys.
+Its log lines are :mod:`compilesvc.jsonlog`'s, as every process's are.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from types import FrameType
-from typing import Any
 
 import click
 from pydantic import ValidationError
 
+from compilesvc import jsonlog
 from compilesvc.config import Settings
 from compilesvc.outbox import OutboxRelay
 from compilesvc.reaper import ReapReport, reap, relay_all
@@ -37,46 +32,6 @@ from compilesvc.services import Services
 from compilesvc.store import StoreError
 
 log = logging.getLogger("compilesvc.relay")
-
-# -- logging ----------------------------------------------------------------------------------------------
-
-# Attributes every LogRecord has; anything else on a record came from ``extra=`` and is emitted as a field.
-_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time, level, logger, message, extra fields, exception text."""
-
-    def __init__(self, static: dict[str, Any] | None = None):
-        super().__init__()
-        self.static = dict(static or {})
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-            **self.static,
-        }
-        for name, value in vars(record).items():
-            if name not in _RECORD_ATTRS and not name.startswith("_"):
-                doc[name] = value
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
-
-
-def configure_json_logging(level: str | int = "INFO", static: dict[str, Any] | None = None) -> None:
-    """Route the root logger to stderr as JSON lines (replacing any handlers already there)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(static))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level.upper() if isinstance(level, str) else level)
-
 
 # -- the loop ---------------------------------------------------------------------------------------------
 
@@ -174,7 +129,7 @@ class RelayLoop:
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
     """Relay unsent dispatch messages to the broker and recover abandoned compiles (the reaper)."""
-    configure_json_logging(loglevel, {"component": "relay"})
+    jsonlog.configure(loglevel.upper(), service="relay")
     try:
         settings = Settings()
     except ValidationError as exc:

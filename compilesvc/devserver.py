@@ -9,20 +9,19 @@ process table, so the core never imports the web or worker code.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
+from compilesvc.client import Api, ApiError
 from compilesvc.config import Settings
 from compilesvc.demo import demo_model_bytes, demo_spec
 from compilesvc.migrate import upgrade
@@ -63,23 +62,13 @@ class Children:
                 proc.wait()
 
 
-def _http(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> Any:
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")
-        raise DevError(f"{method} {url} answered {exc.code}: {detail[:300]}") from None
-
-
 def _wait_until(what: str, check: Any, children: Children, log_dir: Path, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         children.check(log_dir)
         try:
             result = check()
-        except (urllib.error.URLError, ConnectionError, DevError):
+        except ApiError:  # not up yet, or not ready: ask again
             result = None
         if result:
             return result
@@ -91,23 +80,25 @@ def run_demo(base: str, children: Children, log_dir: Path) -> dict[str, Any]:
     """Upload the bundled model, submit its spec and wait for the build; returns the finished build."""
     spec = demo_spec()
     started = time.monotonic()
-    uploaded = _http("POST", f"{base}/v1/models", demo_model_bytes(), {"Content-Type": "application/octet-stream"})
+    api = Api(base)
+    uploaded = api.request("POST", "/v1/models", upload=demo_model_bytes())
     spec["model"]["uri"] = uploaded["uri"]
-    workers = _wait_until("a worker to register", lambda: _http("GET", f"{base}/v1/workers").get("workers"),
+    polling = Api(base, retries=0)
+    workers = _wait_until("a worker to register", lambda: polling.request("GET", "/v1/workers").get("workers"),
                           children, log_dir, 120)
     # The cpu target's "sdk" is the torch release: build with the one the worker actually has.
     cpu_sdks = sorted({w["capabilities"]["sdk"]["cpu"] for w in workers if "cpu" in w["capabilities"].get("sdk", {})})
     if not cpu_sdks:
         raise DevError(f"the worker cannot compile for the cpu target (is torch installed?); see {log_dir}")
     spec["sdk"] = cpu_sdks[0]
-    submitted = _http("POST", f"{base}/v1/builds", json.dumps(spec).encode(),
-                      {"Content-Type": "application/json", "X-Submitted-By": "compilesvc dev --demo"})
+    submitted = api.request("POST", "/v1/builds", spec, {"X-Submitted-By": "compilesvc dev --demo",
+                                                         "Idempotency-Key": str(uuid.uuid4())})
     build_id = submitted["build_id"]
     click.echo(f"demo build {build_id} ({submitted['outcome']}): {base}/builds/{build_id}")
     click.echo(f"  log: {submitted['logs_url']}")
 
     def finished() -> dict[str, Any] | None:
-        build: dict[str, Any] = _http("GET", f"{base}/v1/builds/{build_id}")
+        build: dict[str, Any] = polling.request("GET", f"/v1/builds/{build_id}")
         return build if build["state"] != BuildState.BUILDING else None
 
     build = _wait_until(f"demo build {build_id}", finished, children, log_dir, 600)
@@ -151,7 +142,7 @@ def dev(demo: bool, port: int, data_dir: Path | None, exit_after_demo: bool) -> 
         children.start("api", ["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"], env, log_dir)
         children.start("worker", ["worker", "--concurrency", "2"], env, log_dir)
         children.start("relay", ["relay"], env, log_dir)
-        _wait_until("the API", lambda: _http("GET", f"{base}/healthz"), children, log_dir, 60)
+        _wait_until("the API", lambda: Api(base, retries=0).request("GET", "/healthz"), children, log_dir, 60)
         click.echo(f"compilesvc is up: {base}  (data in {data_dir}, logs in {log_dir})")
         if demo:
             run_demo(base, children, log_dir)

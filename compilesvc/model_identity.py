@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 import threading
 import urllib.parse
 import urllib.request
@@ -32,17 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError as SQLIntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.config import Settings
 from compilesvc.db import transaction
 from compilesvc.ledger.models import ModelPin
+from compilesvc.ledger.sql import insert_ignore_duplicate
 from compilesvc.spec import ModelRef
-from compilesvc.store.base import SHA256_RE, ArtifactStore, IntegrityError
-from compilesvc.store.local import SinkWriteError, copy_hashing
+from compilesvc.store.base import SHA256_RE, ArtifactStore
+from compilesvc.store.hashing import copy_hashing, verified_file
 from compilesvc.store.s3 import (
-    HashingWriter,
     error_code,
     http_status,
     is_not_found,
@@ -123,28 +121,6 @@ def file_uri_path(uri: str) -> Path:
     if not path.is_absolute():
         raise ModelRefError("expected file:///absolute/path")
     return path
-
-
-def _insert_pin_ignoring_duplicates(session: Session, values: dict[str, Any]) -> None:
-    """INSERT … ON CONFLICT DO NOTHING on the pin's unique key (Postgres and SQLite)."""
-    dialect = session.get_bind().dialect.name
-    conflict_columns = ["uri", "version_id", "etag", "size"]
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        session.execute(pg_insert(ModelPin).values(**values).on_conflict_do_nothing(index_elements=conflict_columns))
-    elif dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        session.execute(
-            sqlite_insert(ModelPin).values(**values).on_conflict_do_nothing(index_elements=conflict_columns)
-        )
-    else:  # any other backend: a savepoint absorbs the duplicate
-        try:
-            with session.begin_nested():
-                session.add(ModelPin(**values))
-        except SQLIntegrityError:
-            pass
 
 
 class ModelResolver:
@@ -330,7 +306,7 @@ class ModelResolver:
         values = {"uri": uri, "version_id": version_id or "", "etag": etag, "size": size, "sha256": sha256}
         with transaction(self.sessions) as session:
             # A concurrent pin of the same object computed the same sha256: either row will do.
-            _insert_pin_ignoring_duplicates(session, values)
+            insert_ignore_duplicate(session, ModelPin, values, ["uri", "version_id", "etag", "size"])
 
     def _pin_file(self, ref: ModelRef) -> PinnedModel:
         if not self.settings.allow_file_models:
@@ -379,7 +355,7 @@ class ModelResolver:
         if not stat.S_ISREG(st.st_mode):
             raise ModelRefError(f"{path} is not a regular file")
         if not os.access(path, os.R_OK):
-            raise ModelRefError(f"{path} is not readable by the service")
+            raise ModelRefError(f"{path} is not readable (permissions)")
         return st
 
     # -- fetching (worker side) ----------------------------------------------------------------------
@@ -406,30 +382,11 @@ class ModelResolver:
         else:
             raise ValueError(f"unknown pinned model kind {kind!r}")
 
-    def _write_verified(self, dest: Path, sha256: str, size: int, fill: Callable[[HashingWriter], None]) -> None:
-        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        temp = Path(name)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                writer = HashingWriter(out)
-                try:
-                    fill(writer)
-                except SinkWriteError as exc:
-                    raise exc.cause from None  # our local disk failed, not the model's source
-            if writer.size != size or writer.hexdigest() != sha256:
-                raise IntegrityError(
-                    f"model bytes hash to {writer.hexdigest()} ({writer.size} bytes), "
-                    f"pinned {sha256} ({size} bytes)"
-                )
-            os.replace(temp, dest)
-        finally:
-            temp.unlink(missing_ok=True)
-
     def _fetch_s3(self, fetch: dict[str, Any], sha256: str, dest: Path) -> None:
         bucket, key, etag, size = str(fetch["bucket"]), str(fetch["key"]), str(fetch["etag"]), int(fetch["size"])
         version_id = fetch.get("version_id")
 
-        def fill(writer: HashingWriter) -> None:
+        with verified_file(dest, sha256, size, what="the model's bytes") as writer:
             try:
                 self._stream_s3(bucket, key, version_id, etag, size, sink=writer.write)
             except _Changed:
@@ -438,8 +395,6 @@ class ModelResolver:
                     f"s3://{bucket}/{key} changed since it was pinned ({which} is gone); "
                     "resubmit the build to pin the current object"
                 ) from None
-
-        self._write_verified(dest, sha256, size, fill)
 
     def _fetch_file(self, fetch: dict[str, Any], sha256: str, dest: Path) -> None:
         path, size, mtime_ns = Path(str(fetch["path"])), int(fetch["size"]), int(fetch["mtime_ns"])
@@ -453,11 +408,8 @@ class ModelResolver:
         if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
             raise changed
 
-        def fill(writer: HashingWriter) -> None:
-            with open(path, "rb") as src:
-                copy_hashing(src.read, writer.write)
-
-        self._write_verified(dest, sha256, size, fill)
+        with verified_file(dest, sha256, size, what="the model's bytes") as writer, open(path, "rb") as src:
+            copy_hashing(src.read, writer.write)
 
 
 def content_sha256_for_key(ref: ModelRef, settings: Settings) -> str:

@@ -16,11 +16,10 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from compilesvc.ledger.models import Worker, utcnow
+from compilesvc.ledger.sql import upsert
 
 
 def register(session: Session, worker_id: str, hostname: str, capabilities: dict[str, Any],
@@ -29,13 +28,7 @@ def register(session: Session, worker_id: str, hostname: str, capabilities: dict
     now = utcnow()
     values = {"id": worker_id, "hostname": hostname, "capabilities": capabilities, "queues": list(queues),
               "slots": slots, "started_at": now, "heartbeat_at": now, "stopped_at": None}
-    builder = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    stmt = builder(Worker).values(**values)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[Worker.id],
-        set_={k: stmt.excluded[k] for k in values if k != "id"},
-    )
-    session.execute(stmt)
+    upsert(session, Worker, values, ["id"])
 
 
 def heartbeat(session: Session, worker_id: str) -> bool:

@@ -1,10 +1,45 @@
-"""Shared fixtures: real Postgres and SQLite ledgers, a real S3 server (weed mini)."""
+"""Shared fixtures (real Postgres and SQLite ledgers, a real S3 server: weed mini) and the ``slow`` rule.
+
+``slow`` marks every test that compiles or starts processes: a cluster, a server, a private database or
+broker, the S3 server, a compiler child or a CLI subprocess. ``pytest -m "not slow"`` is the quick loop
+(under a minute); CI runs everything. The rule lives here, in one place: a test is slow when it uses one
+of :data:`SLOW_FIXTURES` (directly or through another fixture), lives in one of :data:`SLOW_MODULES`, or
+carries the marker itself (a parametrised fixture marks its S3 variant with ``pytest.param(..., marks=)``).
+"""
 
 from collections.abc import Iterator
 
 import pytest
 
 pytest_plugins = ["tests.fixtures.ledger", "tests.fixtures.s3server"]
+
+#: Fixtures that start processes: clusters, servers, private services, the S3 server, CLI subprocesses.
+SLOW_FIXTURES = frozenset({
+    "make_cluster", "s3_server", "served", "private_postgres", "private_redis", "private_s3", "run",
+    "tiny_torch_model", "scripted", "compose", "example_key", "error_runs",
+})
+#: Modules whose every test runs a compiler child, a worker, a CLI or a server process.
+SLOW_MODULES = (
+    "tests/faults/",
+    "tests/workers/test_backends_cpu.py",
+    "tests/workers/test_backends_neuron.py",
+    "tests/workers/test_doctor.py",
+    "tests/workers/test_e2e_api.py",
+    "tests/workers/test_pipeline.py",
+    "tests/workers/test_runner.py",
+    "tests/workers/test_toolchain.py",
+    "tests/web/test_server_errors.py",
+    "tests/test_devserver.py",
+    "tests/test_upload_sweep.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        uses = set(getattr(item, "fixturenames", ()))
+        if uses & SLOW_FIXTURES or path.startswith(SLOW_MODULES):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -4,7 +4,6 @@ each caller gets its own id only once committed, and one bad record fails alone.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +17,9 @@ from compilesvc.ledger.models import Artifact, BuildLabel, Event
 from compilesvc.services import Services
 from compilesvc.spec import parse_spec
 from compilesvc.submit import Submitter
-from tests.test_dedupe import complete_bucket, make_settings, spec_doc, upload_model
+from tests.fixtures.settings import make_settings
+from tests.fixtures.waiting import wait_for
+from tests.test_dedupe import complete_bucket, spec_doc, upload_model
 
 RECORDS = 16
 
@@ -47,13 +48,15 @@ def record(artifact_id: int, n: int) -> BuildRecord:
                        labels={"n": str(n)}, detail={"outcome": "hit"})
 
 
-def gated_writer(services: Services) -> tuple[threading.Event, list[int]]:
-    """Hold the recorder's first transaction until the returned gate opens; count committed transactions.
-    Everything recorded meanwhile queues up and must go into one later transaction."""
-    gate, commits = threading.Event(), [0]
+def gated_writer(services: Services) -> tuple[threading.Event, threading.Event, list[int]]:
+    """Hold the recorder's first transaction until the returned gate opens (``held`` is set once it waits
+    there); count committed transactions. Everything recorded meanwhile queues up and must go into one
+    later transaction."""
+    gate, held, commits = threading.Event(), threading.Event(), [0]
 
     def first_waits(*_: Any) -> None:
         if commits[0] == 0:
+            held.set()
             gate.wait(30)
 
     def count(*_: Any) -> None:
@@ -61,18 +64,23 @@ def gated_writer(services: Services) -> tuple[threading.Event, list[int]]:
 
     event.listen(services.engine, "before_cursor_execute", first_waits)
     event.listen(services.engine, "commit", count)
-    return gate, commits
+    return gate, held, commits
+
+
+def queued(recorder: BuildRecorder, count: int) -> None:
+    """Wait until ``count`` records wait in the recorder's queue behind the held transaction."""
+    wait_for(lambda: recorder._queue.qsize() == count, 30, f"{count} queued records")
 
 
 def test_concurrent_records_share_a_transaction(services: Services) -> None:
     artifact_id = published_artifact(services)
     recorder = BuildRecorder(services.engine)
-    gate, commits = gated_writer(services)
+    gate, held, commits = gated_writer(services)
     with ThreadPoolExecutor(RECORDS) as pool:
         first = pool.submit(recorder.record, record(artifact_id, 0))
-        time.sleep(0.3)  # the writer now holds record 0 at the gate
+        assert held.wait(30)  # the writer now holds record 0 at the gate
         rest = [pool.submit(recorder.record, record(artifact_id, n)) for n in range(1, RECORDS)]
-        time.sleep(0.5)  # ... and the others queue behind it
+        queued(recorder, RECORDS - 1)  # ... and the others queue behind it
         assert not first.done() and not any(f.done() for f in rest), "answered before its commit"
         gate.set()
         ids = [first.result(30), *(f.result(30) for f in rest)]
@@ -90,13 +98,13 @@ def test_concurrent_records_share_a_transaction(services: Services) -> None:
 def test_a_bad_record_fails_alone(services: Services) -> None:
     artifact_id = published_artifact(services)
     recorder = BuildRecorder(services.engine)
-    gate, _ = gated_writer(services)
+    gate, held, _ = gated_writer(services)
     with ThreadPoolExecutor(4) as pool:
         first = pool.submit(recorder.record, record(artifact_id, 0))
-        time.sleep(0.3)
+        assert held.wait(30)
         good = [pool.submit(recorder.record, record(artifact_id, n)) for n in (1, 2)]
         bad = pool.submit(recorder.record, record(artifact_id + 10_000, 3))  # no such artifact: FK refuses
-        time.sleep(0.5)
+        queued(recorder, 3)
         gate.set()
         assert first.result(30) and all(f.result(30) for f in good)
         with pytest.raises(Exception, match=r"(?i)foreign key"):

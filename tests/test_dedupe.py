@@ -24,20 +24,9 @@ from compilesvc.services import Services
 from compilesvc.spec import parse_spec
 from compilesvc.store.base import bucket_manifest_name
 from compilesvc.submit import IdempotencyConflict, NoCapableWorker, Submitter
+from tests.fixtures.settings import make_settings
 
 BUCKETS = [{"batch_size": 1, "seq_len": 16}, {"batch_size": 1, "seq_len": 32}, {"batch_size": 2, "seq_len": 32}]
-
-
-def make_settings(tmp_path: Path, database_url: str, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {
-        "data_dir": tmp_path / "data",
-        "database_url": database_url,
-        "store_url": (tmp_path / "store").as_uri(),
-        "broker_url": "filesystem://",
-        "require_live_worker": False,
-    }
-    values.update(overrides)
-    return Settings(**values)
 
 
 def upload_model(services: Services, content: bytes = b"tiny model bytes") -> str:

@@ -31,21 +31,14 @@ from compilesvc.states import IllegalTransition
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles.compiler_flags import DOUBLE_AND_REJECTED_FLAGS
+from tests.fixtures.settings import make_settings as fixture_settings
 
 LEASE = 30.0
 
 
 def make_settings(tmp_path: Path, database_url: str, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {
-        "data_dir": tmp_path / "data",
-        "database_url": database_url,
-        "store_url": (tmp_path / "store").as_uri(),
-        "broker_url": "filesystem://",
-        "require_live_worker": False,
-        "max_attempts": 2,
-    }
-    values.update(overrides)
-    return Settings(**values)
+    """The shared test settings with two attempts per bucket (what the lease tests count against)."""
+    return fixture_settings(tmp_path, database_url, **{"max_attempts": 2, **overrides})
 
 
 @pytest.fixture
@@ -489,6 +482,7 @@ def test_registry_lifecycle(services: Services) -> None:
         assert (worker.slots, worker.stopped_at) == (4, None)
 
 
+@pytest.mark.slow
 def test_relay_command_runs_one_pass(tmp_path: Path, pg_services: Services) -> None:
     """`compilesvc relay --once` in its own process: requeues an expired lease and relays the message."""
     result = submit(pg_services)

@@ -46,6 +46,8 @@ def test_relay_removes_abandoned_temp_files(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert not abandoned.exists() and live.exists()
     assert any(line["msg"] == "removed abandoned uploads" and line["removed"] == 1 for line in lines), result.stderr
+    # The one format every process logs in (compilesvc.jsonlog), not a relay-specific one.
+    assert all(line["service"] == "relay" and line["ts"].endswith("Z") for line in lines), result.stderr
 
 
 def test_relay_survives_an_unreachable_store(tmp_path: Path) -> None:

@@ -34,9 +34,8 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from compilesvc import registry
+from compilesvc import jsonlog, registry
 from compilesvc.config import Settings
-from compilesvc.daemon import configure_json_logging
 from compilesvc.db import transaction
 from compilesvc.services import Services
 
@@ -109,7 +108,7 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     # `kill -USR1 <pid>` prints every thread's Python stack to the log: the first thing to look at when a
     # worker or one of its pool processes (which inherit this) seems stuck.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    configure_json_logging(loglevel, {"component": "worker", "worker": worker_id})
+    jsonlog.configure(loglevel.upper(), service="worker", static={"worker": worker_id})
     try:
         settings = Settings()
     except ValidationError as exc:
@@ -145,7 +144,9 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     beat.thread.start()
     log.info("worker registered", extra={"queues": queue_list, "slots": concurrency})
     nodename = worker_id if "@" in worker_id else f"{worker_id}@%h"
-    argv = ["worker", "-Q", ",".join(queue_list), "-c", str(concurrency), "--prefetch-multiplier=1",
+    # --quiet drops Celery's multi-line banner on stdout: every line a worker prints is JSON, and the
+    # "worker registered" line above already names the queues and slots.
+    argv = ["--quiet", "worker", "-Q", ",".join(queue_list), "-c", str(concurrency), "--prefetch-multiplier=1",
             "-n", nodename, "--without-gossip", "--without-mingle", "-O", "fair", "-l", loglevel.upper(),
             "--pool", pool]
     exit_code: int | None = None

@@ -58,7 +58,7 @@ def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sd
                    isa: str | None = None) -> str:
     svc, relay = services()
     try:
-        return run_compile(svc, bucket_compile_id, worker_id(), relay=relay).status
+        result = run_compile(svc, bucket_compile_id, worker_id(), relay=relay)
     except ClaimNotRecorded as exc:
         # Acknowledging would drop the only message of a compile that is still queued in the ledger; give it
         # back to the broker (after run_compile's own retries, so this is no hot loop). Should the message
@@ -66,6 +66,10 @@ def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sd
         log.warning("claim failed; message returned to the queue",
                     extra={"bucket_compile_id": bucket_compile_id, "error": str(exc)})
         raise Reject(str(exc), requeue=True) from exc
+    # The one line that says this worker is done with the message, whatever became of the attempt.
+    log.info("task done", extra={"bucket_compile_id": bucket_compile_id, "attempt": result.attempt,
+                                 "result": result.status})
+    return result.status
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]

@@ -5,11 +5,19 @@ from __future__ import annotations
 from typing import Any, cast
 
 from sqlalchemy import Table
+from sqlalchemy.dialects.postgresql import Insert as PgInsert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from compilesvc.ledger.models import Base
+
+
+def _insert(session: Session, model: type[Base], values: dict[str, Any]) -> PgInsert | SqliteInsert:
+    """The dialect's INSERT (the two ledgers we support both have ``ON CONFLICT``)."""
+    builder = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    return builder(cast(Table, model.__table__)).values(**values)
 
 
 def insert_ignore(session: Session, model: type[Base], values: dict[str, Any], conflict: list[str]) -> int | None:
@@ -18,8 +26,18 @@ def insert_ignore(session: Session, model: type[Base], values: dict[str, Any], c
     On Postgres a concurrent uncommitted insert of the same key makes this wait for that transaction, so
     a None always means a committed (or our own) row exists and can be read.
     """
-    table = cast(Table, model.__table__)
-    builder = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    stmt = builder(table).values(**values).on_conflict_do_nothing(index_elements=conflict)
-    result: int | None = session.execute(stmt.returning(table.c.id)).scalar_one_or_none()
+    stmt = _insert(session, model, values).on_conflict_do_nothing(index_elements=conflict)
+    result: int | None = session.execute(stmt.returning(cast(Table, model.__table__).c.id)).scalar_one_or_none()
     return result
+
+
+def insert_ignore_duplicate(session: Session, model: type[Base], values: dict[str, Any], conflict: list[str]) -> None:
+    """``INSERT … ON CONFLICT (conflict) DO NOTHING``, for tables without an ``id`` to return."""
+    session.execute(_insert(session, model, values).on_conflict_do_nothing(index_elements=conflict))
+
+
+def upsert(session: Session, model: type[Base], values: dict[str, Any], conflict: list[str]) -> None:
+    """``INSERT … ON CONFLICT (conflict) DO UPDATE``: every other column of ``values`` is overwritten."""
+    stmt = _insert(session, model, values)
+    session.execute(stmt.on_conflict_do_update(
+        index_elements=conflict, set_={k: stmt.excluded[k] for k in values if k not in conflict}))

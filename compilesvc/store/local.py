@@ -7,14 +7,10 @@ exists: that is the atomic create-only primitive, so a reader never sees a parti
 ever overwritten. A write that ends short of (or differs from) what its caller declared is never
 linked. Temp files a killed process left behind are removed by :meth:`LocalStore.sweep_incomplete_uploads`.
 Downloads are served by the API through HMAC-signed URLs (:mod:`.signing`).
-
-This module also owns :func:`copy_hashing`, the bounded-memory copy loop both stores use to hash bytes
-while they stream.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import shutil
@@ -23,7 +19,6 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
@@ -32,81 +27,17 @@ from compilesvc.store.base import (
     ArtifactStore,
     BlobInfo,
     BlobNotFound,
-    BlobTooLarge,
-    IntegrityError,
     StoreError,
     StoreUnavailable,
     blob_name,
     check_expected,
 )
+from compilesvc.store.hashing import SinkWriteError, copy_hashing, verified_file
 from compilesvc.store.signing import check_filename, sign_blob_url
 
-CHUNK_SIZE = 1024 * 1024
 #: Age at which a temp file found when a store is opened counts as abandoned (the relay sweeps sooner).
 STALE_TEMP_SECONDS = 24 * 3600
 TEMP_PREFIX = "w-"
-
-
-class SinkWriteError(Exception):
-    """Raised by :func:`copy_hashing` when writing failed (our side), as opposed to reading the source."""
-
-    def __init__(self, cause: OSError):
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-@dataclass
-class HashedCopy:
-    """What :func:`copy_hashing` saw: the full sha256, the size, and optionally per-part sha256 digests."""
-
-    sha256: str
-    size: int
-    part_digests: list[bytes] = field(default_factory=list)
-
-
-def copy_hashing(
-    read: Callable[[int], bytes],
-    write: Callable[[bytes], object] | None,
-    *,
-    max_bytes: int | None = None,
-    part_size: int | None = None,
-    chunk_size: int = CHUNK_SIZE,
-) -> HashedCopy:
-    """Copy ``read`` to ``write`` chunk by chunk, hashing on the way; memory stays at one chunk.
-
-    ``max_bytes`` raises :class:`BlobTooLarge` as soon as it is exceeded (the caller removes what was
-    written). ``part_size`` additionally records the sha256 of every ``part_size`` slice, which is what
-    S3 combines into a multipart object's composite checksum. Errors raised by ``write`` come out
-    wrapped in :class:`SinkWriteError` so callers can tell a failing store from a failing source.
-    """
-    full = hashlib.sha256()
-    part = hashlib.sha256() if part_size else None
-    part_fill = 0
-    parts: list[bytes] = []
-    size = 0
-    while chunk := read(chunk_size):
-        size += len(chunk)
-        if max_bytes is not None and size > max_bytes:
-            raise BlobTooLarge(max_bytes)
-        full.update(chunk)
-        if part is not None and part_size:
-            view = memoryview(chunk)
-            while view:
-                take = min(len(view), part_size - part_fill)
-                part.update(view[:take])
-                part_fill += take
-                view = view[take:]
-                if part_fill == part_size:
-                    parts.append(part.digest())
-                    part, part_fill = hashlib.sha256(), 0
-        if write is not None:
-            try:
-                write(chunk)
-            except OSError as exc:
-                raise SinkWriteError(exc) from exc
-    if part is not None and part_fill:
-        parts.append(part.digest())
-    return HashedCopy(full.hexdigest(), size, parts)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -128,6 +59,9 @@ class LocalStore(ArtifactStore):
         self.public_url = public_url.rstrip("/")
         self._secret_key = secret_key
         self.url = self.root.as_uri()
+        #: Unix time for the URLs this store signs; a test may set it to sign "in the past" (None: time.time,
+        #: looked up at each call).
+        self.clock: Callable[[], float] | None = None
         self._tmp = self.root / "tmp"
         try:
             self._tmp.mkdir(parents=True, exist_ok=True)
@@ -252,21 +186,9 @@ class LocalStore(ArtifactStore):
         return self._open(sha256)
 
     def download_blob(self, sha256: str, dest: Path) -> None:
-        dest = Path(dest)
-        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        temp = Path(name)
-        try:
-            with os.fdopen(fd, "wb") as out, self._open(sha256) as src:
-                copied = copy_hashing(src.read, out.write)
-            if copied.sha256 != sha256:
-                raise IntegrityError(
-                    f"blob {sha256} reads back as sha256 {copied.sha256}: the stored file is corrupt"
-                )
-            os.replace(temp, dest)
-        except SinkWriteError as exc:
-            raise exc.cause from None
-        finally:
-            temp.unlink(missing_ok=True)
+        with verified_file(dest, sha256, what=f"blob {sha256} (the stored file is corrupt)") as out, \
+                self._open(sha256) as src:
+            copy_hashing(src.read, out.write)
 
     # -- documents -----------------------------------------------------------------------------------
 
@@ -303,7 +225,7 @@ class LocalStore(ArtifactStore):
         if filename is not None:
             check_filename(filename)
         # Round up: the URL must stay valid for at least expires_in seconds, not up to a second less.
-        expires = math.ceil(time.time()) + expires_in
+        expires = math.ceil((self.clock or time.time)()) + expires_in
         sig = sign_blob_url(self._secret_key, sha256, expires, filename)
         query = {"expires": str(expires), "sig": sig}
         if filename is not None:

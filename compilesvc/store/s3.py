@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -64,7 +63,7 @@ from compilesvc.store.base import (
     blob_name,
     check_expected,
 )
-from compilesvc.store.local import HashedCopy, SinkWriteError, copy_hashing
+from compilesvc.store.hashing import HashedCopy, SinkWriteError, copy_hashing, verified_file
 from compilesvc.store.s3_sweep import abort_abandoned_uploads
 from compilesvc.store.signing import check_filename, content_disposition
 
@@ -260,28 +259,6 @@ def b64_digest(digest: bytes) -> str:
 # -- streaming helpers -------------------------------------------------------------------------------
 
 
-class HashingWriter:
-    """A write-only sink that hashes what passes through it.
-
-    Deliberately without seek/tell: s3transfer then treats it as non-seekable and writes the parts in
-    order (holding early arrivals in a bounded window), which is what lets us hash while downloading.
-    """
-
-    def __init__(self, sink: BinaryIO):
-        self._sink = sink
-        self._hash = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self._hash.update(data)
-        self.size += len(data)
-        self._sink.write(data)
-        return len(data)
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
-
-
 class _BodyReader:
     """A streaming GetObject body whose network failures surface as StoreUnavailable."""
 
@@ -467,31 +444,16 @@ class S3Store(ArtifactStore):
             yield cast(BinaryIO, reader)
 
     def download_blob(self, sha256: str, dest: Path) -> None:
-        dest = Path(dest)
         key = self._key(blob_name(sha256))
-        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        temp = Path(name)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                writer = HashingWriter(out)
-                try:
-                    # cast: the stubs want IO, s3transfer needs only write() (and must not find seek()).
-                    self.client.download_fileobj(
-                        self.bucket, key, cast(BinaryIO, writer), Config=self._transfer
-                    )
-                except _BOTO_ERRORS as exc:
-                    client_error = client_error_of(exc)
-                    if client_error is not None and is_not_found(client_error):
-                        raise BlobNotFound(f"blob {sha256} not found") from None
-                    raise_store_error(exc, f"downloading blob {sha256}")
-            if writer.hexdigest() != sha256:
-                raise IntegrityError(
-                    f"blob {sha256} downloads as sha256 {writer.hexdigest()} ({writer.size} bytes): "
-                    "the stored object is corrupt"
-                )
-            os.replace(temp, dest)
-        finally:
-            temp.unlink(missing_ok=True)
+        with verified_file(dest, sha256, what=f"blob {sha256} (the stored object is corrupt)") as writer:
+            try:
+                # cast: the stubs want IO, s3transfer needs only write() (and must not find seek()).
+                self.client.download_fileobj(self.bucket, key, cast(BinaryIO, writer), Config=self._transfer)
+            except _BOTO_ERRORS as exc:
+                client_error = client_error_of(exc)
+                if client_error is not None and is_not_found(client_error):
+                    raise BlobNotFound(f"blob {sha256} not found") from None
+                raise_store_error(exc, f"downloading blob {sha256}")
 
     # -- documents -----------------------------------------------------------------------------------
 
@@ -567,7 +529,6 @@ class S3Store(ArtifactStore):
 
 
 __all__ = [
-    "HashingWriter",
     "S3Store",
     "client_error_of",
     "composite_sha256",

@@ -142,6 +142,7 @@ def test_upgrade_downgrade_upgrade(empty_url: str) -> None:
     assert _schema(empty_url) == migrated
 
 
+@pytest.mark.slow
 def test_each_revision_downgrades_to_its_parent_schema(empty_url: str) -> None:
     """The stairway: for every revision, upgrade, downgrade one step, and get exactly the schema of the
     parent back; then upgrade again (so a downgrade that leaves debris breaks the re-upgrade)."""

@@ -7,20 +7,25 @@ conformance suite can download through a URL from either store with ``requests``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
 import threading
+import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.auth
 import pytest
 
 from compilesvc.config import Settings
@@ -45,6 +50,8 @@ class StoreCase:
     abandon_upload: Callable[[], str]
     resume_upload: Callable[[str], None]  # more bytes arrive for it (a part, a write): activity
     open_uploads: Callable[[], set[str]]  # ids of the uploads still open (multipart or temp files)
+    # URLs signed inside this context are signed as if ``seconds`` ago (so an expiry needs no waiting).
+    signed_ago: Callable[[float], AbstractContextManager[None]]
 
 
 def _random_blob_name() -> str:
@@ -84,7 +91,8 @@ def _serve_local_blobs(store_ref: list[LocalStore]) -> tuple[ThreadingHTTPServer
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # A short poll: shutdown() waits for the serve loop's next poll, 0.5 s by default, at every test's teardown.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
@@ -155,7 +163,15 @@ def local_case(tmp_path: Path) -> Iterator[StoreCase]:
         return {p.name for p in (store.root / "tmp").iterdir()}
 
     try:
-        yield StoreCase("local", store, corrupt, names, abandon, resume, open_uploads)
+        @contextlib.contextmanager
+        def signed_ago(seconds: float) -> Iterator[None]:
+            store.clock = lambda: time.time() - seconds
+            try:
+                yield
+            finally:
+                store.clock = None
+
+        yield StoreCase("local", store, corrupt, names, abandon, resume, open_uploads, signed_ago)
     finally:
         server.shutdown()
         server.server_close()
@@ -206,10 +222,22 @@ def s3_case(s3_env: S3Server, raw_s3: Any, shared_bucket: str, tmp_path: Path) -
         listing = raw_s3.list_multipart_uploads(Bucket=shared_bucket, Prefix=f"{prefix}/")
         return {u["UploadId"] for u in listing.get("Uploads", [])}
 
-    return StoreCase("s3", store, corrupt, names, abandon, resume, open_uploads)
+    return StoreCase("s3", store, corrupt, names, abandon, resume, open_uploads, _botocore_signed_ago)
 
 
-@pytest.fixture(params=["local", "s3"])
+@contextlib.contextmanager
+def _botocore_signed_ago(seconds: float) -> Iterator[None]:
+    """SigV4 presigning reads botocore.auth.get_current_datetime (botocore 1.3x); the server judges expiry by
+    its own clock, so a URL signed "earlier" is one whose window ended for real."""
+    real = botocore.auth.get_current_datetime
+    botocore.auth.get_current_datetime = lambda *a, **k: real(*a, **k) - timedelta(seconds=seconds)
+    try:
+        yield
+    finally:
+        botocore.auth.get_current_datetime = real
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def case(request: pytest.FixtureRequest) -> StoreCase:
     """The conformance suite runs every test on both stores."""
     return request.getfixturevalue(f"{request.param}_case")  # type: ignore[no-any-return]

@@ -29,23 +29,16 @@ from compilesvc.logs import append_lines
 from compilesvc.manifest import BucketManifest, FileEntry
 from compilesvc.services import Services
 from compilesvc.store.base import bucket_manifest_name
+from tests.fixtures.settings import make_settings as fixture_settings
 
 PUBLIC_URL = "http://api.test"
 WORKER = "test-worker-1"
 
 
 def make_settings(tmp_path: Path, database_url: str, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {
-        "data_dir": tmp_path / "data",
-        "database_url": database_url,
-        "store_url": (tmp_path / "store").as_uri(),
-        "broker_url": "filesystem://",
-        "public_url": PUBLIC_URL,
-        "secret_key": "web-test-secret",
-        "require_live_worker": True,
-    }
-    values.update(overrides)
-    return Settings(**values)
+    """The shared test settings as the API sees them: a public URL, a signing key, live workers required."""
+    return fixture_settings(tmp_path, database_url, **{"public_url": PUBLIC_URL, "secret_key": "web-test-secret",
+                                                       "require_live_worker": True, **overrides})
 
 
 @dataclass

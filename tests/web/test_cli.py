@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import requests
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,6 +26,7 @@ def test_serve_is_a_compilesvc_command() -> None:
         assert option in result.output
 
 
+@pytest.mark.slow
 def test_serve_under_gunicorn(tmp_path: Path) -> None:
     with compilesvc_serve(tmp_path, workers=2) as served:
         base, log_path = served.base, served.log

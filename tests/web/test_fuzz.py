@@ -10,6 +10,7 @@ import urllib.parse
 from collections import Counter
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -136,6 +137,7 @@ def fuzz(env: Env, examples: int) -> None:
     assert {200, 202, 400, 404, 405, 422} <= statuses, seen
 
 
+@pytest.mark.slow
 def test_fuzz_every_endpoint(make_env: EnvFactory, ledger_url: str) -> None:
     env = make_env(ledger_url, require_live_worker=False, max_request_bytes=64 * 1024, max_upload_bytes=1 << 20,
                    config={"SSE_POLL_SECONDS": 0.02, "SSE_MAX_SECONDS": 0.1, "SSE_HEARTBEAT_SECONDS": 0.05})

@@ -193,7 +193,7 @@ def test_blob_download_checks_signature_and_expiry(sqlite_env: Env) -> None:
 MiB = 1024 * 1024
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def any_store_env(request: pytest.FixtureRequest) -> Env:
     return request.getfixturevalue("sqlite_env" if request.param == "local" else "s3_env")  # type: ignore[no-any-return]
 

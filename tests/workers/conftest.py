@@ -39,24 +39,13 @@ from compilesvc.spec import parse_spec
 from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_FLAGS_SETTING
+from tests.fixtures.waiting import wait_for
 
 REDIS_URL = os.environ.get("COMPILESVC_TEST_REDIS", "redis://127.0.0.1:6379/0")
 COMPILESVC = str(Path(sys.executable).with_name("compilesvc"))
 NEURON_SDK = "2.20.0"
 #: The "model" of :meth:`Cluster.hlo_spec`: the Neuron double's compiler does not read it.
 HLO_MODEL = b"HloModuleProto (a test double does not read it)"
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test with ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass

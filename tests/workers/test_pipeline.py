@@ -9,6 +9,7 @@ compiles come from the Neuron TEST DOUBLE (``tests/doubles/neuron``), chosen per
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 import time
 from collections.abc import Callable
@@ -100,7 +101,7 @@ def test_three_buckets_compile_in_parallel_into_one_artifact(make_cluster: MakeC
     with pytest.raises(NoCapableWorker):
         cluster.submit(spec)  # nobody serves compile.cpu.2.13.0 yet
 
-    cluster.start_worker("w1", concurrency=2)
+    worker = cluster.start_worker("w1", concurrency=2)
     result = cluster.submit(spec)
     assert (result.outcome, len(result.buckets)) == ("new", 3)
     artifact = cluster.wait_artifact(result.artifact_key, ("published", "failed"), timeout=150)
@@ -117,6 +118,10 @@ def test_three_buckets_compile_in_parallel_into_one_artifact(make_cluster: MakeC
             streams = set(session.scalars(select(LogLine.stream).where(LogLine.bucket_compile_id == bucket.id,
                                                                        LogLine.attempt == 1)))
             assert streams == {"compiler", "service"}
+    # Every line the worker process printed is one JSON object in the shared format (compilesvc.jsonlog):
+    # no Celery banner, no multi-line warning text.
+    printed = worker.log_path.read_text().splitlines()
+    assert printed and all(json.loads(line)["service"] == "worker" for line in printed), printed[:5]
 
 
 def test_killed_worker_is_recovered_by_the_reaper(make_cluster: MakeCluster) -> None:
@@ -175,7 +180,8 @@ def test_stale_worker_late_result_is_rejected(make_cluster: MakeCluster) -> None
     wait_for(lambda: frozen.logged("lease lost", bucket_compile_id=bucket.id)
              or frozen.logged("lease lost before the success was recorded; another attempt owns the compile"),
              20, "the frozen worker to notice it lost the lease")
-    time.sleep(1.0)  # let it finish whatever it would still do
+    wait_for(lambda: frozen.logged("task done", bucket_compile_id=bucket.id, result="lease-lost"), 20,
+             "the frozen worker to finish its task")
     after = cluster.bucket(key)
     assert (after.state, after.worker_id, after.attempts, after.manifest_uri) == (
         "succeeded", "other@test", 2, done.manifest_uri)
@@ -302,7 +308,10 @@ def test_compile_error_is_final_and_negatively_cached(make_cluster: MakeCluster)
     second = cluster.submit(spec)
     assert (second.outcome, second.state, second.artifact_state) == ("join", "failed", "failed")
     assert count(cluster, Outbox) == outbox_rows  # nothing was queued
-    time.sleep(1.0)
+    # A compile submitted after the join and finished on the same worker's queue: had the join queued the
+    # failed bucket again, that message would have come first.
+    sentinel = cluster.submit(cluster.hlo_spec("ok"))
+    assert cluster.wait_artifact(sentinel.artifact_key, ("published", "failed"), 30).state == "published"
     assert cluster.bucket(key).attempts == 1 and len(compiler_pids(worker, failed.id)) == 1
 
     retry_build(cluster.services, first.build_id)
@@ -330,7 +339,7 @@ def test_outbox_rows_written_during_a_broker_outage_are_relayed_later(make_clust
     assert len(rows) == 2 and all(r.sent_at is None for r in rows)
     assert rows[0].last_error and "127.0.0.1:1" in rows[0].last_error  # the failed send is on record
     assert OutboxRelay(cluster.services.sessions, down).relay() == 0  # still down: nothing is lost
-    time.sleep(1.0)
+    assert count(cluster, Outbox, Outbox.sent_at.is_(None)) == 2  # nothing reached a broker to run
     assert [cluster.bucket(b.key).state for b in result.buckets] == ["queued", "queued"]
 
     relay = cluster.start_relay()  # the relay process talks to the real broker
