@@ -1,8 +1,15 @@
 """Dispatch to Celery: queue names, routing, the shared Celery configuration and the outbox relay's sender.
 
-Compiles are routed by target and SDK release (``compile.inf2.2.20.0``, ``compile.cpu.2.13.0``); cpu
-AOTInductor compiles also by the ISA the native code is built for (``compile.cpu.2.13.0.x86_64-avx512``).
-Routing is Celery's own ``task_routes`` with :func:`route_task`; the relay names no queue itself.
+A compile's queue is decided once, at submit (:func:`queue_name`), stored on the bucket compile and carried
+in its dispatch message; Celery's own ``task_routes`` (:func:`route_task`) sends the message there.
+
+- cpu: by target and torch release (``compile.cpu.2.13.0``), AOTInductor also by the ISA the native code
+  is built for (``compile.cpu.2.13.0.x86_64-avx512``).
+- Neuron: by target, toolchain and kind of compile (``compile.inf2.2.27.0.trace``). The release in the
+  name is the oldest one shipping the same toolchain for that kind of compile
+  (:func:`compilesvc.neuron_releases.toolchain_release`), since keys hold the toolchain: 2.27.0 and 2.27.1
+  compiles share keys and therefore one queue, which workers of either release consume. The kinds are
+  ``neuronx-cc`` (HLO), ``trace`` and ``trace-tp`` (tp > 1, which adds neuronx-distributed).
 
 The settings here are for hours-long tasks on a Redis broker: late acks, prefetch 1, a visibility timeout
 above the hard time limit everywhere Celery reads it. The ledger's leases, not Celery redelivery, recover
@@ -21,16 +28,20 @@ from typing import Any
 from celery import Celery
 
 from compilesvc.config import Settings
+from compilesvc.neuron_releases import toolchain_release
 
 COMPILE_TASK = "compilesvc.compile_bucket"
 
 
-def queue_name(target: str, sdk: str, backend: str, isa: str | None = None) -> str:
+def queue_name(target: str, sdk: str, backend: str, isa: str | None = None, tp_degree: int = 1) -> str:
     """The queue a compile for ``target``/``sdk`` goes to (and a capable worker consumes)."""
-    name = f"compile.{target}.{sdk}"
-    if backend == "aotinductor" and isa:
-        name += f".{isa}"
-    return name
+    if target == "cpu":
+        name = f"compile.{target}.{sdk}"
+        if backend == "aotinductor" and isa:
+            name += f".{isa}"
+        return name
+    kind = f"{backend}-tp" if tp_degree > 1 else backend
+    return f"compile.{target}.{toolchain_release(sdk, backend, tp_degree)}.{kind}"
 
 
 def task_id(bucket_compile_id: int, dispatch: int) -> str:
@@ -40,8 +51,12 @@ def task_id(bucket_compile_id: int, dispatch: int) -> str:
 
 def route_task(name: str, args: Any, kwargs: dict[str, Any] | None, options: Any, task: Any = None,
                **_: Any) -> dict[str, str] | None:
-    """Celery router: compile tasks go to the queue named in their routing kwargs."""
+    """Celery router: a compile task goes to the queue its bucket compile was given at submit."""
     if name == COMPILE_TASK and kwargs:
+        queue = kwargs.get("queue")
+        if queue:
+            return {"queue": queue}
+        # A message written before queues were carried (an outbox row from an older release)
         return {"queue": queue_name(kwargs["target"], kwargs["sdk"], kwargs["backend"], kwargs.get("isa"))}
     return None
 

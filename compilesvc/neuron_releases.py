@@ -146,6 +146,37 @@ def toolchain_material(release: str, backend: str, tp_degree: int) -> dict[str, 
     return material
 
 
+@functools.lru_cache(maxsize=256)
+def toolchain_release(release: str, backend: str, tp_degree: int) -> str:
+    """The oldest release whose toolchain for this kind of compile is ``release``'s: the name its queue uses.
+
+    Keys hold the toolchain, not the label, so releases shipping identical packages share compiles; their
+    queue must be shared too, or a build joining a compile first queued under another label would wait on
+    a queue its own release's workers never read. Only what the compile runs counts (an HLO compile:
+    neuronx-cc alone), so two releases can share HLO queues and not trace queues.
+    """
+    material = toolchain_material(release, backend, tp_degree)
+    for label in table():
+        try:
+            if toolchain_material(label, backend, tp_degree) == material:
+                return label
+        except NotShipped:
+            continue
+    return release  # pragma: no cover - release itself always matches
+
+
+def toolchain_differences(requested: str, installed: str, backend: str, tp_degree: int) -> list[str]:
+    """How the toolchain a compile of ``requested`` runs differs from ``installed``'s (empty: identical)."""
+    want = toolchain_material(requested, backend, tp_degree)
+    try:
+        have = toolchain_material(installed, backend, tp_degree)
+    except NotShipped as exc:
+        return [str(exc)]
+    return [f"{package}: release {requested} has {want.get(package)}, this host's {installed} has "
+            f"{have.get(package)}" for package in sorted(want.keys() | have.keys())
+            if want.get(package) != have.get(package)]
+
+
 def installed_mismatches(release: str, installed: Mapping[str, str | None]) -> list[str]:
     """Why the installed packages are not ``release``'s (empty: they are), one message per package.
 

@@ -80,8 +80,8 @@ def enqueue_compile(session: Session, bucket: BucketCompile, *, delay_seconds: f
         bucket_compile_id=bucket.id,
         task_name=COMPILE_TASK,
         task_id=task_id(bucket.id, bucket.lease_token),
-        kwargs={"bucket_compile_id": bucket.id, "target": bucket.target, "sdk": bucket.sdk,
-                "backend": bucket.backend, "isa": isa},
+        kwargs={"bucket_compile_id": bucket.id, "queue": bucket.queue, "target": bucket.target,
+                "sdk": bucket.sdk, "backend": bucket.backend, "isa": isa},
         available_at=utcnow() + timedelta(seconds=delay_seconds) if delay_seconds > 0 else None,
     )
     session.add(row)

@@ -542,4 +542,4 @@ class _Context:
     @property
     def queue(self) -> str:
         return queue_name(self.spec.target, self.spec.sdk, self.spec.backend,
-                          self.keys.material["toolchain"].get("isa"))
+                          self.keys.material["toolchain"].get("isa"), self.spec.compiler.tp_degree)

@@ -61,7 +61,7 @@ def aged_reconciler(services: Services) -> tuple[Reconciler, Clock]:
 
 
 def queue_of(services: Services) -> str:
-    return queue_name("inf2", "2.20.0", "neuronx-cc")
+    return queue_name("inf2", "2.20.0", "trace")  # what tests.test_leases.submit queues (torchscript)
 
 
 def redis_length(services: Services, prefix: str) -> int:
@@ -134,8 +134,8 @@ def test_a_long_queue_is_not_lost(tmp_path: Path, pg_url: str, prefix: str) -> N
     try:
         queue = queue_of(services)
         for i in range(1, 1201):  # more than one page of the scan
-            services.producer.send_task(COMPILE_TASK, kwargs={"bucket_compile_id": i, "target": "inf2",
-                                                              "sdk": "2.20.0", "backend": "neuronx-cc"},
+            services.producer.send_task(COMPILE_TASK, kwargs={"bucket_compile_id": i, "queue": queue, "target": "inf2",
+                                                              "sdk": "2.20.0", "backend": "trace"},
                                         task_id=f"bucket-{i}-dispatch-0")
         view = RedisView(services.producer, prefix)
         assert view.held_bucket_ids([queue]) == set(range(1, 1201))

@@ -55,7 +55,7 @@ def services() -> tuple[Services, OutboxRelay]:
 
 @app.task(name=COMPILE_TASK, bind=True, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
 def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sdk: str, backend: str,
-                   isa: str | None = None) -> str:
+                   isa: str | None = None, queue: str | None = None) -> str:
     svc, relay = services()
     try:
         result = run_compile(svc, bucket_compile_id, worker_id(), relay=relay)

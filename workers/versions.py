@@ -44,12 +44,6 @@ NEURON_TARGETS_ENV = "COMPILESVC_NEURON_TARGETS"
 _VERSION_RE = re.compile(r"\b(\d+\.\d+(?:\.\d+){0,3}(?:\+[0-9A-Za-z.]+)?)")
 
 
-def release_tuple(version: str) -> tuple[int, ...]:
-    """``"2.13.0+cpu"`` -> ``(2, 13, 0, 0)``: the release without local suffix, padded to compare."""
-    numbers = [int(part) for part in version.split("+")[0].split(".") if part.isdigit()]
-    return tuple([*numbers, 0, 0, 0, 0][:4])
-
-
 def module_available(name: str) -> bool:
     """Whether ``name`` can be imported, without importing it."""
     try:
@@ -278,4 +272,11 @@ def capability_queues(caps: dict[str, Any]) -> list[str]:
         for backend in caps["backends"].get(target, []):
             isa = caps["isa"] if backend == "aotinductor" else None
             queues.add(queue_name(target, caps["sdk"][target], backend, isa))
+            if target != "cpu" and backend == "trace" and _ships_neuronx_distributed(caps["sdk"][target]):
+                queues.add(queue_name(target, caps["sdk"][target], backend, tp_degree=2))
     return sorted(queues)
+
+
+def _ships_neuronx_distributed(release: str) -> bool:
+    entry = neuron_releases.table().get(release)
+    return entry is not None and entry.neuronx_distributed is not None

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from compilesvc.config import RANK_COMPILE_MEMORY_BYTES, Settings, default_parallel_rank_compiles
+from compilesvc.dispatch import queue_name
 from compilesvc.hostinfo import host_memory_bytes
 from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env, with_devices
 from tests.doubles.neuron._release import RELEASES
@@ -372,7 +373,8 @@ def test_capabilities_with_the_neuron_double(env: dict[str, str]) -> None:
     assert caps["versions"]["neuronx_cc"] == f"{INSTALLED.neuronx_cc}+{INSTALLED.build_hash}"
     assert caps["neuron"]["release"] == SDK
     assert caps["neuron"]["neuronx_cc_path"] == str(NEURON_DOUBLE_DIR / "bin" / "neuronx-cc")
-    assert f"compile.cpu.2.13.0.{caps['isa']}" in caps["queues"] and f"compile.trn2.{SDK}" in caps["queues"]
+    assert f"compile.cpu.2.13.0.{caps['isa']}" in caps["queues"] and queue_name("trn2", SDK, "trace") in caps["queues"]
+    assert {queue_name("trn2", SDK, "neuronx-cc"), queue_name("trn2", SDK, "trace", tp_degree=2)} <= set(caps["queues"])
 
     narrowed = _capabilities({**env, "COMPILESVC_NEURON_TARGETS": "inf2"})
     assert narrowed["targets"] == ["cpu", "inf2"]

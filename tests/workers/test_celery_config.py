@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from compilesvc.config import Settings
-from compilesvc.dispatch import COMPILE_TASK, make_producer
+from compilesvc.dispatch import COMPILE_TASK, make_producer, queue_name
 from workers.celery_app import make_app
 
 
@@ -35,13 +35,26 @@ def test_worker_config_is_safe_for_hours_long_tasks(tmp_path: Path) -> None:
     assert conf.task_ignore_result is True and conf.worker_send_task_events is False
 
 
-def test_compiles_are_routed_by_target_sdk_and_isa(tmp_path: Path) -> None:
+def test_compiles_go_to_the_queue_decided_at_submit(tmp_path: Path) -> None:
     app = make_producer(redis_settings(tmp_path))
     route = app.amqp.router.route
-    kwargs = {"target": "inf2", "sdk": "2.20.0", "backend": "trace", "bucket_compile_id": 1, "isa": None}
-    assert route({}, COMPILE_TASK, kwargs=kwargs)["queue"].name == "compile.inf2.2.20.0"
-    aoti = {**kwargs, "target": "cpu", "sdk": "2.13.0", "backend": "aotinductor", "isa": "x86_64-avx512"}
+    kwargs = {"target": "inf2", "sdk": "2.27.1", "backend": "trace", "bucket_compile_id": 1, "isa": None,
+              "queue": "compile.inf2.2.27.0.trace"}
+    assert route({}, COMPILE_TASK, kwargs=kwargs)["queue"].name == "compile.inf2.2.27.0.trace"
+    # A message from before queues were carried is routed by the same rule submit uses.
+    legacy = {k: v for k, v in kwargs.items() if k != "queue"}
+    assert route({}, COMPILE_TASK, kwargs=legacy)["queue"].name == queue_name("inf2", "2.27.1", "trace")
+    aoti = {**legacy, "target": "cpu", "sdk": "2.13.0", "backend": "aotinductor", "isa": "x86_64-avx512"}
     assert route({}, COMPILE_TASK, kwargs=aoti)["queue"].name == "compile.cpu.2.13.0.x86_64-avx512"
+
+
+def test_releases_with_one_toolchain_share_queues() -> None:
+    """2.27.0 and 2.27.1 ship identical packages (so identical keys): one queue per kind of compile, named
+    by the older release; a release with another toolchain has its own."""
+    for backend, tp_degree, kind in (("neuronx-cc", 1, "neuronx-cc"), ("trace", 1, "trace"), ("trace", 4, "trace-tp")):
+        shared = {queue_name("trn2", sdk, backend, tp_degree=tp_degree) for sdk in ("2.27.0", "2.27.1")}
+        assert shared == {f"compile.trn2.2.27.0.{kind}"}
+        assert queue_name("trn2", "2.26.0", backend, tp_degree=tp_degree) == f"compile.trn2.2.26.0.{kind}"
 
 
 def test_broker_key_prefix_reaches_producers_and_workers_alike(tmp_path: Path) -> None:

@@ -29,9 +29,18 @@ from compilesvc.outbox import OutboxRelay
 from compilesvc.registry import live_workers
 from compilesvc.store import ArtifactStore
 from compilesvc.submit import NoCapableWorker
+from tests.doubles import neuron_double_env
 from tests.doubles.neuron._release import RELEASES, coded
 from tests.fixtures.s3server import S3Server
-from tests.workers.conftest import NEURON_SDK, REDIS_URL, Cluster, ServiceProcess, redis_connections_of, wait_for
+from tests.workers.conftest import (
+    HLO_MODEL,
+    NEURON_SDK,
+    REDIS_URL,
+    Cluster,
+    ServiceProcess,
+    redis_connections_of,
+    wait_for,
+)
 
 MakeCluster = Callable[..., Cluster]
 
@@ -378,7 +387,7 @@ def test_worker_registration_tracks_its_life(make_cluster: MakeCluster) -> None:
     with cluster.services.sessions() as session:
         (row,) = live_workers(session, 10)
         assert (row.id, row.slots) == ("w1@test", 3)
-        assert "compile.inf2.2.20.0" in row.queues and "compile.cpu.2.13.0" in row.queues
+        assert "compile.inf2.2.20.0.neuronx-cc" in row.queues and "compile.cpu.2.13.0" in row.queues
         assert row.capabilities["sdk"]["inf2"] == "2.20.0"
     worker.stop()
     assert worker.proc.returncode == 0
@@ -386,3 +395,25 @@ def test_worker_registration_tracks_its_life(make_cluster: MakeCluster) -> None:
         assert live_workers(session, 10) == []
     with pytest.raises(NoCapableWorker):
         cluster.submit(cluster.hlo_spec())
+
+
+def test_a_compile_joined_across_releases_of_one_toolchain_runs_on_either(make_cluster: MakeCluster) -> None:
+    """2.27.0 and 2.27.1 ship identical packages, so their compiles share keys. A 2.27.1 build joining a
+    compile first queued for 2.27.0 is served by a 2.27.1 worker (none of 2.27.0 exists): both builds end
+    with the one artifact, and the worker says it ran a 2.27.0 request on its identical toolchain."""
+    cluster = make_cluster()
+    cluster.start_worker("w271", concurrency=1, env=neuron_double_env(cluster.env, sdk="2.27.1"))
+    uri = cluster.upload(HLO_MODEL, "model.hlo.pb")
+    first = cluster.submit(cluster.hlo_spec("slow:3", uri=uri, sdk="2.27.0"))
+    second = cluster.submit(cluster.hlo_spec("slow:3", uri=uri, sdk="2.27.1"))
+    assert first.outcome == "new" and second.outcome in ("join", "hit")
+    assert second.artifact_key == first.artifact_key
+    artifact = cluster.wait_artifact(first.artifact_key, ("published", "failed"), timeout=60)
+    assert artifact.state == "published", cluster.bucket(first.buckets[0].key).error_message
+    done = cluster.bucket(first.buckets[0].key)
+    assert (done.worker_id, done.attempts, done.sdk) == ("w271@test", 1, "2.27.0")
+    assert done.queue == "compile.inf2.2.27.0.neuronx-cc"
+    with cluster.services.sessions() as session:
+        assert {session.get_one(Build, r.build_id).state for r in (first, second)} == {"succeeded"}
+        lines = session.scalars(select(LogLine.line).where(LogLine.bucket_compile_id == done.id)).all()
+    assert any("runs on 2.27.1: the same toolchain" in line for line in lines), lines[-20:]

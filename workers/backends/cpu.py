@@ -29,6 +29,7 @@ import torch
 
 from compilesvc.flags import canonical_flags, flag_names
 from compilesvc.hostinfo import host_isa
+from compilesvc.neuron_releases import base_version
 from compilesvc.spec import CPU_BACKEND_FLAGS
 from workers.backends.base import (
     ArtifactFile,
@@ -46,7 +47,7 @@ from workers.model_loading import (
     raise_if_host_trouble,
     run_forward,
 )
-from workers.versions import python_version, release_tuple
+from workers.versions import python_version
 
 #: Directory name, next to the runner's per-compile work dirs, of the one inductor cache AOTInductor uses.
 INDUCTOR_CACHE_NAME = "compilesvc-inductor-cache"
@@ -70,7 +71,7 @@ def _check_flags(request: CompileRequest) -> set[str]:
 
 def _check_torch(request: CompileRequest) -> None:
     # The cpu target's "sdk" is the torch release; a worker with another torch was routed the wrong queue.
-    if release_tuple(request.sdk) != release_tuple(torch.__version__):
+    if base_version(torch.__version__) != request.sdk:
         raise InfraError("WRONG_SDK", f"this worker has torch {torch.__version__}, the request needs "
                                       f"{request.sdk}")
 

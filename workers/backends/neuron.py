@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from compilesvc.neuron_releases import toolchain_differences
 from workers.backends.base import (
     ArtifactFile,
     Backend,
@@ -67,7 +68,6 @@ from workers.versions import (
     neuronx_cc_executable,
     neuronx_cc_version,
     python_version,
-    release_tuple,
     torch_neuronx_version,
 )
 
@@ -83,12 +83,21 @@ _EXIT_STATUS_RE = re.compile(r"(?:failed with|exit(?:ed)?(?: with)?(?: status| c
 
 
 def _check_sdk(request: CompileRequest) -> str | None:
-    """The host's Neuron SDK release if configured; a different one than requested means misrouting."""
+    """The host's Neuron SDK release if configured. Another release is fine when it ships the same toolchain
+    for this compile (keys, and so queues, are shared by such releases: compilesvc.dispatch); a different
+    toolchain means a misrouted request."""
     host = os.environ.get(NEURON_SDK_ENV, "").strip() or None
     if host is None:
         log(f"{NEURON_SDK_ENV} is not set: cannot check that this host has Neuron SDK {request.sdk}")
-    elif release_tuple(host) != release_tuple(request.sdk):
-        raise InfraError("WRONG_SDK", f"this host has Neuron SDK {host}, the request needs {request.sdk}")
+    elif host != request.sdk:
+        try:
+            differences = toolchain_differences(request.sdk, host, request.backend, request.tp_degree)
+        except ValueError as exc:  # a release this worker's table does not know
+            differences = [str(exc)]
+        if differences:
+            raise InfraError("WRONG_SDK", f"this host has Neuron SDK {host}, the request needs {request.sdk}: "
+                             + "; ".join(differences))
+        log(f"request for Neuron SDK {request.sdk} runs on {host}: the same toolchain for this compile")
     return host
 
 

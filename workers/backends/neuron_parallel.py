@@ -57,9 +57,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from compilesvc.neuron_releases import version_tuple
 from workers.backends.base import ArtifactFile, CompileRequest, InfraError, log
 from workers.backends.neuron import OutputTee, raise_for_trace_failure, read_compiler_logs
-from workers.versions import neuronx_distributed_version, release_tuple
+from workers.versions import neuronx_distributed_version
 
 #: First neuronx-distributed whose ModelBuilder traces in one process (SDK 2.21.0; see the module doc).
 MODEL_BUILDER_SINCE = (0, 10)
@@ -73,7 +74,7 @@ _LNC_RE = re.compile(r"^--logical-nc-config(?:=(\d+))?$")
 
 def uses_model_builder(version: str) -> bool:
     """Whether tp > 1 goes through ModelBuilder with this neuronx-distributed (see the module doc)."""
-    return release_tuple(version)[:2] >= MODEL_BUILDER_SINCE
+    return version_tuple(version)[:2] >= MODEL_BUILDER_SINCE
 
 
 def parallel_trace(request: CompileRequest, model: Any, tensors: tuple[Any, ...], workdir: Path,
