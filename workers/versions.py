@@ -115,6 +115,29 @@ def neuronx_cc_version(executable: str | None = None) -> str | None:
     return dist_version("neuronx-cc") or module_version("neuronxcc")
 
 
+def neuronxcc_package_version() -> str | None:
+    """The version of the ``neuronxcc`` Python package: what torch-neuronx's trace calls into, which need not
+    be the ``neuronx-cc`` executable on PATH (a second environment, a stray ``pip install --user``)."""
+    if not module_available("neuronxcc"):
+        return None
+    return dist_version("neuronx-cc") or module_version("neuronxcc")
+
+
+def compiler_disagreement(executable: str | None, executable_version: str | None,
+                          package_version: str | None) -> list[str]:
+    """Why the two neuronx-cc a worker can run are not one compiler (empty: they are, or one is absent).
+
+    The HLO backend runs the executable and trace runs the package; a key names one neuronx-cc version,
+    so both must be it.
+    """
+    if not (executable_version and package_version):
+        return []
+    if neuron_releases.base_version(executable_version) == neuron_releases.base_version(package_version):
+        return []
+    return [f"neuronx-cc: the executable on PATH ({executable}) is {executable_version} but the neuronxcc "
+            f"package trace imports is {package_version}; install one neuronx-cc in the worker's environment"]
+
+
 def libneuronxla_version() -> str | None:
     if not module_available("libneuronxla"):
         return None
@@ -251,7 +274,8 @@ def detect_capabilities() -> dict[str, Any]:
                             f"(package versions do not name the SDK release)")
         elif missing:
             warnings.append(f"incomplete Neuron SDK, no Neuron targets: missing {' and '.join(missing)}")
-        elif refusals := neuron_refusals(release, packages, dict(os.environ)):
+        elif refusals := (compiler_disagreement(executable, ncc, neuronxcc_package_version())
+                          + neuron_refusals(release, packages, dict(os.environ))):
             refused.extend(refusals)
             warnings.extend(f"no Neuron targets: {problem}" for problem in refusals)
         else:

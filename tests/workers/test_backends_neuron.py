@@ -86,6 +86,7 @@ def test_trace_writes_a_loadable_module_and_streams_compiler_logs(tmp_path: Path
     assert versions["torch_neuronx"].startswith(INSTALLED.torch_neuronx + "+")
     assert versions["neuronx_cc"] == f"{INSTALLED.neuronx_cc}+{INSTALLED.build_hash}"
     assert versions["neuron_sdk"] == SDK and versions["target"] == "trn1" and versions["torch"] == torch.__version__
+    assert versions["trace_lowering"] == "cpu_backend"
     # The wrapper's settings are logged and stay in the environment, never in the compiler args.
     assert "NEURON_CC_FLAGS='--cache_dir=s3://neuron-cache/cc --verbose=info'" in run.stdout
     command = next(line for line in run.lines if "Call compiler with cmd:" in line)
@@ -253,6 +254,7 @@ def test_trace_on_a_host_with_a_device_does_not_use_the_cpu_backend(tmp_path: Pa
     assert "cpu_backend=False devices=1" in run.stdout
     assert "platform target frozen at import: trn1; cpu_backend=False" in run.stdout
     assert _neff_metadata(run)["lowered_for"] == "trn1"
+    assert run.result["versions"]["trace_lowering"] == "device"  # the manifest says how it was built
 
 
 def test_trace_lowers_for_the_requested_target_not_a_stale_override(tmp_path: Path, env: dict[str, str],
@@ -273,6 +275,14 @@ def test_the_runner_gives_neuron_children_their_target_from_process_start() -> N
 def test_trace_on_a_host_with_another_sdk_release_is_infrastructure(tmp_path: Path) -> None:
     run = _trace(tmp_path, "sdk", neuron_double_env(sdk="2.19.0"), [])
     assert run.returncode == 4 and run.result["code"] == "WRONG_SDK", run.describe()
+
+
+def test_packages_changed_under_a_running_worker_are_infrastructure(tmp_path: Path) -> None:
+    """The host claims 2.27.1 but its packages are now 2.26.1's (an upgrade under a running worker): the
+    child refuses before compiling rather than publish under 2.27.1's key."""
+    run = _trace(tmp_path, "sdk", neuron_double_env(sdk="2.27.1", installed="2.26.1"), [], sdk="2.27.1")
+    assert run.returncode == 4 and run.result["code"] == "TOOLCHAIN_MISMATCH", run.describe()
+    assert f"neuronx-cc {RELEASES['2.26.1'].neuronx_cc}" in run.result["message"]
 
 
 # behaviour, child exit code, result status, classified (error_class, code)

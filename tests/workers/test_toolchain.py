@@ -66,6 +66,21 @@ def test_a_worker_whose_packages_are_another_release_refuses_to_start(tmp_path: 
            f"{claimed.neuronx_distributed}" in line
 
 
+def test_a_neuronx_cc_on_path_that_is_not_the_package_trace_imports_refuses_to_start(tmp_path: Path) -> None:
+    """The HLO backend runs the executable on PATH, trace the neuronxcc package: a key names one version."""
+    env = host(tmp_path, sdk="2.27.1")
+    stray = tmp_path / "stray-bin"
+    stray.mkdir()
+    (stray / "neuronx-cc").write_text("#!/bin/sh\necho 'NeuronX Compiler version 2.21.33363.0+0e3e7b17'\n")
+    (stray / "neuronx-cc").chmod(0o755)
+    env["PATH"] = f"{stray}:{env['PATH']}"
+    proc = start_worker(tmp_path, env)
+    assert proc.returncode == EX_CONFIG, proc.stderr
+    line = error_line(proc)
+    assert f"the executable on PATH ({stray / 'neuronx-cc'}) is 2.21.33363.0+0e3e7b17" in line
+    assert f"the neuronxcc package trace imports is {RELEASES['2.27.1'].neuronx_cc}" in line
+
+
 def test_a_release_the_table_does_not_know_refuses_to_start_with_the_refresh_command(tmp_path: Path) -> None:
     proc = start_worker(tmp_path, host(tmp_path, sdk="2.99.0", installed="2.27.1"))
     assert proc.returncode == EX_CONFIG, proc.stderr

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from compilesvc.neuron_releases import toolchain_differences
+from compilesvc.neuron_releases import base_version, toolchain_differences, toolchain_material
 from workers.backends.base import (
     ArtifactFile,
     Backend,
@@ -63,10 +63,13 @@ from workers.child_env import NEURON_CC_FLAGS, PLATFORM_OVERRIDE_ENV, output_cha
 from workers.classify import Evidence, judge
 from workers.versions import (
     NEURON_SDK_ENV,
+    libneuronxla_version,
     module_version,
     neuron_manifest_versions,
     neuronx_cc_executable,
     neuronx_cc_version,
+    neuronx_distributed_version,
+    neuronxcc_package_version,
     python_version,
     torch_neuronx_version,
 )
@@ -98,7 +101,30 @@ def _check_sdk(request: CompileRequest) -> str | None:
             raise InfraError("WRONG_SDK", f"this host has Neuron SDK {host}, the request needs {request.sdk}: "
                              + "; ".join(differences))
         log(f"request for Neuron SDK {request.sdk} runs on {host}: the same toolchain for this compile")
+    _check_installed_toolchain(request)
     return host
+
+
+def _check_installed_toolchain(request: CompileRequest) -> None:
+    """The packages this child imports must be the ones the key names: the worker checked them at start,
+    but an SDK upgraded under a running worker would otherwise publish under the old toolchain's key."""
+    try:
+        wanted = toolchain_material(request.sdk, request.backend, request.tp_degree)
+    except ValueError as exc:  # a release this worker's table does not know
+        raise InfraError("WRONG_SDK", str(exc)) from None
+    installed = {"neuronx-cc": neuronxcc_package_version(), "torch-neuronx": torch_neuronx_version(),
+                 "neuronx-distributed": neuronx_distributed_version(), "libneuronxla": libneuronxla_version()}
+    differences = []
+    for package, want in wanted.items():
+        have = installed.get(package)
+        if have is None:
+            continue  # not importable: the backend reports the missing SDK itself
+        allowed = want if isinstance(want, list) else [want]
+        if base_version(have) not in allowed:
+            differences.append(f"{package} {have} is installed, the key names {' or '.join(allowed)}")
+    if differences:
+        raise InfraError("TOOLCHAIN_MISMATCH", f"this worker's packages are not Neuron SDK {request.sdk}'s "
+                         f"(upgraded since the worker started? restart it): " + "; ".join(differences))
 
 
 def _check_neuron_cc_flags(for_trace: bool) -> None:
@@ -308,6 +334,10 @@ class TraceBackend(Backend):
             "neuronx_cc": module_version("neuronxcc") or neuronx_cc_version() or "unknown",
             "python": python_version(),
             "target": request.target,
+            # Where the graph was lowered. The key assumes the NEFF depends on --target alone; whether a
+            # device host's lowering and cpu_backend's give identical NEFFs is not documented, so the
+            # manifest says which ran (a serving host can tell the two apart if they ever differ).
+            "trace_lowering": "cpu_backend" if cpu_backend else "device",
             **neuron_manifest_versions(host_sdk, trace=True),
         }
         versions.update(parallel_versions)
