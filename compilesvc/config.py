@@ -35,6 +35,10 @@ def default_parallel_rank_compiles() -> int:
     return max(1, memory // RANK_COMPILE_MEMORY_BYTES) if memory else 1
 
 
+#: Retries of a compile failing with no diagnosis (the setting's default, and the ledger API's).
+DEFAULT_UNKNOWN_FAILURE_RETRIES = 2
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="COMPILESVC_", extra="ignore")
 
@@ -86,7 +90,7 @@ class Settings(BaseSettings):
     worker_stale_seconds: int = Field(default=90, ge=2)
     max_attempts: int = Field(default=3, ge=1)
     unknown_failure_retries: int = Field(
-        default=2, ge=0,
+        default=DEFAULT_UNKNOWN_FAILURE_RETRIES, ge=0,
         description="How many times a compile that failed with no diagnosis (class 'unknown': e.g. exit 70 with "
                     "no error code) is retried before it is reported as such; always within max_attempts.")
     compile_timeout_seconds: int = Field(default=4 * 3600 + 1800, ge=1)

@@ -15,7 +15,7 @@ from typing import Any, cast
 from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
-from compilesvc.ledger.models import BucketFailure, utcnow
+from compilesvc.ledger.models import BucketCompile, BucketFailure, utcnow
 from compilesvc.states import ErrorClass
 
 #: Longest message kept per failure (the full text is in the compile log).
@@ -53,7 +53,11 @@ class Failure:
 def record(session: Session, bucket_compile_id: int, attempt: int, phase: str, error_class: ErrorClass | str,
            code: str | None, message: str | None, *, retry: bool) -> None:
     """Add a failure to the history, in the current transaction."""
-    session.execute(_INSERT, {
+    # The round is read from the compile in the same statement: every caller records under the row lock
+    # that also decides the round.
+    round_now = (select(BucketCompile.attempt_round).where(BucketCompile.id == bucket_compile_id)
+                 .scalar_subquery())
+    session.execute(_INSERT.values(attempt_round=round_now), {
         "bucket_compile_id": bucket_compile_id, "attempt": attempt, "at": utcnow(), "phase": phase,
         "error_class": str(ErrorClass(error_class)), "code": code,
         "message": None if message is None else message[:MAX_MESSAGE], "retry": retry,

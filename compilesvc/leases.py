@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from compilesvc import events, failures
 from compilesvc.artifacts import fail_artifacts_of_bucket
+from compilesvc.config import DEFAULT_UNKNOWN_FAILURE_RETRIES
 from compilesvc.failures import Phase
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, BucketFailure, utcnow
 from compilesvc.states import RETRIED, ArtifactState, BucketState, ErrorClass
@@ -179,7 +180,7 @@ def _lock_artifacts(session: Session, bucket_id: int) -> list[Artifact]:
 
 def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass | str, code: str | None,
          message: str | None, *, phase: str = Phase.COMPILE, backoff_seconds: float = 0.0,
-         unknown_retries: int = 2) -> Outcome | None:
+         unknown_retries: int = DEFAULT_UNKNOWN_FAILURE_RETRIES) -> Outcome | None:
     """Record a failed attempt; None when the lease was lost.
 
     - ``compile`` / ``bad_request``: final. The compile stays failed (the negative cache) and so do the sets
@@ -188,7 +189,8 @@ def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass |
       max_attempts`` and the failure is not the previous attempt's repeated identically (class, code and
       message: a deterministic failure in disguise, which another attempt would only repeat); else failed.
     - ``unknown``: requeued like infra while fewer than ``unknown_retries`` unknown failures were retried
-      since the attempts were last reset (an identical repeat is retried too: the bound is the limit here),
+      in this round of attempts (rounds start at a resubmit or explicit retry; an identical repeat is retried
+      too: the bound is the limit here),
       then failed as ``unknown`` with a message saying so; never the negative cache.
     - ``cancelled``: cancelled, unless someone still wants the compile (a submit reopened a set
       containing it while the cancel was in flight), in which case it is requeued.
@@ -238,7 +240,7 @@ def expire(session: Session, bucket_id: int) -> Outcome | None:
         error_class, code = ErrorClass.INFRA, "LEASE_EXPIRED"
         message = f"worker {worker} stopped renewing its lease (attempt {bucket.attempts})"
     return _settle_attempt(session, bucket, artifacts, error_class, code, message, reason="lease expired",
-                           phase=Phase.LEASE, backoff_seconds=0.0)
+                           phase=Phase.LEASE, backoff_seconds=0.0, unknown_retries=0)  # never unknown
 
 
 def _repeats_previous(session: Session, bucket: BucketCompile, phase: str, error_class: ErrorClass,
@@ -254,21 +256,18 @@ def _repeats_previous(session: Session, bucket: BucketCompile, phase: str, error
 
 
 def _earlier_unknown_failures(session: Session, bucket: BucketCompile) -> int:
-    """Unknown failures of the compile's earlier attempts since its attempts were last reset (a resubmit or
-    an explicit retry). Rows of an older round are told apart by id: all of them precede the newest row
-    numbered at or above the current attempt, which this round has not reached yet."""
+    """Unknown failures of the compile's earlier attempts in this round (since its attempts were last reset
+    by a resubmit or an explicit retry)."""
     row = BucketFailure.__table__.c
-    boundary = (select(func.coalesce(func.max(row.id), 0))
-                .where(row.bucket_compile_id == bucket.id, row.attempt >= bucket.attempts).scalar_subquery())
     return int(session.scalar(
         select(func.count()).select_from(BucketFailure.__table__)
         .where(row.bucket_compile_id == bucket.id, row.error_class == ErrorClass.UNKNOWN,
-               row.attempt < bucket.attempts, row.id > boundary)) or 0)
+               row.attempt_round == bucket.attempt_round, row.attempt < bucket.attempts)) or 0)
 
 
 def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Artifact], error_class: ErrorClass,
                     code: str | None, message: str | None, *, phase: str, backoff_seconds: float,
-                    reason: str | None = None, unknown_retries: int = 0) -> Outcome:
+                    unknown_retries: int, reason: str | None = None) -> Outcome:
     wanted = any(a.state == ArtifactState.BUILDING for a in artifacts)
     attempt = bucket.attempts
     if error_class == ErrorClass.CANCELLED and (wanted or not bucket.cancel_requested):

@@ -175,6 +175,7 @@ def requeue_bucket(session: Session, bucket: BucketCompile, reason: str, *, rese
     bucket.queued_at = utcnow()
     if reset_attempts:
         bucket.attempts = 0
+        bucket.attempt_round += 1  # failures of earlier rounds no longer count against this one
     return enqueue_compile(session, bucket, delay_seconds=delay_seconds).id
 
 

@@ -22,7 +22,7 @@ from compilesvc import events, failures, leases, registry
 from compilesvc.config import Settings
 from compilesvc.control import cancel_build, retry_build
 from compilesvc.db import transaction
-from compilesvc.ledger.models import Artifact, BucketCompile, Build, Event, Outbox, utcnow
+from compilesvc.ledger.models import Artifact, BucketCompile, BucketFailure, Build, Event, Outbox, utcnow
 from compilesvc.manifest import BucketManifest, FileEntry
 from compilesvc.reaper import reap
 from compilesvc.services import Services
@@ -281,6 +281,33 @@ def test_unknown_failures_are_retried_a_bounded_number_of_times_then_reported(tm
                     for _ in range(2)] == ["queued", "failed"]
         finally:
             capped.close()
+    finally:
+        services.close()
+
+
+def test_unknown_failures_of_an_earlier_round_never_count_against_a_later_one(tmp_path: Path,
+                                                                              ledger_url: str) -> None:
+    """A round that gets further than the one before it (attempt 3 where the old round ended at 2) counts
+    only its own unknown failures: the old round's attempt-1 unknown is not held against it."""
+    services = Services.from_settings(make_settings(tmp_path, ledger_url, max_attempts=5))
+    try:
+        result = submit(services)
+        bid = bucket_id(services, result.buckets[0].key)
+        first_round = [("unknown", "EXIT_1"), ("compile", "NCC_EVRF001")]
+        assert [_fail_attempt(services, bid, kind, code, f"round 1 {kind}", 1).state  # type: ignore[union-attr]
+                for kind, code in first_round] == ["queued", "failed"]
+        assert submit(services).buckets[0].state == "failed"  # the compile error is cached ...
+        retry_build(services, result.build_id)  # ... until an explicit retry starts round 2
+        second_round = [("infra", "SIGKILL"), ("infra", "EIO"), ("unknown", "EXIT_1"), ("unknown", "EXIT_1")]
+        assert [_fail_attempt(services, bid, kind, code, f"round 2 {code}", 1).state  # type: ignore[union-attr]
+                for kind, code in second_round] == ["queued", "queued", "queued", "failed"]
+        bucket = row(services, bid)
+        assert bucket.error_message.startswith("no diagnosis after 2 unknown failure(s) (1 retried; attempt 4 of 5)")
+        with services.sessions() as session:
+            rounds = session.execute(select(BucketFailure.attempt_round, BucketFailure.attempt)
+                                     .where(BucketFailure.bucket_compile_id == bid)
+                                     .order_by(BucketFailure.id)).all()
+        assert [tuple(r) for r in rounds] == [(0, 1), (0, 2), (1, 1), (1, 2), (1, 3), (1, 4)]
     finally:
         services.close()
 

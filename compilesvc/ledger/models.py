@@ -116,6 +116,9 @@ class BucketCompile(Base):
     inputs: Mapped[list[Any]]
     attempts: Mapped[int] = mapped_column(default=0)
     max_attempts: Mapped[int] = mapped_column(default=3)
+    attempt_round: Mapped[int] = mapped_column(
+        default=0, server_default="0",
+        doc="Bumped whenever the attempts are reset (a resubmit, an explicit retry): failures count per round.")
     lease_token: Mapped[int] = mapped_column(BigInteger, default=0)
     lease_expires_at: Mapped[datetime | None]
     worker_id: Mapped[str | None] = mapped_column(String(255))
@@ -298,6 +301,8 @@ class BucketFailure(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     bucket_compile_id: Mapped[int] = mapped_column(ForeignKey("bucket_compiles.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
+    attempt_round: Mapped[int] = mapped_column(Integer, default=0, server_default="0",
+                                               doc="The compile's attempt_round when this failure happened.")
     at: Mapped[datetime] = mapped_column(default=utcnow)
     phase: Mapped[str] = mapped_column(String(16), doc="dispatch | fetch | compile | publish | lease | worker")
     error_class: Mapped[str] = mapped_column(String(16))
