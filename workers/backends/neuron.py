@@ -92,7 +92,8 @@ def _check_sdk(request: CompileRequest) -> str | None:
     host = os.environ.get(NEURON_SDK_ENV, "").strip() or None
     if host is None:
         log(f"{NEURON_SDK_ENV} is not set: cannot check that this host has Neuron SDK {request.sdk}")
-    elif host != request.sdk:
+        return None
+    if host != request.sdk:
         try:
             differences = toolchain_differences(request.sdk, host, request.backend, request.tp_degree)
         except ValueError as exc:  # a release this worker's table does not know
