@@ -215,6 +215,15 @@ def _option_problem(flag: _Flag, sdk: str, target: str, extra: frozenset[str]) -
     return None
 
 
+def whitespace_problems(args: Iterable[str]) -> list[FlagProblem]:
+    """Values holding whitespace, which a tp > 1 compile cannot pass: neuronx-distributed's ModelBuilder takes
+    the compiler args as one string and splits it on whitespace (``compiler_args.split()``), so quoting does
+    not survive it (neuronx_distributed/trace/model_builder.py)."""
+    return [FlagProblem(token, item, f"{token!r} holds whitespace, which a tp_degree > 1 compile cannot pass "
+                                     f"to neuronx-cc (neuronx-distributed splits compiler args on whitespace)")
+            for token, item in _tokens(args) if any(c.isspace() for c in token)]
+
+
 def check_neuron_flags(args: Iterable[str], *, sdk: str, target: str,
                        extra: frozenset[str] = frozenset()) -> list[FlagProblem]:
     """Every problem neuronx-cc of Neuron SDK ``sdk`` would have with ``args`` for ``target``.

@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from compilesvc.flags import FlagError, canonical_flags, check_neuron_flags, flag_names
+from compilesvc.flags import FlagError, canonical_flags, check_neuron_flags, flag_names, whitespace_problems
 from compilesvc.neuron_releases import NotShipped, UnknownRelease, toolchain_material
 
 Target = Literal["inf2", "trn1", "trn2", "cpu"]
@@ -347,6 +347,8 @@ class CompileSpec(_Strict):
                                           extra=frozenset(extra))
         except FlagError as exc:  # pragma: no cover - CompilerOptions._splittable refuses these first
             raise _FieldError(("compiler", "args"), str(exc)) from None
+        if self.compiler.tp_degree > 1:
+            problems = sorted([*problems, *whitespace_problems(self.compiler.args)], key=lambda p: p.item)
         if problems:
             # One error (a model validator raises once), at the first bad item, naming every bad flag.
             raise _FieldError(("compiler", "args", problems[0].item), "; ".join(p.message for p in problems))

@@ -597,3 +597,12 @@ def test_missing_and_binary_files(tmp_path: Path) -> None:
         load_spec_file(binary)
     with pytest.raises(SpecError, match="cannot read"):
         load_spec_file(tmp_path)
+
+
+def test_tp_compiles_refuse_values_with_whitespace() -> None:
+    """tp > 1 goes through neuronx-distributed's ModelBuilder, which splits the compiler args on whitespace:
+    a quoted value would reach neuronx-cc cut in two, so it is refused at submit, naming it."""
+    spaced = ["--auto-cast=none", "--tensorizer-options='--disable-dge --enable-ccop-compute-overlap'"]
+    assert_refused(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 2, "args": spaced}), "compiler.args[1]",
+                   "holds whitespace, which a tp_degree > 1 compile cannot pass")
+    assert parse_spec(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 1, "args": spaced})).compiler.args == spaced

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -145,7 +144,10 @@ class ModelBuilder:
         flags = container.compiler_args
         if self.compiler_flag_hook is not None:
             flags = self.compiler_flag_hook(key, container, bucket_rank, flags)
-        args = shlex.split(flags)
+        # NxD takes the args as one string and splits it on whitespace, not as a shell would
+        # (neuronx_distributed/trace/model_builder_utils.py: ``args_list = compiler_args.split()``): a quoted
+        # value holding a space arrives cut in two, which is why compilesvc refuses such values for tp > 1.
+        args = flags.split()
         target = torch_neuronx._target_arg(args) or torch_neuronx.PLATFORM_TARGET
         if target is None:
             raise RuntimeError(torch_neuronx.CPU_TARGET_ERROR)
