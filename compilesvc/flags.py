@@ -19,7 +19,9 @@ Canonical rules (documented in docs/keys.md):
 - ``--`` ends the options: it and every token after it are kept verbatim, in order;
 - the result is the positional arguments in their given order, then the options sorted by name (a one-value
   option as ``--x=v``, a several-value option as ``--x``, ``v1``, ``v2`` items), then the ``--`` tail.
-  Positionals go first so that the canonical form is a fixed point.
+  Positionals go first, so canonicalising a canonical form of unquoted tokens gives it back (a value that
+  needed quoting is written out unquoted, so a second pass may split it: keys are computed from the spec,
+  never from a canonical form).
 
 Canonicalisation never refuses a flag and never depends on settings or the SDK release: keys must agree
 between hosts. :func:`check_neuron_flags` is where a neuron spec's flags are judged.

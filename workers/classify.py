@@ -27,14 +27,12 @@ from __future__ import annotations
 import builtins
 import re
 import signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from compilesvc.states import RETRIED, ErrorClass
-
-#: Longest message an Outcome carries.
-MAX_MESSAGE = 500
+from workers.backends.base import one_line
 
 #: neuronx-cc's user-facing codes, NCC_E + component + digits (NCC_EOOM001, NCC_EVRF007, NCC_EARG001).
 NCC_ERROR_RE = re.compile(r"\b(NCC_E[A-Z]{2,6}\d{1,4})\b")
@@ -199,15 +197,10 @@ TABLE: tuple[Row, ...] = (
 del E
 
 
-def _one_line(text: str) -> str:
-    squeezed = " ".join(text.split())
-    return squeezed if len(squeezed) <= MAX_MESSAGE else squeezed[: MAX_MESSAGE - 1] + "…"
-
-
 def _last_line(lines: Sequence[str]) -> str:
     for line in reversed(lines):
         if line.strip():
-            return _one_line(line)
+            return one_line(line)
     return ""
 
 
@@ -223,7 +216,7 @@ def _from_code_on(line: str, match: re.Match[str]) -> str:
     start = match.start()
     if start > 0 and line[start - 1] == "[":
         start -= 1
-    return _one_line(line[start:])
+    return one_line(line[start:])
 
 
 def _rejected_flag(match: re.Match[str]) -> str:
@@ -257,14 +250,14 @@ def _message(row: Row, evidence: Evidence, line: str, match: re.Match[str] | Non
         why = " (possibly OOM-killed)" if -status == signal.SIGKILL else ""
         return f"{evidence.who} was killed by {name}{why}" + (f"; last output: {last}" if last else "")
     if row.name == "rejected-flag" and match is not None:
-        return _one_line(f"the compiler rejected {_rejected_flag(match)}: {line.strip()}")
+        return one_line(f"the compiler rejected {_rejected_flag(match)}: {line.strip()}")
     if row.name == "unknown":
         ended = f"failed with {status}" if status is not None else "failed"
-        return _one_line(f"{evidence.who} {ended} and printed no error code or other evidence"
+        return one_line(f"{evidence.who} {ended} and printed no error code or other evidence"
                          + (f"; last output: {last}" if last else "; no output"))
     if match is not None and row.code == "{code}":
         return _from_code_on(line, match)
-    return _one_line(line) if line else row.code
+    return one_line(line) if line else row.code
 
 
 def judge(evidence: Evidence) -> Verdict:
@@ -282,12 +275,6 @@ def judge(evidence: Evidence) -> Verdict:
             code = row.code
         return Verdict(row.error_class, code, _message(row, evidence, line, match), row.name)
     raise AssertionError("the table's last row matches everything")
-
-
-def find_compiler_error(lines: Iterable[str]) -> tuple[str, str] | None:
-    """``(code, message)`` when the lines alone make a compile error (no exit status considered), else None."""
-    verdict = judge(Evidence(list(lines), status=1))
-    return (verdict.code, verdict.message) if verdict.error_class == ErrorClass.COMPILE else None
 
 
 # -- the runner's view of a finished compile child ------------------------------------------------------
@@ -332,7 +319,7 @@ def classify(returncode: int, result: dict[str, Any] | None, log_tail: list[str]
     if cancelled:
         return Outcome(ErrorClass.CANCELLED, "CANCELLED", "cancelled")
     if timed_out:
-        return Outcome(ErrorClass.TIMEOUT, "TIMEOUT", _one_line("time limit reached" + (
+        return Outcome(ErrorClass.TIMEOUT, "TIMEOUT", one_line("time limit reached" + (
             f"; last output: {last}" if last else "; no output")))
     if returncode == 0:
         if status == "ok":
@@ -343,17 +330,17 @@ def classify(returncode: int, result: dict[str, Any] | None, log_tail: list[str]
         return _child_killed(-returncode, tail, last)
     if isinstance(result, dict) and status in RESULT_STATUSES:
         return Outcome(RESULT_STATUSES[str(status)], str(result.get("code") or str(status).upper()),
-                       _one_line(str(result.get("message") or f"exit {returncode}")))
+                       one_line(str(result.get("message") or f"exit {returncode}")))
     if returncode == 3:  # the child's own verdict, whose result.json went missing
         for line in reversed(tail):
             match = CHILD_COMPILE_ERROR_RE.search(line)
             if match:
-                return Outcome(ErrorClass.COMPILE, match.group(1), _one_line(match.group(2)))
+                return Outcome(ErrorClass.COMPILE, match.group(1), one_line(match.group(2)))
     verdict = judge(Evidence(tail, returncode, exception=_traceback_exception(tail), who="the compile child",
                              unknown_code=f"EXIT_{returncode}"))
     message = verdict.message
     if verdict.error_class == ErrorClass.UNKNOWN and 128 < returncode < 128 + 65:
-        message = _one_line(f"{message} (exit {returncode}: perhaps {_signal_name(returncode - 128)})")
+        message = one_line(f"{message} (exit {returncode}: perhaps {_signal_name(returncode - 128)})")
     return Outcome(verdict.error_class, verdict.code, message)
 
 
@@ -384,4 +371,4 @@ def _child_killed(number: int, tail: list[str], last: str) -> Outcome:
         message += " (possibly OOM-killed: nothing in the log explains it)"
     elif last:
         message += f"; last output: {last}"
-    return Outcome(ErrorClass.INFRA, name if name.startswith("SIG") else f"SIGNAL_{number}", _one_line(message))
+    return Outcome(ErrorClass.INFRA, name if name.startswith("SIG") else f"SIGNAL_{number}", one_line(message))

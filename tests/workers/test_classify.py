@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from compilesvc.states import ErrorClass
-from workers.classify import TABLE, Evidence, Outcome, classify, find_compiler_error, judge
+from workers.classify import TABLE, Evidence, Outcome, classify, judge
 
 REPO = Path(__file__).resolve().parents[2]
 OK = {"status": "ok", "files": [{"path": "model.pt", "role": "model"}], "versions": {}, "compile_seconds": 1.0}
@@ -157,12 +157,6 @@ def test_every_row_has_a_case_a_source_and_a_doc_entry() -> None:
     for row in TABLE:
         assert row.source and row.evidence
         assert f"`{row.name}`" in section, f"row {row.name} is missing from docs/neuron-hosts.md"
-
-
-def test_find_compiler_error_is_the_tables_compile_verdict() -> None:
-    assert find_compiler_error(["[NCC_EOOM001] over", "[NCC_EVRF001] later"]) == ("NCC_EOOM001", "[NCC_EOOM001] over")
-    assert find_compiler_error(["Compiler status PASS"]) is None
-    assert find_compiler_error(["neuronx-cc: error while loading shared libraries: x", NCC_OOM]) is None
 
 
 def compile_error(code: str, message: str = "boom") -> dict[str, Any]:
