@@ -12,8 +12,9 @@ The child gets (:func:`child_environment`) exactly:
   request for another release), and ``NEURON_CC_FLAGS``, which may hold only output-neutral flags (cache,
   log and verbosity settings), checked at worker start;
 - :data:`ALLOWED_PREFIXES`: ``LC_*`` (locale), ``NEURON_RT_*`` (the runtime's device, core and log
-  settings: where and how a NEFF runs, not what the compiler writes), and the Neuron TEST DOUBLE's own
-  knobs (``COMPILESVC_NEURON_DOUBLE_*``, ``COMPILESVC_NEURON_DEVICE_GLOB``, read by nothing else);
+  settings: where and how a NEFF runs, not what the compiler writes), ``COMPILESVC_NEURON_DEVICE_GLOB``
+  (the operator setting for where device nodes appear) and the Neuron TEST DOUBLE's own knobs
+  (``COMPILESVC_NEURON_DOUBLE_*``, read by nothing else);
 - minus any name that looks like a secret (:data:`SECRET_MARKERS`), even under an allowed prefix;
 - plus what the runner sets per compile (``NEURON_PLATFORM_TARGET_OVERRIDE`` = the request's target,
   ``PYTHONUNBUFFERED``).

@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from compilesvc.states import ErrorClass
 from workers.backends.base import CompileFailure, InfraError, InputDesc, log
+from workers.classify import Evidence, judge
 
 #: Example token ids are drawn from [0, ID_HIGH): inside any real vocabulary and the demo model's.
 ID_HIGH = 100
@@ -39,20 +41,18 @@ _DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 
-_HOST_OOM_MARKERS = ("can't allocate memory", "cannot allocate memory", "not enough memory", "bad_alloc")
-
-
 def raise_if_host_trouble(exc: BaseException) -> None:
     """Re-raise ``exc`` as an :class:`InfraError` when it is the host's fault rather than the model's.
 
-    torch reports CPU allocation failures as a plain RuntimeError ("DefaultCPUAllocator: can't allocate
-    memory"); treating those as compile errors would fail a key for good because one host was busy.
+    The classification table decides (:func:`workers.classify.judge`, one table for every backend): torch
+    reports CPU allocation failures as a plain RuntimeError ("DefaultCPUAllocator: can't allocate
+    memory"), and treating those as the model's errors would fail a key for good because one host was busy.
+    Anything the table does not call the host's is left to the caller.
     """
-    if isinstance(exc, MemoryError):
-        raise InfraError("HOST_OOM", f"out of host memory: {exc}") from exc
-    text = str(exc).lower()
-    if any(marker in text for marker in _HOST_OOM_MARKERS):
-        raise InfraError("HOST_OOM", f"out of host memory: {exc}") from exc
+    verdict = judge(Evidence([f"{type(exc).__name__}: {exc}"], status=None,
+                             exception=tuple(cls.__name__ for cls in type(exc).__mro__), who="the model"))
+    if verdict.error_class == ErrorClass.INFRA:
+        raise InfraError(verdict.code, verdict.message) from exc
 
 
 def torch_dtype(name: str) -> torch.dtype:

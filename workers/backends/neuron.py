@@ -142,7 +142,8 @@ def _check_neuron_cc_flags(for_trace: bool) -> None:
 
 def neuron_devices() -> list[str]:
     """This host's Neuron device nodes (``/dev/neuron0`` …): where there are none, trace runs on the CPU
-    backend. ``COMPILESVC_NEURON_DEVICE_GLOB`` replaces the pattern, for tests only."""
+    backend. ``COMPILESVC_NEURON_DEVICE_GLOB`` replaces the pattern (docs/neuron-hosts.md, settings: a
+    container that maps the device nodes elsewhere; the tests simulate hosts with it)."""
     return sorted(glob.glob(os.environ.get(DEVICE_GLOB_ENV) or DEVICE_GLOB))
 
 
