@@ -336,7 +336,7 @@ def classify(returncode: int, result: dict[str, Any] | None, log_tail: list[str]
             match = CHILD_COMPILE_ERROR_RE.search(line)
             if match:
                 return Outcome(ErrorClass.COMPILE, match.group(1), one_line(match.group(2)))
-    verdict = judge(Evidence(tail, returncode, exception=_traceback_exception(tail), who="the compile child",
+    verdict = judge(Evidence(tail, returncode, exception=traceback_exception(tail), who="the compile child",
                              unknown_code=f"EXIT_{returncode}"))
     message = verdict.message
     if verdict.error_class == ErrorClass.UNKNOWN and 128 < returncode < 128 + 65:
@@ -344,7 +344,7 @@ def classify(returncode: int, result: dict[str, Any] | None, log_tail: list[str]
     return Outcome(verdict.error_class, verdict.code, message)
 
 
-def _traceback_exception(lines: Sequence[str]) -> tuple[str, ...]:
+def traceback_exception(lines: Sequence[str]) -> tuple[str, ...]:
     """The class hierarchy (for builtins; else just the name) of the exception the last traceback ends in."""
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
     if not starts:

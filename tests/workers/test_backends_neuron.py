@@ -199,6 +199,21 @@ def test_tp_on_an_old_sdk_goes_through_parallel_model_trace_within_the_bound(tmp
     assert len(ranks) == 2 and all(line.endswith("(ranks compiling now: 1)") for line in ranks)
 
 
+@pytest.mark.parametrize(("behaviour", "expected"), [
+    ("unsupported-op", ("compile", "UNSUPPORTED_OPERATOR")),  # raised in a rank: unwrapped from spawn's wrapper
+    ("oom", ("infra", "COMPILER_KILLED")),
+])
+def test_a_rank_failure_is_classified_as_the_ranks_own(tmp_path: Path, env: dict[str, str], scripted: str,
+                                                        behaviour: str, expected: tuple[str, str]) -> None:
+    """parallel_model_trace runs each rank in a torch.multiprocessing.spawn process, which wraps a rank's
+    exception in ProcessRaisedException with the rank's traceback as text: classified as the rank's own."""
+    host = {**_old_release_host(env, tmp_path), "COMPILESVC_NEURON_DOUBLE_BEHAVIOUR": behaviour}
+    run = _trace(tmp_path, behaviour, host, [], tp_degree=2, model_path=scripted, model_format="torchscript",
+                 sdk="2.20.0", max_parallel_rank_compiles=1)
+    outcome = _outcome(run)
+    assert (outcome.error_class, outcome.code) == expected, run.describe()
+
+
 def test_the_rank_bound_defaults_to_host_memory(tmp_path: Path, env: dict[str, str], scripted: str) -> None:
     """A request without the field (an older runner) gets the setting's default, derived from this host."""
     run = _trace(tmp_path, "pmt-default", _old_release_host(env, tmp_path), [], tp_degree=2, model_path=scripted,

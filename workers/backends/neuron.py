@@ -60,7 +60,7 @@ from workers.backends.base import (
     log,
 )
 from workers.child_env import NEURON_CC_FLAGS, PLATFORM_OVERRIDE_ENV, output_changing_problems
-from workers.classify import Evidence, judge
+from workers.classify import Evidence, judge, traceback_exception
 from workers.versions import (
     NEURON_SDK_ENV,
     libneuronxla_version,
@@ -261,6 +261,14 @@ def raise_for_trace_failure(exc: BaseException, lines: Sequence[str]) -> NoRetur
         match = _EXIT_STATUS_RE.search(str(exc))
         status = int(match.group(1)) if match else None
     names = tuple(cls.__name__ for cls in type(exc).__mro__)
+    if "ProcessRaisedException" in names:
+        # torch.multiprocessing.spawn (NxD's per-rank processes) wraps a rank's exception in its traceback
+        # text ("-- Process 1 terminated with the following error: Traceback ... NotImplementedError: ...",
+        # torch/multiprocessing/spawn.py): the rank's own exception is the evidence.
+        names = traceback_exception(str(exc).splitlines()) or names
+    exit_code = getattr(exc, "exit_code", None)
+    if status is None and isinstance(exit_code, int) and "ProcessExitedException" in names:
+        status = exit_code  # a rank that died (negative: by that signal), e.g. the OOM killer's SIGKILL
     # A traceback prints the exceptions an exception was raised from; so does the evidence. torch_neuronx's
     # hlo_compile re-raises a failed `import neuronxcc` as RuntimeError("neuronx-cc is not installed")
     # (huggingface/optimum-neuron#68): the ModuleNotFoundError behind it is what says "host".
