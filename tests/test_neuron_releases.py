@@ -17,6 +17,7 @@ import pytest
 
 from compilesvc import neuron_releases
 from compilesvc.neuron_releases import UnknownRelease, installed_mismatches, lookup, toolchain_material
+from compilesvc.neuronx_cc_options import OPTIONS, Arity
 from tests.doubles.neuron._release import RELEASES as DOUBLE_RELEASES
 from tests.test_cli import clean_env
 
@@ -154,3 +155,25 @@ def test_show_prints_a_release_or_names_the_refresh_command(tmp_path: Path) -> N
     assert json.loads(shown.stdout)["neuronx-cc"] == "2.22.12471.0"
     unknown = run_cli(tmp_path, "neuron-releases", "show", "2.99.0")
     assert unknown.returncode == 2 and "neuron-releases refresh" in unknown.stderr
+
+
+def test_the_neuron_double_accepts_every_option_a_compile_passes_on() -> None:
+    """Canonical flags (what the worker hands the compiler) keep only output-changing options, by their
+    names: the double's neuronx-cc must accept each of them that its releases have, with the same arity, or
+    tests would see a rejected flag where the SDK compiles."""
+    import importlib.machinery
+    import importlib.util
+
+    path = Path(__file__).parent / "doubles" / "neuron" / "bin" / "neuronx-cc"
+    loader = importlib.machinery.SourceFileLoader("neuronx_cc_double", str(path))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    double = importlib.util.module_from_spec(spec)
+    loader.exec_module(double)
+    arity = {Arity.SWITCH: 0, Arity.ONE: 1, Arity.SEVERAL: "+"}
+    for release in DOUBLE_RELEASES:
+        passed_on = [o for o in OPTIONS if o.changes_output and o.reserved is None and o.available(release)
+                     and not o.name.startswith("--internal-")]
+        missing = [o.name for o in passed_on if o.name not in double.OPTIONS]
+        assert missing == [], (release, missing)
+        assert [o.name for o in passed_on if double.OPTIONS[o.name][0] != arity.get(o.arity)] == [], release
