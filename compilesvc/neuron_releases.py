@@ -14,6 +14,10 @@ identical packages (2.27.0/2.27.1, 2.24.0/2.24.1). Two consumers need the exact 
 A release lists one torch-neuronx build per torch line (2.27.1: torch 2.7, 2.8 and 2.9). A trace artifact
 depends on which one ran, so the key pins one: the release's newest torch line (:attr:`Release.trace_torch_neuronx`,
 what the SDK's container images of that release ship); a worker with another line installed refuses to serve.
+
+torch-xla is not in the table: the SDK's manifest lists it for a few releases only (1.12/1.13 and 2.10
+onwards, checked 2026-11-24), and the torch-neuronx build the key pins already fixes it (torch-neuronx
+2.9.0.x requires the torch-xla of the 2.9 line).
 """
 
 from __future__ import annotations
