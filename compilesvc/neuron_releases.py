@@ -16,8 +16,8 @@ depends on which one ran, so the key pins one: the release's newest torch line (
 what the SDK's container images of that release ship); a worker with another line installed refuses to serve.
 
 torch-xla is not in the table: the SDK's manifest lists it for a few releases only (1.12/1.13 and 2.10
-onwards, checked 2026-11-24), and the torch-neuronx build the key pins already fixes it (torch-neuronx
-2.9.0.x requires the torch-xla of the 2.9 line).
+onwards, checked 2026-11-24), and the torch-neuronx build the key pins is built against one torch line, whose
+torch-xla it depends on (not verified against a wheel here: the SDK cannot be installed).
 """
 
 from __future__ import annotations
