@@ -4,7 +4,8 @@ The core imports neither the web layer (``web/``) nor worker code (``workers/``)
 """
 
 from compilesvc.keys import KEY_SCHEMA, KeySet, compute_keys
-from compilesvc.spec import CompileSpec, SpecError, load_spec_file, parse_spec
+from compilesvc.spec import CompileSpec
+from compilesvc.spec_parsing import SpecError, load_spec_file, parse_spec
 
 __all__ = ["KEY_SCHEMA", "CompileSpec", "KeySet", "SpecError", "compute_keys", "load_spec_file", "parse_spec"]
 __version__ = "0.1.0"

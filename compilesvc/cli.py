@@ -27,7 +27,8 @@ import click
 import compilesvc
 from compilesvc import neuron_releases
 from compilesvc.keys import KEY_SCHEMA, compute_keys, explain
-from compilesvc.spec import ISA_RE, CompileSpec, SpecError, load_spec_file
+from compilesvc.spec import ISA_RE, CompileSpec
+from compilesvc.spec_parsing import SpecError, load_spec_file
 
 if TYPE_CHECKING:
     from compilesvc.config import Settings

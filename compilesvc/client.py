@@ -26,7 +26,7 @@ import click
 
 from compilesvc import fetch_dest
 from compilesvc.cli import BadInput, CommandFailed
-from compilesvc.spec import SpecError, load_spec_file
+from compilesvc.spec_parsing import SpecError, load_spec_file
 from compilesvc.states import BucketState, BuildState
 
 DEFAULT_API = "http://127.0.0.1:8080"

@@ -15,7 +15,7 @@ from sqlalchemy import event, select
 from compilesvc.build_records import BuildRecord, BuildRecorder
 from compilesvc.ledger.models import Artifact, BuildLabel, Event
 from compilesvc.services import Services
-from compilesvc.spec import parse_spec
+from compilesvc.spec_parsing import parse_spec
 from compilesvc.submit import Submitter
 from tests.fixtures.settings import make_settings
 from tests.fixtures.waiting import wait_for

@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, inspect
 
 from compilesvc.hostinfo import host_isa
 from compilesvc.keys import KEY_SCHEMA, compute_keys
-from compilesvc.spec import parse_spec
+from compilesvc.spec_parsing import parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"

@@ -21,7 +21,7 @@ from compilesvc.ledger.models import Artifact, BucketCompile, Build, Event, Outb
 from compilesvc.manifest import BucketManifest, FileEntry, ManifestMismatch
 from compilesvc.registry import live_queues
 from compilesvc.services import Services
-from compilesvc.spec import parse_spec
+from compilesvc.spec_parsing import parse_spec
 from compilesvc.store.base import bucket_manifest_name
 from compilesvc.submit import IdempotencyConflict, NoCapableWorker, Submitter
 from tests.fixtures.settings import make_settings

@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 import compilesvc.keys
 from compilesvc import neuron_releases
 from compilesvc.keys import KEY_SCHEMA, KeySet, canonical_json, compute_keys, digest, explain
-from compilesvc.spec import BACKEND_FORMATS, CPU_BACKEND_FLAGS, MAX_DIM, DType, parse_spec
+from compilesvc.spec import BACKEND_FORMATS, CPU_BACKEND_FLAGS, MAX_DIM, DType
+from compilesvc.spec_parsing import parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden" / "keys.json"
@@ -46,7 +47,7 @@ PROPERTY_SETTINGS = settings(max_examples=30, deadline=None, suppress_health_che
 GOLDEN_SCRIPT = """
 import json, sys
 from compilesvc.keys import compute_keys
-from compilesvc.spec import parse_spec
+from compilesvc.spec_parsing import parse_spec
 golden = json.loads(open(sys.argv[1], encoding="utf-8").read())
 out = {}
 for case in golden["cases"]:

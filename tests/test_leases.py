@@ -26,7 +26,7 @@ from compilesvc.ledger.models import Artifact, BucketCompile, BucketFailure, Bui
 from compilesvc.manifest import BucketManifest, FileEntry
 from compilesvc.reaper import reap
 from compilesvc.services import Services
-from compilesvc.spec import parse_spec
+from compilesvc.spec_parsing import parse_spec
 from compilesvc.states import IllegalTransition
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 from compilesvc.submit import SubmitResult, Submitter

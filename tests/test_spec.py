@@ -17,10 +17,8 @@ from compilesvc.spec import (
     MAX_DIM,
     CompileSpec,
     ElementLimits,
-    SpecError,
-    load_spec_file,
-    parse_spec,
 )
+from compilesvc.spec_parsing import SpecError, load_spec_file, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SHA = "0123456789abcdef" * 4

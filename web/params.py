@@ -14,7 +14,8 @@ from typing import Any
 from flask import Response, current_app, request
 from pydantic import ValidationError
 
-from compilesvc.spec import CompileSpec, SpecError, parse_spec, validation_errors
+from compilesvc.spec import CompileSpec
+from compilesvc.spec_parsing import SpecError, parse_spec, validation_errors
 from web.context import web
 from web.openapi import Param
 from web.problems import Problem

@@ -17,7 +17,7 @@ from markupsafe import Markup, escape
 from pydantic import ValidationError
 
 from compilesvc.history import BUILD_STATES, HistoryFilter, InvalidCursor, count_by_state, list_builds
-from compilesvc.spec import validation_errors
+from compilesvc.spec_parsing import validation_errors
 from web.api.builds import FILTERS, build_document
 from web.api.serialize import summary_json
 from web.context import web

@@ -45,7 +45,8 @@ import click
 from compilesvc.cli import BadInput
 from compilesvc.demo import MODEL_FILE, demo_model_bytes, demo_spec
 from compilesvc.hostinfo import host_isa, instance_type
-from compilesvc.spec import NEURON_TARGETS, parse_spec
+from compilesvc.spec import NEURON_TARGETS
+from compilesvc.spec_parsing import parse_spec
 from workers.backends.neuron import neuron_devices
 from workers.child_env import child_environment
 from workers.classify import classify

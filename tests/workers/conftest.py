@@ -35,7 +35,7 @@ from sqlalchemy import select
 from compilesvc.config import Settings
 from compilesvc.ledger.models import Artifact, BucketCompile, Event
 from compilesvc.services import Services
-from compilesvc.spec import parse_spec
+from compilesvc.spec_parsing import parse_spec
 from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_FLAGS_SETTING

@@ -12,7 +12,7 @@ from torch import nn
 
 from compilesvc.demo import demo_spec
 from compilesvc.hostinfo import host_isa
-from compilesvc.spec import parse_spec
+from compilesvc.spec_parsing import parse_spec
 from tests.workers import DEMO_MODEL, ChildRun, run_child, run_children, text_inputs
 from workers.backends.base import CompileFailure, InfraError, InputDesc
 from workers.classify import classify

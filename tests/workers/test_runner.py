@@ -23,7 +23,7 @@ from compilesvc.ledger.models import Artifact, BucketCompile, Event, LogLine, Ou
 from compilesvc.manifest import BucketManifest, FileEntry, parse_bucket_manifest
 from compilesvc.reaper import reap
 from compilesvc.services import Services
-from compilesvc.spec import parse_spec
+from compilesvc.spec_parsing import parse_spec
 from compilesvc.store.base import blob_name, bucket_manifest_name
 from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
