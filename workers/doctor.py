@@ -13,8 +13,8 @@ would get. Checks, in order:
                (:func:`release_check`, the one place the release-manifest verdict plugs in).
 ``trace``      the bundled demo model (``compilesvc/demo/tiny-model.pt2``, exported-program) at batch 1,
                seq 16 through the ``trace`` backend (``torch_neuronx.trace``).
-``neuronx-cc`` the HLO module the trace left in its compiler workdir (:func:`find_hlo`) through the
-               ``neuronx-cc`` backend (``neuronx-cc compile``, format hlo).
+``neuronx-cc`` a bundled tiny HLO module (``compilesvc/demo/tiny.hlo.pb``) through the ``neuronx-cc``
+               backend (``neuronx-cc compile``, format hlo), whatever the trace did.
 ``load``       the traced artifact loaded and run once (:mod:`workers.load_check`, a process of its own);
                SKIP where there is no Neuron device (``/dev/neuron*``) or the artifact is for another family.
 
@@ -27,18 +27,18 @@ import json
 import os
 import platform
 import re
-import shutil
 import signal
-import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import click
 
@@ -51,6 +51,7 @@ from workers.backends.neuron import neuron_devices
 from workers.child_env import child_environment
 from workers.classify import classify
 from workers.compile_child import RESULT_NAME
+from workers.compiler_process import CompilerProcess
 from workers.versions import (
     NEURON_SDK_ENV,
     installed_neuron_packages,
@@ -67,12 +68,10 @@ EXIT_OK, EXIT_FAILED = 0, 1
 TAIL_LINES = 20
 #: Seconds one compile may take (a tiny model compiles in well under a minute on a real host).
 DEFAULT_TIMEOUT = 1800
-#: The HLO files a trace leaves in its compiler workdir, most specific first. torch-neuronx writes the
-#: module as ``model/graph.hlo`` (a serialized HloModuleProto) next to ``graph.neff`` and ``command.txt``
-#: (aws-neuron/neuronx-distributed src/neuronx_distributed/trace/trace.py reads ``<rank dir>/model/graph.hlo``
-#: after torch_neuronx's setup_compiler_dirs); the SDK's compile cache, and our Neuron test double, name it
-#: ``*.hlo_module.pb``; anything else that looks like HLO comes last.
-HLO_PATTERNS = ("model/graph.hlo", "*.hlo_module.pb", "*.hlo.pb", "*.hlo")
+#: The HLO module the neuronx-cc check compiles: tanh(x @ w) + 1 as a serialized HloModuleProto, made by
+#: examples/tiny-model/make_hlo.py (independent of the trace check, so a broken torch-neuronx does not hide
+#: the state of the compiler).
+HLO_MODULE = "tiny.hlo.pb"
 _TRACE_MODE_RE = re.compile(r"cpu_backend=(True|False) devices=(\d+)")
 
 
@@ -170,32 +169,32 @@ def release_check(release: str | None, installed: dict[str, str | None]) -> Chec
 
 # -- checks that run the worker's compile path --------------------------------------------------------------
 
+class _FileSink:
+    """The child's output into the check's log file (the worker streams it to the ledger instead)."""
+
+    def __init__(self, out: IO[bytes]):
+        self.out = out
+
+    def pump(self, stream: IO[bytes]) -> None:
+        while chunk := stream.read(1 << 16):
+            self.out.write(chunk)
+
+
 def run_process(argv: list[str], cwd: Path, env: dict[str, str], log: Path, timeout: float) -> ChildRun:
-    """Run ``argv`` in its own process group with stdout and stderr into ``log``; the group dies on timeout
-    (or on Ctrl-C of the doctor), as the runner kills a compiler's whole tree."""
+    """Run ``argv`` as the runner runs a compile child (:class:`workers.compiler_process.CompilerProcess`:
+    its own process group, killed whole on timeout or on Ctrl-C of the doctor), output into ``log``."""
     started = time.monotonic()
-    timed_out = False
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        child = CompilerProcess(argv, cwd=cwd, env=env, logs=_FileSink(out))
         try:
-            returncode = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            returncode = proc.wait()
+            returncode, timed_out = child.wait(timeout, threading.Event(), grace=5)
         except BaseException:
-            _kill_group(proc)
-            proc.wait()
+            child.signal_group(signal.SIGKILL)
+            child.proc.wait()
             raise
     with log.open(errors="replace") as text:
         tail = [line.rstrip("\n") for line in deque(text, maxlen=400)]
     return ChildRun(returncode, timed_out, time.monotonic() - started, log, tail)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with suppress(ProcessLookupError):  # already gone
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def compile_child(name: str, root: Path, request: dict[str, Any], timeout: float) -> tuple[ChildRun, dict[str, Any]]:
@@ -248,38 +247,23 @@ def trace_check(root: Path, target: str, sdk: str, flags: list[str], timeout: fl
     return judged("trace", run, request, success), request
 
 
-def find_hlo(compiler_workdir: Path) -> Path | None:
-    """The HLO module a trace left under ``compiler_workdir``: the first pattern of :data:`HLO_PATTERNS` that
-    matches; among several files, the largest (a trace can leave small helper modules next to the model's)."""
-    for pattern in HLO_PATTERNS:
-        found = [p for p in compiler_workdir.rglob(pattern) if p.is_file()] if compiler_workdir.is_dir() else []
-        if found:
-            return max(found, key=lambda p: (p.stat().st_size, str(p)))
-    return None
-
-
-def neuronx_cc_check(root: Path, trace_request: dict[str, Any], flags: list[str], timeout: float) -> Check:
-    compiler_workdir = Path(trace_request["work_dir"]) / "neuron"
-    hlo = find_hlo(compiler_workdir)
-    if hlo is None:
-        return Check("neuronx-cc", SKIP, f"the trace left no HLO module under {compiler_workdir} (looked for "
-                                         f"{', '.join(HLO_PATTERNS)}): nothing to compile")
-    source = hlo.relative_to(compiler_workdir)
+def neuronx_cc_check(root: Path, target: str, sdk: str, flags: list[str], timeout: float) -> Check:
     model_dir = root / "neuronx-cc" / "model"
     model_dir.mkdir(parents=True)
     model = model_dir / "model.hlo.pb"
-    shutil.copyfile(hlo, model)
-    request = {"backend": "neuronx-cc", "target": trace_request["target"], "sdk": trace_request["sdk"],
-               "model_path": str(model), "model_format": "hlo", "inputs": trace_request["inputs"], "args": flags}
+    model.write_bytes(resources.files("compilesvc.demo").joinpath(HLO_MODULE).read_bytes())
+    inputs = [{"name": "x", "shape": [1, 16], "dtype": "float32"}, {"name": "w", "shape": [16, 16], "dtype": "float32"}]
+    request = {"backend": "neuronx-cc", "target": target, "sdk": sdk, "model_path": str(model),
+               "model_format": "hlo", "inputs": inputs, "args": flags}
     run, request = compile_child("neuronx-cc", root, request, timeout)
 
     def success(result: dict[str, Any]) -> str:
         files = ", ".join(f"{f['path']} ({f['bytes']} bytes)" for f in result.get("files", []))
-        return f"HLO {source} from the trace's compiler workdir compiled for {request['target']}: {files}"
+        return f"the bundled HLO module (compilesvc/demo/{HLO_MODULE}) compiled for {target}: {files}"
 
     check = judged("neuronx-cc", run, request, success)
     if check.status == FAIL:
-        check.detail += f" (HLO: {source} from the trace's compiler workdir)"
+        check.detail += f" (HLO: the bundled compilesvc/demo/{HLO_MODULE})"
     return check
 
 
@@ -373,7 +357,7 @@ def doctor(target: str | None, as_json: bool, keep: Path | None, flags: tuple[st
     """Check that this host can compile for Neuron: run it first on a new host, before configuring a worker.
 
     Reports the host (instance type, Neuron devices, Python, the configured and installed Neuron SDK), traces
-    a tiny bundled model with torch-neuronx, compiles the HLO it leaves with neuronx-cc, and loads and runs
+    a tiny bundled model with torch-neuronx, compiles a tiny bundled HLO module with neuronx-cc, and loads and runs
     the result where a Neuron device exists; each compile runs the worker's own compile child and is
     classified as the worker would classify it. Needs no database, broker or store.
 
@@ -394,8 +378,8 @@ def doctor(target: str | None, as_json: bool, keep: Path | None, flags: tuple[st
         _progress(f"tracing the demo model for {target} (work dir {root})")
         trace, trace_request = trace_check(root, target, sdk, list(flags), timeout)
         checks.append(trace)
-        _progress("compiling the trace's HLO module with neuronx-cc")
-        checks.append(neuronx_cc_check(root, trace_request, list(flags), timeout))
+        _progress("compiling the bundled HLO module with neuronx-cc")
+        checks.append(neuronx_cc_check(root, target, sdk, list(flags), timeout))
         checks.append(load_check(root, trace, trace_request, facts["neuron_devices"], facts, timeout))
         failed = any(c.status == FAIL for c in checks)
         report = {"status": "fail" if failed else "pass", "exit_code": EXIT_FAILED if failed else EXIT_OK,

@@ -12,8 +12,8 @@
 3. **Fetch** the pinned model (:meth:`ModelResolver.fetch`, digest-checked). A model that is gone or
    changed is a final error (``MODEL_UNAVAILABLE``); an unreachable store is waited for within the
    attempt (:func:`workers.retries.retry_store`); other store trouble is infra (a new attempt, backed off).
-4. **Compile** in ``python -m workers.compile_child`` (:class:`CompilerProcess`): a fresh temporary work
-   dir as cwd, a new session/process group so the whole compiler tree can be killed, a hard timeout, an
+4. **Compile** in ``python -m workers.compile_child`` (:mod:`workers.compiler_process`): a fresh temporary
+   work dir as cwd, a new session/process group so the whole compiler tree can be killed, a hard timeout, an
    environment built from an allow-list (:mod:`workers.child_env`; plus, for Neuron targets,
    ``NEURON_PLATFORM_TARGET_OVERRIDE`` from process start: :func:`workers.child_env.child_environment_for`),
    and the worker's death taking the child with it (``PR_SET_PDEATHSIG``).
@@ -32,17 +32,13 @@ Log records carry ``bucket_key``, ``bucket_compile_id``, ``attempt`` and ``worke
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +57,7 @@ from compilesvc.services import Services
 from compilesvc.store import StoreError, bucket_manifest_name
 from workers.child_env import child_environment
 from workers.classify import Outcome, classify
+from workers.compiler_process import CompilerProcess
 from workers.logstream import LogStream
 from workers.publishing import LOG_NAME, PublishError, archive_log, publish_outputs
 from workers.retries import (
@@ -169,88 +166,6 @@ class LeaseKeeper:
             self.renew_once()
             if self.lost:
                 return
-
-
-# -- the compiler child process --------------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-try:
-    _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
-except (OSError, AttributeError):  # pragma: no cover - not glibc/musl
-    _prctl = None
-
-
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    """preexec_fn: the child gets SIGKILL when the worker dies (even by SIGKILL), so a crashed worker
-    leaves no compiler running unseen. Linux ties this to the *thread* that started the child: the
-    worker's pool threads live as long as the worker does. Resolved before the fork, so the child only
-    makes one C call before exec."""
-    prctl = _prctl
-
-    def preexec() -> None:
-        if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the worker died between fork and prctl
-            os._exit(1)
-
-    return preexec
-
-
-class CompilerProcess:
-    """The compile child in its own session (= process group), with output pumped into a LogStream."""
-
-    def __init__(self, argv: list[str], *, cwd: Path, env: dict[str, str], logs: LogStream):
-        self.proc = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True, preexec_fn=_die_with_parent(os.getpid()),
-        )
-        self.pgid = self.proc.pid  # start_new_session: the child leads its own group
-        assert self.proc.stdout is not None
-        self._stdout = self.proc.stdout
-        self._reader = threading.Thread(target=logs.pump, args=(self._stdout,), name=f"pump-{self.pgid}",
-                                        daemon=True)
-        self._reader.start()
-
-    def signal_group(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):  # the group is empty already
-            os.killpg(self.pgid, sig)
-
-    def stop_group(self, grace: float) -> None:
-        """SIGTERM the whole group, SIGKILL it if the leader is still there after ``grace`` seconds."""
-        self.signal_group(signal.SIGTERM)
-        try:
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            self.signal_group(signal.SIGKILL)
-        self.proc.wait()
-
-    def wait(self, timeout: float, stop: threading.Event, grace: float) -> tuple[int, bool]:
-        """Wait for the child; kill the group on ``stop`` or after ``timeout`` seconds.
-
-        Returns ``(returncode, timed_out)``.
-        """
-        deadline = time.monotonic() + timeout
-        timed_out = False
-        while True:
-            try:
-                self.proc.wait(0.1)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if stop.is_set():
-                self.stop_group(grace)
-                break
-            if time.monotonic() >= deadline:
-                timed_out = True
-                self.stop_group(grace)
-                break
-        # Compiler processes the child started may outlive it in its group: the attempt is over for them.
-        self.signal_group(signal.SIGKILL)
-        self._reader.join(10)
-        if self._reader.is_alive():  # something outside the group holds the pipe open: stop reading
-            self._stdout.close()
-            self._reader.join(5)
-        return self.proc.returncode, timed_out
 
 
 # -- the attempt -----------------------------------------------------------------------------------------

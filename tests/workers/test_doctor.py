@@ -1,8 +1,8 @@
 """``compilesvc doctor`` as a real process, against the Neuron SDK TEST DOUBLE (tests/doubles/neuron).
 
 The doctor runs the real compile child and load check, so what is tested is its whole path: host facts,
-the worker's child environment, classification, the HLO it picks from the trace's compiler workdir, the
-report and the exit status. The double cannot be installed, so it is on the doctor's PYTHONPATH and PATH
+the worker's child environment, classification, the bundled HLO module it compiles, the report and the exit
+status. The double cannot be installed, so it is on the doctor's PYTHONPATH and PATH
 (:func:`tests.doubles.neuron_double_env`); the compile children get the environment the runner gives them,
 which drops the double's own ``COMPILESVC_NEURON_DOUBLE_*`` switches, so a misbehaviour is chosen with the
 double's compiler flag (``--flag=--double-behaviour=...``), as the worker-path tests do.
@@ -67,10 +67,9 @@ def test_a_device_less_host_compiles_through_trace_and_neuronx_cc_and_skips_the_
                                          f"and no output-changing variable is set")
     status, detail = checks["trace"]
     assert status == "PASS" and "traced for inf2: model.pt (" in detail and "cpu_backend=True" in detail
-    # The double leaves its HLO as <compiler workdir>/<uuid>/model.hlo_module.pb; the report names it.
     status, detail = checks["neuronx-cc"]
     assert status == "PASS", detail
-    assert re.search(r"HLO [0-9a-f-]{36}/model\.hlo_module\.pb from the trace's compiler workdir compiled for inf2: "
+    assert re.search(r"the bundled HLO module \(compilesvc/demo/tiny\.hlo\.pb\) compiled for inf2: "
                      r"model\.neff \(\d+ bytes\)", detail)
     assert checks["load"][0] == "SKIP" and "no Neuron device" in checks["load"][1]
     host = run.stdout.split("\nhost:\n", 1)[1]
@@ -124,6 +123,24 @@ def test_a_compile_error_fails_with_its_class_code_and_the_compiler_output(env: 
     assert 2 <= len(tail) - 1 <= 20
     assert any("[NCC_EVRF007]" in line for line in tail)  # the compiler's own line, as it printed it
     assert "run again with --keep DIR" in run.stdout
+
+
+def test_a_broken_torch_neuronx_fails_the_trace_but_not_the_compiler_check(env: dict[str, str],
+                                                                          tmp_path: Path) -> None:
+    """The neuronx-cc check compiles its own bundled HLO module: a trace that cannot even import
+    torch-neuronx does not hide whether the compiler works."""
+    shadow = tmp_path / "shadow" / "torch_neuronx"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        'raise ImportError("libneuronxla.so: cannot open shared object file: No such file or directory")\n')
+    broken = {**env, "PYTHONPATH": f"{shadow.parent}{os.pathsep}{env['PYTHONPATH']}"}
+    run = doctor(broken, tmp_path, "--json")
+    assert run.returncode == 1, run.stdout + run.stderr
+    checks = {c["name"]: c for c in json.loads(run.stdout)["checks"]}
+    assert checks["trace"]["status"] == "FAIL" and checks["trace"]["error_class"] == "infra", checks["trace"]
+    assert checks["neuronx-cc"]["status"] == "PASS", checks["neuronx-cc"]
+    assert "the bundled HLO module (compilesvc/demo/tiny.hlo.pb)" in checks["neuronx-cc"]["detail"]
+    assert checks["load"]["status"] == "SKIP"
 
 
 def test_packages_of_another_release_fail_the_release_check_as_a_worker_would_refuse(
