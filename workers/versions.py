@@ -138,6 +138,22 @@ def compiler_disagreement(executable: str | None, executable_version: str | None
             f"package trace imports is {package_version}; install one neuronx-cc in the worker's environment"]
 
 
+def installed_toolchain_differences(release: str, backend: str, tp_degree: int) -> list[str]:
+    """How the importable Neuron packages differ from the toolchain a ``release`` compile's key names (empty:
+    they do not; a package that is not importable is left to the backend, which reports the missing SDK).
+    Raises ValueError for a release the table does not know."""
+    wanted = neuron_releases.toolchain_material(release, backend, tp_degree)
+    installed = {"neuronx-cc": neuronxcc_package_version(), "torch-neuronx": torch_neuronx_version(),
+                 "neuronx-distributed": neuronx_distributed_version(), "libneuronxla": libneuronxla_version()}
+    differences = []
+    for package, want in wanted.items():
+        have = installed.get(package)
+        allowed = want if isinstance(want, list) else [want]
+        if have is not None and neuron_releases.base_version(have) not in allowed:
+            differences.append(f"{package} {have} is installed, the key names {' or '.join(allowed)}")
+    return differences
+
+
 def libneuronxla_version() -> str | None:
     if not module_available("libneuronxla"):
         return None

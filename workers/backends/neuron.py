@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from compilesvc.neuron_releases import base_version, toolchain_differences, toolchain_material
+from compilesvc.neuron_releases import toolchain_differences
 from workers.backends.base import (
     ArtifactFile,
     Backend,
@@ -63,13 +63,11 @@ from workers.child_env import NEURON_CC_FLAGS, PLATFORM_OVERRIDE_ENV, output_cha
 from workers.classify import Evidence, judge, traceback_exception
 from workers.versions import (
     NEURON_SDK_ENV,
-    libneuronxla_version,
+    installed_toolchain_differences,
     module_version,
     neuron_manifest_versions,
     neuronx_cc_executable,
     neuronx_cc_version,
-    neuronx_distributed_version,
-    neuronxcc_package_version,
     python_version,
     torch_neuronx_version,
 )
@@ -110,19 +108,9 @@ def _check_installed_toolchain(request: CompileRequest) -> None:
     """The packages this child imports must be the ones the key names: the worker checked them at start,
     but an SDK upgraded under a running worker would otherwise publish under the old toolchain's key."""
     try:
-        wanted = toolchain_material(request.sdk, request.backend, request.tp_degree)
+        differences = installed_toolchain_differences(request.sdk, request.backend, request.tp_degree)
     except ValueError as exc:  # a release this worker's table does not know
         raise InfraError("WRONG_SDK", str(exc)) from None
-    installed = {"neuronx-cc": neuronxcc_package_version(), "torch-neuronx": torch_neuronx_version(),
-                 "neuronx-distributed": neuronx_distributed_version(), "libneuronxla": libneuronxla_version()}
-    differences = []
-    for package, want in wanted.items():
-        have = installed.get(package)
-        if have is None:
-            continue  # not importable: the backend reports the missing SDK itself
-        allowed = want if isinstance(want, list) else [want]
-        if base_version(have) not in allowed:
-            differences.append(f"{package} {have} is installed, the key names {' or '.join(allowed)}")
     if differences:
         raise InfraError("TOOLCHAIN_MISMATCH", f"this worker's packages are not Neuron SDK {request.sdk}'s "
                          f"(upgraded since the worker started? restart it): " + "; ".join(differences))
