@@ -9,7 +9,8 @@ their queue is now named by the oldest such release and the kind of compile
 (:func:`compilesvc.dispatch.queue_name`), and the dispatch message carries the queue stored on the
 compile. This rewrites the stored queue of every Neuron bucket compile, so that a retry or a re-send of a
 compile queued before the upgrade goes where the new workers listen (a message already in an old queue is
-found missing by the reconciler and sent again). The downgrade restores ``compile.<target>.<sdk>``.
+found missing by the reconciler and sent again); dispatch messages not yet sent get the queue in their
+kwargs. The downgrade restores ``compile.<target>.<sdk>`` (and drops the kwarg).
 """
 from collections.abc import Sequence
 
@@ -26,6 +27,23 @@ _compiles = sa.table('bucket_compiles', sa.column('id', sa.BigInteger), sa.colum
                      sa.column('material', sa.JSON))
 
 
+_outbox = sa.table('outbox', sa.column('id', sa.BigInteger), sa.column('bucket_compile_id', sa.BigInteger),
+                   sa.column('kwargs', sa.JSON), sa.column('sent_at', sa.DateTime))
+
+
+def _carry_queues(queues: dict[int, str | None]) -> None:
+    """Set (or, with None, drop) the ``queue`` kwarg of the unsent dispatch messages of these compiles."""
+    rows = op.get_bind().execute(sa.select(_outbox.c.id, _outbox.c.bucket_compile_id, _outbox.c.kwargs)
+                                 .where(_outbox.c.sent_at.is_(None)))
+    for row in rows:
+        if row.bucket_compile_id not in queues:
+            continue
+        kwargs = {k: v for k, v in dict(row.kwargs or {}).items() if k != 'queue'}
+        if queues[row.bucket_compile_id] is not None:
+            kwargs['queue'] = queues[row.bucket_compile_id]
+        op.execute(_outbox.update().where(_outbox.c.id == row.id).values(kwargs=kwargs))
+
+
 def _neuron_rows() -> list[sa.Row]:
     return list(op.get_bind().execute(
         sa.select(_compiles.c.id, _compiles.c.target, _compiles.c.sdk, _compiles.c.backend, _compiles.c.material)
@@ -36,6 +54,7 @@ def upgrade() -> None:
     from compilesvc.dispatch import queue_name
     from compilesvc.neuron_releases import NotShipped, UnknownRelease
 
+    queues: dict[int, str | None] = {}
     for row in _neuron_rows():
         tp_degree = int(((row.material or {}).get('toolchain') or {}).get('tp_degree') or 1)
         try:
@@ -43,9 +62,13 @@ def upgrade() -> None:
         except (UnknownRelease, NotShipped):
             continue  # a release the table does not know has no new-style queue: it keeps its old one
         op.execute(_compiles.update().where(_compiles.c.id == row.id).values(queue=queue))
+        queues[row.id] = queue
+    _carry_queues(queues)
 
 
 def downgrade() -> None:
-    for row in _neuron_rows():
+    rows = _neuron_rows()
+    for row in rows:
         op.execute(_compiles.update().where(_compiles.c.id == row.id)
                    .values(queue=f'compile.{row.target}.{row.sdk}'))
+    _carry_queues({row.id: None for row in rows})

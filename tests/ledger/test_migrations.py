@@ -4,6 +4,7 @@ revision reversible on its own, and no drift between the migrated schema and the
 from __future__ import annotations
 
 import ast
+import json
 import inspect
 import re
 from collections.abc import Iterator
@@ -280,3 +281,39 @@ def test_a_populated_ledger_keeps_every_row_through_each_migration(empty_url: st
     assert "bucket_failures" not in _row_counts(empty_url)
     upgrade(empty_url)
     assert _row_counts(empty_url) == {**before, "bucket_failures": 0}
+
+
+def test_the_toolchain_queue_migration_moves_stored_queues_and_unsent_messages(empty_url: str,
+                                                                               tmp_path: Path) -> None:
+    """0006: a Neuron compile's stored queue and its unsent dispatch message follow the toolchain naming
+    (and go back on downgrade), so a retry or a relay after the upgrade reaches the new workers."""
+    from compilesvc.dispatch import queue_name
+    from compilesvc.services import Services
+    from tests.test_leases import make_settings, submit
+
+    upgrade(empty_url)
+    services = Services.from_settings(make_settings(tmp_path, empty_url))
+    try:
+        submit(services, buckets=2)  # inf2, SDK 2.20.0, torchscript: trace
+    finally:
+        services.close()
+    engine = make_engine(empty_url, poolclass=pool.NullPool)
+
+    def state() -> tuple[set[str], list[Any]]:
+        with engine.connect() as conn:
+            queues = set(conn.execute(text("SELECT queue FROM bucket_compiles")).scalars())
+            kwargs = [row if isinstance(row, dict) else json.loads(row)
+                      for row in conn.execute(text("SELECT kwargs FROM outbox WHERE sent_at IS NULL")).scalars()]
+        return queues, [k.get("queue") for k in kwargs]
+
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE outbox SET sent_at = NULL"))  # as if the broker had been down
+        new = queue_name("inf2", "2.20.0", "trace")
+        assert state() == ({new}, [new, new])
+        downgrade(empty_url, "0005_error_classes")
+        assert state() == ({"compile.inf2.2.20.0"}, [None, None])
+        upgrade(empty_url)
+        assert state() == ({new}, [new, new])
+    finally:
+        engine.dispose()
