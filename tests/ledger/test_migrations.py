@@ -4,8 +4,8 @@ revision reversible on its own, and no drift between the migrated schema and the
 from __future__ import annotations
 
 import ast
-import json
 import inspect
+import json
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
