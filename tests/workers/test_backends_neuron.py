@@ -25,7 +25,9 @@ from compilesvc.hostinfo import host_memory_bytes
 from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env, with_devices
 from tests.doubles.neuron._release import RELEASES
 from tests.fixtures.ports import free_port
+from tests.fixtures.waiting import wait_for
 from tests.workers import DEMO_MODEL, PYTHON, REPO, make_request, run_child, run_children, text_inputs
+from workers.backends.neuron_parallel import PARALLEL_MODEL_TRACE_PORT, rendezvous_lock
 from workers.child_env import child_environment_for
 from workers.classify import classify
 
@@ -247,6 +249,30 @@ def test_two_tp_compiles_at_once_on_one_host_both_succeed(tmp_path: Path, env: d
         assert "Address already in use" not in run.stdout + run.stderr
     if sdk == "2.20.0":
         assert all("holding rendezvous port 2022" in run.stdout for run in runs)
+
+
+def test_a_tp_compile_waits_while_another_holds_the_rendezvous_port(tmp_path: Path, env: dict[str, str],
+                                                                    scripted: str) -> None:
+    """The lock itself, held by this test: the child says it waits, compiles nothing meanwhile, and goes on
+    (and succeeds) once the port is free."""
+    path, request = make_request(tmp_path, "waits", backend="trace", target="trn1", sdk="2.20.0", tp_degree=2,
+                                 model_path=scripted, model_format="torchscript", max_parallel_rank_compiles=1)
+    log = tmp_path / "waits.log"
+    with rendezvous_lock(PARALLEL_MODEL_TRACE_PORT), log.open("wb") as out:
+        child = subprocess.Popen([sys.executable, "-m", "workers.compile_child", str(path)], cwd=request["work_dir"],
+                                 env=_old_release_host(env, tmp_path), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: f"waiting for rendezvous port {PARALLEL_MODEL_TRACE_PORT}" in log.read_text()
+                     or child.poll() is not None, 120, "the child to wait for the port")
+            assert child.poll() is None, log.read_text()
+            assert "tracing rank" not in log.read_text()  # nothing compiles while the port is taken
+        except BaseException:
+            child.kill()
+            raise
+    assert child.wait(300) == 0, log.read_text()
+    text = log.read_text()
+    port = PARALLEL_MODEL_TRACE_PORT
+    assert text.index(f"waiting for rendezvous port {port}") < text.index(f"holding rendezvous port {port}")
 
 
 def test_the_rank_bound_setting(monkeypatch: pytest.MonkeyPatch) -> None:
