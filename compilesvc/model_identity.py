@@ -20,6 +20,7 @@ pinning raises :class:`ModelChangedError`; store/S3 outages raise the store's ``
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import threading
 import urllib.parse
@@ -39,7 +40,7 @@ from compilesvc.ledger.models import ModelPin
 from compilesvc.ledger.sql import insert_ignore_duplicate
 from compilesvc.spec import ModelRef
 from compilesvc.store.base import SHA256_RE, ArtifactStore
-from compilesvc.store.hashing import copy_hashing, verified_file
+from compilesvc.store.hashing import CHUNK_SIZE, copy_hashing, verified_file
 from compilesvc.store.s3 import (
     error_code,
     http_status,
@@ -409,7 +410,7 @@ class ModelResolver:
             raise changed
 
         with verified_file(dest, sha256, size, what="the model's bytes") as writer, open(path, "rb") as src:
-            copy_hashing(src.read, writer.write)
+            shutil.copyfileobj(src, writer, CHUNK_SIZE)  # verified_file hashes what passes
 
 
 def content_sha256_for_key(ref: ModelRef, settings: Settings) -> str:

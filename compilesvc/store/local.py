@@ -32,7 +32,7 @@ from compilesvc.store.base import (
     blob_name,
     check_expected,
 )
-from compilesvc.store.hashing import SinkWriteError, copy_hashing, verified_file
+from compilesvc.store.hashing import CHUNK_SIZE, SinkWriteError, copy_hashing, verified_file
 from compilesvc.store.signing import check_filename, sign_blob_url
 
 #: Age at which a temp file found when a store is opened counts as abandoned (the relay sweeps sooner).
@@ -188,7 +188,7 @@ class LocalStore(ArtifactStore):
     def download_blob(self, sha256: str, dest: Path) -> None:
         with verified_file(dest, sha256, what=f"blob {sha256} (the stored file is corrupt)") as out, \
                 self._open(sha256) as src:
-            copy_hashing(src.read, out.write)
+            shutil.copyfileobj(src, out, CHUNK_SIZE)  # verified_file hashes what passes
 
     # -- documents -----------------------------------------------------------------------------------
 
