@@ -21,10 +21,10 @@ from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
 from compilesvc import leases
-from compilesvc.artifacts import publish_if_complete
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile
 from compilesvc.outbox import OutboxRelay
+from compilesvc.publishing import publish_if_complete
 from compilesvc.reconcile import Reconciler
 from compilesvc.registry import stale_workers
 from compilesvc.services import Services

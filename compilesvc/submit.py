@@ -26,12 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from compilesvc import events, failures
-from compilesvc.artifacts import (
-    fail_artifacts_of_bucket,
-    publish_if_complete,
-    read_manifest,
-    set_artifact_state,
-)
+from compilesvc.artifacts import fail_artifacts_of_bucket, read_manifest, set_artifact_state
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
 from compilesvc.dispatch import queue_name
@@ -42,6 +37,7 @@ from compilesvc.ledger.sql import insert_ignore
 from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_manifest
 from compilesvc.model_identity import PinnedModel
 from compilesvc.outbox import enqueue_compile
+from compilesvc.publishing import publish_if_complete
 from compilesvc.registry import live_queues
 from compilesvc.services import Services
 from compilesvc.spec import CompileSpec

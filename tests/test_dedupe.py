@@ -13,12 +13,12 @@ import pytest
 from sqlalchemy import func, select
 
 from compilesvc import leases
-from compilesvc.artifacts import publish_ready_artifacts
 from compilesvc.config import Settings
 from compilesvc.control import cancel_build, retry_build
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Artifact, BucketCompile, Build, Event, Outbox, utcnow
 from compilesvc.manifest import BucketManifest, FileEntry, ManifestMismatch
+from compilesvc.publishing import publish_ready_artifacts
 from compilesvc.registry import live_queues
 from compilesvc.services import Services
 from compilesvc.spec_parsing import parse_spec

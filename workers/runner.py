@@ -6,9 +6,9 @@
    (:mod:`workers.retries`). Nothing to claim means a duplicate delivery, a cancelled or finished compile:
    log it and return (the message is acked, nothing runs). A claim that never reached the ledger raises
    :class:`ClaimNotRecorded`, and the task gives its message back.
-2. **Lease heartbeat** (:class:`LeaseKeeper`): a thread renews the lease every ``heartbeat_seconds``. When
-   the lease is lost (the reaper gave the compile to someone else) or a cancel is requested, it asks the
-   main loop to kill the compiler's whole process group (SIGTERM, SIGKILL after a grace period).
+2. **Lease heartbeat** (:class:`workers.lease_keeper.LeaseKeeper`): a thread renews the lease every
+   ``heartbeat_seconds``. When the lease is lost (the reaper gave the compile to someone else) or a cancel
+   is requested, it asks the main loop to kill the compiler's process group (SIGTERM, SIGKILL after a grace).
 3. **Fetch** the pinned model (:meth:`ModelResolver.fetch`, digest-checked). A model that is gone or
    changed is a final error (``MODEL_UNAVAILABLE``); an unreachable store is waited for within the
    attempt (:func:`workers.retries.retry_store`); other store trouble is infra (a new attempt, backed off).
@@ -19,7 +19,7 @@
    and the worker's death taking the child with it (``PR_SET_PDEATHSIG``).
    Output streams line by line into the central log (:mod:`workers.logstream`).
 5. **Classify** (:func:`workers.classify.classify`).
-6. **Publish** on success (:mod:`workers.publishing`; an unreachable store is waited for as at fetch,
+6. **Publish** on success (:mod:`compilesvc.publishing`; an unreachable store is waited for as at fetch,
    without compiling again): every output file as a blob, the full log as a blob, then the bucket manifest
    (create-only: if an earlier attempt already published it, theirs is reused), then the ledger
    (:func:`compilesvc.leases.succeed`, fenced by the token), then any set that is now complete.
@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -46,20 +45,20 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from compilesvc import backoff, leases
-from compilesvc.artifacts import publish_ready_artifacts
 from compilesvc.db import transaction
 from compilesvc.failures import Phase
 from compilesvc.logs import append_lines
 from compilesvc.manifest import BucketManifest
 from compilesvc.model_identity import ModelRefError
 from compilesvc.outbox import OutboxRelay
+from compilesvc.publishing import LOG_NAME, PublishError, archive_log, publish_outputs, publish_ready_artifacts
 from compilesvc.services import Services
 from compilesvc.store import StoreError, bucket_manifest_name
 from workers.child_env import child_environment
 from workers.classify import Outcome, classify
 from workers.compiler_process import CompilerProcess
+from workers.lease_keeper import LeaseKeeper
 from workers.logstream import LogStream
-from workers.publishing import LOG_NAME, PublishError, archive_log, publish_outputs
 from workers.retries import (
     ClaimNotRecorded,
     Interrupted,
@@ -103,69 +102,6 @@ class _Ids(logging.LoggerAdapter[logging.Logger]):
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
         kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
         return msg, kwargs
-
-
-# -- the lease heartbeat ---------------------------------------------------------------------------------
-
-class LeaseKeeper:
-    """Renews a claim's lease from a thread; sets :attr:`stop` when the compile must stop.
-
-    ``lost`` means another attempt owns the compile now (or we could not prove ownership for a whole
-    lease period, e.g. the database was unreachable: by then the reaper may have requeued it), and the
-    attempt must not write anything more. ``cancelled`` means a user cancelled the build.
-    """
-
-    def __init__(self, services: Services, claim: leases.Claim, logger: logging.LoggerAdapter[Any]):
-        self._services = services
-        self._claim = claim
-        self._log = logger
-        self.interval = services.settings.heartbeat_seconds
-        self.lease_seconds = services.settings.lease_seconds
-        self.stop = threading.Event()
-        self.lost = False
-        self.cancelled = False
-        self._halt = threading.Event()
-        self._last_ok = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{claim.bucket_id}", daemon=True)
-
-    def start(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._halt.set()
-        self._thread.join(self.interval + 30)
-
-    def renew_once(self) -> None:
-        try:
-            with transaction(self._services.sessions) as session:
-                renewal = leases.renew(session, self._claim.bucket_id, self._claim.token, self.lease_seconds)
-        except Exception as exc:  # the database is away: keep compiling until the lease would have run out
-            silent = time.monotonic() - self._last_ok
-            self._log.warning("lease renewal failed", extra={"error": f"{type(exc).__name__}: {exc}",
-                                                            "seconds_since_renewal": round(silent, 1)})
-            if silent > self.lease_seconds:
-                self._lose("could not renew the lease for a whole lease period")
-            return
-        self._last_ok = time.monotonic()
-        if not renewal.still_ours:
-            self._lose("the lease was taken back (the compile was requeued or finished elsewhere)")
-        elif renewal.cancel_requested and not self.cancelled:
-            self.cancelled = True
-            self._log.info("cancel requested: stopping the compiler")
-            self.stop.set()
-
-    def _lose(self, why: str) -> None:
-        if not self.lost:
-            self.lost = True
-            self._log.warning("lease lost", extra={"reason": why})
-            self.stop.set()
-
-    def _run(self) -> None:
-        while not self._halt.wait(self.interval):
-            self.renew_once()
-            if self.lost:
-                return
 
 
 # -- the attempt -----------------------------------------------------------------------------------------
@@ -304,8 +240,8 @@ def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: P
     logs.close()
 
     def publish() -> BucketManifest:
-        log_entry = archive_log(services, logs_path=logs.log_path, bucket_id=claim.bucket_id)
-        return publish_outputs(services, claim, out_dir, result, log_entry, worker_id)
+        log_entry = archive_log(services.store, logs_path=logs.log_path, bucket_id=claim.bucket_id)
+        return publish_outputs(services.store, claim, out_dir, result, log_entry, worker_id)
 
     try:
         # A store outage is retried here, with the lease kept: the compiled output is on this worker, and a new
@@ -350,7 +286,7 @@ def _fail(services: Services, claim: leases.Claim, outcome: Outcome, logs: LogSt
     """Archive the log (naming its blob in the central log), then record the failure."""
     logs.service(f"{outcome.error_class} error {outcome.code}: {outcome.message}")
     logs.close()
-    entry = archive_log(services, logs_path=logs.log_path, bucket_id=claim.bucket_id)
+    entry = archive_log(services.store, logs_path=logs.log_path, bucket_id=claim.bucket_id)
     if entry is not None:
         logger.info("compile log archived", extra={"log_sha256": entry.sha256})
         try:

@@ -4,7 +4,7 @@ and finishing bucket compiles the way a worker records them, without running a c
 :func:`complete_build` goes through the same core paths a worker uses: ``leases.claim`` takes the compile,
 the compiled files and the bucket manifest are written to the real store, log lines are appended with
 ``logs.append_lines``, ``leases.succeed`` records the result, and
-``artifacts.publish_ready_artifacts`` publishes the set. Only the compiler is missing.
+``publishing.publish_ready_artifacts`` publishes the set. Only the compiler is missing.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 
 from compilesvc import leases
-from compilesvc.artifacts import publish_ready_artifacts
 from compilesvc.config import Settings
 from compilesvc.db import transaction
 from compilesvc.ledger.models import ArtifactBucket, BucketCompile, Build
 from compilesvc.logs import append_lines
 from compilesvc.manifest import BucketManifest, FileEntry
+from compilesvc.publishing import publish_ready_artifacts
 from compilesvc.services import Services
 from compilesvc.store.base import bucket_manifest_name
 from tests.fixtures.settings import make_settings as fixture_settings
