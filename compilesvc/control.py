@@ -106,5 +106,5 @@ def retry_build(services: Services, build_id: int) -> list[int]:
             events.record(session, "build", build.id, build.state, BuildState.BUILDING, reason="retry")
             build.state = BuildState.BUILDING
             build.finished_at = None
-    services.relay.relay(outbox_ids)
+    services.relay.after_commit(outbox_ids, build_id=build_id)
     return outbox_ids

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from compilesvc import jsonlog
 from compilesvc.config import Settings
 from compilesvc.outbox import OutboxRelay
-from compilesvc.reaper import ReapReport, reap, relay_all
+from compilesvc.reaper import ReapReport, reap
 from compilesvc.reconcile import Reconciler, broker_view
 from compilesvc.services import Services
 from compilesvc.store import StoreError
@@ -63,7 +63,7 @@ class RelayLoop:
 
     def run_once(self, *, with_reap: bool = True) -> ReapReport | None:
         if not with_reap:
-            sent = relay_all(self.relay)
+            sent = self.relay.relay_all()
             if sent:
                 log.info("relayed outbox rows", extra={"sent": sent})
             return None

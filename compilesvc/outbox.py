@@ -1,9 +1,10 @@
 """The transactional outbox relay: sends committed dispatch rows to Celery and marks them sent.
 
-The submit transaction writes ``outbox`` rows next to the compile rows they announce. After commit the
-API relays its own rows at once (low latency); the relay loop (``compilesvc relay``) sends whatever a
-crash between commit and send left behind. Delivery is at least once; the worker's lease claim makes a
-second delivery a no-op.
+The submit transaction writes ``outbox`` rows next to the compile rows they announce. After commit,
+whoever wrote rows sends them at once through :meth:`OutboxRelay.after_commit` (submit, retry, a worker
+requeueing a failed attempt): low latency, and a broker that is down costs nothing but the wait, because
+the relay loop (``compilesvc relay``, :meth:`OutboxRelay.relay_all`) sends whatever is left behind.
+Delivery is at least once; the worker's lease claim makes a second delivery a no-op.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Producer(Protocol):
 
 
 class OutboxRelay:
+    """Sends committed, due outbox rows through a Celery producer and marks them sent."""
+
     def __init__(self, sessions: sessionmaker[Session], producer: Producer):
         self._sessions = sessions
         self._producer = producer
@@ -65,6 +68,25 @@ class OutboxRelay:
                 sent += 1
                 log.info("compile dispatched", extra=ids_of_row)
         return sent
+
+    def after_commit(self, ids: Sequence[int], **context: object) -> int:
+        """Send rows the caller has just committed; never raises. A failure (broker or ledger away) is
+        logged with ``context``: the rows are durable, and the relay loop sends them."""
+        try:
+            return self.relay(ids)
+        except Exception as exc:
+            log.warning("post-commit relay failed; the relay loop will send it",
+                        extra={**context, "outbox_ids": list(ids), "error": f"{type(exc).__name__}: {exc}"})
+            return 0
+
+    def relay_all(self, batch: int = 200) -> int:
+        """Send unsent due rows until none are left or the broker refuses one (the relay loop's pass)."""
+        total = 0
+        while True:
+            sent = self.relay(limit=batch)
+            total += sent
+            if sent < batch:
+                return total
 
 
 def enqueue_compile(session: Session, bucket: BucketCompile, *, delay_seconds: float = 0.0) -> Outbox:

@@ -121,15 +121,5 @@ def reap(services: Services, *, relay: OutboxRelay | None = None, reconciler: Re
         except Exception as exc:  # the broker is down: nothing can be concluded about its messages now
             log.warning("reconciler pass failed", extra={"error": f"{type(exc).__name__}: {exc}"})
 
-    report.relayed = relay_all(relay, limit)
+    report.relayed = relay.relay_all(limit)
     return report
-
-
-def relay_all(relay: OutboxRelay, batch: int = 200) -> int:
-    """Relay unsent outbox rows until none are left or the broker refuses one."""
-    total = 0
-    while True:
-        sent = relay.relay(limit=batch)
-        total += sent
-        if sent < batch:
-            return total

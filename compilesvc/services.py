@@ -27,16 +27,20 @@ class Services:
     sessions: sessionmaker[Session]
     store: ArtifactStore
     default_isa: str = field(default_factory=host_isa)
+    #: The Celery app outbox rows are sent through; None builds a send-only one on first use. A worker passes
+    #: its own app, so its requeues go out on the connection pool it already holds.
+    celery_app: Celery | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None, *, pre_ping: bool = False) -> Services:
+    def from_settings(cls, settings: Settings | None = None, *, pre_ping: bool = False,
+                      celery_app: Celery | None = None) -> Services:
         """``pre_ping`` checks each pooled connection before use: one round trip per checkout, which the
         API's hot path does not pay, but which lets the relay and the workers (a few transactions a second)
         come through a database restart without a failed statement."""
         settings = settings or Settings()
         engine = make_engine(settings.resolved_database_url, pool_pre_ping=pre_ping)
         return cls(settings=settings, engine=engine, sessions=make_sessionmaker(engine),
-                   store=open_store(settings))
+                   store=open_store(settings), celery_app=celery_app)
 
     @cached_property
     def build_recorder(self) -> BuildRecorder:
@@ -48,7 +52,7 @@ class Services:
 
     @cached_property
     def producer(self) -> Celery:
-        return make_producer(self.settings)
+        return self.celery_app or make_producer(self.settings)
 
     @cached_property
     def relay(self) -> OutboxRelay:

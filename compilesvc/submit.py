@@ -408,11 +408,7 @@ class Submitter:
                 return
 
     def _after_commit(self, outbox_ids: list[int], finalize: bool, result: SubmitResult) -> None:
-        if outbox_ids:
-            try:
-                self.services.relay.relay(outbox_ids)
-            except Exception:  # the relay loop sends what we could not; the build is safely recorded
-                log.exception("post-commit relay failed", extra={"build_id": result.build_id})
+        self.services.relay.after_commit(outbox_ids, build_id=result.build_id)
         if finalize:
             with self.services.sessions() as session:
                 artifact_id = session.scalars(select(Artifact.id).where(Artifact.key == result.artifact_key)).one()

@@ -19,7 +19,6 @@ from compilesvc import failures
 from compilesvc.config import Settings
 from compilesvc.dispatch import COMPILE_TASK, queue_name
 from compilesvc.ledger.models import BucketCompile, Outbox
-from compilesvc.reaper import relay_all
 from compilesvc.reconcile import Reconciler, RedisView, broker_view
 from compilesvc.services import Services
 from tests.test_leases import make_settings, submit
@@ -86,7 +85,7 @@ def test_a_flushed_broker_loses_nothing(tmp_path: Path, pg_url: str, prefix: str
         clock.now += 1
         resent = reconciler.run()
         assert sorted(resent) == sorted(b.id for b in bucket_rows(services))
-        assert relay_all(services.relay) == 3
+        assert services.relay.relay_all() == 3
         assert redis_length(services, prefix) == 3
         clock.now += 1
         assert reconciler.run() == []  # back in the queue: nothing more to do

@@ -1,5 +1,6 @@
 """The workers' Celery app: the shared configuration of :func:`compilesvc.dispatch.celery_config` and
-worker-only settings.
+worker-only settings. The app is built on first use (:func:`worker_app`); the task in :mod:`workers.tasks`
+is a shared task, so it binds to whichever app runs it.
 
 Celery is only the doorbell here. Which compile runs, how often, and who owns it is decided by the
 ledger's leases (:mod:`compilesvc.leases`); so redelivery, result storage and task events are all off or
@@ -8,6 +9,7 @@ as cheap as possible, and nothing depends on Celery remembering anything.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from celery import Celery
@@ -33,7 +35,7 @@ WORKER_ONLY_CONFIG: dict[str, Any] = {
 
 
 def make_app(settings: Settings | None = None) -> Celery:
-    """The worker's Celery app, configured from ``settings`` (default: the environment)."""
+    """A worker's Celery app, configured from ``settings`` (default: the environment)."""
     settings = settings or Settings()
     app = Celery("compilesvc-worker", include=["workers.tasks"])
     app.conf.update(celery_config(settings))
@@ -41,4 +43,8 @@ def make_app(settings: Settings | None = None) -> Celery:
     return app
 
 
-app = make_app()
+@functools.cache
+def worker_app() -> Celery:
+    """This process's worker app, built on first use (not at import: importing the tasks must not read
+    the environment's settings, and a bad setting is reported by ``compilesvc worker`` first)."""
+    return make_app()

@@ -131,7 +131,7 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
 
     # Import the app (and so the task) only now: the settings above were validated with a clear message.
     from workers import tasks
-    from workers.celery_app import app
+    from workers.celery_app import worker_app
     from workers.runner import sweep_orphaned_attempts
 
     tasks.configure(worker_id)
@@ -151,7 +151,7 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
             "--pool", pool]
     exit_code: int | None = None
     try:
-        exit_code = app.worker_main(argv)
+        exit_code = worker_app().worker_main(argv)
     finally:
         beat.stop.set()
         beat.thread.join(5)

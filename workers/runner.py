@@ -50,7 +50,6 @@ from compilesvc.failures import Phase
 from compilesvc.logs import append_lines
 from compilesvc.manifest import BucketManifest
 from compilesvc.model_identity import ModelRefError
-from compilesvc.outbox import OutboxRelay
 from compilesvc.publishing import LOG_NAME, PublishError, archive_log, publish_outputs, publish_ready_artifacts
 from compilesvc.services import Services
 from compilesvc.store import StoreError, bucket_manifest_name
@@ -106,13 +105,11 @@ class _Ids(logging.LoggerAdapter[logging.Logger]):
 
 # -- the attempt -----------------------------------------------------------------------------------------
 
-def run_compile(services: Services, bucket_compile_id: int, worker_id: str, *,
-                relay: OutboxRelay | None = None) -> RunResult:
+def run_compile(services: Services, bucket_compile_id: int, worker_id: str) -> RunResult:
     """Run one attempt of a bucket compile (see the module docstring). Never raises for compile or infra
     failures: they are recorded in the ledger. :class:`ClaimNotRecorded` means the claim never reached the
     ledger (the task must give its message back, not acknowledge it); any other exception escaping here
     means the ledger became unreachable later, and the lease's expiry brings the compile back."""
-    relay = relay or services.relay
 
     def take() -> leases.Claim | None:
         with transaction(services.sessions) as session:
@@ -136,7 +133,7 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str, *,
     keeper = LeaseKeeper(services, claim, logger).start()
     try:
         with attempt_dirs(claim.bucket_id) as (files, work_dir):
-            return _run_claimed(services, claim, worker_id, keeper, files, work_dir, relay, logger)
+            return _run_claimed(services, claim, worker_id, keeper, files, work_dir, logger)
     except Exception as exc:
         # A bug or an unexpected library error: record it as infra (retried) rather than waiting for the
         # lease to expire, unless the ledger itself is what failed.
@@ -144,13 +141,13 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str, *,
         if keeper.lost:
             return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
         outcome = Outcome("infra", "WORKER_ERROR", f"{type(exc).__name__}: {exc}"[:500])
-        return _record_failure(services, claim, outcome, logger, phase=Phase.WORKER, relay=relay)
+        return _record_failure(services, claim, outcome, logger, phase=Phase.WORKER)
     finally:
         keeper.close()
 
 
 def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper: LeaseKeeper, tmp: Path,
-                 work_dir: Path, relay: OutboxRelay, logger: logging.LoggerAdapter[Any]) -> RunResult:
+                 work_dir: Path, logger: logging.LoggerAdapter[Any]) -> RunResult:
     settings = services.settings
     model_dir, out_dir = tmp / "model", tmp / "out"
     for directory in (model_dir, out_dir):
@@ -167,18 +164,18 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             retry_store(services, claim, keeper.stop, Phase.FETCH,
                         lambda: services.resolver.fetch(claim.model["fetch"], model_path), logger)
         except ModelRefError as exc:  # gone or changed since it was pinned: only a new submit's new pin helps
-            return _fail(services, claim, Outcome("model", "MODEL_UNAVAILABLE", str(exc)), logs, relay, logger,
+            return _fail(services, claim, Outcome("model", "MODEL_UNAVAILABLE", str(exc)), logs, logger,
                          phase=Phase.FETCH)
         except (StoreRetriesExhausted, StoreError, OSError) as exc:
             error = str(exc) if isinstance(exc, StoreRetriesExhausted) else f"{type(exc).__name__}: {exc}"
-            return _fail(services, claim, Outcome("infra", "MODEL_FETCH_FAILED", error), logs, relay, logger,
+            return _fail(services, claim, Outcome("infra", "MODEL_FETCH_FAILED", error), logs, logger,
                          phase=Phase.FETCH)
         except Interrupted:
-            return _stopped(services, claim, keeper, logs, relay, logger)
+            return _stopped(services, claim, keeper, logs, logger)
         logs.service(f"fetched model sha256:{claim.model.get('sha256')} "
                      f"({model_path.stat().st_size} bytes) in {time.monotonic() - fetch_started:.1f}s")
         if keeper.stop.is_set():
-            return _stopped(services, claim, keeper, logs, relay, logger)
+            return _stopped(services, claim, keeper, logs, logger)
 
         toolchain = claim.material.get("toolchain", {})
         request = {
@@ -209,9 +206,9 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
         logs.service(f"compiler exited with {returncode} after {wall:.1f}s: "
                      f"{'ok' if outcome.ok else f'{outcome.error_class} {outcome.code}: {outcome.message}'}")
         if not outcome.ok or result is None:
-            return _fail(services, claim, outcome, logs, relay, logger)
+            return _fail(services, claim, outcome, logs, logger)
         result.setdefault("compile_seconds", round(wall, 3))
-        return _succeed(services, claim, worker_id, out_dir, result, keeper, logs, relay, logger)
+        return _succeed(services, claim, worker_id, out_dir, result, keeper, logs, logger)
     finally:
         logs.close()
 
@@ -225,17 +222,16 @@ def _read_result(path: Path) -> dict[str, Any] | None:
 
 
 def _stopped(services: Services, claim: leases.Claim, keeper: LeaseKeeper, logs: LogStream,
-             relay: OutboxRelay, logger: logging.LoggerAdapter[Any]) -> RunResult:
+             logger: logging.LoggerAdapter[Any]) -> RunResult:
     if keeper.lost:
         logs.close()
         return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
     return _fail(services, claim, Outcome("cancelled", "CANCELLED", "cancelled before the compiler started"),
-                 logs, relay, logger)
+                 logs, logger)
 
 
 def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: Path, result: dict[str, Any],
-             keeper: LeaseKeeper, logs: LogStream, relay: OutboxRelay,
-             logger: logging.LoggerAdapter[Any]) -> RunResult:
+             keeper: LeaseKeeper, logs: LogStream, logger: logging.LoggerAdapter[Any]) -> RunResult:
     logs.service("publishing")
     logs.close()
 
@@ -249,16 +245,16 @@ def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: P
         manifest = retry_store(services, claim, keeper.stop, Phase.PUBLISH, publish, logger)
     except PublishError as exc:
         return _record_failure(services, claim, Outcome("infra", "BAD_RESULT", str(exc)), logger,
-                               phase=Phase.PUBLISH, relay=relay)
+                               phase=Phase.PUBLISH)
     except (StoreRetriesExhausted, StoreError, OSError) as exc:
         error = str(exc) if isinstance(exc, StoreRetriesExhausted) else f"{type(exc).__name__}: {exc}"
         return _record_failure(services, claim, Outcome("infra", "PUBLISH_FAILED", error), logger,
-                               phase=Phase.PUBLISH, relay=relay)
+                               phase=Phase.PUBLISH)
     except Interrupted:
         if keeper.lost:
             return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
         cancelled = Outcome("cancelled", "CANCELLED", "cancelled while publishing")
-        return _record_failure(services, claim, cancelled, logger, phase=Phase.PUBLISH, relay=relay)
+        return _record_failure(services, claim, cancelled, logger, phase=Phase.PUBLISH)
     name = bucket_manifest_name(claim.key)
     manifest_uri = services.store.document_location(name)
     if keeper.lost:  # published files are harmless (content-addressed, same key); the record is not ours
@@ -281,7 +277,7 @@ def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: P
     return RunResult(claim.bucket_id, "succeeded", claim.attempt, manifest_uri=manifest_uri)
 
 
-def _fail(services: Services, claim: leases.Claim, outcome: Outcome, logs: LogStream, relay: OutboxRelay,
+def _fail(services: Services, claim: leases.Claim, outcome: Outcome, logs: LogStream,
           logger: logging.LoggerAdapter[Any], *, phase: str = Phase.COMPILE) -> RunResult:
     """Archive the log (naming its blob in the central log), then record the failure."""
     logs.service(f"{outcome.error_class} error {outcome.code}: {outcome.message}")
@@ -296,11 +292,11 @@ def _fail(services: Services, claim: leases.Claim, outcome: Outcome, logs: LogSt
                              stream="service")
         except Exception as exc:  # the failure record below matters more than this line
             logger.warning("could not write the log-archive line", extra={"error": str(exc)})
-    return _record_failure(services, claim, outcome, logger, phase=phase, relay=relay)
+    return _record_failure(services, claim, outcome, logger, phase=phase)
 
 
 def _record_failure(services: Services, claim: leases.Claim, outcome: Outcome, logger: logging.LoggerAdapter[Any],
-                    *, phase: str, relay: OutboxRelay | None = None) -> RunResult:
+                    *, phase: str) -> RunResult:
     error_class = outcome.error_class or "infra"
     retry_in = backoff.for_settings(services.settings, claim.attempt)
 
@@ -317,8 +313,5 @@ def _record_failure(services: Services, claim: leases.Claim, outcome: Outcome, l
     logger.info("compile attempt failed", extra={"error_class": error_class, "code": outcome.code,
                                                  "new_state": settled.state, "retry_in": round(settled.retry_in, 1)})
     if settled.outbox_id is not None and not settled.retry_in:
-        try:
-            (relay or services.relay).relay([settled.outbox_id])
-        except Exception as exc:  # the relay loop sends it
-            logger.warning("relaying the requeue failed", extra={"error": str(exc)})
+        services.relay.after_commit([settled.outbox_id], bucket_compile_id=claim.bucket_id)
     return RunResult(claim.bucket_id, settled.state, claim.attempt, error_class, outcome.code, outcome.message)

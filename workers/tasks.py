@@ -16,21 +16,20 @@ import socket
 import threading
 from typing import Any
 
-from celery import Task
+from celery import Task, shared_task
 from celery.exceptions import Reject
 from celery.signals import worker_ready
 
 from compilesvc.dispatch import COMPILE_TASK
-from compilesvc.outbox import OutboxRelay
 from compilesvc.services import Services
-from workers.celery_app import app
+from workers.celery_app import worker_app
 from workers.runner import ClaimNotRecorded, run_compile
 
 log = logging.getLogger(__name__)
 
 #: The registered worker id (set by ``compilesvc worker`` before the pool forks).
 _worker_id: str | None = None
-_services: tuple[int, Services, OutboxRelay] | None = None
+_services: tuple[int, Services] | None = None
 _services_lock = threading.Lock()
 
 
@@ -43,22 +42,20 @@ def worker_id() -> str:
     return _worker_id or f"compilesvc-{os.getpid()}@{socket.gethostname()}"
 
 
-def services() -> tuple[Services, OutboxRelay]:
-    """This process's services and a relay that sends through the worker's own (configured) app."""
+def services() -> Services:
+    """This process's services, sending requeues through the worker's own app."""
     global _services
     with _services_lock:
         if _services is None or _services[0] != os.getpid():
-            built = Services.from_settings(pre_ping=True)
-            _services = (os.getpid(), built, OutboxRelay(built.sessions, app))
-        return _services[1], _services[2]
+            _services = (os.getpid(), Services.from_settings(pre_ping=True, celery_app=worker_app()))
+        return _services[1]
 
 
-@app.task(name=COMPILE_TASK, bind=True, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
+@shared_task(name=COMPILE_TASK, bind=True, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
 def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sdk: str, backend: str,
                    isa: str | None = None, queue: str | None = None) -> str:
-    svc, relay = services()
     try:
-        result = run_compile(svc, bucket_compile_id, worker_id(), relay=relay)
+        result = run_compile(services(), bucket_compile_id, worker_id())
     except ClaimNotRecorded as exc:
         # Acknowledging would drop the only message of a compile that is still queued in the ledger; give it
         # back to the broker (after run_compile's own retries, so this is no hot loop). Should the message
