@@ -7,7 +7,7 @@ Writing manifests to the store is :mod:`compilesvc.publishing`'s.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -17,7 +17,7 @@ from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Bu
 from compilesvc.manifest import ArtifactManifest, parse_artifact_manifest
 from compilesvc.states import BUILD_STATE_FOR_ARTIFACT, ArtifactState, BuildState
 from compilesvc.store import ArtifactStore
-from compilesvc.store.base import artifact_manifest_name
+from compilesvc.store.base import UrlSigner, artifact_manifest_name
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +63,42 @@ def read_manifest(store: ArtifactStore, key: str) -> ArtifactManifest | None:
     return parse_artifact_manifest(raw, key) if raw is not None else None
 
 
-def describe(manifest: ArtifactManifest, store: ArtifactStore, ttl: int) -> dict[str, Any]:
+class PublishedManifests(Protocol):
+    """Where the manifest of an artifact the ledger calls published is read (the API reads it through a
+    cache: published manifests never change)."""
+
+    def published_manifest(self, key: str) -> ArtifactManifest | None: ...
+
+
+class StoreManifests:
+    """:class:`PublishedManifests` read from the store each time."""
+
+    def __init__(self, store: ArtifactStore):
+        self.store = store
+
+    def published_manifest(self, key: str) -> ArtifactManifest | None:
+        return read_manifest(self.store, key)
+
+
+def describe_layout(manifest: ArtifactManifest) -> dict[str, Any]:
+    """A published artifact as clients see it, without its download URLs (:func:`with_urls` adds them)."""
+    return manifest.model_dump(mode="json", by_alias=True)
+
+
+def with_urls(layout: dict[str, Any], signer: UrlSigner, ttl: int) -> dict[str, Any]:
+    """``layout`` with a download URL, signed now, in every file and log entry; ``layout`` is not changed
+    (callers keep one layout and sign it per request)."""
+
+    def signed(entry: dict[str, Any]) -> dict[str, Any]:
+        filename = entry["path"].rsplit("/", 1)[-1]
+        return {**entry, "url": signer.blob_url(entry["sha256"], expires_in=ttl, filename=filename)}
+
+    buckets = [{**bucket, "files": [signed(f) for f in bucket["files"]],
+                "log": signed(bucket["log"]) if bucket.get("log") else bucket.get("log")}
+               for bucket in layout["buckets"]]
+    return {**layout, "buckets": buckets, "urls_expire_in": ttl}
+
+
+def describe(manifest: ArtifactManifest, signer: UrlSigner, ttl: int) -> dict[str, Any]:
     """A published artifact as clients see it: the manifest plus fresh expiring download URLs."""
-    body = manifest.model_dump(mode="json", by_alias=True)
-    for bucket in body["buckets"]:
-        for entry in [*bucket["files"], *([bucket["log"]] if bucket.get("log") else [])]:
-            filename = entry["path"].rsplit("/", 1)[-1]
-            entry["url"] = store.blob_url(entry["sha256"], expires_in=ttl, filename=filename)
-    body["urls_expire_in"] = ttl
-    return body
+    return with_urls(describe_layout(manifest), signer, ttl)

@@ -26,7 +26,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from compilesvc import events, failures
-from compilesvc.artifacts import fail_artifacts_of_bucket, read_manifest, set_artifact_state
+from compilesvc.artifacts import (
+    PublishedManifests,
+    StoreManifests,
+    fail_artifacts_of_bucket,
+    read_manifest,
+    set_artifact_state,
+)
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
 from compilesvc.dispatch import queue_name
@@ -178,8 +184,9 @@ def requeue_bucket(session: Session, bucket: BucketCompile, reason: str, *, rese
 class Submitter:
     """The submit service. Thread-safe; one per process is enough."""
 
-    def __init__(self, services: Services):
+    def __init__(self, services: Services, *, manifests: PublishedManifests | None = None):
         self.services = services
+        self.manifests = manifests or StoreManifests(services.store)
         self.settings = services.settings
         # Published is a final state, so an artifact's id, once seen published, never needs reading again:
         # a cache-hit submit is then one write transaction. Bounded by clearing (ids are cheap to re-read).
@@ -269,7 +276,8 @@ class Submitter:
         else:
             build_id = self.services.build_recorder.record(record)
         return SubmitResult(build_id=build_id, outcome=Outcome.HIT, state=record.row["state"], artifact_key=key,
-                            artifact_state=ArtifactState.PUBLISHED, buckets=[], manifest=self._published_manifest(key))
+                            artifact_state=ArtifactState.PUBLISHED, buckets=[],
+                            manifest=self.manifests.published_manifest(key))
 
     def _import_artifact(self, ctx: _Context, manifest: ArtifactManifest) -> SubmitResult:
         """A manifest in the store but not in the ledger (another region, a rebuilt ledger): record it."""
@@ -432,11 +440,7 @@ class Submitter:
     # -- rows ---------------------------------------------------------------------------------------
 
     def _manifest(self, artifact: Artifact) -> ArtifactManifest | None:
-        return self._published_manifest(artifact.key) if artifact.state == ArtifactState.PUBLISHED else None
-
-    def _published_manifest(self, key: str) -> ArtifactManifest | None:
-        """The manifest of an artifact the ledger says is published (the API reads it through a cache)."""
-        return read_manifest(self.services.store, key)
+        return self.manifests.published_manifest(artifact.key) if artifact.state == ArtifactState.PUBLISHED else None
 
     def _artifact_row(self, ctx: _Context, state: str) -> dict[str, Any]:
         now = utcnow()

@@ -22,13 +22,13 @@ from werkzeug.routing import BaseConverter, ValidationError
 from compilesvc import states
 from compilesvc.config import Settings
 from compilesvc.services import Services
+from compilesvc.submit import Submitter
 from web import problems, ui
 from web.api import artifacts, blobs, builds, system
 from web.context import (
     DEFAULT_MANIFEST_CACHE_SIZE,
     DEFAULT_PREPARED_CACHE_SIZE,
     LRU,
-    CachingSubmitter,
     ManifestCache,
     WebContext,
 )
@@ -100,9 +100,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     registry = make_registry()
     registry.register(LedgerCollector(services.sessions, settings.worker_stale_seconds,
                                       cache_seconds=float(app.config["METRICS_CACHE_SECONDS"])))
-    cache = ManifestCache(settings.url_ttl_seconds, int(app.config["MANIFEST_CACHE_SIZE"]))
+    cache = ManifestCache(services.store, int(app.config["MANIFEST_CACHE_SIZE"]))
     app.extensions["compilesvc"] = WebContext(
-        services=services, submitter=CachingSubmitter(services, cache), manifests=cache,
+        services=services, submitter=Submitter(services, manifests=cache), manifests=cache,
         prepared=LRU(int(app.config["PREPARED_CACHE_SIZE"])),
         metrics=ApiMetrics(registry), public_url=settings.public_url.rstrip("/"),
         streams=threading.BoundedSemaphore(int(app.config["SSE_MAX_STREAMS"])),

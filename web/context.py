@@ -8,26 +8,24 @@ expire). The submitter reads published manifests through the same cache.
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
+import orjson
 from flask import current_app
 from sqlalchemy import select
 
-from compilesvc.artifacts import describe, read_manifest
+from compilesvc.artifacts import describe, describe_layout, read_manifest, with_urls
 from compilesvc.config import Settings
 from compilesvc.ledger.models import Artifact
 from compilesvc.manifest import ArtifactManifest
 from compilesvc.services import Services
 from compilesvc.states import ArtifactState
-from compilesvc.store.base import ArtifactStore, StoreError
+from compilesvc.store.base import ArtifactStore, StoreError, UrlSigner
 from compilesvc.submit import Prepared, Submitter
 from web.metrics import ApiMetrics
 from web.problems import Problem
@@ -44,25 +42,10 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-class _RecordingStore:
-    """Stands in for the store while :func:`describe` lays a manifest out once: each ``blob_url`` call
-    returns a unique marker and is remembered, so that the document can be serialised once and the real,
-    freshly signed URLs spliced into the text per request (see :class:`Described`)."""
-
-    def __init__(self) -> None:
-        self.token = uuid.uuid4().hex
-        self.calls: list[tuple[str, str | None]] = []
-
-    def blob_url(self, sha256: str, *, expires_in: int, filename: str | None = None) -> str:
-        self.calls.append((sha256, filename))
-        return f"{self.token}-{len(self.calls) - 1}"
-
-
 class Described:
-    """A published manifest as :func:`describe` lays it out, serialised once: ``segments`` is the JSON text
-    split around its download URLs, ``urls`` the (sha256, filename) each gap is signed for. Rendering costs
-    one signature per file and a string join, instead of a model dump and a JSON encoding per request.
-    ``segments`` is None when the layout could not be split (then every render calls :func:`describe`).
+    """A published manifest laid out for clients once (:func:`compilesvc.artifacts.describe_layout`), to be
+    signed and encoded per request: the hot path pays one signature per file and an orjson encoding, not a
+    model dump.
 
     Renders are reused within the same wall-clock second, so under load each key is signed at most once
     a second per process. That gives what signing each request would: both stores' URLs depend only on
@@ -71,41 +54,20 @@ class Described:
     reused within its second is still valid for at least ttl seconds).
     """
 
-    __slots__ = ("_last", "manifest", "segments", "urls")
+    __slots__ = ("_last", "layout", "manifest")
 
-    def __init__(self, manifest: ArtifactManifest, segments: tuple[str, ...] | None,
-                 urls: tuple[tuple[str, str | None], ...]):
+    def __init__(self, manifest: ArtifactManifest):
         self.manifest = manifest
-        self.segments = segments
-        self.urls = urls
-        self._last: tuple[int, int, str] | None = None  # (second, ttl, text): replaced whole, never mutated
+        self.layout = describe_layout(manifest)  # shared by every render: read, never changed
+        self._last: tuple[int, int, bytes] | None = None  # (second, ttl, JSON): replaced whole, never mutated
 
-    @classmethod
-    def of(cls, manifest: ArtifactManifest, ttl: int) -> Described:
-        recorder = _RecordingStore()
-        try:
-            text = json.dumps(describe(manifest, cast(ArtifactStore, recorder), ttl), ensure_ascii=False,
-                              separators=(",", ":"))
-        except AttributeError:  # describe() wanted more of the store than blob_url: no shortcut
-            return cls(manifest, None, ())
-        segments = re.split(rf'"{recorder.token}-\d+"', text)
-        if len(segments) != len(recorder.calls) + 1:  # a URL was not a whole JSON string: no shortcut
-            return cls(manifest, None, ())
-        return cls(manifest, tuple(segments), tuple(recorder.calls))
-
-    def render(self, store: ArtifactStore, ttl: int) -> str:
+    def render(self, signer: UrlSigner, ttl: int) -> bytes:
+        """The described manifest with URLs signed now, as JSON."""
         second = int(time.time())
         last = self._last
         if last is not None and last[0] == second and last[1] == ttl:
             return last[2]
-        if self.segments is None:
-            text = json.dumps(describe(self.manifest, store, ttl), ensure_ascii=False, separators=(",", ":"))
-        else:
-            parts = [self.segments[0]]
-            for (sha256, filename), segment in zip(self.urls, self.segments[1:], strict=True):
-                parts.append(json.dumps(store.blob_url(sha256, expires_in=ttl, filename=filename)))
-                parts.append(segment)
-            text = "".join(parts)
+        text = orjson.dumps(with_urls(self.layout, signer, ttl))
         self._last = (second, ttl, text)  # one tuple assignment: threads see the old or the new render
         return text
 
@@ -140,21 +102,26 @@ class LRU(Generic[K, V]):
 
 
 class ManifestCache:
-    """Parsed published manifests (with their serialised layout) by artifact key, in an :class:`LRU`.
+    """Parsed published manifests (with their client layout) by artifact key, in an :class:`LRU`; the
+    submitter reads published manifests through it too (:class:`compilesvc.artifacts.PublishedManifests`).
 
     Only *published* manifests may enter (callers check the ledger or read the create-only manifest
     document first), which is what makes caching them forever correct.
     """
 
-    def __init__(self, ttl: int, maxsize: int = DEFAULT_MANIFEST_CACHE_SIZE):
-        self.ttl = ttl
+    def __init__(self, store: ArtifactStore, maxsize: int = DEFAULT_MANIFEST_CACHE_SIZE):
+        self.store = store
         self._lru: LRU[str, Described] = LRU(maxsize)
 
     def get(self, key: str) -> Described | None:
         return self._lru.get(key)
 
     def put(self, key: str, manifest: ArtifactManifest) -> Described:
-        return self._lru.put(key, Described.of(manifest, self.ttl))
+        return self._lru.put(key, Described(manifest))
+
+    def published_manifest(self, key: str) -> ArtifactManifest | None:
+        entry = self.load(key, lambda: read_manifest(self.store, key))
+        return entry.manifest if entry is not None else None
 
     def load(self, key: str, loader: Callable[[], ArtifactManifest | None]) -> Described | None:
         """The cached entry, else ``loader()`` (cached when it returns a manifest). Two threads missing at
@@ -170,25 +137,10 @@ class ManifestCache:
         return len(self._lru)
 
 
-class CachingSubmitter(Submitter):
-    """The core submitter, reading published manifests through the API's cache.
-
-    A cache-hit submit then costs the ledger write of the build row and nothing from the store.
-    """
-
-    def __init__(self, services: Services, cache: ManifestCache):
-        super().__init__(services)
-        self._cache = cache
-
-    def _published_manifest(self, key: str) -> ArtifactManifest | None:
-        entry = self._cache.load(key, lambda: read_manifest(self.services.store, key))
-        return entry.manifest if entry is not None else None
-
-
 @dataclass
 class WebContext:
     services: Services
-    submitter: CachingSubmitter
+    submitter: Submitter
     manifests: ManifestCache
     prepared: LRU[str, Prepared]  # submit body text -> its reusable preparation
     metrics: ApiMetrics
@@ -214,8 +166,8 @@ class WebContext:
         """The manifest as clients see it, with download URLs signed now."""
         return describe(manifest, self.services.store, self.settings.url_ttl_seconds)
 
-    def describe_json(self, entry: Described) -> str:
-        """:meth:`describe` of a cached manifest as JSON text: the hot path (see :class:`Described`)."""
+    def describe_json(self, entry: Described) -> bytes:
+        """:meth:`describe` of a cached manifest as JSON: the hot path (see :class:`Described`)."""
         return entry.render(self.services.store, self.settings.url_ttl_seconds)
 
     def published_manifest(self, key: str) -> ArtifactManifest:

@@ -35,7 +35,7 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return response
 
 
-def raw_json_response(text: str, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+def raw_json_response(text: str | bytes, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """A response whose body is already JSON text."""
     response = Response(text, status=status, mimetype="application/json")
     if headers:

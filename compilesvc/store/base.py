@@ -19,9 +19,15 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+class UrlSigner(Protocol):
+    """What laying out download URLs needs of a store (:func:`compilesvc.artifacts.describe`)."""
+
+    def blob_url(self, sha256: str, *, expires_in: int, filename: str | None = None) -> str: ...
 
 
 class StoreError(Exception):

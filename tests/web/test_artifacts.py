@@ -145,8 +145,8 @@ def test_s3_store_end_to_end(s3_env: Env) -> None:
     assert_problem(env.client.get(f"/v1/blobs/{entry.sha256}?expires=1&sig=x"), 404, "blob-not-found")
 
 
-def test_spliced_rendering_equals_describe(sqlite_env: Env) -> None:
-    """The hot path serialises a manifest once and splices fresh URLs in; it must say what describe() says."""
+def test_cached_rendering_equals_describe(sqlite_env: Env) -> None:
+    """The hot path lays a manifest out once and signs fresh URLs into it; it must say what describe() says."""
     env = sqlite_env
     _, build = published(env)
     ctx = env.app.extensions["compilesvc"]
@@ -166,25 +166,6 @@ def test_spliced_rendering_equals_describe(sqlite_env: Env) -> None:
         for entry_file in [*bucket["files"], bucket["log"]]:
             download = env.client.get(entry_file["url"].removeprefix(env.settings.public_url))
             assert hashlib.sha256(download.data).hexdigest() == entry_file["sha256"]
-
-
-def test_rendering_falls_back_when_the_layout_cannot_be_recorded(sqlite_env: Env, monkeypatch: Any) -> None:
-    import web.context
-
-    env = sqlite_env
-    _, build = published(env)
-    ctx = env.app.extensions["compilesvc"]
-    manifest = ctx.published(build["artifact_key"]).manifest
-    real_describe = web.context.describe
-
-    def describe_asking_more(manifest: Any, store: Any, ttl: int) -> Any:
-        store.check()  # a store method the recorder does not have
-        return real_describe(manifest, store, ttl)
-
-    monkeypatch.setattr(web.context, "describe", describe_asking_more)
-    entry = web.context.Described.of(manifest, 60)
-    assert entry.segments is None
-    assert ArtifactOut.model_validate(json.loads(entry.render(env.services.store, 60))).key == build["artifact_key"]
 
 
 def test_renders_are_reused_within_a_second_only(sqlite_env: Env, monkeypatch: Any) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from compilesvc.ledger.models import BucketCompile, Build, Event
 from compilesvc.logs import LogEntry
 from compilesvc.submit import BucketView, SubmitResult
@@ -32,7 +34,7 @@ def bucket_row_json(bucket: BucketCompile, position: int) -> dict[str, Any]:
     return bucket_json(BucketView.of(bucket, position))
 
 
-def accepted_json(ctx: WebContext, result: SubmitResult, artifact: dict[str, Any] | str | None) -> dict[str, Any]:
+def accepted_json(ctx: WebContext, result: SubmitResult, artifact: orjson.Fragment | None) -> dict[str, Any]:
     return {
         "build_id": result.build_id, "state": result.state, "outcome": result.outcome,
         "replayed": result.replayed, "artifact_key": result.artifact_key,
