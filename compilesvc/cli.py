@@ -201,7 +201,7 @@ def model_sha256(spec: CompileSpec, settings: Settings | None = None) -> str:
 
 
 def _check_isa(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value is not None and not ISA_RE.match(value):
+    if value is not None and not ISA_RE.fullmatch(value):
         raise click.BadParameter("expected <arch>-<level>, e.g. x86_64-avx512", ctx=ctx, param=param)
     return value
 

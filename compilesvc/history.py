@@ -84,6 +84,11 @@ class InvalidLimit(HistoryError):
     """The page size is outside ``1..MAX_LIMIT``."""
 
 
+def _blank_allowed(schema: dict[str, Any]) -> None:
+    """Document that ``""`` is accepted (as "any") beside the enum's values."""
+    schema["anyOf"] = [*schema.get("anyOf", ()), {"const": ""}]
+
+
 class HistoryFilter(BaseModel):
     """Which builds to list. Every given field must match (AND); ``None`` or ``""`` means any.
 
@@ -96,9 +101,10 @@ class HistoryFilter(BaseModel):
     model: str | None = Field(default=None, max_length=200, description="A model_name or a model_sha256.")
     target: str | None = Field(default=None, max_length=16)
     sdk: str | None = Field(default=None, max_length=32)
-    state: str | None = Field(default=None, max_length=16)
+    state: BuildState | None = Field(default=None, json_schema_extra=_blank_allowed)
     label: str | None = Field(
-        default=None, max_length=64 + 1 + 1024, description='"name:value"; the value may be empty.'
+        default=None, max_length=64 + 1 + 1024, description='"name:value"; the value may be empty.',
+        json_schema_extra={"pattern": "^([^:\\u0000]{1,64}:[^\\u0000]{0,1024})?$"},
     )
     submitted_by: str | None = Field(default=None, max_length=255)
 

@@ -87,7 +87,7 @@ def set_material(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt
         toolchain["sdk"] = spec.sdk  # the cpu target's sdk is the exact torch version already
     if spec.backend == "aotinductor":
         isa = spec.compiler.isa or default_isa
-        if not ISA_RE.match(isa):
+        if not ISA_RE.fullmatch(isa):
             raise ValueError(f"ISA must look like <arch>-<level> (e.g. x86_64-avx512), got {isa!r}")
         toolchain["isa"] = isa
     return {

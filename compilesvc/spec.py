@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -48,16 +49,28 @@ CPU_BACKEND_FLAGS: dict[str, frozenset[str]] = {
     "aotinductor": frozenset({"--freezing", "--max-autotune"}),
 }
 
-_BLOB_RE = re.compile(r"^blob:sha256:[0-9a-f]{64}$")
-_S3_RE = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<key>.+)$")
+# The forms of the spec's text fields. Each is checked with re.fullmatch and published as the field's JSON
+# Schema ``pattern`` (anchored), so it is written in the subset Python and ECMA-262 read alike: explicit
+# character classes, no ``.``, ``\d`` or ``$`` (whose meanings differ between the two).
+_BLOB_FORM = "blob:sha256:[0-9a-f]{64}"
+_S3_FORM = "s3://[a-z0-9][a-z0-9.\\-]{1,61}[a-z0-9]/[^\\n]*[^/\\n]"
+# No host, query or fragment: a literal "#" or "?" in a file name is percent-encoded.
+_FILE_FORM = "file:///[^?#]*"
+_URI_PATTERN = f"^({_BLOB_FORM}|{_S3_FORM}|{_FILE_FORM})$"
+_BLOB_RE, _S3_RE, _FILE_RE = (re.compile(form) for form in (_BLOB_FORM, _S3_FORM, _FILE_FORM))
 # Neuron SDK and torch releases are major.minor.patch; "2.20" names a series, not a release, and would
 # otherwise be a second key (and an unserved queue) for the same toolchain.
-#: (public: workers check the release they are configured with.)
-SDK_RE = re.compile(r"^\d+\.\d+\.\d+$")
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-#: ``<arch>-<level>``, as :func:`compilesvc.hostinfo.host_isa` reports it (public: the CLI checks --isa).
-ISA_RE = re.compile(r"^[a-z0-9_]+-[a-z0-9_]+$")
+#: (public: workers check the release they are configured with; use fullmatch.)
+SDK_RE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+#: ``<arch>-<level>``, as :func:`compilesvc.hostinfo.host_isa` reports it (public: the CLI checks --isa;
+#: use fullmatch).
+ISA_RE = re.compile(r"[a-z0-9_]+-[a-z0-9_]+")
 _ISA_RE = ISA_RE
+
+
+def _pattern(regex: re.Pattern[str]) -> dict[str, Any]:
+    return {"pattern": f"^{regex.pattern}$"}
 
 MAX_BUCKETS = 64
 MAX_RANK = 8
@@ -100,7 +113,15 @@ def _too_many(count: int, limit: int, what: str, setting: str) -> str:
 
 
 # Strict: a shape is written as integers. Lax mode would quietly read true, "3" and 3.0 as dimensions.
-Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer is any number without a fraction: 2.0 is the integer 2 (and keys like it).
+    Everything else is left to strict int validation, which refuses booleans and strings."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM), BeforeValidator(_integral)]
 
 
 class _FieldError(ValueError):
@@ -117,11 +138,12 @@ class _FieldError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelRef(_Strict):
-    uri: str = Field(description='"blob:sha256:<64 hex>", "s3://bucket/key" or "file:///abs/path".')
+    uri: str = Field(description='"blob:sha256:<64 hex>", "s3://bucket/key" or "file:///abs/path".',
+                     json_schema_extra={"pattern": _URI_PATTERN})
     format: ModelFormat
     name: str | None = Field(default=None, max_length=200, description="Display only; not in the key.")
     version_id: str | None = Field(default=None, max_length=1024, description="S3 object version (s3 only).")
@@ -129,16 +151,14 @@ class ModelRef(_Strict):
     @field_validator("uri")
     @classmethod
     def _uri_form(cls, uri: str) -> str:
-        if _BLOB_RE.match(uri):
+        if _BLOB_RE.fullmatch(uri):
             return uri
         if uri.startswith("s3://"):
-            match = _S3_RE.match(uri)
-            if not match or match["key"].endswith("/"):
+            if not _S3_RE.fullmatch(uri):
                 raise ValueError("expected s3://bucket/key naming one object (not a prefix)")
             return uri
         if uri.startswith("file://"):
-            # No host, query or fragment: a literal "#" or "?" in a file name is percent-encoded.
-            if not uri.startswith("file:///") or "?" in uri or "#" in uri:
+            if not _FILE_RE.fullmatch(uri):
                 raise ValueError("expected file:///absolute/path")
             return uri
         if uri.startswith("blob:"):
@@ -157,7 +177,7 @@ class ModelRef(_Strict):
 
 
 class InputSpec(_Strict):
-    name: str = Field(description="Argument name of the model's forward().")
+    name: str = Field(description="Argument name of the model's forward().", json_schema_extra=_pattern(_NAME_RE))
     shape: list[Dim] = Field(
         max_length=MAX_RANK,
         description=f"Dimensions. Their product (the input's elements) is at most the service's "
@@ -169,13 +189,28 @@ class InputSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _identifier(cls, name: str) -> str:
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise ValueError("expected a Python identifier of at most 64 characters")
         return name
 
 
+def _document_shorthand(schema: dict[str, Any]) -> None:
+    """A bucket's JSON Schema: its inputs, or the {batch_size, seq_len} shorthand :meth:`Bucket._shorthand`
+    reads."""
+    full = {key: value for key, value in schema.items() if key not in ("title", "description")}
+    dim = {"type": "integer", "minimum": 1, "maximum": MAX_DIM}
+    shorthand = {"type": "object", "additionalProperties": False, "required": ["batch_size", "seq_len"],
+                 "properties": {"batch_size": dim, "seq_len": dim},
+                 "description": "Shorthand for inputs input_ids and attention_mask, int64, [batch_size, seq_len]."}
+    for key in full:
+        del schema[key]
+    schema["anyOf"] = [full, shorthand]
+
+
 class Bucket(_Strict):
     """One static input shape set: one compile, one artifact file set."""
+
+    model_config = ConfigDict(json_schema_extra=_document_shorthand)
 
     inputs: list[InputSpec] = Field(min_length=1, max_length=32)
 
@@ -190,13 +225,14 @@ class Bucket(_Strict):
                 raise _FieldError(
                     (extras[0],), "unknown field (the shorthand takes exactly batch_size and seq_len)"
                 )
+            shape = []
             for name in ("batch_size", "seq_len"):
                 if name not in data:
                     raise _FieldError((name,), "the shorthand needs both batch_size and seq_len")
-                value = data[name]
+                value = _integral(data[name])
                 if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
                     raise _FieldError((name,), f"expected an integer from 1 to {MAX_DIM}")
-            shape = [data["batch_size"], data["seq_len"]]
+                shape.append(value)
             # Checked here, so the error names the bucket the user wrote rather than the expanded inputs.
             limits = _limits(info)
             count = shape[0] * shape[1]
@@ -249,11 +285,12 @@ class CompilerOptions(_Strict):
         "cpu: torchscript (default) | aotinductor.",
     )
     args: list[Annotated[str, Field(max_length=1024)]] = Field(default_factory=list, max_length=128)
-    tp_degree: int = Field(default=1, ge=1, le=128, strict=True)
+    tp_degree: Annotated[int, Field(strict=True, ge=1, le=128), BeforeValidator(_integral)] = 1
     isa: str | None = Field(
         default=None,
         description="cpu aotinductor only: instruction set the native code targets, e.g. x86_64-avx512. "
         "Defaults to the API host's.",
+        json_schema_extra=_pattern(_ISA_RE),
     )
 
     @field_validator("args")
@@ -271,7 +308,7 @@ class CompilerOptions(_Strict):
     @field_validator("isa")
     @classmethod
     def _isa_form(cls, isa: str | None) -> str | None:
-        if isa is not None and not _ISA_RE.match(isa):
+        if isa is not None and not _ISA_RE.fullmatch(isa):
             raise ValueError("expected <arch>-<isa>, e.g. x86_64-avx512")
         return isa
 
@@ -283,7 +320,8 @@ LabelValue = Annotated[str, Field(max_length=1024)]
 class CompileSpec(_Strict):
     model: ModelRef
     target: Target
-    sdk: str = Field(description='Neuron SDK release, e.g. "2.20.0"; for cpu the torch version.')
+    sdk: str = Field(description='Neuron SDK release, e.g. "2.20.0"; for cpu the torch version.',
+                     json_schema_extra=_pattern(SDK_RE))
     compiler: CompilerOptions = Field(default_factory=CompilerOptions)
     buckets: list[Bucket] = Field(min_length=1, max_length=MAX_BUCKETS)
     labels: dict[LabelKey, LabelValue] = Field(
@@ -293,7 +331,7 @@ class CompileSpec(_Strict):
     @field_validator("sdk")
     @classmethod
     def _sdk_form(cls, sdk: str) -> str:
-        if not SDK_RE.match(sdk):
+        if not SDK_RE.fullmatch(sdk):
             raise ValueError('expected a release number major.minor.patch, such as "2.20.0"')
         return sdk
 

@@ -253,7 +253,7 @@ def test_shorthand_equals_its_expansion() -> None:
         ({"batch_size": 1, "seq_len": MAX_DIM + 1}, "buckets[0].seq_len", "expected an integer from 1"),
         ({"batch_size": True, "seq_len": 8}, "buckets[0].batch_size", "expected an integer"),
         ({"batch_size": "4", "seq_len": 8}, "buckets[0].batch_size", "expected an integer"),
-        ({"batch_size": 1.0, "seq_len": 8}, "buckets[0].batch_size", "expected an integer"),
+        ({"batch_size": 1.5, "seq_len": 8}, "buckets[0].batch_size", "expected an integer"),
     ],
 )
 def test_shorthand_errors(bucket: dict[str, Any], field: str, fragment: str) -> None:
@@ -402,10 +402,20 @@ def test_tp_degree_on_cpu() -> None:
     assert parse_spec(cpu_doc(compiler={"tp_degree": 1})).compiler.tp_degree == 1
 
 
-@pytest.mark.parametrize("tp", [0, 129, True, "2", 2.0])
+@pytest.mark.parametrize("tp", [0, 129, True, "2", 2.5])
 def test_tp_degree_range_and_type(tp: Any) -> None:
     found = errors(neuron_doc(compiler={"tp_degree": tp}))
     assert [e["field"] for e in found] == ["compiler.tp_degree"], found
+
+
+def test_integers_written_with_a_zero_fraction_are_integers() -> None:
+    """JSON Schema's integer (what /openapi.json documents) includes 3.0; the spec reads it as 3."""
+    spec = parse_spec(neuron_doc(compiler={"tp_degree": 2.0}))
+    assert spec.compiler.tp_degree == 2 and type(spec.compiler.tp_degree) is int
+    doc = cpu_doc(buckets=[{"inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}]}])
+    as_floats = copy.deepcopy(doc)
+    as_floats["buckets"][0]["inputs"][0]["shape"] = [2.0, 8.0]
+    assert parse_spec(as_floats) == parse_spec(doc)
 
 
 def test_isa_only_for_aotinductor() -> None:
@@ -439,7 +449,7 @@ def test_duplicate_input_names() -> None:
         ({"name": "x", "shape": [MAX_DIM + 1], "dtype": "float32"}, "buckets[0].inputs[0].shape[0]", "less"),
         ({"name": "x", "shape": [1, True], "dtype": "float32"}, "buckets[0].inputs[0].shape[1]", "integer"),
         ({"name": "x", "shape": ["3"], "dtype": "float32"}, "buckets[0].inputs[0].shape[0]", "integer"),
-        ({"name": "x", "shape": [3.0], "dtype": "float32"}, "buckets[0].inputs[0].shape[0]", "integer"),
+        ({"name": "x", "shape": [3.5], "dtype": "float32"}, "buckets[0].inputs[0].shape[0]", "integer"),
         ({"name": "x", "shape": [1] * 9, "dtype": "float32"}, "buckets[0].inputs[0].shape", "at most 8"),
         ({"name": "x", "dtype": "float32"}, "buckets[0].inputs[0].shape", "Field required"),
     ],

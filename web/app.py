@@ -32,8 +32,9 @@ from web.context import (
     ManifestCache,
     WebContext,
 )
+from web.inputs import MAX_ID, has_nul_in_query
 from web.metrics import ApiMetrics, LedgerCollector, make_registry
-from web.params import MAX_ID, has_nul_in_query, too_large
+from web.params import too_large
 
 access_log = logging.getLogger("compilesvc.web.access")
 
@@ -127,7 +128,9 @@ def _install_request_hooks(app: Flask) -> None:
             request.endpoint != blobs.UPLOAD_ENDPOINT
         ):
             raise too_large(app.config["MAX_CONTENT_LENGTH"])
-        if has_nul_in_query():
+        # API views read their query through their declared models (web.inputs), which refuse NUL
+        # themselves; the UI's pages read theirs directly.
+        if request.blueprint == "ui" and has_nul_in_query():
             raise problems.Problem("invalid-request", "query parameters must not contain NUL characters",
                                    errors=[{"field": "query", "message": "contains NUL"}])
 

@@ -1,4 +1,4 @@
-"""Reading what a client sent (JSON bodies, query parameters, headers) into values or 400/422 problems.
+"""Reading JSON request bodies into values or 400/422 problems, and writing JSON responses.
 
 Everything here treats input as hostile: malformed JSON, deep nesting, NUL characters and lone UTF-16
 surrogates (which Postgres refuses, and which would otherwise surface as a 500 deep in a query) are
@@ -8,21 +8,14 @@ turned into problem responses before any core code sees them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from flask import Response, current_app, request
-from pydantic import ValidationError
 
 from compilesvc.spec import CompileSpec
-from compilesvc.spec_parsing import SpecError, parse_spec, validation_errors
+from compilesvc.spec_parsing import SpecError, parse_spec
 from web.context import web
-from web.openapi import Param
 from web.problems import Problem
-
-_TRUE = frozenset({"", "1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-MAX_ID = 2**63 - 1
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -154,115 +147,3 @@ def parse_spec_text(text: str) -> CompileSpec:
     except RecursionError:
         raise Problem("spec-invalid", "the document is nested too deeply",
                       errors=[{"field": "", "message": "nested too deeply"}]) from None
-
-
-def _invalid(field: str, message: str) -> Problem:
-    return Problem("invalid-request", f"{field}: {message}", errors=[{"field": field, "message": message}])
-
-
-def header_text(name: str, *, max_length: int) -> str | None:
-    """A header as printable text of at most ``max_length`` characters; None when absent or blank."""
-    value = request.headers.get(name)
-    if value is None or not value.strip():
-        return None
-    value = value.strip()
-    if len(value) > max_length:
-        raise _invalid(f"header {name}", f"at most {max_length} characters")
-    if not value.isprintable():
-        raise _invalid(f"header {name}", "must be printable text")
-    return value
-
-
-def query_bool(name: str, default: bool = False) -> bool:
-    raw = request.args.get(name)
-    if raw is None:
-        return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise _invalid(name, "expected true or false")
-
-
-def query_int(name: str, default: int, *, minimum: int, maximum: int) -> int:
-    raw = request.args.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    return parse_int(name, raw, minimum=minimum, maximum=maximum)
-
-
-def parse_int(field: str, raw: str, *, minimum: int, maximum: int) -> int:
-    raw = raw.strip()
-    # Length first: int() of a huge digit string is slow (and refused past 4300 digits).
-    if not raw or len(raw) > 20 or not raw.lstrip("-").isdigit() or not raw.isascii():
-        raise _invalid(field, f"expected an integer from {minimum} to {maximum}")
-    value = int(raw)
-    if not minimum <= value <= maximum:
-        raise _invalid(field, f"expected an integer from {minimum} to {maximum}")
-    return value
-
-
-def query_problems(exc: ValidationError) -> Problem:
-    """A pydantic error on query parameters, as a 400 with per-field errors."""
-    errors = validation_errors(exc)
-    first = errors[0] if errors else {"field": "", "message": "invalid"}
-    return Problem("invalid-request", f"{first['field']}: {first['message']}", errors=errors)
-
-
-def has_nul_in_query() -> bool:
-    if not request.query_string:
-        return False
-    return any("\x00" in key or "\x00" in value for key, value in request.args.items(multi=True))
-
-
-# -- declared parameters: one declaration both reads (validates) a parameter and documents it ----------------
-
-@dataclass(frozen=True)
-class IntQuery:
-    """An integer query parameter between ``minimum`` and ``maximum`` (``default`` when absent)."""
-
-    name: str
-    description: str
-    default: int
-    minimum: int
-    maximum: int
-
-    def read(self) -> int:
-        return query_int(self.name, self.default, minimum=self.minimum, maximum=self.maximum)
-
-    @property
-    def param(self) -> Param:
-        return Param(self.name, "query", self.description, {"type": "integer", "minimum": self.minimum,
-                                                            "maximum": self.maximum, "default": self.default})
-
-
-@dataclass(frozen=True)
-class BoolQuery:
-    """A true/false query parameter (``1``/``0``, ``yes``/``no`` too), false when absent."""
-
-    name: str
-    description: str
-
-    def read(self) -> bool:
-        return query_bool(self.name)
-
-    @property
-    def param(self) -> Param:
-        return Param(self.name, "query", self.description, {"type": "boolean", "default": False})
-
-
-@dataclass(frozen=True)
-class TextHeader:
-    """A header of printable text, at most ``max_length`` characters; None when absent or blank."""
-
-    name: str
-    description: str
-    max_length: int
-
-    def read(self) -> str | None:
-        return header_text(self.name, max_length=self.max_length)
-
-    @property
-    def param(self) -> Param:
-        return Param(self.name, "header", self.description, {"type": "string", "maxLength": self.max_length})

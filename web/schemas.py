@@ -1,7 +1,7 @@
 """Pydantic models of what the API accepts and answers; ``/openapi.json`` is generated from them.
 
-Requests are validated by the core's own models (:class:`compilesvc.spec.CompileSpec`,
-:class:`compilesvc.history.HistoryFilter`), so the document cannot drift from what is enforced. The
+Request bodies are validated by the core's own models (:class:`compilesvc.spec.CompileSpec`); query
+strings and headers by :mod:`web.inputs`' models, so the document cannot drift from what is enforced. The
 response models here describe the JSON the views build; the tests validate real responses against them,
 which keeps the schema honest without paying for model construction on the hot paths.
 """
@@ -265,18 +265,3 @@ class HealthOut(_Out):
 class ReadyOut(_Out):
     status: Literal["ready"]
     checks: dict[str, str]
-
-
-class BuildListQuery(BaseModel):
-    """Query parameters of GET /v1/builds (the filters are :class:`compilesvc.history.HistoryFilter`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str | None = Field(default=None, description="A model_name or a model_sha256.")
-    target: str | None = None
-    sdk: str | None = None
-    state: BuildState | None = None
-    label: str | None = Field(default=None, description='"name:value"')
-    submitted_by: str | None = None
-    limit: int = Field(default=50, ge=1, le=200)
-    cursor: str | None = Field(default=None, description="`next_cursor` of the previous page.")

@@ -18,9 +18,10 @@ from pydantic import ValidationError
 
 from compilesvc.history import BUILD_STATES, HistoryFilter, InvalidCursor, count_by_state, list_builds
 from compilesvc.spec_parsing import validation_errors
-from web.api.builds import FILTERS, build_document
+from web.api.builds import build_document
 from web.api.serialize import summary_json
 from web.context import web
+from web.inputs import FILTERS
 
 bp = Blueprint("ui", __name__, template_folder="templates", static_folder="static", static_url_path="/static")
 

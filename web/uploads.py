@@ -26,33 +26,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from typing import Any
 
 import http_sfv
-from flask import request
 from gunicorn.http.errors import ParseException
 from werkzeug.exceptions import ClientDisconnected
 
 from compilesvc.store import ContentMismatch, DigestMismatch, SizeMismatch
-from web.openapi import Param
+from web.inputs import UploadHeaders, UploadQuery, invalid
 from web.problems import Problem
 
-_HEX_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _SHA256_BYTES = 32
 
 #: What a server's body reader raises when the connection ends (or garbles) mid-body.
 _TRANSPORT_ERRORS = (ClientDisconnected, OSError, ValueError, ParseException)
-
-UPLOAD_PARAMS = (
-    Param("Content-Digest", "header",
-          "RFC 9530 digest of the body, e.g. `sha-256=:<base64>:`. Only `sha-256` is verified (others are "
-          "ignored); a mismatch is a 400 and nothing is stored."),
-    Param("Digest", "header", "Legacy RFC 3230 form, `sha-256=<base64>`; verified like Content-Digest."),
-    Param("sha256", "query", "Expected sha256 of the body, as 64 hex digits; verified like Content-Digest.",
-          {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}),
-)
-
 
 class BodyCutOff(Exception):
     """The server's body reader failed after ``received`` bytes: the client went away mid-body."""
@@ -86,29 +73,19 @@ class RequestBody:
         return data
 
 
-def _invalid(field: str, message: str) -> Problem:
-    return Problem("invalid-request", f"{field}: {message}", errors=[{"field": field, "message": message}])
-
-
-def _header(name: str) -> str | None:
-    # Repeated field lines are one comma-separated list (RFC 9110 5.3).
-    values = [v for v in request.headers.getlist(name) if v.strip()]
-    return ", ".join(values) if values else None
-
-
 def _content_digest(value: str) -> list[str]:
     field = "header Content-Digest"
     members = http_sfv.Dictionary()
     try:
         members.parse(value.encode("latin-1"))
     except ValueError:
-        raise _invalid(field, "not a structured-field dictionary; expected sha-256=:<base64>:") from None
+        raise invalid(field, "not a structured-field dictionary; expected sha-256=:<base64>:") from None
     member = members.get("sha-256")
     if member is None:
         return []  # only algorithms this service does not verify
     digest = getattr(member, "value", None)
     if not isinstance(member, http_sfv.Item) or not isinstance(digest, bytes) or len(digest) != _SHA256_BYTES:
-        raise _invalid(field, "sha-256 must be a byte sequence of 32 bytes, :<base64>:")
+        raise invalid(field, "sha-256 must be a byte sequence of 32 bytes, :<base64>:")
     return [digest.hex()]
 
 
@@ -120,38 +97,32 @@ def _legacy_digest(value: str) -> list[str]:
             continue
         algorithm, equals, encoded = member.strip().partition("=")
         if not equals or not algorithm.strip():
-            raise _invalid(field, "expected <algorithm>=<value> pairs, e.g. sha-256=<base64>")
+            raise invalid(field, "expected <algorithm>=<value> pairs, e.g. sha-256=<base64>")
         if algorithm.strip().lower() != "sha-256":
             continue
         try:
             digest = base64.b64decode(encoded.strip(), validate=True)
         except (binascii.Error, ValueError):
-            raise _invalid(field, "the sha-256 value is not base64") from None
+            raise invalid(field, "the sha-256 value is not base64") from None
         if len(digest) != _SHA256_BYTES:
-            raise _invalid(field, "the sha-256 value must decode to 32 bytes")
+            raise invalid(field, "the sha-256 value must decode to 32 bytes")
         found.append(digest.hex())
     return found
 
 
-def declared_sha256() -> str | None:
+def declared_sha256(query: UploadQuery, headers: UploadHeaders) -> str | None:
     """The sha256 (lowercase hex) the client declared for the body, or None when it declared none.
 
     400 ``invalid-request`` for a malformed declaration, or for declarations that disagree with each other
     (the body cannot match both, so it is refused before a byte is read).
     """
     declared: dict[str, set[str]] = {}
-    content_digest = _header("Content-Digest")
-    if content_digest is not None:
-        declared["header Content-Digest"] = set(_content_digest(content_digest))
-    legacy = _header("Digest")
-    if legacy is not None:
-        declared["header Digest"] = set(_legacy_digest(legacy))
-    queried = request.args.getlist("sha256")
-    for value in queried:
-        if not _HEX_SHA256.match(value.strip()):
-            raise _invalid("sha256", "expected the body's sha256 as 64 hex digits")
-    if queried:
-        declared["sha256"] = {v.strip().lower() for v in queried}
+    if headers.content_digest is not None:
+        declared["header Content-Digest"] = set(_content_digest(headers.content_digest))
+    if headers.digest is not None:
+        declared["header Digest"] = set(_legacy_digest(headers.digest))
+    if query.sha256 is not None:
+        declared["sha256"] = {query.sha256.lower()}
     values = set().union(*declared.values()) if declared else set()
     if len(values) > 1:
         sources = sorted(name for name, found in declared.items() if found)
@@ -180,4 +151,4 @@ def refusal(exc: BodyCutOff | ContentMismatch, declared_length: int | None) -> P
     return Problem("upload-incomplete", detail, received_bytes=received, expected_bytes=expected)
 
 
-__all__ = ["UPLOAD_PARAMS", "BodyCutOff", "EmptyBody", "RequestBody", "declared_sha256", "refusal"]
+__all__ = ["BodyCutOff", "EmptyBody", "RequestBody", "declared_sha256", "refusal"]

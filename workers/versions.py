@@ -200,7 +200,7 @@ def neuron_sdk_release(warnings: list[str]) -> str | None:
     A value that is not a release as specs name it (major.minor.patch) would name a queue no spec reaches.
     """
     value = os.environ.get(NEURON_SDK_ENV, "").strip()
-    if value and not SDK_RE.match(value):
+    if value and not SDK_RE.fullmatch(value):
         warnings.append(f"{NEURON_SDK_ENV}={value!r} is not a release such as 2.20.0: ignored")
         return None
     return value or None

@@ -74,7 +74,8 @@ def test_artifact_not_published_or_unknown(env: Env) -> None:
     assert body["state"] == "building"
     assert "building" in body["detail"]
     assert_problem(env.client.get("/v1/artifacts/" + "0" * 64), 404, "artifact-not-found")
-    assert_problem(env.client.get("/v1/artifacts/not-a-key"), 404, "artifact-not-found")
+    assert_problem(env.client.get("/v1/artifacts/not-a-key"), 404)  # not a key: no such resource
+    assert_problem(env.client.get("/v1/artifacts/resolve"), 405)  # resolve is POST only, not a key
     assert_problem(env.client.post("/v1/artifacts/" + "0" * 64), 405)
 
 
@@ -142,7 +143,7 @@ def test_s3_store_end_to_end(s3_env: Env) -> None:
     assert hashlib.sha256(download.content).hexdigest() == entry.sha256
     assert "model.pt" in download.headers.get("Content-Disposition", "")
     # Blobs of an S3 store are never served by the API.
-    assert_problem(env.client.get(f"/v1/blobs/{entry.sha256}?expires=1&sig=x"), 404, "blob-not-found")
+    assert_problem(env.client.get(f"/v1/blobs/{entry.sha256}?expires=1&sig={'0' * 64}"), 404, "blob-not-found")
 
 
 def test_cached_rendering_equals_describe(sqlite_env: Env) -> None:

@@ -88,7 +88,7 @@ def test_pagination_and_filters(env: Env) -> None:
     ("label=nocolon", "invalid-request", "label"),
     ("state=bogus", "invalid-request", "state"),
     ("target=" + "x" * 17, "invalid-request", "target"),
-    ("target=a%00b", "invalid-request", "query"),
+    ("target=a%00b", "invalid-request", "target"),
 ])
 def test_bad_history_queries_are_400(sqlite_env: Env, query: str, kind: str, field: str | None) -> None:
     body = assert_problem(sqlite_env.client.get(f"/v1/builds?{query}"), 400, kind)

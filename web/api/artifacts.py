@@ -15,7 +15,6 @@ from compilesvc.ledger.models import Artifact, BucketCompile
 from compilesvc.model_identity import ModelRefError
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState
-from compilesvc.store.base import SHA256_RE
 from web.api.builds import model_ref_problem
 from web.context import web
 from web.openapi import operation
@@ -26,15 +25,13 @@ from web.schemas import ArtifactOut, ResolveOut
 bp = Blueprint("artifacts", __name__, url_prefix="/v1/artifacts")
 
 
-@bp.get("/<key>")
+@bp.get("/<sha256:key>")
 @operation(summary="A published artifact: manifest and fresh download URLs", tag="artifacts",
            description="Files with sizes and sha256, compiler versions, timings, and download URLs that expire "
                        "after `urls_expire_in` seconds. 404 while the artifact is not published (`state` says "
                        "what it is doing) or when the key is unknown.",
            responses={200: ArtifactOut}, problems=(404,))
 def get_artifact(key: str) -> Response:
-    if not SHA256_RE.match(key):
-        raise Problem("artifact-not-found", "an artifact key is 64 lowercase hex digits")
     g.artifact_key = key
     ctx = web()
     return raw_json_response(ctx.describe_json(ctx.published(key)), headers={"Cache-Control": "no-store"})

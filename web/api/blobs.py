@@ -23,11 +23,12 @@ from compilesvc.store.base import BlobTooLarge, ContentMismatch
 from compilesvc.store.local import LocalStore
 from compilesvc.store.signing import content_disposition, verify_blob_signature
 from web.context import web
-from web.openapi import Param, operation
+from web.inputs import BlobQuery, UploadHeaders, UploadQuery
+from web.openapi import operation
 from web.params import json_response
 from web.problems import Problem
 from web.schemas import UploadOut
-from web.uploads import UPLOAD_PARAMS, BodyCutOff, EmptyBody, RequestBody, declared_sha256, refusal
+from web.uploads import BodyCutOff, EmptyBody, RequestBody, declared_sha256, refusal
 
 bp = Blueprint("blobs", __name__, url_prefix="/v1")
 
@@ -42,10 +43,10 @@ UPLOAD_ENDPOINT = "blobs.upload_model"
                        "body cut off before its Content-Length or last chunk, or not matching a declared digest, "
                        "is refused with 400 and nothing is stored.",
            request_media="application/octet-stream",
-           request_schema={"type": "string", "contentMediaType": "application/octet-stream"},
-           params=list(UPLOAD_PARAMS),
+           request_schema={"type": "string", "contentMediaType": "application/octet-stream", "minLength": 1},
+           query=UploadQuery, headers=UploadHeaders,
            responses={201: UploadOut}, problems=(400, 413, 415, 503))
-def upload_model() -> Response:
+def upload_model(query: UploadQuery, headers: UploadHeaders) -> Response:
     refuse_form_upload()
     ctx = web()
     limit = ctx.settings.max_upload_bytes
@@ -57,7 +58,7 @@ def upload_model() -> Response:
                     errors=[{"field": "body", "message": "empty"}])
     if declared == 0:
         raise empty
-    expected_sha256 = declared_sha256()  # a malformed digest is refused before a byte is read
+    expected_sha256 = declared_sha256(query, headers)  # a malformed digest is refused before a byte is read
     # One byte of headroom: the store sees the oversize and raises BlobTooLarge itself (it cleans up).
     request.max_content_length = limit + 1
     try:
@@ -103,24 +104,16 @@ def refuse_form_upload() -> None:
 @operation(summary="Download a blob through a signed URL (local store only)", tag="artifacts",
            description="The URLs come from artifact manifests; they expire. 403 when the signature is wrong "
                        "or expired.",
-           params=[Param("expires", "query", "Unix time the URL expires.", {"type": "integer"}, required=True),
-                   Param("sig", "query", "HMAC signature.", required=True),
-                   Param("filename", "query", "Download file name (signed).")],
+           query=BlobQuery, invalid_query="signature-invalid",
            responses={200: "application/octet-stream"}, problems=(403, 404))
-def download_blob(sha256: str) -> Response:
+def download_blob(sha256: str, query: BlobQuery) -> Response:
     ctx = web()
     store = ctx.services.store
     if not isinstance(store, LocalStore):
         raise Problem("blob-not-found", "this service keeps blobs in S3; use the URLs in the artifact manifest")
-    denied = Problem("signature-invalid", "the download URL is invalid or has expired")
-    expires_raw = request.args.get("expires", "")
-    sig = request.args.get("sig", "")
-    filename = request.args.get("filename")
-    if not expires_raw.isascii() or not expires_raw.isdigit() or len(expires_raw) > 12 or not sig:
-        raise denied
-    expires = int(expires_raw)
-    if not verify_blob_signature(ctx.settings.resolved_secret_key, sha256, expires, filename, sig):
-        raise denied
+    expires, filename = query.expires, query.filename
+    if not verify_blob_signature(ctx.settings.resolved_secret_key, sha256, expires, filename, query.sig):
+        raise Problem("signature-invalid", "the download URL is invalid or has expired")
     path = store.local_blob_path(sha256)
     if not path.is_file():
         raise Problem("blob-not-found", f"blob {sha256} is not in the store")

@@ -15,13 +15,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
-from flask import Blueprint, Response, current_app, g, request
-from pydantic import ValidationError
+from flask import Blueprint, Response, current_app, g
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from compilesvc.control import BuildNotFound, cancel_build, retry_build
-from compilesvc.history import HistoryFilter, InvalidCursor, InvalidLimit, get_build_detail, list_builds
+from compilesvc.history import InvalidCursor, InvalidLimit, get_build_detail, list_builds
 from compilesvc.ledger.models import Artifact, Build
 from compilesvc.logs import read_build_logs
 from compilesvc.model_identity import ModelRefError
@@ -30,42 +29,36 @@ from compilesvc.states import ArtifactState, BuildState
 from compilesvc.submit import NoCapableWorker, SubmitRefused, SubmitResult, bucket_views
 from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
 from web.context import MAX_PREPARED_BODY, WebContext, web
-from web.openapi import Param, operation
-from web.params import (
-    MAX_ID,
-    BoolQuery,
-    IntQuery,
-    TextHeader,
-    body_text,
-    json_response,
-    parse_int,
-    parse_spec_text,
-    query_problems,
-    raw_json_response,
+from web.inputs import (
+    FILTERS,
+    BuildListQuery,
+    LogsQuery,
+    StreamHeaders,
+    StreamQuery,
+    SubmitHeaders,
+    SubmitQuery,
 )
+from web.openapi import operation
+from web.params import body_text, json_response, parse_spec_text, raw_json_response
 from web.problems import PROBLEM_TYPES, Problem
-from web.schemas import BuildAccepted, BuildList, BuildListQuery, BuildOut, BuildStateOut, LogPage
+from web.schemas import BuildAccepted, BuildList, BuildOut, BuildStateOut, LogPage
 
 log = logging.getLogger(__name__)
 bp = Blueprint("builds", __name__, url_prefix="/v1/builds")
 
-MAX_LOG_LIMIT = 5000
-DEFAULT_LOG_LIMIT = 1000
 SSE_BATCH = 500
-FILTERS = ("model", "target", "sdk", "state", "label", "submitted_by")
-
-IDEMPOTENCY_KEY = TextHeader("Idempotency-Key", "Replays the first response for the same key and body; a "
-                             "different body with the same key is refused (422).", max_length=255)
-SUBMITTED_BY = TextHeader("X-Submitted-By", "Recorded as who submitted the build (history filter).",
-                          max_length=255)
-QUEUE_ANYWAY = BoolQuery("queue_anyway", "Queue even when no live worker serves the target/SDK "
-                         "(otherwise 503 no-capable-worker).")
-LOGS_AFTER = IntQuery("after", "Return lines with id > after (the previous `next_after`).",
-                      default=0, minimum=0, maximum=MAX_ID)
-LOGS_LIMIT = IntQuery("limit", "At most this many lines.", default=DEFAULT_LOG_LIMIT, minimum=1,
-                      maximum=MAX_LOG_LIMIT)
-STREAM_AFTER = IntQuery("after", "Resume after this line id (when there is no Last-Event-ID).",
-                        default=0, minimum=0, maximum=MAX_ID)
+#: One event of the live log, as OpenAPI describes a text/event-stream's events (3.2's itemSchema; in 3.1,
+#: the media type's schema). The first frame sets ``retry`` only; keep-alive comments are no events.
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "event": {"enum": ["line", "end"]},
+        "data": {"type": "string", "contentMediaType": "application/json",
+                 "description": "line: a log line as in /logs; end: {state, after}"},
+        "id": {"type": "string", "description": "The line id (line events)."},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
 
 
 def refused(exc: SubmitRefused) -> Problem:
@@ -90,15 +83,11 @@ def model_ref_problem(exc: ModelRefError) -> Problem:
                 "once (outcome hit); an artifact in flight is joined (join); otherwise only the bucket "
                 "compiles that do not exist yet are queued (new).",
     responses={200: BuildAccepted, 202: BuildAccepted},
-    problems=(400, 413, 422, 503),
-    params=[IDEMPOTENCY_KEY.param, SUBMITTED_BY.param, QUEUE_ANYWAY.param],
-    headers={202: {"Location": "The build's status URL."}},
+    problems=(400, 413, 422, 503), query=SubmitQuery, headers=SubmitHeaders,
+    response_headers={202: {"Location": "The build's status URL."}},
 )
-def submit() -> Response:
+def submit(query: SubmitQuery, headers: SubmitHeaders) -> Response:
     ctx = web()
-    idempotency_key = IDEMPOTENCY_KEY.read()
-    submitted_by = SUBMITTED_BY.read()
-    queue_anyway = QUEUE_ANYWAY.read()
     text = body_text()
     prepared = ctx.prepared.get(text)  # the same bytes as a recent submit: parsed, validated, keyed already
     spec = prepared.spec if prepared is not None else parse_spec_text(text)
@@ -108,8 +97,8 @@ def submit() -> Response:
             prepared = ctx.submitter.prepare(spec)
             if prepared.reusable and len(text) <= MAX_PREPARED_BODY:
                 ctx.prepared.put(text, prepared)
-        result = ctx.submitter.submit(prepared, submitted_by=submitted_by, idempotency_key=idempotency_key,
-                                      queue_anyway=queue_anyway)
+        result = ctx.submitter.submit(prepared, submitted_by=headers.submitted_by,
+                                      idempotency_key=headers.idempotency_key, queue_anyway=query.queue_anyway)
     except ModelRefError as exc:
         raise model_ref_problem(exc) from None
     except SubmitRefused as exc:
@@ -133,21 +122,15 @@ def accepted_response(ctx: WebContext, result: SubmitResult) -> Response:
 
 
 @bp.get("")
-@operation(summary="Build history", tag="builds", query_model=BuildListQuery,
+@operation(summary="Build history", tag="builds", query=BuildListQuery,
            description="Newest first, keyset-paginated: follow `next` (or pass `next_cursor` as `cursor`). "
                        "Filters combine with AND.",
-           responses={200: BuildList}, problems=(400,), headers={200: {"Link": 'rel="next" page URL'}})
-def list_history() -> Response:
+           responses={200: BuildList}, problems=(400,), response_headers={200: {"Link": 'rel="next" page URL'}})
+def list_history(query: BuildListQuery) -> Response:
     ctx = web()
-    args = {name: request.args[name] for name in (*FILTERS, "limit", "cursor") if name in request.args}
-    try:
-        query = BuildListQuery.model_validate(args)
-        filters = HistoryFilter(**{name: getattr(query, name) for name in FILTERS})
-    except ValidationError as exc:
-        raise query_problems(exc) from None
     try:
         with ctx.services.sessions() as session:
-            page = list_builds(session, filters, limit=query.limit, cursor=query.cursor)
+            page = list_builds(session, query, limit=query.limit, cursor=query.cursor)
             items = [summary_json(ctx, build) for build in page.items]
     except InvalidCursor as exc:
         raise Problem("invalid-cursor", str(exc)) from None
@@ -156,7 +139,7 @@ def list_history() -> Response:
     next_url = None
     headers = {}
     if page.next_cursor is not None:
-        params = {k: v for k, v in args.items() if k != "cursor" and v != ""}
+        params: dict[str, Any] = query.model_dump(include={*FILTERS, "limit"}, exclude_unset=True, exclude_none=True)
         params["cursor"] = page.next_cursor
         next_url = ctx.url("/v1/builds?" + urllib.parse.urlencode(params))
         headers["Link"] = f'<{next_url}>; rel="next"'
@@ -224,7 +207,8 @@ def cancel(build_id: int) -> Response:
 
 @bp.post("/<build_id:build_id>/retry")
 @operation(summary="Retry a build's failed or cancelled compiles", tag="builds",
-           responses={202: BuildStateOut}, problems=(404, 409), headers={202: {"Location": "The build's status URL."}})
+           responses={202: BuildStateOut}, problems=(404, 409),
+           response_headers={202: {"Location": "The build's status URL."}})
 def retry(build_id: int) -> Response:
     g.build_id = build_id
     ctx = web()
@@ -243,14 +227,12 @@ def _build_state(ctx: WebContext, build_id: int) -> str | None:
 
 
 @bp.get("/<build_id:build_id>/logs")
-@operation(summary="Compile log lines of a build, in order", tag="logs",
-           params=[LOGS_AFTER.param, LOGS_LIMIT.param],
+@operation(summary="Compile log lines of a build, in order", tag="logs", query=LogsQuery,
            responses={200: LogPage}, problems=(400, 404))
-def logs(build_id: int) -> Response:
+def logs(build_id: int, query: LogsQuery) -> Response:
     g.build_id = build_id
     ctx = web()
-    after = LOGS_AFTER.read()
-    limit = LOGS_LIMIT.read()
+    after, limit = query.after, query.limit
     # State before lines: if the build was finished when we looked, every line it will ever have was
     # committed before that, so the read below sees them all and `finished` is exact.
     state = _build_state(ctx, build_id)
@@ -271,18 +253,12 @@ def logs(build_id: int) -> Response:
                        "so a reconnecting EventSource resumes after Last-Event-ID. An `end` event "
                        "(data: {state}) closes the stream once the build finished and every line was sent. "
                        "Streams are closed after a bounded lifetime; clients reconnect.",
-           params=[Param("Last-Event-ID", "header", "Resume after this line id (wins over `after`).",
-                         {"type": "integer", "minimum": 0, "maximum": MAX_ID}),
-                   STREAM_AFTER.param],
-           responses={200: "text/event-stream"}, problems=(400, 404, 503))
-def stream_logs(build_id: int) -> Response:
+           query=StreamQuery, headers=StreamHeaders,
+           responses={200: ("text/event-stream", SSE_EVENT)}, problems=(400, 404, 503))
+def stream_logs(build_id: int, query: StreamQuery, headers: StreamHeaders) -> Response:
     g.build_id = build_id
     ctx = web()
-    last_event_id = request.headers.get("Last-Event-ID", "").strip()
-    if last_event_id:
-        after = parse_int("header Last-Event-ID", last_event_id, minimum=0, maximum=MAX_ID)
-    else:
-        after = STREAM_AFTER.read()
+    after = headers.last_event_id if headers.last_event_id is not None else query.after
     if _build_state(ctx, build_id) is None:
         raise Problem("build-not-found", f"no build {build_id}")
     # Each open stream holds a server thread for its lifetime: past the cap, refuse rather than let

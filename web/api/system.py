@@ -22,8 +22,9 @@ from compilesvc.ledger.models import BucketCompile, Worker
 from compilesvc.registry import live_workers
 from compilesvc.states import BucketState
 from web.context import WebContext, web
+from web.inputs import WorkersQuery
 from web.openapi import build_spec, operation
-from web.params import BoolQuery, json_response
+from web.params import json_response
 from web.problems import PROBLEM_TYPES, Problem
 from web.schemas import HealthOut, ReadyOut, WorkersOut
 
@@ -87,16 +88,11 @@ def metrics() -> Response:
     return Response(generate_latest(web().metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-ALL_WORKERS = BoolQuery("all", "Include stopped and stale workers.")
-
-
 @bp.get("/v1/workers")
-@operation(summary="Workers and queues", tag="system",
-           params=[ALL_WORKERS.param],
-           responses={200: WorkersOut})
-def workers() -> Response:
+@operation(summary="Workers and queues", tag="system", query=WorkersQuery, responses={200: WorkersOut})
+def workers(query: WorkersQuery) -> Response:
     ctx = web()
-    include_all = ALL_WORKERS.read()
+    include_all = query.all
     stale = ctx.settings.worker_stale_seconds
     with ctx.services.sessions() as session:
         live = live_workers(session, stale)
