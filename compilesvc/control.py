@@ -16,24 +16,17 @@ from sqlalchemy.orm import Session
 
 from compilesvc import events
 from compilesvc.artifacts import set_artifact_state
+from compilesvc.bucket_compiles import linked_buckets, requeue_bucket
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, utcnow
+from compilesvc.refusals import NotCancellable, NotRetryable
 from compilesvc.services import Services
 from compilesvc.states import ArtifactState, BucketState, BuildState, ErrorClass
-from compilesvc.submit import SubmitRefused, linked_buckets, requeue_bucket
 
 
 class BuildNotFound(LookupError):
     def __init__(self, build_id: int):
         super().__init__(f"no build {build_id}")
-
-
-class NotCancellable(SubmitRefused):
-    code = "not-cancellable"
-
-
-class NotRetryable(SubmitRefused):
-    code = "not-retryable"
 
 
 def _needed_elsewhere(session: Session, bucket: BucketCompile, artifact_id: int) -> bool:

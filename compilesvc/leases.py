@@ -28,11 +28,11 @@ from sqlalchemy.orm import Session
 
 from compilesvc import events, failures
 from compilesvc.artifacts import fail_artifacts_of_bucket
+from compilesvc.bucket_compiles import requeue_bucket
 from compilesvc.config import DEFAULT_UNKNOWN_FAILURE_RETRIES
 from compilesvc.failures import Phase
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, BucketFailure, utcnow
 from compilesvc.states import RETRIED, ArtifactState, BucketState, ErrorClass
-from compilesvc.submit import requeue_bucket
 
 log = logging.getLogger(__name__)
 

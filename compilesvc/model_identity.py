@@ -41,7 +41,7 @@ from compilesvc.ledger.sql import insert_ignore_duplicate
 from compilesvc.spec import ModelRef
 from compilesvc.store.base import SHA256_RE, ArtifactStore
 from compilesvc.store.hashing import CHUNK_SIZE, copy_hashing, verified_file
-from compilesvc.store.s3 import (
+from compilesvc.store.s3_client import (
     error_code,
     http_status,
     is_not_found,

@@ -17,15 +17,13 @@ the outbox in the same transaction and are relayed only after commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from compilesvc import events, failures
+from compilesvc import events
 from compilesvc.artifacts import (
     PublishedManifests,
     StoreManifests,
@@ -33,10 +31,10 @@ from compilesvc.artifacts import (
     read_manifest,
     set_artifact_state,
 )
+from compilesvc.bucket_compiles import BucketView, bucket_views, linked_buckets, requeue_bucket
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
 from compilesvc.dispatch import queue_name
-from compilesvc.failures import Failure
 from compilesvc.keys import KeySet, compute_keys, digest
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, utcnow
 from compilesvc.ledger.sql import insert_ignore
@@ -44,6 +42,7 @@ from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_m
 from compilesvc.model_identity import PinnedModel
 from compilesvc.outbox import enqueue_compile
 from compilesvc.publishing import publish_if_complete
+from compilesvc.refusals import IdempotencyConflict, NoCapableWorker
 from compilesvc.registry import live_queues
 from compilesvc.services import Services
 from compilesvc.spec import CompileSpec
@@ -60,59 +59,6 @@ from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 log = logging.getLogger(__name__)
 
 _PUBLISHED_IDS_MAX = 100_000
-
-
-
-class SubmitRefused(Exception):
-    """A submit the service will not accept as given; ``status`` is the HTTP status to answer with."""
-
-    status = 409
-    code = "submit-refused"
-
-
-class NoCapableWorker(SubmitRefused):
-    status = 503
-    code = "no-capable-worker"
-
-    def __init__(self, queue: str, target: str, sdk: str):
-        self.queue = queue
-        super().__init__(
-            f"no live worker serves target {target} with SDK {sdk} (queue {queue}); start one with "
-            f"`compilesvc worker`, or submit with queue_anyway to wait for one"
-        )
-
-
-class IdempotencyConflict(SubmitRefused):
-    status = 422
-    code = "idempotency-key-reused"
-
-    def __init__(self, key: str):
-        super().__init__(f"Idempotency-Key {key!r} was already used with a different request body")
-
-
-@dataclass(frozen=True)
-class BucketView:
-    key: str
-    position: int
-    inputs: list[dict[str, Any]]
-    state: str
-    attempts: int
-    error_class: str | None
-    error_code: str | None
-    error_message: str | None
-    worker_id: str | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    compile_seconds: float | None
-    failures: tuple[Failure, ...] = ()
-
-    @classmethod
-    def of(cls, bucket: BucketCompile, position: int, history: Sequence[Failure] = ()) -> BucketView:
-        return cls(key=bucket.key, position=position, inputs=bucket.inputs, state=bucket.state,
-                   attempts=bucket.attempts, error_class=bucket.error_class, error_code=bucket.error_code,
-                   error_message=bucket.error_message, worker_id=bucket.worker_id,
-                   started_at=bucket.started_at, finished_at=bucket.finished_at,
-                   compile_seconds=bucket.compile_seconds, failures=tuple(history))
 
 
 @dataclass(frozen=True)
@@ -141,44 +87,6 @@ class SubmitResult:
     buckets: list[BucketView]
     replayed: bool = False
     manifest: ArtifactManifest | None = None
-
-
-def bucket_views(session: Session, artifact_id: int, *, history: bool = True) -> list[BucketView]:
-    """The artifact's bucket compiles in position order, each with its failure history (unless ``history``
-    is false: one query fewer, for a caller that only looks at states)."""
-    rows = session.execute(
-        select(BucketCompile, ArtifactBucket.position)
-        .join(ArtifactBucket, ArtifactBucket.bucket_compile_id == BucketCompile.id)
-        .where(ArtifactBucket.artifact_id == artifact_id)
-        .order_by(ArtifactBucket.position)
-    ).all()
-    found = failures.of_buckets(session, [bucket.id for bucket, _ in rows] if history else [])
-    return [BucketView.of(bucket, position, found.get(bucket.id, ())) for bucket, position in rows]
-
-
-def requeue_bucket(session: Session, bucket: BucketCompile, reason: str, *, reset_attempts: bool,
-                   model: dict[str, Any] | None = None, delay_seconds: float = 0.0) -> int:
-    """Put a finished/abandoned bucket compile back in the queue; returns the outbox row id.
-
-    ``model`` replaces where the worker fetches the model from: a new submit's pin of the same bytes (the
-    key holds their sha256) may well outlive the old one, whose S3 version or file can be gone.
-    ``delay_seconds`` holds the dispatch back (a retry's backoff); the compile is queued meanwhile.
-    """
-    events.record(session, "bucket", bucket.id, bucket.state, BucketState.QUEUED, reason=reason,
-                  **({"retry_in": round(delay_seconds, 1)} if delay_seconds else {}))
-    if model is not None:
-        bucket.model = model
-    bucket.state = BucketState.QUEUED
-    bucket.lease_token += 1  # fences off any worker still holding the old lease
-    bucket.lease_expires_at = None
-    bucket.worker_id = None
-    bucket.cancel_requested = False
-    bucket.error_class = bucket.error_code = bucket.error_message = None
-    bucket.queued_at = utcnow()
-    if reset_attempts:
-        bucket.attempts = 0
-        bucket.attempt_round += 1  # failures of earlier rounds no longer count against this one
-    return enqueue_compile(session, bucket, delay_seconds=delay_seconds).id
 
 
 class Submitter:
@@ -507,17 +415,6 @@ def _will_compile(state: str | None, error_class: str | None) -> bool:
 
 class _IdempotencyRace(Exception):
     """Another request with the same Idempotency-Key committed between our check and our insert."""
-
-
-def linked_buckets(session: Session, artifact_id: int) -> list[BucketCompile]:
-    """The bucket compiles of an artifact, locked, in key order (the lock order every writer uses)."""
-    return list(session.scalars(
-        select(BucketCompile)
-        .join(ArtifactBucket, ArtifactBucket.bucket_compile_id == BucketCompile.id)
-        .where(ArtifactBucket.artifact_id == artifact_id)
-        .order_by(BucketCompile.key)
-        .with_for_update()
-    ))
 
 
 @dataclass(frozen=True)

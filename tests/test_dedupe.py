@@ -19,11 +19,12 @@ from compilesvc.db import transaction
 from compilesvc.ledger.models import Artifact, BucketCompile, Build, Event, Outbox, utcnow
 from compilesvc.manifest import BucketManifest, FileEntry, ManifestMismatch
 from compilesvc.publishing import publish_ready_artifacts
+from compilesvc.refusals import IdempotencyConflict, NoCapableWorker
 from compilesvc.registry import live_queues
 from compilesvc.services import Services
 from compilesvc.spec_parsing import parse_spec
 from compilesvc.store.base import bucket_manifest_name
-from compilesvc.submit import IdempotencyConflict, NoCapableWorker, Submitter
+from compilesvc.submit import Submitter
 from tests.fixtures.settings import make_settings
 
 BUCKETS = [{"batch_size": 1, "seq_len": 16}, {"batch_size": 1, "seq_len": 32}, {"batch_size": 2, "seq_len": 32}]

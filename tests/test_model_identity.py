@@ -28,7 +28,7 @@ from compilesvc.model_identity import (
 )
 from compilesvc.spec import ModelRef
 from compilesvc.store import IntegrityError, LocalStore
-from compilesvc.store.s3 import make_client
+from compilesvc.store.s3_client import make_client
 from tests.fixtures.s3server import S3Server
 
 

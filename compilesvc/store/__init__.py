@@ -32,7 +32,8 @@ from compilesvc.store.base import (
     bucket_manifest_name,
 )
 from compilesvc.store.local import LocalStore
-from compilesvc.store.s3 import S3Store, make_client
+from compilesvc.store.s3 import S3Store
+from compilesvc.store.s3_client import make_client
 
 __all__ = [
     "SHA256_RE",

@@ -30,7 +30,7 @@ import pytest
 
 from compilesvc.config import Settings
 from compilesvc.store import ArtifactStore, LocalStore, S3Store, blob_name, open_store
-from compilesvc.store.s3 import make_client
+from compilesvc.store.s3_client import make_client
 from compilesvc.store.signing import content_disposition, verify_blob_signature
 from tests.fixtures.s3server import S3Server
 

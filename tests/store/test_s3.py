@@ -24,7 +24,7 @@ from compilesvc.store import (
     blob_name,
     open_store,
 )
-from compilesvc.store.s3 import TRANSFER_CHUNK, composite_sha256
+from compilesvc.store.s3_client import TRANSFER_CHUNK, composite_sha256
 from tests.fixtures.s3server import S3Server
 from tests.store.conftest import unique_prefix
 

@@ -25,7 +25,7 @@ import boto3
 import pytest
 
 from compilesvc.store import ArtifactStore, LocalStore, S3Store
-from compilesvc.store.s3 import make_client
+from compilesvc.store.s3_client import make_client
 from tests.fixtures.s3server import S3Server
 from tests.fixtures.serve import compilesvc_serve
 

@@ -26,9 +26,9 @@ from compilesvc.control import cancel_build, retry_build
 from compilesvc.dispatch import COMPILE_TASK, make_producer
 from compilesvc.ledger.models import Artifact, Build, Event, LogLine, Outbox
 from compilesvc.outbox import OutboxRelay
+from compilesvc.refusals import NoCapableWorker
 from compilesvc.registry import live_workers
 from compilesvc.store import ArtifactStore
-from compilesvc.submit import NoCapableWorker
 from tests.doubles import neuron_double_env
 from tests.doubles.neuron._release import RELEASES, coded
 from tests.fixtures.s3server import S3Server

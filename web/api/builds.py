@@ -19,14 +19,16 @@ from flask import Blueprint, Response, current_app, g
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
+from compilesvc.bucket_compiles import bucket_views
 from compilesvc.control import BuildNotFound, cancel_build, retry_build
 from compilesvc.history import InvalidCursor, InvalidLimit, get_build_detail, list_builds
 from compilesvc.ledger.models import Artifact, Build
 from compilesvc.logs import read_build_logs
 from compilesvc.model_identity import ModelRefError
+from compilesvc.refusals import NoCapableWorker, SubmitRefused
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState, BuildState
-from compilesvc.submit import NoCapableWorker, SubmitRefused, SubmitResult, bucket_views
+from compilesvc.submit import SubmitResult
 from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
 from web.context import MAX_PREPARED_BODY, WebContext, web
 from web.inputs import (

@@ -9,9 +9,10 @@ from typing import Any
 
 import orjson
 
+from compilesvc.bucket_compiles import BucketView
 from compilesvc.ledger.models import BucketCompile, Build, Event
 from compilesvc.logs import LogEntry
-from compilesvc.submit import BucketView, SubmitResult
+from compilesvc.submit import SubmitResult
 from web.context import WebContext
 
 

@@ -1,0 +1,40 @@
+"""Requests the service refuses as given (submit, cancel, retry), each with the HTTP status and problem
+code the API answers with; the core raises them, ``web`` only translates."""
+
+from __future__ import annotations
+
+
+class SubmitRefused(Exception):
+    """A request (submit, cancel, retry) the service will not carry out as given; ``status`` is the HTTP
+    status to answer with."""
+
+    status = 409
+    code = "submit-refused"
+
+
+class NoCapableWorker(SubmitRefused):
+    status = 503
+    code = "no-capable-worker"
+
+    def __init__(self, queue: str, target: str, sdk: str):
+        self.queue = queue
+        super().__init__(
+            f"no live worker serves target {target} with SDK {sdk} (queue {queue}); start one with "
+            f"`compilesvc worker`, or submit with queue_anyway to wait for one"
+        )
+
+
+class IdempotencyConflict(SubmitRefused):
+    status = 422
+    code = "idempotency-key-reused"
+
+    def __init__(self, key: str):
+        super().__init__(f"Idempotency-Key {key!r} was already used with a different request body")
+
+
+class NotCancellable(SubmitRefused):
+    code = "not-cancellable"
+
+
+class NotRetryable(SubmitRefused):
+    code = "not-retryable"
