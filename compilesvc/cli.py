@@ -185,7 +185,8 @@ def main() -> None:
 def model_sha256(spec: CompileSpec, settings: Settings | None = None) -> str:
     """The content identity of the spec's model (what the key names instead of the URI), computed exactly as
     the service computes it (:func:`compilesvc.model_identity.content_sha256_for_key`)."""
-    from compilesvc.model_identity import ModelRefError, content_sha256_for_key
+    from compilesvc.model_identity import content_sha256_for_key
+    from compilesvc.model_pins import ModelRefError
 
     uri = spec.model.uri
     try:

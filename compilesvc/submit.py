@@ -39,7 +39,7 @@ from compilesvc.keys import KeySet, compute_keys, digest
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, utcnow
 from compilesvc.ledger.sql import insert_ignore
 from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_manifest
-from compilesvc.model_identity import PinnedModel
+from compilesvc.model_pins import PinnedModel
 from compilesvc.outbox import enqueue_compile
 from compilesvc.publishing import publish_if_complete
 from compilesvc.refusals import IdempotencyConflict, NoCapableWorker

@@ -19,13 +19,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from compilesvc.config import Settings
 from compilesvc.db import make_engine, make_sessionmaker, transaction
 from compilesvc.ledger.models import ModelPin
-from compilesvc.model_identity import (
-    ModelChangedError,
-    ModelRefError,
-    ModelResolver,
-    PinnedModel,
-    content_sha256_for_key,
-)
+from compilesvc.model_identity import ModelResolver, content_sha256_for_key
+from compilesvc.model_pins import ModelChangedError, ModelRefError, PinnedModel
 from compilesvc.spec import ModelRef
 from compilesvc.store import IntegrityError, LocalStore
 from compilesvc.store.s3_client import make_client

@@ -49,7 +49,7 @@ from compilesvc.db import transaction
 from compilesvc.failures import Phase
 from compilesvc.logs import append_lines
 from compilesvc.manifest import BucketManifest
-from compilesvc.model_identity import ModelRefError
+from compilesvc.model_pins import ModelRefError
 from compilesvc.publishing import LOG_NAME, PublishError, archive_log, publish_outputs, publish_ready_artifacts
 from compilesvc.services import Services
 from compilesvc.store import StoreError, bucket_manifest_name

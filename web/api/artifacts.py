@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from compilesvc.keys import KEY_SCHEMA
 from compilesvc.ledger.models import Artifact, BucketCompile
-from compilesvc.model_identity import ModelRefError
+from compilesvc.model_pins import ModelRefError
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState
 from web.api.builds import model_ref_problem

@@ -24,7 +24,7 @@ from compilesvc.control import BuildNotFound, cancel_build, retry_build
 from compilesvc.history import InvalidCursor, InvalidLimit, get_build_detail, list_builds
 from compilesvc.ledger.models import Artifact, Build
 from compilesvc.logs import read_build_logs
-from compilesvc.model_identity import ModelRefError
+from compilesvc.model_pins import ModelRefError
 from compilesvc.refusals import NoCapableWorker, SubmitRefused
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState, BuildState

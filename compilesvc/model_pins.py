@@ -1,0 +1,49 @@
+"""A model pinned to immutable bytes (:class:`PinnedModel`, the JSON that travels from the API to the
+worker), and the errors that say why a model reference cannot be pinned or fetched."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class ModelRefError(ValueError):
+    """The spec's model reference cannot be used; ``field`` and ``message`` say why (a client error)."""
+
+    def __init__(self, message: str, *, field: str = "model.uri"):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+class ModelChangedError(ModelRefError):
+    """The model's bytes are no longer the ones that were pinned (overwritten or deleted)."""
+
+
+@dataclass(frozen=True)
+class PinnedModel:
+    """A model pinned to immutable bytes. ``fetch`` is JSON: exactly which bytes to fetch, plus ``sha256``.
+
+    ``fetch`` is one of ``{"kind": "blob", "sha256"}``,
+    ``{"kind": "s3", "bucket", "key", "version_id" (or None), "etag", "size", "sha256"}`` or
+    ``{"kind": "file", "path", "size", "mtime_ns", "sha256"}``.
+    """
+
+    uri: str
+    format: str
+    sha256: str
+    size: int
+    fetch: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PinnedModel:
+        return cls(
+            uri=str(data["uri"]),
+            format=str(data["format"]),
+            sha256=str(data["sha256"]),
+            size=int(data["size"]),
+            fetch=dict(data["fetch"]),
+        )
