@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -34,7 +33,6 @@ from compilesvc.artifacts import (
 from compilesvc.bucket_compiles import BucketView, bucket_views, linked_buckets, requeue_bucket
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
-from compilesvc.dispatch import queue_name
 from compilesvc.keys import KeySet, compute_keys, digest
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, utcnow
 from compilesvc.ledger.sql import insert_ignore
@@ -55,6 +53,7 @@ from compilesvc.states import (
     Outcome,
 )
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
+from compilesvc.submit_rows import SubmitContext
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +123,7 @@ class Submitter:
                 return replay
         prepared = spec if isinstance(spec, Prepared) else self.prepare(spec)
         keys = prepared.keys
-        context = _Context(prepared.spec, prepared.pinned, keys, submitted_by, idempotency_key, request_hash)
+        context = SubmitContext(prepared.spec, prepared.pinned, keys, submitted_by, idempotency_key, request_hash)
 
         try:
             hit = self._published_hit(context)
@@ -159,7 +158,7 @@ class Submitter:
                                 buckets=bucket_views(session, artifact.id), replayed=True,
                                 manifest=self._manifest(artifact))
 
-    def _published_hit(self, ctx: _Context) -> SubmitResult | None:
+    def _published_hit(self, ctx: SubmitContext) -> SubmitResult | None:
         """The fast path: no read once an artifact was seen published, and the build is group-committed
         with concurrent submits (:mod:`compilesvc.build_records`). Falls back to importing a manifest
         found in the store."""
@@ -177,7 +176,7 @@ class Submitter:
             if len(self._published_ids) >= _PUBLISHED_IDS_MAX:
                 self._published_ids.clear()
             self._published_ids[key] = artifact_id
-        record = self._build_record(ctx, artifact_id, key, ArtifactState.PUBLISHED, Outcome.HIT)
+        record = ctx.build_record(artifact_id, key, ArtifactState.PUBLISHED, Outcome.HIT)
         if ctx.idempotency_key:  # its unique key must be claimed in a transaction of its own
             with transaction(self.services.sessions) as session:
                 build_id = self._require_build(self._add_build(session, ctx, record))
@@ -187,7 +186,7 @@ class Submitter:
                             artifact_state=ArtifactState.PUBLISHED, buckets=[],
                             manifest=self.manifests.published_manifest(key))
 
-    def _import_artifact(self, ctx: _Context, manifest: ArtifactManifest) -> SubmitResult:
+    def _import_artifact(self, ctx: SubmitContext, manifest: ArtifactManifest) -> SubmitResult:
         """A manifest in the store but not in the ledger (another region, a rebuilt ledger): record it."""
         imported = {
             entry.key: BucketManifest(key=entry.key, material=manifest.material, inputs=entry.inputs,
@@ -196,7 +195,7 @@ class Submitter:
             for entry in manifest.buckets
         }
         with transaction(self.services.sessions) as session:
-            artifact_id = insert_ignore(session, Artifact, self._artifact_row(ctx, ArtifactState.PUBLISHED), ["key"])
+            artifact_id = insert_ignore(session, Artifact, ctx.artifact_row(ArtifactState.PUBLISHED), ["key"])
             artifact = session.scalars(select(Artifact).where(Artifact.key == ctx.keys.key).with_for_update()).one()
             if artifact_id is not None:
                 artifact.manifest_uri = self.services.store.document_location(artifact_manifest_name(ctx.keys.key))
@@ -205,7 +204,7 @@ class Submitter:
                 events.record(session, "artifact", artifact.id, None, ArtifactState.PUBLISHED, source="store")
                 self._link_buckets(session, ctx, artifact, imported)
             build_id = self._require_build(self._add_build(
-                session, ctx, self._build_record(ctx, artifact.id, artifact.key, artifact.state, Outcome.HIT)))
+                session, ctx, ctx.build_record(artifact.id, artifact.key, artifact.state, Outcome.HIT)))
             return SubmitResult(build_id=build_id, outcome=Outcome.HIT, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
                                 artifact_key=artifact.key, artifact_state=artifact.state, buckets=[],
                                 manifest=manifest)
@@ -224,7 +223,7 @@ class Submitter:
                 found[key] = parse_bucket_manifest(raw, key)
         return found
 
-    def _check_capacity(self, ctx: _Context, imported: dict[str, BucketManifest], queue_anyway: bool) -> None:
+    def _check_capacity(self, ctx: SubmitContext, imported: dict[str, BucketManifest], queue_anyway: bool) -> None:
         if queue_anyway or not self.settings.require_live_worker:
             return
         with self.services.sessions() as session:
@@ -238,11 +237,11 @@ class Submitter:
             if needs_compile and ctx.queue not in live_queues(session, self.settings.worker_stale_seconds):
                 raise NoCapableWorker(ctx.queue, ctx.spec.target, ctx.spec.sdk)
 
-    def _create_or_join(self, ctx: _Context, imported: dict[str, BucketManifest]
+    def _create_or_join(self, ctx: SubmitContext, imported: dict[str, BucketManifest]
                         ) -> tuple[SubmitResult, list[int], bool]:
         outbox_ids: list[int] = []
         with transaction(self.services.sessions) as session:
-            artifact_id = insert_ignore(session, Artifact, self._artifact_row(ctx, ArtifactState.BUILDING), ["key"])
+            artifact_id = insert_ignore(session, Artifact, ctx.artifact_row(ArtifactState.BUILDING), ["key"])
             # Lock the row: finishing workers, cancels and other submits serialize on it.
             artifact = session.scalars(select(Artifact).where(Artifact.key == ctx.keys.key).with_for_update()).one()
             if artifact_id is not None:
@@ -258,7 +257,7 @@ class Submitter:
                 outbox_ids = self._reopen(session, artifact, ctx)
             self._settle(session, artifact)
             build_id = self._add_build(
-                session, ctx, self._build_record(ctx, artifact.id, artifact.key, artifact.state, outcome))
+                session, ctx, ctx.build_record(artifact.id, artifact.key, artifact.state, outcome))
             if build_id is None:
                 raise _IdempotencyRace  # rolls the whole transaction back
             result = SubmitResult(build_id=build_id, outcome=outcome, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
@@ -269,7 +268,7 @@ class Submitter:
                                                                        for b in result.buckets)
         return result, outbox_ids, finalize
 
-    def _link_buckets(self, session: Session, ctx: _Context, artifact: Artifact,
+    def _link_buckets(self, session: Session, ctx: SubmitContext, artifact: Artifact,
                       imported: dict[str, BucketManifest]) -> list[int]:
         """Create (or reuse) one bucket compile per unique bucket key and link it to the artifact."""
         outbox_ids = []
@@ -279,7 +278,9 @@ class Submitter:
         inputs = {b.key: b.inputs for b in ctx.keys.buckets}
         for key in sorted(positions):  # sorted: concurrent submits take unique-index locks in one order
             manifest = imported.get(key)
-            row = self._bucket_row(ctx, key, inputs[key], manifest)
+            location = self.services.store.document_location(bucket_manifest_name(key)) if manifest else None
+            row = ctx.bucket_row(key, inputs[key], max_attempts=self.settings.max_attempts, manifest=manifest,
+                                 manifest_uri=location)
             bucket_id = insert_ignore(session, BucketCompile, row, ["key"])
             bucket = session.scalars(select(BucketCompile).where(BucketCompile.key == key).with_for_update()).one()
             if bucket_id is not None:
@@ -295,7 +296,7 @@ class Submitter:
         session.flush()
         return outbox_ids
 
-    def _reopen(self, session: Session, artifact: Artifact, ctx: _Context) -> list[int]:
+    def _reopen(self, session: Session, artifact: Artifact, ctx: SubmitContext) -> list[int]:
         buckets = linked_buckets(session, artifact.id)
         failed = [b for b in buckets if b.state == BucketState.FAILED and b.error_class in NEGATIVELY_CACHED]
         if failed:
@@ -350,45 +351,7 @@ class Submitter:
     def _manifest(self, artifact: Artifact) -> ArtifactManifest | None:
         return self.manifests.published_manifest(artifact.key) if artifact.state == ArtifactState.PUBLISHED else None
 
-    def _artifact_row(self, ctx: _Context, state: str) -> dict[str, Any]:
-        now = utcnow()
-        return {"key": ctx.keys.key, "state": state, "target": ctx.spec.target, "sdk": ctx.spec.sdk,
-                "backend": ctx.spec.backend, "model_sha256": ctx.pinned.sha256, "material": ctx.keys.material,
-                "components": ctx.keys.components, "created_at": now, "updated_at": now}
-
-    def _bucket_row(self, ctx: _Context, key: str, inputs: list[dict[str, Any]],
-                    manifest: BucketManifest | None) -> dict[str, Any]:
-        now = utcnow()
-        row: dict[str, Any] = {
-            "key": key, "state": BucketState.QUEUED, "target": ctx.spec.target, "sdk": ctx.spec.sdk,
-            "backend": ctx.spec.backend, "queue": ctx.queue,
-            "model": ctx.model_row,
-            "material": ctx.keys.material, "inputs": inputs, "attempts": 0,
-            "max_attempts": self.settings.max_attempts, "lease_token": 0, "cancel_requested": False,
-            "queued_at": now, "updated_at": now,
-        }
-        if manifest is not None:
-            row.update(state=BucketState.SUCCEEDED, manifest_uri=self.services.store.document_location(
-                bucket_manifest_name(key)), versions=manifest.versions, compile_seconds=manifest.compile_seconds,
-                finished_at=now)
-        return row
-
-    def _build_record(self, ctx: _Context, artifact_id: int, artifact_key: str, artifact_state: str,
-                      outcome: str) -> BuildRecord:
-        now = utcnow()
-        row = {
-            "artifact_id": artifact_id, "artifact_key": artifact_key,
-            "state": BUILD_STATE_FOR_ARTIFACT[artifact_state], "outcome": outcome,
-            "submitted_by": ctx.submitted_by, "labels": dict(ctx.spec.labels),
-            "spec": ctx.spec.model_dump(mode="json", exclude_none=True), "model_name": ctx.spec.model.name,
-            "model_sha256": ctx.pinned.sha256, "target": ctx.spec.target, "sdk": ctx.spec.sdk,
-            "backend": ctx.spec.backend, "idempotency_key": ctx.idempotency_key,
-            "request_hash": ctx.request_hash, "created_at": now,
-            "finished_at": now if artifact_state != ArtifactState.BUILDING else None,
-        }
-        return BuildRecord(row=row, labels=dict(ctx.spec.labels), detail={"outcome": outcome})
-
-    def _add_build(self, session: Session, ctx: _Context, record: BuildRecord) -> int | None:
+    def _add_build(self, session: Session, ctx: SubmitContext, record: BuildRecord) -> int | None:
         """Record one submission in ``session``'s transaction; None when its Idempotency-Key was taken
         meanwhile (the caller replays)."""
         conn = session.connection()
@@ -417,23 +380,3 @@ class _IdempotencyRace(Exception):
     """Another request with the same Idempotency-Key committed between our check and our insert."""
 
 
-@dataclass(frozen=True)
-class _Context:
-    spec: CompileSpec
-    pinned: PinnedModel
-    keys: KeySet
-    submitted_by: str | None
-    idempotency_key: str | None
-    request_hash: str
-
-    @property
-    def model_row(self) -> dict[str, Any]:
-        """The pinned model as a bucket compile records it (what the worker fetches)."""
-        pinned = self.pinned
-        return {"uri": pinned.uri, "format": pinned.format, "sha256": pinned.sha256, "size": pinned.size,
-                "fetch": pinned.fetch}
-
-    @property
-    def queue(self) -> str:
-        return queue_name(self.spec.target, self.spec.sdk, self.spec.backend,
-                          self.keys.material["toolchain"].get("isa"), self.spec.compiler.tp_degree)
