@@ -66,11 +66,7 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 #: ``<arch>-<level>``, as :func:`compilesvc.hostinfo.host_isa` reports it (public: the CLI checks --isa;
 #: use fullmatch).
 ISA_RE = re.compile(r"[a-z0-9_]+-[a-z0-9_]+")
-_ISA_RE = ISA_RE
 
-
-def _pattern(regex: re.Pattern[str]) -> dict[str, Any]:
-    return {"pattern": f"^{regex.pattern}$"}
 
 MAX_BUCKETS = 64
 MAX_RANK = 8
@@ -177,7 +173,8 @@ class ModelRef(_Strict):
 
 
 class InputSpec(_Strict):
-    name: str = Field(description="Argument name of the model's forward().", json_schema_extra=_pattern(_NAME_RE))
+    name: str = Field(description="Argument name of the model's forward().",
+                      json_schema_extra={"pattern": f"^{_NAME_RE.pattern}$"})
     shape: list[Dim] = Field(
         max_length=MAX_RANK,
         description=f"Dimensions. Their product (the input's elements) is at most the service's "
@@ -197,14 +194,12 @@ class InputSpec(_Strict):
 def _document_shorthand(schema: dict[str, Any]) -> None:
     """A bucket's JSON Schema: its inputs, or the {batch_size, seq_len} shorthand :meth:`Bucket._shorthand`
     reads."""
-    full = {key: value for key, value in schema.items() if key not in ("title", "description")}
+    full = {key: schema.pop(key) for key in list(schema) if key not in ("title", "description")}
     dim = {"type": "integer", "minimum": 1, "maximum": MAX_DIM}
-    shorthand = {"type": "object", "additionalProperties": False, "required": ["batch_size", "seq_len"],
-                 "properties": {"batch_size": dim, "seq_len": dim},
-                 "description": "Shorthand for inputs input_ids and attention_mask, int64, [batch_size, seq_len]."}
-    for key in full:
-        del schema[key]
-    schema["anyOf"] = [full, shorthand]
+    schema["anyOf"] = [full, {
+        "type": "object", "additionalProperties": False, "required": ["batch_size", "seq_len"],
+        "properties": {"batch_size": dim, "seq_len": dim},
+        "description": "Shorthand for inputs input_ids and attention_mask, int64, [batch_size, seq_len]."}]
 
 
 class Bucket(_Strict):
@@ -290,7 +285,7 @@ class CompilerOptions(_Strict):
         default=None,
         description="cpu aotinductor only: instruction set the native code targets, e.g. x86_64-avx512. "
         "Defaults to the API host's.",
-        json_schema_extra=_pattern(_ISA_RE),
+        json_schema_extra={"pattern": f"^{ISA_RE.pattern}$"},
     )
 
     @field_validator("args")
@@ -308,7 +303,7 @@ class CompilerOptions(_Strict):
     @field_validator("isa")
     @classmethod
     def _isa_form(cls, isa: str | None) -> str | None:
-        if isa is not None and not _ISA_RE.fullmatch(isa):
+        if isa is not None and not ISA_RE.fullmatch(isa):
             raise ValueError("expected <arch>-<isa>, e.g. x86_64-avx512")
         return isa
 
@@ -321,7 +316,7 @@ class CompileSpec(_Strict):
     model: ModelRef
     target: Target
     sdk: str = Field(description='Neuron SDK release, e.g. "2.20.0"; for cpu the torch version.',
-                     json_schema_extra=_pattern(SDK_RE))
+                     json_schema_extra={"pattern": f"^{SDK_RE.pattern}$"})
     compiler: CompilerOptions = Field(default_factory=CompilerOptions)
     buckets: list[Bucket] = Field(min_length=1, max_length=MAX_BUCKETS)
     labels: dict[LabelKey, LabelValue] = Field(
