@@ -29,6 +29,7 @@ from compilesvc.store.base import ArtifactStore, StoreError, UrlSigner
 from compilesvc.submit import Prepared, Submitter
 from web.metrics import ApiMetrics
 from web.problems import Problem
+from web.schemas import ArtifactOut
 
 DEFAULT_MANIFEST_CACHE_SIZE = 2048
 #: Submit bodies seen lately, prepared (:class:`compilesvc.submit.Prepared`): CI pipelines resubmit the
@@ -40,6 +41,11 @@ MAX_PREPARED_BODY = 8192
 
 K = TypeVar("K")
 V = TypeVar("V")
+
+
+class _Unsigned:
+    def blob_url(self, sha256: str, *, expires_in: int, filename: str | None = None) -> str:
+        return ""
 
 
 class Described:
@@ -59,6 +65,8 @@ class Described:
     def __init__(self, manifest: ArtifactManifest):
         self.manifest = manifest
         self.layout = describe_layout(manifest)  # shared by every render: read, never changed
+        # Renders are the documented ArtifactOut: checked once per manifest here, not per request.
+        ArtifactOut.model_validate(with_urls(self.layout, _Unsigned(), 0))
         self._last: tuple[int, int, bytes] | None = None  # (second, ttl, JSON): replaced whole, never mutated
 
     def render(self, signer: UrlSigner, ttl: int) -> bytes:

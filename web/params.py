@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 from flask import Response, current_app, request
+from pydantic import BaseModel
 
 from compilesvc.spec import CompileSpec
 from compilesvc.spec_parsing import SpecError, parse_spec
@@ -26,6 +28,14 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
         for name, value in headers.items():
             response.headers[name] = value
     return response
+
+
+def respond(model: type[BaseModel], body: dict[str, Any], status: int = 200,
+            headers: dict[str, str] | None = None) -> Response:
+    """``body`` as the documented ``model`` (validated, then serialised from the model): a view cannot
+    answer what /openapi.json does not describe (an undocumented field is an error here, not a drift)."""
+    document = model.model_validate(body).model_dump(by_alias=True)
+    return raw_json_response(orjson.dumps(document), status, headers)
 
 
 def raw_json_response(text: str | bytes, status: int = 200, headers: dict[str, str] | None = None) -> Response:

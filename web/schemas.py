@@ -1,9 +1,9 @@
 """Pydantic models of what the API accepts and answers; ``/openapi.json`` is generated from them.
 
 Request bodies are validated by the core's own models (:class:`compilesvc.spec.CompileSpec`); query
-strings and headers by :mod:`web.inputs`' models, so the document cannot drift from what is enforced. The
-response models here describe the JSON the views build; the tests validate real responses against them,
-which keeps the schema honest without paying for model construction on the hot paths.
+strings and headers by :mod:`web.inputs`' models, so the document cannot drift from what is enforced. Every
+JSON response is validated against its model here and serialised from it (:func:`web.params.respond`; the
+artifact lookup's cached layout once per manifest), so the document cannot drift from what is answered.
 """
 
 from __future__ import annotations

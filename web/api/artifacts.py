@@ -18,7 +18,7 @@ from compilesvc.states import ArtifactState
 from web.api.builds import model_ref_problem
 from web.context import web
 from web.openapi import operation
-from web.params import json_response, raw_json_response, spec_body
+from web.params import raw_json_response, respond, spec_body
 from web.problems import Problem
 from web.schemas import ArtifactOut, ResolveOut
 
@@ -64,7 +64,7 @@ def resolve() -> Response:
         if manifest is not None:
             state = ArtifactState.PUBLISHED
             artifact = ctx.describe(manifest)
-    return json_response({
+    return respond(ResolveOut, {
         "key": keys.key, "schema_version": KEY_SCHEMA, "components": keys.components,
         "buckets": [{"key": b.key, "position": b.position, "inputs": b.inputs,
                      "state": bucket_states.get(b.key, "absent")} for b in keys.buckets],

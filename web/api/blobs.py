@@ -25,7 +25,7 @@ from compilesvc.store.signing import content_disposition, verify_blob_signature
 from web.context import web
 from web.inputs import BlobQuery, UploadHeaders, UploadQuery
 from web.openapi import operation
-from web.params import json_response
+from web.params import respond
 from web.problems import Problem
 from web.schemas import UploadOut
 from web.uploads import BodyCutOff, EmptyBody, RequestBody, declared_sha256, refusal
@@ -70,7 +70,7 @@ def upload_model(query: UploadQuery, headers: UploadHeaders) -> Response:
         raise refusal(exc, declared) from None
     except EmptyBody:  # a chunked body of no chunks: refused before anything was stored
         raise empty from None
-    return json_response({"uri": f"blob:sha256:{info.sha256}", "sha256": info.sha256, "size": info.size,
+    return respond(UploadOut, {"uri": f"blob:sha256:{info.sha256}", "sha256": info.sha256, "size": info.size,
                           "created": info.created}, 201)
 
 

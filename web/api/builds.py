@@ -41,7 +41,7 @@ from web.inputs import (
     SubmitQuery,
 )
 from web.openapi import operation
-from web.params import body_text, json_response, parse_spec_text, raw_json_response
+from web.params import body_text, parse_spec_text, raw_json_response, respond
 from web.problems import PROBLEM_TYPES, Problem
 from web.schemas import BuildAccepted, BuildList, BuildOut, BuildStateOut, LogPage
 
@@ -116,11 +116,12 @@ def accepted_response(ctx: WebContext, result: SubmitResult) -> Response:
     headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
     if result.artifact_state == ArtifactState.PUBLISHED:
         # The hit path: the artifact is the manifest cache's JSON, embedded as it is, not decoded again.
-        artifact = orjson.Fragment(ctx.describe_json(ctx.published(result.artifact_key)))
-        return raw_json_response(orjson.dumps(accepted_json(ctx, result, artifact)), 200, headers)
-    body = accepted_json(ctx, result, None)
+        document = BuildAccepted.model_validate(accepted_json(ctx, result)).model_dump(by_alias=True)
+        document["artifact"] = orjson.Fragment(ctx.describe_json(ctx.published(result.artifact_key)))
+        return raw_json_response(orjson.dumps(document), 200, headers)
+    body = accepted_json(ctx, result)
     headers["Location"] = body["status_url"]
-    return json_response(body, 202, headers)
+    return respond(BuildAccepted, body, 202, headers)
 
 
 @bp.get("")
@@ -145,7 +146,7 @@ def list_history(query: BuildListQuery) -> Response:
         params["cursor"] = page.next_cursor
         next_url = ctx.url("/v1/builds?" + urllib.parse.urlencode(params))
         headers["Link"] = f'<{next_url}>; rel="next"'
-    return json_response({"items": items, "next_cursor": page.next_cursor, "next": next_url}, 200, headers)
+    return respond(BuildList, {"items": items, "next_cursor": page.next_cursor, "next": next_url}, 200, headers)
 
 
 def build_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
@@ -177,7 +178,7 @@ def build_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
            responses={200: BuildOut}, problems=(404,))
 def get_build(build_id: int) -> Response:
     g.build_id = build_id
-    return json_response(build_document(web(), build_id))
+    return respond(BuildOut, build_document(web(), build_id))
 
 
 def _state_response(ctx: WebContext, build_id: int, status: int) -> Response:
@@ -188,7 +189,7 @@ def _state_response(ctx: WebContext, build_id: int, status: int) -> Response:
         ).one()
     status_url = ctx.build_url(build_id)
     body = {"build_id": build_id, "state": row[0], "artifact_state": row[1], "status_url": status_url}
-    return json_response(body, status, {"Location": status_url} if status == 202 else None)
+    return respond(BuildStateOut, body, status, {"Location": status_url} if status == 202 else None)
 
 
 @bp.post("/<build_id:build_id>/cancel")
@@ -243,7 +244,7 @@ def logs(build_id: int, query: LogsQuery) -> Response:
     with ctx.services.sessions() as session:
         entries = read_build_logs(session, build_id, after=after, limit=limit)
     next_after = entries[-1].id if entries else after
-    return json_response({
+    return respond(LogPage, {
         "build_id": build_id, "build_state": state, "lines": [log_json(e) for e in entries],
         "next_after": next_after, "finished": state != BuildState.BUILDING and len(entries) < limit,
     })

@@ -24,7 +24,7 @@ from compilesvc.states import BucketState
 from web.context import WebContext, web
 from web.inputs import WorkersQuery
 from web.openapi import build_spec, operation
-from web.params import json_response
+from web.params import json_response, respond
 from web.problems import PROBLEM_TYPES, Problem
 from web.schemas import HealthOut, ReadyOut, WorkersOut
 
@@ -79,7 +79,7 @@ def readyz() -> Response:
     if failed:
         raise Problem("not-ready", f"not ready: {', '.join(failed)} failed", checks=checks, failed=failed,
                       headers={"Retry-After": "5"})
-    return json_response({"status": "ready", "checks": checks})
+    return respond(ReadyOut, {"status": "ready", "checks": checks})
 
 
 @bp.get("/metrics")
@@ -121,7 +121,7 @@ def workers(query: WorkersQuery) -> Response:
         } for w in shown],
         "queues": sorted(queues.values(), key=lambda q: q["name"]),
     }
-    return json_response(body)
+    return respond(WorkersOut, body)
 
 
 def openapi_document() -> dict[str, Any]:
