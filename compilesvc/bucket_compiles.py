@@ -47,15 +47,21 @@ class BucketView:
                    compile_seconds=bucket.compile_seconds, failures=tuple(history))
 
 
-def bucket_views(session: Session, artifact_id: int, *, history: bool = True) -> list[BucketView]:
-    """The artifact's bucket compiles in position order, each with its failure history (unless ``history``
-    is false: one query fewer, for a caller that only looks at states)."""
+def positioned_buckets(session: Session, artifact_id: int) -> list[tuple[BucketCompile, int]]:
+    """The artifact's bucket compiles with their positions in its spec, in position order."""
     rows = session.execute(
         select(BucketCompile, ArtifactBucket.position)
         .join(ArtifactBucket, ArtifactBucket.bucket_compile_id == BucketCompile.id)
         .where(ArtifactBucket.artifact_id == artifact_id)
         .order_by(ArtifactBucket.position)
     ).all()
+    return [(bucket, position) for bucket, position in rows]
+
+
+def bucket_views(session: Session, artifact_id: int, *, history: bool = True) -> list[BucketView]:
+    """The artifact's bucket compiles in position order, each with its failure history (unless ``history``
+    is false: one query fewer, for a caller that only looks at states)."""
+    rows = positioned_buckets(session, artifact_id)
     found = failures.of_buckets(session, [bucket.id for bucket, _ in rows] if history else [])
     return [BucketView.of(bucket, position, found.get(bucket.id, ())) for bucket, position in rows]
 

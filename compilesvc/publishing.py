@@ -23,6 +23,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.artifacts import set_artifact_state
+from compilesvc.bucket_compiles import positioned_buckets
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, utcnow
 from compilesvc.manifest import (
@@ -110,16 +111,6 @@ def archive_log(store: ArtifactStore, *, logs_path: Path, bucket_id: int) -> Fil
 
 # -- an artifact (the set of buckets one spec asked for) ---------------------------------------------------
 
-def _bucket_rows(session: Session, artifact_id: int) -> list[tuple[BucketCompile, int]]:
-    rows = session.execute(
-        select(BucketCompile, ArtifactBucket.position)
-        .join(ArtifactBucket, ArtifactBucket.bucket_compile_id == BucketCompile.id)
-        .where(ArtifactBucket.artifact_id == artifact_id)
-        .order_by(ArtifactBucket.position)
-    ).all()
-    return [(bucket, position) for bucket, position in rows]
-
-
 def build_artifact_manifest(store: ArtifactStore, artifact: Artifact,
                             buckets: list[tuple[BucketCompile, int]]) -> ArtifactManifest:
     """The artifact manifest over the bucket manifests already in the store, in the spec's bucket order."""
@@ -147,7 +138,7 @@ def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], a
             raise LookupError(f"no artifact {artifact_id}")
         if artifact.state != ArtifactState.BUILDING:
             return artifact.state
-        buckets = _bucket_rows(session, artifact_id)
+        buckets = positioned_buckets(session, artifact_id)
         if not buckets or any(b.state != BucketState.SUCCEEDED for b, _ in buckets):
             return artifact.state
     name = artifact_manifest_name(artifact.key)
