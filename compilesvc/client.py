@@ -11,7 +11,6 @@ Only the standard library speaks HTTP here, so the core keeps its dependency lis
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import time
@@ -28,6 +27,8 @@ from compilesvc import fetch_dest
 from compilesvc.cli import BadInput, CommandFailed
 from compilesvc.spec_parsing import SpecError, load_spec_file
 from compilesvc.states import BucketState, BuildState
+from compilesvc.store.base import BlobTooLarge
+from compilesvc.store.hashing import copy_hashing
 
 DEFAULT_API = "http://127.0.0.1:8080"
 TRANSPORT_RETRIES = 4
@@ -175,21 +176,16 @@ def submit(spec_path: str, api: str, wait: bool, timeout: float, poll: float, lo
 def _download(url: str, out: BinaryIO, name: str, size: int, sha256: str) -> None:
     """Stream ``url`` into ``out``, checking its size and sha256 (the staging directory is private, so a
     file that fails is discarded with it)."""
-    digest = hashlib.sha256()
-    received = 0
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
-            while chunk := response.read(1 << 20):
-                digest.update(chunk)
-                received += len(chunk)
-                if received > size:
-                    break
-                out.write(chunk)
+            copied = copy_hashing(response.read, out.write, max_bytes=size)
+    except BlobTooLarge:
+        raise ApiError(f"{name}: expected {size} bytes, got more; nothing was written") from None
     except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
         raise ApiError(f"downloading {name} failed: {getattr(exc, 'reason', exc)}; nothing was written") from None
-    if received != size or digest.hexdigest() != sha256:
-        raise ApiError(f"{name}: expected {size} bytes with sha256 {sha256}, got {received} bytes with "
-                       f"sha256 {digest.hexdigest()}; nothing was written")
+    if copied.size != size or copied.sha256 != sha256:
+        raise ApiError(f"{name}: expected {size} bytes with sha256 {sha256}, got {copied.size} bytes with "
+                       f"sha256 {copied.sha256}; nothing was written")
     out.flush()
     os.fsync(out.fileno())
 

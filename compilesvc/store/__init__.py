@@ -3,7 +3,9 @@
 ``file:///abs/dir`` gives a :class:`LocalStore` (download URLs signed with the service's secret and served
 by the API at ``public_url``); ``s3://bucket/prefix`` gives an :class:`S3Store` on
 ``settings.s3_endpoint_url`` / ``settings.s3_region`` with the standard AWS credential chain. The base
-types are re-exported so callers import everything store-related from here.
+types are re-exported so callers import everything store-related from here. boto3 is imported only when
+an S3 store is opened (or ``S3Store`` named): a client that only verifies downloads
+(:mod:`compilesvc.store.hashing`) does not pay for it.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ from __future__ import annotations
 import urllib.parse
 import urllib.request
 from pathlib import Path
-
-import boto3
 
 from compilesvc.config import Settings
 from compilesvc.store.base import (
@@ -32,8 +32,6 @@ from compilesvc.store.base import (
     bucket_manifest_name,
 )
 from compilesvc.store.local import LocalStore
-from compilesvc.store.s3 import S3Store
-from compilesvc.store.s3_client import make_client
 
 __all__ = [
     "SHA256_RE",
@@ -71,6 +69,11 @@ def open_store(settings: Settings) -> ArtifactStore:
     if parsed.scheme == "s3":
         if not parsed.netloc or parsed.query or parsed.fragment:
             raise ValueError(f"store_url {url!r}: expected s3://bucket/prefix")
+        import boto3
+
+        from compilesvc.store.s3 import S3Store
+        from compilesvc.store.s3_client import make_client
+
         # One session resolves credentials once; both clients share its (refreshing) credentials.
         session = boto3.Session()
         return S3Store(
@@ -82,3 +85,11 @@ def open_store(settings: Settings) -> ArtifactStore:
             spool_dir=settings.spool_dir,
         )
     raise ValueError(f"store_url {url!r}: expected file:///abs/dir or s3://bucket/prefix")
+
+
+def __getattr__(name: str) -> object:
+    if name == "S3Store":
+        from compilesvc.store.s3 import S3Store
+
+        return S3Store
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
