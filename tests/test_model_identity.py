@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,7 +22,6 @@ from compilesvc.model_identity import ModelResolver, content_sha256_for_key
 from compilesvc.model_pins import ModelChangedError, ModelRefError, PinnedModel
 from compilesvc.spec import ModelRef
 from compilesvc.store import IntegrityError, LocalStore
-from compilesvc.store.s3_client import make_client
 from tests.fixtures.s3server import S3Server
 
 
@@ -34,19 +32,13 @@ def sha(data: bytes) -> str:
 @pytest.fixture
 def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     """The weed server, with its credentials in the environment (the resolver uses the standard chain)."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_MAX_ATTEMPTS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
-    for name, value in s3_server.env().items():
-        monkeypatch.setenv(name, value)
+    s3_server.use_as_credential_chain(monkeypatch)
     return s3_server
 
 
 @pytest.fixture
 def raw(s3: S3Server) -> Any:
-    session = boto3.Session(aws_access_key_id=s3.access_key, aws_secret_access_key=s3.secret_key)
-    return make_client(s3.endpoint_url, s3.region, session=session)
+    return s3.raw_client()
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -117,15 +117,20 @@ class S3Store(ArtifactStore):
 
     # -- blobs ---------------------------------------------------------------------------------------
 
-    def _head(self, key: str, what: str, **extra: Any) -> dict[str, Any] | None:
+    def _unless_missing(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``, or None when S3 says the object is not there; other failures as StoreErrors."""
         try:
-            return cast(dict[str, Any], self.client.head_object(Bucket=self.bucket, Key=key, **extra))
+            return call()
         except ClientError as exc:
             if is_not_found(exc):
                 return None
             raise_store_error(exc, what)
         except BOTO_ERRORS as exc:
             raise_store_error(exc, what)
+
+    def _head(self, key: str, what: str, **extra: Any) -> dict[str, Any] | None:
+        return cast(dict[str, Any] | None, self._unless_missing(
+            what, lambda: self.client.head_object(Bucket=self.bucket, Key=key, **extra)))
 
     def blob_size(self, sha256: str) -> int | None:
         head = self._head(self._key(blob_name(sha256)), f"looking up blob {sha256}")
@@ -220,14 +225,10 @@ class S3Store(ArtifactStore):
     @contextmanager
     def _open(self, sha256: str) -> Iterator[BinaryIO]:
         what = f"reading blob {sha256}"
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(blob_name(sha256)))
-        except ClientError as exc:
-            if is_not_found(exc):
-                raise BlobNotFound(f"blob {sha256} not found") from None
-            raise_store_error(exc, what)
-        except BOTO_ERRORS as exc:
-            raise_store_error(exc, what)
+        response = self._unless_missing(
+            what, lambda: self.client.get_object(Bucket=self.bucket, Key=self._key(blob_name(sha256))))
+        if response is None:
+            raise BlobNotFound(f"blob {sha256} not found")
         with BodyReader(response["Body"], what) as reader:
             yield cast(BinaryIO, reader)
 
@@ -273,14 +274,9 @@ class S3Store(ArtifactStore):
 
     def read_document(self, name: str) -> bytes | None:
         what = f"reading document {name}"
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
-        except ClientError as exc:
-            if is_not_found(exc):
-                return None
-            raise_store_error(exc, what)
-        except BOTO_ERRORS as exc:
-            raise_store_error(exc, what)
+        response = self._unless_missing(what, lambda: self.client.get_object(Bucket=self.bucket, Key=self._key(name)))
+        if response is None:
+            return None
         with BodyReader(response["Body"], what) as reader:
             return reader.read()
 

@@ -24,13 +24,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import boto3
 import botocore.auth
 import pytest
 
 from compilesvc.config import Settings
 from compilesvc.store import ArtifactStore, LocalStore, S3Store, blob_name, open_store
-from compilesvc.store.s3_client import make_client
 from compilesvc.store.signing import content_disposition, verify_blob_signature
 from tests.fixtures.s3server import S3Server
 
@@ -99,20 +97,14 @@ def _serve_local_blobs(store_ref: list[LocalStore]) -> tuple[ThreadingHTTPServer
 @pytest.fixture
 def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     """Credentials for the weed server through the standard AWS chain (environment variables)."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_MAX_ATTEMPTS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
-    for name, value in s3_server.env().items():
-        monkeypatch.setenv(name, value)
+    s3_server.use_as_credential_chain(monkeypatch)
     return s3_server
 
 
 @pytest.fixture
 def raw_s3(s3_server: S3Server) -> Any:
     """A plain SigV4 client with no create-only handlers, for poking at the bucket behind a store's back."""
-    session = boto3.Session(aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key)
-    return make_client(s3_server.endpoint_url, s3_server.region, session=session)
+    return s3_server.raw_client()
 
 
 @pytest.fixture
