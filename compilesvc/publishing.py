@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from compilesvc.artifacts import set_artifact_state
 from compilesvc.bucket_compiles import positioned_buckets
 from compilesvc.db import transaction
+from compilesvc.leases import Claim
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, utcnow
 from compilesvc.manifest import (
     ArtifactBucketEntry,
@@ -37,9 +38,6 @@ from compilesvc.manifest import (
 from compilesvc.states import ArtifactState, BucketState
 from compilesvc.store import ArtifactStore, StoreError
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
-
-if TYPE_CHECKING:  # leases imports the submit path, which publishes: a type only, to keep them apart
-    from compilesvc.leases import Claim
 
 log = logging.getLogger(__name__)
 

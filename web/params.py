@@ -31,10 +31,15 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 def respond(model: type[BaseModel], body: dict[str, Any], status: int = 200,
-            headers: dict[str, str] | None = None) -> Response:
+            headers: dict[str, str] | None = None, *, embed: dict[str, bytes] | None = None) -> Response:
     """``body`` as the documented ``model`` (validated, then serialised from the model): a view cannot
-    answer what /openapi.json does not describe (an undocumented field is an error here, not a drift)."""
+    answer what /openapi.json does not describe (an undocumented field is an error here, not a drift).
+
+    ``embed`` puts JSON that was validated and encoded already (the manifest cache's) into fields that
+    ``body`` leaves null, as it is."""
     document = model.model_validate(body).model_dump(by_alias=True)
+    for field, encoded in (embed or {}).items():
+        document[field] = orjson.Fragment(encoded)
     return raw_json_response(orjson.dumps(document), status, headers)
 
 

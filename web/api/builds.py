@@ -14,7 +14,6 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import orjson
 from flask import Blueprint, Response, current_app, g
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
@@ -41,7 +40,7 @@ from web.inputs import (
     SubmitQuery,
 )
 from web.openapi import operation
-from web.params import body_text, parse_spec_text, raw_json_response, respond
+from web.params import body_text, parse_spec_text, respond
 from web.problems import PROBLEM_TYPES, Problem
 from web.schemas import BuildAccepted, BuildList, BuildOut, BuildStateOut, LogPage
 
@@ -116,9 +115,8 @@ def accepted_response(ctx: WebContext, result: SubmitResult) -> Response:
     headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
     if result.artifact_state == ArtifactState.PUBLISHED:
         # The hit path: the artifact is the manifest cache's JSON, embedded as it is, not decoded again.
-        document = BuildAccepted.model_validate(accepted_json(ctx, result)).model_dump(by_alias=True)
-        document["artifact"] = orjson.Fragment(ctx.describe_json(ctx.published(result.artifact_key)))
-        return raw_json_response(orjson.dumps(document), 200, headers)
+        artifact = ctx.describe_json(ctx.published(result.artifact_key))
+        return respond(BuildAccepted, accepted_json(ctx, result), 200, headers, embed={"artifact": artifact})
     body = accepted_json(ctx, result)
     headers["Location"] = body["status_url"]
     return respond(BuildAccepted, body, 202, headers)
