@@ -36,6 +36,7 @@ from compilesvc.migrate import upgrade
 from compilesvc.services import Services
 from tests.doubles import neuron_double_env
 from tests.fixtures.ledger import create_pg_database, drop_pg_database
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 from tests.workers.conftest import (
     NEURON_SDK,
     REDIS_URL,
@@ -82,7 +83,7 @@ class Stack:
     pg_url: str
     prefix: str
     workers: list[ServiceProcess] = field(default_factory=list)
-    http: requests.Session = field(default_factory=requests.Session)
+    http: requests.Session = field(default_factory=lambda: _authorized(requests.Session()))
     _started: int = 0
 
     @property
@@ -134,7 +135,8 @@ class Stack:
 
     def submit(self, spec: dict[str, Any], session: requests.Session | None = None) -> Submitted:
         sent = time.time()
-        response = (session or self.http).post(f"{self.base}/v1/builds", json=spec, timeout=120)
+        response = (session or self.http).post(f"{self.base}/v1/builds", json=spec, headers=bearer(BOOTSTRAP_TOKEN),
+                                               timeout=120)
         body = response.json()
         answered = time.time()
         if response.status_code not in (200, 202):
@@ -199,6 +201,7 @@ def running_stack(*, api_workers: int = 2, api_threads: int = 8, keep: bool = Fa
                 "broker_url": REDIS_URL,
                 "broker_key_prefix": prefix,
                 "secret_key": f"bench-{uuid.uuid4().hex}",
+                "bootstrap_token": BOOTSTRAP_TOKEN,
                 "public_url": base,
             }
             metrics = workdir / "metrics"  # gunicorn's multiprocess metrics, removed with the work directory
@@ -226,6 +229,11 @@ def running_stack(*, api_workers: int = 2, api_threads: int = 8, keep: bool = Fa
                 print(f"work directory kept: {workdir}")
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _authorized(session: requests.Session) -> requests.Session:
+    session.headers.update(bearer(BOOTSTRAP_TOKEN))
+    return session
 
 
 def _ok(http: requests.Session, url: str) -> bool:

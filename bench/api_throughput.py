@@ -36,9 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from bench._proc import cpu_seconds
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 
 TARGETS = {"artifact lookup": 0.70, "cache-hit submit": 0.50}
 
+
+#: Every request carries the admin token, /healthz too (which ignores it): requests of one size.
+AUTH = bearer(BOOTSTRAP_TOKEN)
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -96,11 +100,13 @@ def prepare(workdir: Path, ledger: str) -> tuple[dict[str, str], dict[str, Any],
     else:
         database_url = f"sqlite:///{workdir / 'ledger.db'}"
     upgrade(database_url)
-    settings = make_settings(workdir, database_url, require_live_worker=False)
+    settings = make_settings(workdir, database_url, require_live_worker=False, bootstrap_token=BOOTSTRAP_TOKEN)
     services = Services.from_settings(settings)
     try:
         app = create_app(services=services)
-        env = Env(app=app, client=app.test_client(), services=services)
+        client = app.test_client()
+        client.environ_base["HTTP_AUTHORIZATION"] = AUTH["Authorization"]
+        env = Env(app=app, client=client, services=services, token=BOOTSTRAP_TOKEN)
         uri = env.upload(b"benchmark model " * 1024)
         spec = spec_for(uri, buckets=((1, 128), (4, 128), (8, 512)), labels={"team": "bench"})
         build = env.submit(spec).json
@@ -115,6 +121,7 @@ def prepare(workdir: Path, ledger: str) -> tuple[dict[str, str], dict[str, Any],
         "COMPILESVC_BROKER_URL": "filesystem://",
         "COMPILESVC_SECRET_KEY": settings.secret_key or "",
         "COMPILESVC_REQUIRE_LIVE_WORKER": "false",
+        "COMPILESVC_BOOTSTRAP_TOKEN": BOOTSTRAP_TOKEN,
     }
     return server_env, spec, build["artifact_key"], pg_url
 
@@ -169,7 +176,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def run_wrk(base: str, endpoint: Endpoint, duration: float, connections: int, threads: int, workdir: Path) -> Result:
     script = workdir / f"{endpoint.name.replace(' ', '_')}.lua"
-    lines = [f'wrk.method = "{endpoint.method}"']
+    lines = [f'wrk.method = "{endpoint.method}"', f'wrk.headers["Authorization"] = "{AUTH["Authorization"]}"']
     if endpoint.body is not None:
         lines.append(f"wrk.body = {json.dumps(endpoint.body.decode())}")
         lines.append('wrk.headers["Content-Type"] = "application/json"')
@@ -207,7 +214,7 @@ def _client(args: tuple[str, int, Endpoint, float]) -> tuple[int, int]:
 
     host, port, endpoint, deadline = args
     conn = http.client.HTTPConnection(host, port, timeout=30)
-    headers = {"Content-Type": "application/json"} if endpoint.body is not None else {}
+    headers = {**AUTH, **({"Content-Type": "application/json"} if endpoint.body is not None else {})}
     done = errors = 0
     while time.monotonic() < deadline:
         conn.request(endpoint.method, endpoint.path, body=endpoint.body, headers=headers)
@@ -274,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                     base + endpoint.path,
                     data=endpoint.body,
                     method=endpoint.method,
-                    headers={"Content-Type": "application/json"},
+                    headers={"Content-Type": "application/json", **AUTH},
                 )
                 with urllib.request.urlopen(request, timeout=10) as response:
                     response.read()

@@ -23,15 +23,19 @@ from typing import Any, BinaryIO
 
 import click
 
-from compilesvc import fetch_dest
+from compilesvc import client_config, fetch_dest
 from compilesvc.cli import BadInput, CommandFailed
 from compilesvc.spec_parsing import SpecError, load_spec_file
 from compilesvc.states import BucketState, BuildState
 from compilesvc.store.base import BlobTooLarge
 from compilesvc.store.hashing import copy_hashing
 
-DEFAULT_API = "http://127.0.0.1:8080"
 TRANSPORT_RETRIES = 4
+API_OPTION = click.option(
+    "--api", metavar="URL",
+    help=f"The API (default: ${client_config.API_ENV}, else api_url in the config file, else "
+         f"{client_config.DEFAULT_API}). The token comes from ${client_config.TOKEN_ENV} or the config file "
+         "(docs/ci.md).")
 
 
 class ApiError(click.ClickException):
@@ -53,10 +57,12 @@ class Api:
     """compilesvc's one HTTP client (the CLI's commands and ``compilesvc dev`` alike): JSON in and out,
     problems as :class:`ApiError`, transport failures retried ``retries`` times with backoff."""
 
-    def __init__(self, base: str, timeout: float = 30.0, *, retries: int = TRANSPORT_RETRIES):
+    def __init__(self, base: str, timeout: float = 30.0, *, retries: int = TRANSPORT_RETRIES,
+                 token: str | None = None):
         self.base = base.rstrip("/")
         self.timeout = timeout
         self.retries = retries
+        self.token = token
 
     def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, *,
                 upload: Path | bytes | None = None) -> Any:
@@ -65,6 +71,8 @@ class Api:
         url = path if path.startswith("http") else f"{self.base}{path}"
         data = json.dumps(body).encode() if body is not None else None
         all_headers = {"Accept": "application/json", **(headers or {})}
+        if self.token:
+            all_headers["Authorization"] = f"Bearer {self.token}"
         if data is not None:
             all_headers["Content-Type"] = "application/json"
         if upload is not None:
@@ -94,6 +102,15 @@ class Api:
         raise AssertionError("unreachable")
 
 
+def connect(api: str | None, timeout: float = 30.0) -> Api:
+    """The client of the API named by ``--api`` (or the environment, or the config file), with the token."""
+    try:
+        config = client_config.load(api)
+    except client_config.ConfigError as exc:
+        raise BadInput(str(exc)) from None
+    return Api(config.api_url, timeout, token=config.token)
+
+
 def _is_refusal(body: bytes) -> bool:
     """A 503 that is a verdict (no worker can serve this), not a passing outage."""
     try:
@@ -114,25 +131,24 @@ def _summarise_failure(build: dict[str, Any]) -> str:
 
 @click.command("upload")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--api", envvar="COMPILESVC_API_URL", default=DEFAULT_API, show_default=True)
-def upload(path: Path, api: str) -> None:
+@API_OPTION
+def upload(path: Path, api: str | None) -> None:
     """Upload the model file PATH (streamed) and print its blob:sha256: URI, for a spec's model.uri."""
-    result = Api(api, timeout=600).request("POST", "/v1/models", upload=path)
+    result = connect(api, timeout=600).request("POST", "/v1/models", upload=path)
     click.echo(result["uri"])
 
 
 @click.command("submit")
 @click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--api", envvar="COMPILESVC_API_URL", default=DEFAULT_API, show_default=True)
+@API_OPTION
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Follow the build until it ends.")
 @click.option("--timeout", type=float, default=6 * 3600, show_default=True, help="Seconds to wait at most.")
 @click.option("--poll", type=float, default=5.0, show_default=True, help="Seconds between status checks.")
 @click.option("--logs", is_flag=True, help="Print the build's compiler log to stderr while waiting.")
 @click.option("--idempotency-key", help="Same key, same build (default: one random key per invocation).")
 @click.option("--queue-anyway", is_flag=True, help="Queue even when no live worker serves the spec yet.")
-@click.option("--submitted-by", envvar="COMPILESVC_SUBMITTED_BY", help="Recorded as who submitted.")
-def submit(spec_path: str, api: str, wait: bool, timeout: float, poll: float, logs: bool,
-           idempotency_key: str | None, queue_anyway: bool, submitted_by: str | None) -> None:
+def submit(spec_path: str, api: str | None, wait: bool, timeout: float, poll: float, logs: bool,
+           idempotency_key: str | None, queue_anyway: bool) -> None:
     """Submit SPEC; print the artifact key once it is published (exit 1 if the build fails)."""
     try:
         # Element bounds and extra compiler flags are the service's settings, which this host may not share:
@@ -140,10 +156,8 @@ def submit(spec_path: str, api: str, wait: bool, timeout: float, poll: float, lo
         spec = load_spec_file(spec_path, limits=None, extra_flags=None)
     except SpecError as exc:
         raise click.UsageError(f"{spec_path}: {exc}") from None
-    client = Api(api)
+    client = connect(api)
     headers = {"Idempotency-Key": idempotency_key or f"cli-{uuid.uuid4()}"}
-    if submitted_by:
-        headers["X-Submitted-By"] = submitted_by
     path = "/v1/builds" + ("?queue_anyway=true" if queue_anyway else "")
     result = client.request("POST", path, spec.model_dump(mode="json", exclude_none=True), headers)
     if "build_id" not in result:  # a hit answers with the artifact itself
@@ -193,12 +207,12 @@ def _download(url: str, out: BinaryIO, name: str, size: int, sha256: str) -> Non
 @click.command("fetch")
 @click.argument("key")
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--api", envvar="COMPILESVC_API_URL", default=DEFAULT_API, show_default=True)
+@API_OPTION
 @click.option("--with-logs", is_flag=True, help="Also download each bucket's compile log.")
 @click.option("--replace", is_flag=True,
               help="DEST may hold an earlier fetch (recognised by its manifest.json); replace it. Anything "
                    "else in DEST is still refused.")
-def fetch(key: str, dest: Path, api: str, with_logs: bool, replace: bool) -> None:
+def fetch(key: str, dest: Path, api: str | None, with_logs: bool, replace: bool) -> None:
     """Download published artifact KEY into DEST/bucket-<position>/, verifying every sha256.
 
     DEST must be absent or an empty directory (such as an empty "."); a DEST that is absent appears
@@ -216,7 +230,8 @@ def fetch(key: str, dest: Path, api: str, with_logs: bool, replace: bool) -> Non
         replace_existing = fetch_dest.check(dest, replace)
     except fetch_dest.DestRefused as exc:
         raise BadInput(str(exc)) from None
-    manifest = Api(api).request("GET", f"/v1/artifacts/{urllib.parse.quote(key)}")
+    client = connect(api)
+    manifest = client.request("GET", f"/v1/artifacts/{urllib.parse.quote(key)}")
     planned = []
     try:
         for bucket in manifest["buckets"]:
@@ -225,7 +240,7 @@ def fetch(key: str, dest: Path, api: str, with_logs: bool, replace: bool) -> Non
                 relative = fetch_dest.safe_relative(f"bucket-{int(bucket['position'])}/{entry['path']}")
                 planned.append((relative, entry))
     except (KeyError, TypeError, ValueError) as exc:
-        raise ApiError(f"the artifact manifest from {api} cannot be used: {exc}") from None
+        raise ApiError(f"the artifact manifest from {client.base} cannot be used: {exc}") from None
     try:
         with fetch_dest.staging_for(dest, replace_existing) as staging:
             for relative, entry in planned:

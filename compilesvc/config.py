@@ -15,7 +15,7 @@ import tempfile
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from compilesvc.hostinfo import host_memory_bytes
@@ -82,6 +82,21 @@ class Settings(BaseSettings):
                     "e.g. an undocumented option or one of an SDK release newer than the table; kept in the key.",
     )
 
+    # Access: docs/security.md.
+    bootstrap_token: SecretStr | None = Field(
+        default=None,
+        description="An admin token (csvc_ + at least 27 characters) the API registers at start unless its hash "
+                    "is known; revoking it sticks. For a first admin without ledger access (compose, Kubernetes).")
+    open_reads: bool = Field(
+        default=False, description="Reads (history, builds, logs, workers, artifact lookups) need no token.")
+    public_metrics: bool = Field(default=True, description="/metrics needs no token (false: a read token).")
+    token_cache_seconds: float = Field(
+        default=10.0, ge=0,
+        description="How long an API process trusts a token it has checked: a revoked or expired token stops "
+                    "working within this many seconds (0: every request asks the ledger).")
+    idempotency_key_seconds: int = Field(
+        default=24 * 3600, ge=60, description="How long a token's Idempotency-Key replays its first answer.")
+
     # Disowns every earlier key at once (poisoned artifacts): part of every key.
     key_salt: str = ""
 
@@ -132,7 +147,8 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="A broker command (a publish) waiting longer than this fails.",
     )
 
-    @field_validator("database_url", "store_url", "s3_endpoint_url", "broker_url", "secret_key", mode="before")
+    @field_validator("database_url", "store_url", "s3_endpoint_url", "broker_url", "secret_key", "bootstrap_token",
+                     mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         # Compose files and shells pass "" for "not set"; boto3 and SQLAlchemy reject an empty URL.

@@ -1,7 +1,9 @@
 """``compilesvc dev``: the whole service on one machine with no external services.
 
 It migrates a SQLite ledger, then runs the API, one worker and the relay/reaper as child processes
-sharing one data directory (SQLite ledger, local artifact directory, kombu filesystem broker). With
+sharing one data directory (SQLite ledger, local artifact directory, kombu filesystem broker). On its first
+start it makes an admin token, keeps it in ``<data dir>/admin-token`` (mode 0600, like the generated
+secret key beside it) and prints it at every start, so the UI and the CLI can be used at once. With
 ``--demo`` it uploads the bundled tiny model through the API, submits its three-bucket spec, follows the
 build to the end and prints where to look. The launcher talks to the children only over HTTP and the
 process table, so the core never imports the web or worker code.
@@ -21,8 +23,10 @@ from typing import Any
 
 import click
 
+from compilesvc import tokens
 from compilesvc.client import Api, ApiError
 from compilesvc.config import Settings
+from compilesvc.db import make_engine, make_sessionmaker, transaction
 from compilesvc.demo import demo_model_bytes, demo_spec
 from compilesvc.migrate import upgrade
 from compilesvc.states import BuildState
@@ -76,14 +80,40 @@ def _wait_until(what: str, check: Any, children: Children, log_dir: Path, timeou
     raise DevError(f"timed out after {timeout:.0f} s waiting for {what}; logs are in {log_dir}")
 
 
-def run_demo(base: str, children: Children, log_dir: Path) -> dict[str, Any]:
+ADMIN_TOKEN_FILE = "admin-token"
+
+
+def admin_token(settings: Settings) -> tuple[str, bool]:
+    """The embedded service's admin token (made on first start, kept in the data dir) and whether it is new.
+    A kept token that no longer works (revoked, expired, another ledger) is replaced."""
+    path = settings.data_dir / ADMIN_TOKEN_FILE
+    engine = make_engine(settings.resolved_database_url)
+    sessions = make_sessionmaker(engine)
+    try:
+        if path.is_file():
+            secret = path.read_text().strip()
+            with transaction(sessions) as session:
+                if tokens.authenticate(session, secret) is not None:
+                    return secret, False
+        with transaction(sessions) as session:
+            secret = tokens.create_token(session, name="compilesvc dev", owner="dev", scopes=["admin"],
+                                         created_by="compilesvc dev").secret
+    finally:
+        engine.dispose()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secret + "\n")
+    return secret, True
+
+
+def run_demo(base: str, children: Children, log_dir: Path, token: str) -> dict[str, Any]:
     """Upload the bundled model, submit its spec and wait for the build; returns the finished build."""
     spec = demo_spec()
     started = time.monotonic()
-    api = Api(base)
+    api = Api(base, token=token)
     uploaded = api.request("POST", "/v1/models", upload=demo_model_bytes())
     spec["model"]["uri"] = uploaded["uri"]
-    polling = Api(base, retries=0)
+    polling = Api(base, retries=0, token=token)
     workers = _wait_until("a worker to register", lambda: polling.request("GET", "/v1/workers").get("workers"),
                           children, log_dir, 120)
     # The cpu target's "sdk" is the torch release: build with the one the worker actually has.
@@ -91,8 +121,7 @@ def run_demo(base: str, children: Children, log_dir: Path) -> dict[str, Any]:
     if not cpu_sdks:
         raise DevError(f"the worker cannot compile for the cpu target (is torch installed?); see {log_dir}")
     spec["sdk"] = cpu_sdks[0]
-    submitted = api.request("POST", "/v1/builds", spec, {"X-Submitted-By": "compilesvc dev --demo",
-                                                         "Idempotency-Key": str(uuid.uuid4())})
+    submitted = api.request("POST", "/v1/builds", spec, {"Idempotency-Key": str(uuid.uuid4())})
     build_id = submitted["build_id"]
     click.echo(f"demo build {build_id} ({submitted['outcome']}): {base}/builds/{build_id}")
     click.echo(f"  log: {submitted['logs_url']}")
@@ -129,6 +158,7 @@ def dev(demo: bool, port: int, data_dir: Path | None, exit_after_demo: bool) -> 
         if getattr(settings, name):
             click.echo(f"note: {name} is set in the environment; dev uses it instead of the embedded default")
     upgrade(settings.resolved_database_url)
+    token, new = admin_token(settings)
 
     children = Children()
     stop = False
@@ -144,8 +174,11 @@ def dev(demo: bool, port: int, data_dir: Path | None, exit_after_demo: bool) -> 
         children.start("relay", ["relay"], env, log_dir)
         _wait_until("the API", lambda: Api(base, retries=0).request("GET", "/healthz"), children, log_dir, 60)
         click.echo(f"compilesvc is up: {base}  (data in {data_dir}, logs in {log_dir})")
+        token_file = data_dir / ADMIN_TOKEN_FILE
+        click.echo(f"admin token{' (new)' if new else ''}: {token}")
+        click.echo(f"  UI: {base}/login (paste the token); CLI: export COMPILESVC_TOKEN=$(cat {token_file})")
         if demo:
-            run_demo(base, children, log_dir)
+            run_demo(base, children, log_dir, token)
             if exit_after_demo:
                 return
         click.echo("Ctrl-C stops it.")

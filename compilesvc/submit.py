@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from compilesvc import events
@@ -34,8 +35,8 @@ from compilesvc.bucket_compiles import BucketView, bucket_views, linked_buckets,
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
 from compilesvc.keys import KeySet, compute_keys, digest
-from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, utcnow
-from compilesvc.ledger.sql import insert_ignore
+from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, IdempotencyKey, utcnow
+from compilesvc.ledger.sql import insert_ignore, insert_ignore_duplicate
 from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_manifest
 from compilesvc.model_pins import PinnedModel
 from compilesvc.outbox import enqueue_compile
@@ -50,10 +51,12 @@ from compilesvc.states import (
     REQUEUED_BY_SUBMIT,
     ArtifactState,
     BucketState,
+    BuildState,
     Outcome,
 )
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 from compilesvc.submit_rows import SubmitContext
+from compilesvc.tokens import Principal
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,8 @@ class SubmitResult:
     buckets: list[BucketView]
     replayed: bool = False
     manifest: ArtifactManifest | None = None
+    #: A replay's: the HTTP status the first request with its Idempotency-Key was answered with.
+    first_status: int | None = None
 
 
 class Submitter:
@@ -112,23 +117,29 @@ class Submitter:
         pinned, keys = self.keys_for(spec)
         return Prepared(spec, pinned, keys, digest(spec.model_dump(mode="json")))
 
-    def submit(self, spec: CompileSpec | Prepared, *, submitted_by: str | None = None,
+    def submit(self, spec: CompileSpec | Prepared, *, principal: Principal | None = None,
                idempotency_key: str | None = None, queue_anyway: bool = False) -> SubmitResult:
         """Submit ``spec``, or a prepared one (:meth:`prepare`; a caller may keep one while it is
-        :attr:`Prepared.reusable`)."""
+        :attr:`Prepared.reusable`), for ``principal`` (recorded as the build's submitter and team).
+
+        An ``idempotency_key`` is the principal's own (Stripe's semantics): the same key with the same spec
+        within ``idempotency_key_seconds`` replays the first answer; with another spec it is refused
+        (:class:`IdempotencyConflict`); after that it is a new key."""
         request_hash = spec.request_hash if isinstance(spec, Prepared) else digest(spec.model_dump(mode="json"))
+        if idempotency_key and principal is None:
+            raise ValueError("an Idempotency-Key belongs to a token: pass the principal")
         if idempotency_key:  # a replay answers before the model is pinned again, as it was first answered
-            replay = self._replay(idempotency_key, request_hash)
+            replay = self._replay(principal, idempotency_key, request_hash)
             if replay is not None:
                 return replay
         prepared = spec if isinstance(spec, Prepared) else self.prepare(spec)
         keys = prepared.keys
-        context = SubmitContext(prepared.spec, prepared.pinned, keys, submitted_by, idempotency_key, request_hash)
+        context = SubmitContext(prepared.spec, prepared.pinned, keys, principal, idempotency_key, request_hash)
 
         try:
             hit = self._published_hit(context)
         except _IdempotencyRace:
-            hit = self._replay(idempotency_key or "", request_hash)
+            hit = self._replay(principal, idempotency_key or "", request_hash)
         if hit is not None:
             return hit
         imported = self._importable_buckets(keys)
@@ -136,7 +147,7 @@ class Submitter:
         try:
             result, outbox_ids, finalize = self._create_or_join(context, imported)
         except _IdempotencyRace:  # an identical request with the same key committed first
-            replay = self._replay(idempotency_key or "", request_hash)
+            replay = self._replay(principal, idempotency_key or "", request_hash)
             if replay is None:
                 raise RuntimeError("idempotency key vanished after a conflict") from None
             return replay
@@ -145,18 +156,26 @@ class Submitter:
 
     # -- steps --------------------------------------------------------------------------------------
 
-    def _replay(self, idempotency_key: str, request_hash: str) -> SubmitResult | None:
+    def _idempotency_cutoff(self) -> datetime:
+        """Keys made at or before this have expired."""
+        return utcnow() - timedelta(seconds=self.settings.idempotency_key_seconds)
+
+    def _replay(self, principal: Principal | None, idempotency_key: str, request_hash: str) -> SubmitResult | None:
+        """The first answer to this principal's key (its build as it is now, and the status first answered)."""
+        if principal is None:
+            return None
         with self.services.sessions() as session:
-            build = session.scalar(select(Build).where(Build.idempotency_key == idempotency_key))
-            if build is None:
+            entry = session.get(IdempotencyKey, (principal.token_id, idempotency_key))
+            if entry is None or entry.created_at <= self._idempotency_cutoff():
                 return None
-            if build.request_hash != request_hash:
+            if entry.request_hash != request_hash:
                 raise IdempotencyConflict(idempotency_key)
+            build = session.get_one(Build, entry.build_id)
             artifact = session.get_one(Artifact, build.artifact_id)
             return SubmitResult(build_id=build.id, outcome=build.outcome, state=build.state,
                                 artifact_key=artifact.key, artifact_state=artifact.state,
                                 buckets=bucket_views(session, artifact.id), replayed=True,
-                                manifest=self._manifest(artifact))
+                                manifest=self._manifest(artifact), first_status=entry.status)
 
     def _published_hit(self, ctx: SubmitContext) -> SubmitResult | None:
         """The fast path: no read once an artifact was seen published, and the build is group-committed
@@ -353,14 +372,21 @@ class Submitter:
 
     def _add_build(self, session: Session, ctx: SubmitContext, record: BuildRecord) -> int | None:
         """Record one submission in ``session``'s transaction; None when its Idempotency-Key was taken
-        meanwhile (the caller replays)."""
+        meanwhile (the caller rolls back and replays)."""
         conn = session.connection()
-        if ctx.idempotency_key:
-            build_id = insert_ignore(session, Build, record.row, ["idempotency_key"])
-            if build_id is None:
+        [build_id] = insert_builds(conn, [record])
+        if ctx.idempotency_key and ctx.principal is not None:
+            token_id, key = ctx.principal.token_id, ctx.idempotency_key
+            # An expired key is a new key: its old entry goes in the transaction that takes it again.
+            session.execute(delete(IdempotencyKey).where(
+                IdempotencyKey.token_id == token_id, IdempotencyKey.key == key,
+                IdempotencyKey.created_at <= self._idempotency_cutoff()))
+            status = 200 if record.row["state"] == BuildState.SUCCEEDED else 202
+            if not insert_ignore_duplicate(session, IdempotencyKey, {
+                "token_id": token_id, "key": key, "request_hash": ctx.request_hash, "build_id": build_id,
+                "status": status, "created_at": utcnow(),
+            }, ["token_id", "key"]):
                 return None
-        else:
-            [build_id] = insert_builds(conn, [record])
         insert_build_details(conn, [record], [build_id])
         return build_id
 

@@ -15,6 +15,7 @@ from compilesvc.manifest import BucketManifest
 from compilesvc.model_pins import PinnedModel
 from compilesvc.spec import CompileSpec
 from compilesvc.states import BUILD_STATE_FOR_ARTIFACT, ArtifactState, BucketState
+from compilesvc.tokens import Principal
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class SubmitContext:
     spec: CompileSpec
     pinned: PinnedModel
     keys: KeySet
-    submitted_by: str | None
+    principal: Principal | None
     idempotency_key: str | None
     request_hash: str
 
@@ -65,10 +66,13 @@ class SubmitContext:
 
     def build_record(self, artifact_id: int, artifact_key: str, artifact_state: str, outcome: str) -> BuildRecord:
         now = utcnow()
+        principal = self.principal
         row = {
             "artifact_id": artifact_id, "artifact_key": artifact_key,
             "state": BUILD_STATE_FOR_ARTIFACT[artifact_state], "outcome": outcome,
-            "submitted_by": self.submitted_by, "labels": dict(self.spec.labels),
+            "submitted_by": principal.owner if principal else None,
+            "token_id": principal.token_id if principal else None, "team": principal.team if principal else None,
+            "labels": dict(self.spec.labels),
             "spec": self.spec.model_dump(mode="json", exclude_none=True), "model_name": self.spec.model.name,
             "model_sha256": self.pinned.sha256, "target": self.spec.target, "sdk": self.spec.sdk,
             "backend": self.spec.backend, "idempotency_key": self.idempotency_key,

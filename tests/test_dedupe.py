@@ -6,17 +6,18 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from compilesvc import leases
 from compilesvc.config import Settings
 from compilesvc.control import cancel_build, retry_build
 from compilesvc.db import transaction
-from compilesvc.ledger.models import Artifact, BucketCompile, Build, Event, Outbox, utcnow
+from compilesvc.ledger.models import Artifact, BucketCompile, Build, Event, IdempotencyKey, Outbox, utcnow
 from compilesvc.manifest import BucketManifest, FileEntry, ManifestMismatch
 from compilesvc.publishing import publish_ready_artifacts
 from compilesvc.refusals import IdempotencyConflict, NoCapableWorker
@@ -25,6 +26,7 @@ from compilesvc.services import Services
 from compilesvc.spec_parsing import parse_spec
 from compilesvc.store.base import bucket_manifest_name
 from compilesvc.submit import Submitter
+from compilesvc.tokens import Principal, create_token, principal_of
 from tests.fixtures.settings import make_settings
 
 BUCKETS = [{"batch_size": 1, "seq_len": 16}, {"batch_size": 1, "seq_len": 32}, {"batch_size": 2, "seq_len": 32}]
@@ -35,6 +37,12 @@ def upload_model(services: Services, content: bytes = b"tiny model bytes") -> st
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     return f"blob:sha256:{services.store.put_file(path).sha256}"
+
+
+def principal(services: Services, owner: str) -> Principal:
+    """A submit token's principal, as the API authenticates it."""
+    with transaction(services.sessions) as session:
+        return principal_of(create_token(session, name=owner, owner=owner, scopes=["submit"]).token)
 
 
 def spec_doc(model_uri: str, buckets: list[dict[str, int]] | None = None, **extra: Any) -> dict[str, Any]:
@@ -89,7 +97,7 @@ def services(tmp_path: Path, ledger_url: str):  # type: ignore[no-untyped-def]
 def test_new_join_then_hit(services: Services) -> None:
     submitter = Submitter(services)
     spec = parse_spec(spec_doc(upload_model(services), labels={"team": "search"}))
-    first = submitter.submit(spec, submitted_by="ci")
+    first = submitter.submit(spec, principal=principal(services, owner="ci"))
     assert (first.outcome, first.state, first.artifact_state) == ("new", "building", "building")
     assert [b.state for b in first.buckets] == ["queued"] * 3
     assert count(services, Outbox) == 3
@@ -251,13 +259,35 @@ def test_bucket_manifest_under_another_key_is_refused(services: Services) -> Non
 def test_idempotency_key(services: Services) -> None:
     submitter = Submitter(services)
     spec = parse_spec(spec_doc(upload_model(services)))
-    first = submitter.submit(spec, idempotency_key="ci-run-42")
-    again = submitter.submit(spec, idempotency_key="ci-run-42")
-    assert again.replayed and again.build_id == first.build_id
+    ci, other = principal(services, owner="ci"), principal(services, owner="other")
+    first = submitter.submit(spec, principal=ci, idempotency_key="ci-run-42")
+    again = submitter.submit(spec, principal=ci, idempotency_key="ci-run-42")
+    assert again.replayed and again.build_id == first.build_id and again.first_status == 202
     assert count(services, Build) == 1
     changed = parse_spec(spec_doc(spec.model.uri, BUCKETS[:1]))
     with pytest.raises(IdempotencyConflict):
-        submitter.submit(changed, idempotency_key="ci-run-42")
+        submitter.submit(changed, principal=ci, idempotency_key="ci-run-42")
+    # Keys are per token: another token's same key is its own request.
+    theirs = submitter.submit(changed, principal=other, idempotency_key="ci-run-42")
+    assert not theirs.replayed and theirs.build_id != first.build_id
+    with pytest.raises(ValueError, match="belongs to a token"):
+        submitter.submit(spec, idempotency_key="no-token")
+
+
+def test_idempotency_keys_expire(tmp_path: Path, ledger_url: str) -> None:
+    services = Services.from_settings(make_settings(tmp_path, ledger_url, idempotency_key_seconds=60))
+    try:
+        submitter, ci = Submitter(services), principal(services, owner="ci")
+        spec = parse_spec(spec_doc(upload_model(services)))
+        first = submitter.submit(spec, principal=ci, idempotency_key="nightly")
+        with transaction(services.sessions) as session:  # a day later, as the ledger sees it
+            session.execute(update(IdempotencyKey).values(created_at=utcnow() - timedelta(seconds=61)))
+        changed = parse_spec(spec_doc(spec.model.uri, BUCKETS[:1]))
+        later = submitter.submit(changed, principal=ci, idempotency_key="nightly")  # no conflict: a new key
+        assert not later.replayed and later.build_id != first.build_id
+        assert submitter.submit(changed, principal=ci, idempotency_key="nightly").build_id == later.build_id
+    finally:
+        services.close()
 
 
 def test_refuses_work_no_live_worker_can_serve(tmp_path: Path, ledger_url: str) -> None:

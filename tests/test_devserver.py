@@ -5,6 +5,7 @@ torchscript compiler)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,12 @@ from sqlalchemy.orm import Session
 
 from compilesvc.artifacts import read_manifest
 from compilesvc.config import Settings
+from compilesvc.db import make_engine, make_sessionmaker, transaction
+from compilesvc.devserver import ADMIN_TOKEN_FILE, admin_token
 from compilesvc.ledger.models import Artifact, Build
+from compilesvc.migrate import upgrade
 from compilesvc.store import open_store
+from compilesvc.tokens import authenticate, list_tokens, revoke
 from tests.fixtures.ports import free_port
 
 COMPILESVC = str(Path(sys.executable).with_name("compilesvc"))
@@ -32,6 +37,11 @@ def test_dev_demo_builds_the_bundled_model(tmp_path: Path) -> None:
                           timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "succeeded in" in proc.stdout and "/logs" in proc.stdout, proc.stdout
+    printed = re.search(r"^admin token \(new\): (csvc_\S+)$", proc.stdout, re.M)
+    assert printed is not None, proc.stdout
+    token_file = data_dir / ADMIN_TOKEN_FILE
+    assert token_file.read_text().strip() == printed[1] and token_file.stat().st_mode & 0o777 == 0o600
+    assert "/login" in proc.stdout and "COMPILESVC_TOKEN" in proc.stdout
 
     settings = Settings(data_dir=data_dir)
     engine = create_engine(settings.resolved_database_url)
@@ -41,7 +51,29 @@ def test_dev_demo_builds_the_bundled_model(tmp_path: Path) -> None:
             artifact = session.scalars(select(Artifact)).one()
     finally:
         engine.dispose()
-    assert (build.state, build.submitted_by, artifact.state) == ("succeeded", "compilesvc dev --demo", "published")
+    assert (build.state, build.submitted_by, artifact.state) == ("succeeded", "dev", "published")
     manifest = read_manifest(open_store(settings), artifact.key)
     assert manifest is not None and len(manifest.buckets) == 3
     assert all(entry.files and entry.log for entry in manifest.buckets)
+
+
+def test_the_admin_token_is_made_once_and_replaced_when_it_stops_working(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data")
+    settings.data_dir.mkdir()
+    upgrade(settings.resolved_database_url)
+    first, new = admin_token(settings)
+    assert new and (settings.data_dir / ADMIN_TOKEN_FILE).stat().st_mode & 0o777 == 0o600
+    assert admin_token(settings) == (first, False)  # every later start prints the same token
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        sessions = make_sessionmaker(engine)
+        with transaction(sessions) as session:
+            principal = authenticate(session, first)
+            assert principal is not None and principal.is_admin
+            revoke(session, principal.token_id)
+        second, new = admin_token(settings)
+        assert new and second != first
+        with sessions() as session:
+            assert len(list_tokens(session)) == 1  # the revoked one is not listed
+    finally:
+        engine.dispose()

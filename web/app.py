@@ -19,12 +19,14 @@ from flask import Flask, Response, g, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.routing import BaseConverter, ValidationError
 
-from compilesvc import states
+from compilesvc import states, tokens
 from compilesvc.config import Settings
+from compilesvc.db import transaction
 from compilesvc.services import Services
 from compilesvc.submit import Submitter
-from web import problems, ui
+from web import auth, problems, ui
 from web.api import artifacts, blobs, builds, system
+from web.api import tokens as tokens_api
 from web.context import (
     DEFAULT_MANIFEST_CACHE_SIZE,
     DEFAULT_PREPARED_CACHE_SIZE,
@@ -107,14 +109,26 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         prepared=LRU(int(app.config["PREPARED_CACHE_SIZE"])),
         metrics=ApiMetrics(registry), public_url=settings.public_url.rstrip("/"),
         streams=threading.BoundedSemaphore(int(app.config["SSE_MAX_STREAMS"])),
+        tokens=auth.TokenCache(services, settings.token_cache_seconds),
     )
+    if settings.bootstrap_token is not None:
+        _register_bootstrap_token(services, settings.bootstrap_token.get_secret_value())
 
     problems.install(app)
     _install_request_hooks(app)
+    auth.install(app, settings)  # after the timing and size hooks: refusals are logged with their duration
 
-    for blueprint in (builds.bp, artifacts.bp, blobs.bp, system.bp, ui.bp):
+    for blueprint in (builds.bp, artifacts.bp, blobs.bp, tokens_api.bp, system.bp, ui.bp):
         app.register_blueprint(blueprint)
     return app
+
+
+def _register_bootstrap_token(services: Services, secret: str) -> None:
+    try:
+        with transaction(services.sessions) as session:
+            tokens.ensure_token(session, secret, name="bootstrap", owner="bootstrap", scopes=["admin"])
+    except tokens.TokenError as exc:
+        raise ValueError(f"COMPILESVC_BOOTSTRAP_TOKEN: {exc}") from None
 
 
 def _install_request_hooks(app: Flask) -> None:

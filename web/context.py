@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import orjson
 from flask import current_app
@@ -30,6 +30,9 @@ from compilesvc.submit import Prepared, Submitter
 from web.metrics import ApiMetrics
 from web.problems import Problem
 from web.schemas import ArtifactOut
+
+if TYPE_CHECKING:
+    from web.auth import TokenCache
 
 DEFAULT_MANIFEST_CACHE_SIZE = 2048
 #: Submit bodies seen lately, prepared (:class:`compilesvc.submit.Prepared`): CI pipelines resubmit the
@@ -154,6 +157,7 @@ class WebContext:
     metrics: ApiMetrics
     public_url: str
     streams: threading.BoundedSemaphore  # live log streams this process may serve at once
+    tokens: TokenCache  # principals checked lately (web.auth)
     openapi: dict[str, Any] | None = None  # built on first request to /openapi.json
 
     @property

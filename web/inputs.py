@@ -78,10 +78,9 @@ class SubmitQuery(Query):
 class SubmitHeaders(Headers):
     idempotency_key: HeaderText | None = Field(
         default=None, alias="Idempotency-Key",
-        description="Replays the first response for the same key and body; a different body with the same key "
-                    "is refused (422).")
-    submitted_by: HeaderText | None = Field(
-        default=None, alias="X-Submitted-By", description="Recorded as who submitted the build (history filter).")
+        description="Your token's key for this request: the same key with the same body within a day (the "
+                    "`idempotency_key_seconds` setting) replays the first answer (status and build, marked "
+                    "`Idempotent-Replayed: true`); a different body with the same key is refused (422).")
 
 
 class BuildListQuery(HistoryFilter):
@@ -116,6 +115,10 @@ class StreamHeaders(Headers):
 
 class WorkersQuery(Query):
     all: QueryBool = Field(default=False, description="Include stopped and stale workers.")
+
+
+class TokenListQuery(Query):
+    all: QueryBool = Field(default=False, description="Include revoked tokens.")
 
 
 class BlobQuery(Query):

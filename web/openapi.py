@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from compilesvc import __version__
+from web.auth import METRICS, PUBLIC, SIGNED_URL
 from web.inputs import NO_NUL_PATTERN, read_headers, read_query
 from web.problems import PROBLEM_TYPES, ProblemType
 from web.schemas import ProblemDetails
@@ -56,6 +57,9 @@ class Op:
     #: The problem a query that does not parse is (default 400 ``invalid-request``).
     invalid_query: str = "invalid-request"
     response_headers: dict[int, dict[str, str]] = field(default_factory=dict)  # status -> {header: description}
+    #: Who may call it (:mod:`web.auth`): a :class:`compilesvc.tokens.Permission`, or public / signed-url /
+    #: metrics. Checked before the view runs; None means admin.
+    access: str | None = None
 
 
 def operation(**kwargs: Any) -> Callable[[F], F]:
@@ -209,6 +213,11 @@ def build_spec(app: Flask) -> dict[str, Any]:
             responses[str(status)] = entry
         # Every parameter is read by its model: anything with parameters can be a 400 (or the endpoint's own).
         declared = {PROBLEM_TYPES[op.invalid_query].status} if op.query or op.headers else set()
+        item["security"] = _security(op)
+        if item["security"] and {} not in item["security"]:
+            declared |= {401, 403}
+        if op.request is not None or (method == "post" and op.request_schema is None):
+            declared.add(415)  # a body must be JSON (web.auth)
         for status in sorted({*op.problems, *declared, 500}):
             responses[str(status)] = _problem_ref(status)
         item["responses"] = responses
@@ -229,8 +238,27 @@ def build_spec(app: Flask) -> dict[str, Any]:
         },
         "jsonSchemaDialect": "https://spec.openapis.org/oas/3.1/dialect/base",
         "paths": paths,
-        "components": {"schemas": {**param_defs, **components}},
+        "components": {"schemas": {**param_defs, **components}, "securitySchemes": SECURITY_SCHEMES},
     }
+
+
+SECURITY_SCHEMES = {
+    "bearer": {"type": "http", "scheme": "bearer",
+               "description": "An API token (`compilesvc tokens create`); the scopes each operation needs are "
+                              "in docs/security.md."},
+    "session": {"type": "apiKey", "in": "cookie", "name": "compilesvc_session",
+                "description": "The web UI's login session; changes also need the X-CSRF-Token header."},
+}
+
+
+def _security(op: Op) -> list[dict[str, list[str]]]:
+    """Who may call: no one needs a token for public operations and signed URLs; /metrics takes one
+    optionally (the ``public_metrics`` setting); the rest need one (``open_reads`` may open reads)."""
+    if op.access in (PUBLIC, SIGNED_URL):
+        return []
+    if op.access == METRICS:
+        return [{}, {"bearer": []}]
+    return [{"bearer": []}, {"session": []}]
 
 
 def _describe_status(status: int, response: type[BaseModel] | str | tuple[str, dict[str, Any]]) -> str:

@@ -8,16 +8,18 @@ turned into problem responses before any core code sees them.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from flask import Response, current_app, request
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from compilesvc.spec import CompileSpec
-from compilesvc.spec_parsing import SpecError, parse_spec
+from compilesvc.spec_parsing import SpecError, parse_spec, validation_errors
 from web.context import web
 from web.problems import Problem
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -138,6 +140,27 @@ def _parse_json(text: str) -> Any:
         raise Problem("invalid-json", f"cannot decode the body: {type(exc).__name__}") from None
 
 
+def _refuse_unstorable_text(text: str, data: Any, problem: str) -> None:
+    # The text is valid UTF-8 and JSON refuses raw control characters, so NUL and lone surrogates can
+    # only come from \u escapes: without one, there is nothing to look for.
+    bad_text = _text_problems(data) if "\\u" in text else []
+    if bad_text:
+        raise Problem(problem, f"{len(bad_text)} field(s) hold text that cannot be stored", errors=bad_text)
+
+
+def model_body(model: type[M], problem: str) -> M:
+    """The body as ``model``; 400 for malformed JSON, 422 ``problem`` with per-field errors otherwise."""
+    text = body_text()
+    data = _parse_json(text)
+    _refuse_unstorable_text(text, data, problem)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = validation_errors(exc)
+        raise Problem(problem, "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5]),
+                      errors=errors) from None
+
+
 def spec_body() -> CompileSpec:
     """The body as a validated CompileSpec; 422 ``spec-invalid`` with per-field errors otherwise."""
     return parse_spec_text(body_text())
@@ -146,12 +169,7 @@ def spec_body() -> CompileSpec:
 def parse_spec_text(text: str) -> CompileSpec:
     """:func:`spec_body` of body ``text`` already read."""
     data = _parse_json(text)
-    # The text is valid UTF-8 and JSON refuses raw control characters, so NUL and lone surrogates can
-    # only come from \u escapes: without one, there is nothing to look for.
-    bad_text = _text_problems(data) if "\\u" in text else []
-    if bad_text:
-        raise Problem("spec-invalid", f"{len(bad_text)} field(s) hold text that cannot be stored",
-                      errors=bad_text)
+    _refuse_unstorable_text(text, data, "spec-invalid")
     try:
         # The service's bounds on elements per input and bucket: a shape no compiler can allocate is a 422
         # here, not three failed compile attempts.

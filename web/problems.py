@@ -59,6 +59,23 @@ _TYPES = [
                 "The spec's model could not be resolved (unknown blob, unreadable object, disallowed scheme)."),
     ProblemType("idempotency-key-reused", 422, "Idempotency-Key reused with a different body",
                 "An Idempotency-Key identifies one request body; use a new key for a different spec."),
+    ProblemType("unauthorized", 401, "A valid token is needed",
+                "Send `Authorization: Bearer <token>`. The same answer is given for a missing, unknown, expired "
+                "or revoked token. Tokens are made with `compilesvc tokens create` (docs/security.md)."),
+    ProblemType("forbidden", 403, "The token's scopes do not allow this",
+                "`required_scope` names the scope this needs (docs/security.md has the matrix)."),
+    ProblemType("not-your-build", 403, "The build belongs to another team",
+                "Cancel and retry are for the submitting team's tokens (with the submit scope) and admins."),
+    ProblemType("csrf-failed", 403, "Cross-site request refused",
+                "A change made with the UI's session cookie must come from the UI's own page, with its CSRF "
+                "token. API clients send a bearer token instead."),
+    ProblemType("token-not-found", 404, "Token not found", "No token has this id."),
+    ProblemType("token-invalid", 422, "Token cannot be made as asked",
+                "`detail` says which field is wrong (name, owner, team, scopes, expiry)."),
+    ProblemType("json-required", 415, "Request body must be JSON",
+                "Requests with a body say `Content-Type: application/json` (model uploads: the raw file, "
+                "POST /v1/models). Forms and text/plain are refused, so no other web page can act through "
+                "a browser."),
     ProblemType("not-cancellable", 409, "Build cannot be cancelled",
                 "Only builds that are still building can be cancelled."),
     ProblemType("not-retryable", 409, "Build cannot be retried",

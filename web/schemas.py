@@ -9,11 +9,12 @@ artifact lookup's cached layout once per manifest), so the document cannot drift
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from compilesvc import states
+from compilesvc.tokens import TEXT_PATTERN
 
 # The state machines' enums (compilesvc/states.py), as the documented response schemas' enums.
 BuildState = Literal[tuple(s.value for s in states.BuildState)]  # type: ignore[valid-type]
@@ -265,3 +266,42 @@ class HealthOut(_Out):
 class ReadyOut(_Out):
     status: Literal["ready"]
     checks: dict[str, str]
+
+
+class TokenCreate(BaseModel):
+    """POST /v1/tokens: a token for ``owner`` (recorded as the submitter of its builds) in ``team`` (whose
+    builds it may cancel and retry; default: the owner)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=100, pattern=TEXT_PATTERN,
+                      description="What the token is for, e.g. `ci-vision`.")
+    owner: str = Field(min_length=1, max_length=255, pattern=TEXT_PATTERN)
+    team: str | None = Field(default=None, min_length=1, max_length=255, pattern=TEXT_PATTERN)
+    scopes: (Annotated[list[Literal["fleet"]], Field(min_length=1, max_length=1)]
+             | Annotated[list[Literal["read", "submit", "admin"]], Field(min_length=1)]) = Field(
+        description="`fleet` alone, or any of read, submit, admin (each includes the ones before).")
+    expires_in_seconds: int | None = Field(default=None, ge=60, le=10 * 366 * 86400,
+                                           description="Unset: the token does not expire.")
+
+
+class TokenOut(_Out):
+    id: int
+    name: str
+    owner: str
+    team: str
+    scopes: list[str]
+    hint: str = Field(description="The token's first characters, to tell tokens apart; the rest is never shown.")
+    created_at: datetime
+    created_by: str | None
+    expires_at: datetime | None
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="The secret, shown this once: only its sha256 is kept.")
+
+
+class TokenList(_Out):
+    items: list[TokenOut]

@@ -2,26 +2,36 @@
 of JS for the live log and the cancel/retry buttons; no external assets).
 
 The pages read through the same code as the JSON API (:func:`compilesvc.history.list_builds`,
-:func:`web.api.builds.build_document`), so the UI never shows something the API would not.
+:func:`web.api.builds.build_document`), so the UI never shows something the API would not. A browser logs
+in by pasting a token (:func:`login`): the session cookie names the token, which is re-checked on every
+request (:mod:`web.auth`); forms that change something carry the session's CSRF token.
 """
 
 from __future__ import annotations
 
 import re
 import urllib.parse
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from flask import Blueprint, current_app, render_template, request
+from flask import Blueprint, current_app, redirect, render_template, request, session, url_for
 from markupsafe import Markup, escape
 from pydantic import ValidationError
+from werkzeug.wrappers import Response as WerkzeugResponse
 
+from compilesvc.control import BuildNotFound, cancel_build, retry_build
 from compilesvc.history import BUILD_STATES, HistoryFilter, InvalidCursor, count_by_state, list_builds
+from compilesvc.refusals import SubmitRefused
+from compilesvc.services import Services
 from compilesvc.spec_parsing import validation_errors
-from web.api.builds import build_document
+from compilesvc.tokens import Permission
+from web import auth
+from web.api.builds import build_document, check_control, refused
 from web.api.serialize import summary_json
 from web.context import web
 from web.inputs import FILTERS
+from web.problems import Problem
 
 bp = Blueprint("ui", __name__, template_folder="templates", static_folder="static", static_url_path="/static")
 
@@ -61,6 +71,7 @@ def shape(inputs: list[dict[str, Any]]) -> str:
 
 
 @bp.get("/")
+@auth.access(Permission.READ)
 def history() -> tuple[str, int]:
     ctx = web()
     given = {name: request.args.get(name, "") for name in FILTERS}
@@ -90,8 +101,67 @@ def history() -> tuple[str, int]:
 
 
 @bp.get("/builds/<build_id:build_id>")
+@auth.access(Permission.READ)
 def build_page(build_id: int) -> str:
     build = build_document(web(), build_id)
     # Buckets compile at once and their log lines interleave: each line is labelled with its bucket.
     positions = {bucket["key"]: bucket["position"] for bucket in build["buckets"]}
     return render_template("build.html", build=build, positions=positions)
+
+
+@bp.post("/builds/<build_id:build_id>/cancel")
+@auth.access(Permission.SUBMIT)
+def cancel_build_form(build_id: int) -> WerkzeugResponse:
+    return _control(build_id, cancel_build)
+
+
+@bp.post("/builds/<build_id:build_id>/retry")
+@auth.access(Permission.SUBMIT)
+def retry_build_form(build_id: int) -> WerkzeugResponse:
+    return _control(build_id, retry_build)
+
+
+def _control(build_id: int, action: Callable[[Services, int], object]) -> WerkzeugResponse:
+    """The build page's cancel and retry forms: what the API does, then back to the page."""
+    ctx = web()
+    check_control(ctx, build_id)
+    try:
+        action(ctx.services, build_id)
+    except BuildNotFound:
+        raise Problem("build-not-found", f"no build {build_id}") from None
+    except SubmitRefused as exc:
+        raise refused(exc) from None
+    return redirect(url_for("ui.build_page", build_id=build_id), 303)
+
+
+def _local_path(target: str | None) -> str:
+    """Where to go after logging in: a path on this site only (never an open redirect)."""
+    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return url_for("ui.history")
+
+
+@bp.route("/login", methods=["GET", "POST"])
+@auth.access(auth.PUBLIC)
+def login() -> WerkzeugResponse | tuple[str, int]:
+    next_path = _local_path(request.values.get("next"))
+    if request.method == "GET":
+        return render_template("login.html", next=next_path, error=None), 200
+    auth.check_csrf()  # login CSRF: a foreign page must not log the browser in as someone else
+    principal = web().tokens.by_secret(request.form.get("token", "").strip())
+    if principal is None:
+        return render_template("login.html", next=next_path, error=auth.INVALID_TOKEN), 401
+    if not principal.allows(Permission.READ):
+        return render_template("login.html", next=next_path,
+                               error="this token cannot browse builds (it needs the read scope)"), 403
+    auth.start_session(principal)
+    return redirect(next_path, 303)
+
+
+@bp.post("/logout")
+@auth.access(auth.PUBLIC)
+def logout() -> WerkzeugResponse:
+    if session.get("tid") is not None:
+        auth.check_csrf()
+    session.clear()
+    return redirect(url_for("ui.login"), 303)

@@ -1,4 +1,5 @@
-"""Ledger tables: artifacts, bucket compiles, builds, events, workers, log lines, outbox, model pins.
+"""Ledger tables: artifacts, bucket compiles, builds, events, workers, log lines, outbox, model pins, API
+tokens and idempotency keys.
 
 Unique constraints carry the dedupe: one ``artifacts`` row per artifact key, one ``bucket_compiles`` row per
 bucket key, one ``builds`` row per idempotency key. A bucket compile may belong to many artifacts (a set
@@ -170,8 +171,10 @@ class Build(Base):
     target: Mapped[str] = mapped_column(String(16))
     sdk: Mapped[str] = mapped_column(String(32))
     backend: Mapped[str] = mapped_column(String(32))
-    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), doc="As sent; replays: idempotency_keys.")
     request_hash: Mapped[str | None] = mapped_column(String(64))
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"), doc="The token that submitted.")
+    team: Mapped[str | None] = mapped_column(String(255), doc="The submitting token's team: who may control it.")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 
@@ -183,6 +186,8 @@ class Build(Base):
         Index("ix_builds_model_sha256_id", "model_sha256", "id"),
         Index("ix_builds_model_name_id", "model_name", "id"),
         Index("ix_builds_submitted_by_id", "submitted_by", "id"),
+        # A token's builds in flight (its concurrent-compile quota).
+        Index("ix_builds_token_id_state", "token_id", "state"),
         # The two filters the history UI shows side by side; SDK releases follow time (see 0003).
         Index("ix_builds_target_sdk_id", "target", "sdk", "id"),
         Index("ix_builds_artifact_id", "artifact_id"),
@@ -314,3 +319,38 @@ class BucketFailure(Base):
         Index("ix_bucket_failures_bucket_compile_id_id", "bucket_compile_id", "id"),
         check_constraint("error_class", ErrorClass, "error_class"),
     )
+
+
+class ApiToken(Base):
+    """An API token: only the sha256 of its secret is kept (:mod:`compilesvc.tokens`)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    owner: Mapped[str] = mapped_column(String(255), doc="Recorded as the submitter of the token's builds.")
+    team: Mapped[str] = mapped_column(String(255), doc="Whose builds the token may cancel and retry.")
+    scopes: Mapped[list[Any]] = mapped_column(doc="fleet | read | submit | admin")
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    hint: Mapped[str] = mapped_column(String(16), doc="The secret's first characters, to tell tokens apart.")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_by: Mapped[str | None] = mapped_column(String(255))
+    expires_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+
+class IdempotencyKey(Base):
+    """A submit's Idempotency-Key, per token, and the build it made: a repeat with the same body replays
+    that answer, with another body is refused. Expired keys are deleted by the relay's sweep."""
+
+    __tablename__ = "idempotency_keys"
+
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id", ondelete="CASCADE"))
+    status: Mapped[int] = mapped_column(Integer, doc="The HTTP status first answered (200 hit, 202 otherwise).")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_idempotency_keys_created_at", "created_at"),)

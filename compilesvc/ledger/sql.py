@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import Table
+from sqlalchemy import Table, literal
 from sqlalchemy.dialects.postgresql import Insert as PgInsert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
@@ -31,9 +31,12 @@ def insert_ignore(session: Session, model: type[Base], values: dict[str, Any], c
     return result
 
 
-def insert_ignore_duplicate(session: Session, model: type[Base], values: dict[str, Any], conflict: list[str]) -> None:
-    """``INSERT … ON CONFLICT (conflict) DO NOTHING``, for tables without an ``id`` to return."""
-    session.execute(_insert(session, model, values).on_conflict_do_nothing(index_elements=conflict))
+def insert_ignore_duplicate(session: Session, model: type[Base], values: dict[str, Any], conflict: list[str]) -> bool:
+    """``INSERT … ON CONFLICT (conflict) DO NOTHING``, for tables without an ``id`` to return: whether a row
+    was inserted."""
+    # RETURNING, not rowcount: psycopg reports -1 for an INSERT … ON CONFLICT run through the ORM session.
+    stmt = _insert(session, model, values).on_conflict_do_nothing(index_elements=conflict)
+    return session.execute(stmt.returning(literal(1))).scalar_one_or_none() is not None
 
 
 def upsert(session: Session, model: type[Base], values: dict[str, Any], conflict: list[str]) -> None:

@@ -27,6 +27,7 @@ import requests
 from tests.fixtures.ports import free_port
 from tests.fixtures.private_services import PrivatePostgres, PrivateRedis
 from tests.fixtures.s3server import WeedProcess
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 from tests.workers.conftest import HLO_MODEL, Cluster, ServiceProcess, cluster_factory, wait_for
 
 #: How long S3 stays down in the outage test (the issue's incident: 60 s). Smaller for a quick local run.
@@ -52,6 +53,7 @@ class ApiClient:
     def __init__(self, base: str):
         self.base = base
         self.http = requests.Session()
+        self.http.headers.update(bearer(BOOTSTRAP_TOKEN))
 
     def upload(self, content: bytes) -> str:
         response = self.http.post(f"{self.base}/v1/models", data=io.BytesIO(content),

@@ -33,6 +33,7 @@ import requests
 from tests.fixtures.nginx import nginx_binary, nginx_proxy
 from tests.fixtures.ports import free_port
 from tests.fixtures.serve import Served, compilesvc_serve
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 from tests.web.support import spec_for
 
 pytestmark = pytest.mark.slow
@@ -43,6 +44,8 @@ INTERVAL_SECONDS = float(os.environ.get("SLOW_CLIENTS_INTERVAL_SECONDS", "5"))
 IDLE_SAMPLES = 100
 LOOKUP_TIMEOUT = 10.0
 MISSING_KEY = "0" * 64
+
+AUTH = bearer(BOOTSTRAP_TOKEN)
 
 
 @dataclass
@@ -140,10 +143,10 @@ def measure(lookups: list[Callable[[], requests.Response]], *, samples: int | No
 
 def lookups_for(base: str, build_id: str) -> list[Callable[[], requests.Response]]:
     def build() -> requests.Response:
-        return requests.get(f"{base}/v1/builds/{build_id}", timeout=LOOKUP_TIMEOUT)
+        return requests.get(f"{base}/v1/builds/{build_id}", headers=AUTH, timeout=LOOKUP_TIMEOUT)
 
     def missing_artifact() -> requests.Response:
-        return requests.get(f"{base}/v1/artifacts/{MISSING_KEY}", timeout=LOOKUP_TIMEOUT)
+        return requests.get(f"{base}/v1/artifacts/{MISSING_KEY}", headers=AUTH, timeout=LOOKUP_TIMEOUT)
 
     return [build, missing_artifact]
 
@@ -151,9 +154,9 @@ def lookups_for(base: str, build_id: str) -> list[Callable[[], requests.Response
 def a_build(base: str) -> str:
     """A real build row to look up (queued: no worker runs here)."""
     upload = requests.post(f"{base}/v1/models", data=b"slow clients model",
-                           headers={"Content-Type": "application/octet-stream"}, timeout=30)
+                           headers={"Content-Type": "application/octet-stream", **AUTH}, timeout=30)
     assert upload.status_code == 201, upload.text
-    response = requests.post(f"{base}/v1/builds", json=spec_for(upload.json()["uri"]), timeout=30)
+    response = requests.post(f"{base}/v1/builds", json=spec_for(upload.json()["uri"]), headers=AUTH, timeout=30)
     assert response.status_code == 202, response.text
     return str(response.json()["build_id"])
 

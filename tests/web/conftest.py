@@ -11,6 +11,7 @@ import pytest
 
 from compilesvc.services import Services
 from tests.fixtures.s3server import S3Server
+from tests.fixtures.tokens import make_token
 from tests.web.support import Env, make_settings
 from web.app import create_app
 
@@ -22,12 +23,18 @@ def make_env(tmp_path: Path) -> Iterator[EnvFactory]:
     """Build Envs with settings overrides; closes their services afterwards."""
     made: list[Services] = []
 
-    def factory(database_url: str, *, config: dict[str, Any] | None = None, **overrides: Any) -> Env:
+    def factory(database_url: str, *, config: dict[str, Any] | None = None, with_token: bool = True,
+                **overrides: Any) -> Env:
         services = Services.from_settings(make_settings(tmp_path / f"env{len(made)}", database_url, **overrides))
         made.append(services)
         app = create_app(services=services, config=config)
         app.testing = True
-        return Env(app=app, client=app.test_client(), services=services)
+        # The client is an admin unless a test says otherwise (tests/web/test_auth.py checks every scope).
+        token = make_token(services.sessions, "admin", owner="web-tests") if with_token else ""
+        client = app.test_client()
+        if token:
+            client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+        return Env(app=app, client=client, services=services, token=token)
 
     yield factory
     for services in made:

@@ -48,6 +48,7 @@ class Env:
     app: Flask
     client: FlaskClient
     services: Services
+    token: str  # the client's (admin) token
 
     @property
     def settings(self) -> Settings:

@@ -122,7 +122,8 @@ def test_resolve_never_creates_rows(env: Env) -> None:
     assert row_counts(env) == before
 
     assert_problem(env.client.post("/v1/artifacts/resolve", json={"target": "cpu"}), 422, "spec-invalid")
-    assert_problem(env.client.post("/v1/artifacts/resolve", data=b"nope"), 400, "invalid-json")
+    assert_problem(env.client.post("/v1/artifacts/resolve", data=b"nope", content_type="application/json"), 400,
+                   "invalid-json")
     missing = spec_for("blob:sha256:" + "cd" * 32)
     assert_problem(env.client.post("/v1/artifacts/resolve", json=missing), 422, "model-ref-invalid")
 

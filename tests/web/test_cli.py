@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from compilesvc.cli import main
 from tests.fixtures.serve import compilesvc_serve
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 from tests.web.support import spec_for
 
 
@@ -33,12 +35,14 @@ def test_serve_under_gunicorn(tmp_path: Path) -> None:
         model = tmp_path / "model.pt2"
         model.write_bytes(b"served model")
         upload = subprocess.run([sys.executable, "-m", "compilesvc", "upload", str(model), "--api", base],
-                                capture_output=True, text=True, timeout=60)
+                                capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "COMPILESVC_TOKEN": BOOTSTRAP_TOKEN})
         assert upload.returncode == 0, f"{upload.stderr}\n--- serve log\n{log_path.read_text()[-4000:]}"
         uri = upload.stdout.strip()
         assert uri == f"blob:sha256:{hashlib.sha256(b'served model').hexdigest()}"
         for _ in range(6):  # fresh connections: spread over both workers
-            response = requests.post(f"{base}/v1/builds", json=spec_for(uri), timeout=10)
+            response = requests.post(f"{base}/v1/builds", json=spec_for(uri), headers=bearer(BOOTSTRAP_TOKEN),
+                                     timeout=10)
             assert response.status_code == 202, response.text
         for _ in range(4):  # whichever worker answers, the counters are the sum over both
             metrics = requests.get(f"{base}/metrics", timeout=10).text

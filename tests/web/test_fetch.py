@@ -128,7 +128,7 @@ def run(served: Served) -> Run:
     def run(key: str, dest: str, *extra: str, cwd: Path | None = None, umask: int = 0o022,
             ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(fetch_argv(served, key, dest, *extra), cwd=cwd, umask=umask, capture_output=True,
-                              text=True, timeout=120)
+                              text=True, timeout=120, env={**os.environ, "COMPILESVC_TOKEN": served.env.token})
     return run
 
 

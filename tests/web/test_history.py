@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import PUBLIC_URL, Env, complete_build, fail_build, spec_for
 from tests.web.test_submit import assert_problem
 from web.schemas import BuildList
@@ -21,11 +22,12 @@ def populate(env: Env) -> dict[str, list[int]]:
     inf_uri = env.upload(b"neuron model")
     ids: dict[str, list[int]] = {"cpu": [], "inf2": [], "trn1": []}
     cpu = spec_for(cpu_uri, labels={"team": "vision"})
+    alice, bob = (make_token(env.services.sessions, "submit", owner=name) for name in ("alice", "bob"))
     for _ in range(4):
-        ids["cpu"].append(env.submit(cpu, **{"X-Submitted-By": "alice"}).json["build_id"])
+        ids["cpu"].append(env.submit(cpu, **bearer(alice)).json["build_id"])
     inf = spec_for(inf_uri, target="inf2", sdk="2.20.0", labels={"team": "nlp", "ticket": "a:b"}, name="bert")
     for _ in range(3):
-        ids["inf2"].append(env.submit(inf, **{"X-Submitted-By": "bob"}).json["build_id"])
+        ids["inf2"].append(env.submit(inf, **bearer(bob)).json["build_id"])
     trn = spec_for(inf_uri, target="trn1", sdk="2.21.0", name="other-model", buckets=((4, 4),))
     for _ in range(2):
         ids["trn1"].append(env.submit(trn).json["build_id"])
@@ -127,7 +129,8 @@ def test_ui_history_and_detail(make_env: EnvFactory, sqlite_url: str) -> None:
 
     failed = env.client.get(f"/builds/{ids['trn1'][0]}").get_data(as_text=True)
     assert "unsupported operator aten::foo" in failed and "NCC_EXTP004" in failed
-    assert 'data-action="/v1/builds/' in failed and "Retry" in failed
+    retry_form = f'<form method="post" action="/builds/{ids["trn1"][0]}/retry">'
+    assert retry_form in failed and 'name="csrf_token"' in failed and "Retry" in failed
 
     missing = env.client.get("/builds/999999", headers={"Accept": "text/html,*/*;q=0.8"})
     assert missing.status_code == 404 and missing.mimetype == "text/html"

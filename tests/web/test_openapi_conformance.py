@@ -21,6 +21,7 @@ from schemathesis.checks import CHECKS, load_all_checks
 from schemathesis.config import SchemathesisConfig
 from schemathesis.generation import GenerationMode
 
+from tests.fixtures.tokens import bearer
 from tests.web.support import Env
 
 #: Cases per operation and mode; COMPILESVC_FUZZ_EXAMPLES runs longer (e.g. 1000 before a release).
@@ -36,7 +37,7 @@ CONFIG = SchemathesisConfig.from_dict(
 pytestmark = pytest.mark.slow  # hundreds of requests per mode: seconds, not the edit loop's milliseconds
 
 
-def semantically_valid(case: Any, model_uri: str) -> None:
+def semantically_valid(case: Any, model_uri: str, spare_token_id: int) -> None:
     """Make a positive case valid where JSON Schema cannot say what valid is."""
     path, method = case.operation.path, case.operation.method.upper()
     if (method, path) in {("POST", "/v1/builds"), ("POST", "/v1/artifacts/resolve")} and isinstance(case.body, dict):
@@ -59,6 +60,9 @@ def semantically_valid(case: Any, model_uri: str) -> None:
         (case.headers or {}).pop("Idempotency-Key", None)
     if (method, path) == ("GET", "/v1/builds") and case.query:
         case.query.pop("cursor", None)  # a cursor is one the server issued; which ones, no schema can say
+    if (method, path) == ("POST", "/v1/tokens/{token_id}/revoke"):
+        # A generated id could name the token the run itself calls with; a spare one is revoked instead.
+        case.path_parameters = {**(case.path_parameters or {}), "token_id": spare_token_id}
     if (method, path) == ("POST", "/v1/models"):
         # A declared digest must be the body's; a blind generator cannot know it.
         for name in ("Content-Digest", "Digest"):
@@ -71,6 +75,8 @@ def run_operations(env: Env, mode: GenerationMode) -> dict[str, str]:
     load_all_checks()
     checks = CHECKS.get_all()
     model_uri = env.upload()
+    spare = env.client.post("/v1/tokens", json={"name": "spare", "owner": "fuzz", "scopes": ["read"]})
+    spare_token_id = spare.json["id"]
     schema = schemathesis.openapi.from_wsgi("/openapi.json", env.app, config=CONFIG)
     failures: dict[str, str] = {}
     for result in schema.get_all_operations():
@@ -82,8 +88,9 @@ def run_operations(env: Env, mode: GenerationMode) -> dict[str, str]:
         @given(operation.as_strategy(generation_mode=mode))
         def exercise(case: Any) -> None:
             if mode == GenerationMode.POSITIVE:
-                semantically_valid(case, model_uri)
-            case.call_and_validate(checks=checks)
+                semantically_valid(case, model_uri, spare_token_id)
+            # Every case carries the admin token; the missing-auth check sends each one without it as well.
+            case.call_and_validate(checks=checks, headers=bearer(env.token))
 
         try:
             exercise()

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from compilesvc import jsonlog, registry
 from compilesvc.db import transaction
+from tests.fixtures.tokens import bearer
 from tests.web.support import Env, complete_build, spec_for
 from tests.web.test_submit import assert_problem
 from web.schemas import ReadyOut, WorkersOut
@@ -35,10 +36,10 @@ def test_readyz_lists_what_failed(make_env: EnvFactory, sqlite_url: str) -> None
     assert body["failed"] == ["broker"]
     assert body["checks"]["broker"].startswith("failed:") and body["checks"]["database"].startswith("ok")
 
-    no_db = make_env("postgresql+psycopg://postgres@127.0.0.1:1/nothing")
+    no_db = make_env("postgresql+psycopg://postgres@127.0.0.1:1/nothing", with_token=False)  # readyz is public
     assert assert_problem(no_db.client.get("/readyz"), 503)["failed"] == ["database"]
-    # And a ledger outage on a normal request is a 503, not a 500.
-    assert_problem(no_db.client.get("/v1/builds"), 503, "ledger-unavailable")
+    # And a ledger outage on a normal request, checking its token first, is a 503, not a 500 (nor a 401).
+    assert_problem(no_db.client.get("/v1/builds", headers=bearer("csvc_" + "x" * 40)), 503, "ledger-unavailable")
 
     no_store = make_env(sqlite_url)
     store_root = no_store.settings.resolved_store_url.removeprefix("file://")

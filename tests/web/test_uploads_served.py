@@ -28,6 +28,7 @@ from compilesvc.store import ArtifactStore, LocalStore, S3Store
 from compilesvc.store.s3_client import make_client
 from tests.fixtures.s3server import S3Server
 from tests.fixtures.serve import compilesvc_serve
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN
 
 MiB = 1024 * 1024
 SECRET = "served-upload-test-secret"
@@ -80,6 +81,7 @@ class Served:
 def head(*, length: int | None = None, extra: str = "") -> str:
     framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
     return (f"POST /v1/models HTTP/1.1\r\nHost: api.test\r\nContent-Type: application/octet-stream\r\n"
+            f"Authorization: Bearer {BOOTSTRAP_TOKEN}\r\n"
             f"{framing}\r\n{extra}\r\n")
 
 

@@ -39,6 +39,7 @@ from compilesvc.spec_parsing import parse_spec
 from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_FLAGS_SETTING
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN
 from tests.fixtures.waiting import wait_for
 
 REDIS_URL = os.environ.get("COMPILESVC_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -273,6 +274,7 @@ def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest,
 #: Short timings, so that lost leases and dead workers are noticed within seconds.
 CLUSTER_DEFAULTS: dict[str, Any] = {
     "secret_key": "test-secret-key",
+    "bootstrap_token": BOOTSTRAP_TOKEN,  # the API's admin, for the clients of the tests
     "lease_seconds": 3,
     "heartbeat_seconds": 0.5,
     "worker_stale_seconds": 10,

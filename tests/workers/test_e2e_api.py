@@ -17,6 +17,7 @@ import requests
 
 from tests.fixtures.ports import free_port as _free_port
 from tests.fixtures.s3server import S3Server
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 from tests.workers.conftest import Cluster, wait_for
 
 BUCKETS = [{"batch_size": 1, "seq_len": 16}, {"batch_size": 2, "seq_len": 32}, {"batch_size": 4, "seq_len": 64}]
@@ -44,6 +45,7 @@ def test_three_buckets_compile_in_parallel_and_serve_verified_artifacts(
                                     lease_seconds=30, heartbeat_seconds=1)
     cluster._start("api", ["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"], None)
     http = requests.Session()
+    http.headers.update(bearer(BOOTSTRAP_TOKEN))
     wait_for(lambda: _get_ok(http, f"{base}/readyz"), 60, "the API to be ready")
     cluster.start_worker("w1", concurrency=2)
     cluster.start_worker("w2", concurrency=1)
@@ -58,7 +60,7 @@ def test_three_buckets_compile_in_parallel_and_serve_verified_artifacts(
     spec = {"model": {"uri": uploaded.json()["uri"], "format": "exported-program", "name": "tiny"},
             "target": "cpu", "sdk": "2.13.0", "compiler": {"backend": "torchscript"}, "buckets": BUCKETS,
             "labels": {"pipeline": "e2e"}}
-    submitted = http.post(f"{base}/v1/builds", json=spec, headers={"X-Submitted-By": "e2e"})
+    submitted = http.post(f"{base}/v1/builds", json=spec)
     assert submitted.status_code == 202, submitted.text
     build_id, key = submitted.json()["build_id"], submitted.json()["artifact_key"]
 

@@ -15,6 +15,7 @@ from compilesvc.ledger.models import Artifact, BucketCompile
 from compilesvc.model_pins import ModelRefError
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState
+from compilesvc.tokens import Permission
 from web.api.builds import model_ref_problem
 from web.context import web
 from web.openapi import operation
@@ -23,10 +24,11 @@ from web.problems import Problem
 from web.schemas import ArtifactOut, ResolveOut
 
 bp = Blueprint("artifacts", __name__, url_prefix="/v1/artifacts")
+ARTIFACTS = Permission.ARTIFACTS  # fleet tokens too
 
 
 @bp.get("/<sha256:key>")
-@operation(summary="A published artifact: manifest and fresh download URLs", tag="artifacts",
+@operation(summary="A published artifact: manifest and fresh download URLs", tag="artifacts", access=ARTIFACTS,
            description="Files with sizes and sha256, compiler versions, timings, and download URLs that expire "
                        "after `urls_expire_in` seconds. 404 while the artifact is not published (`state` says "
                        "what it is doing) or when the key is unknown.",
@@ -39,6 +41,7 @@ def get_artifact(key: str) -> Response:
 
 @bp.post("/resolve")
 @operation(summary="Resolve a spec to its keys and state (never builds)", tag="artifacts", request=CompileSpec,
+           access=ARTIFACTS,
            description="The artifact key, bucket keys and key components a submit of this spec would use, "
                        "what the ledger knows about them, and the artifact if it is published. Read-only.",
            responses={200: ResolveOut}, problems=(400, 413, 422))

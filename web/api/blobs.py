@@ -22,6 +22,8 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from compilesvc.store.base import BlobTooLarge, ContentMismatch
 from compilesvc.store.local import LocalStore
 from compilesvc.store.signing import content_disposition, verify_blob_signature
+from compilesvc.tokens import Permission
+from web.auth import SIGNED_URL
 from web.context import web
 from web.inputs import BlobQuery, UploadHeaders, UploadQuery
 from web.openapi import operation
@@ -36,7 +38,7 @@ UPLOAD_ENDPOINT = "blobs.upload_model"
 
 
 @bp.post("/models")
-@operation(summary="Upload a model (raw body, streamed)", tag="models",
+@operation(summary="Upload a model (raw body, streamed)", tag="models", access=Permission.SUBMIT,
            description="Send the model file as the raw request body (application/octet-stream, Content-Length "
                        "or chunked). Form uploads (multipart/form-data, application/x-www-form-urlencoded) are "
                        "refused with 415. Use the returned `uri` as the spec's `model.uri`. All or nothing: a "
@@ -101,7 +103,7 @@ def refuse_form_upload() -> None:
 
 
 @bp.get("/blobs/<sha256:sha256>")
-@operation(summary="Download a blob through a signed URL (local store only)", tag="artifacts",
+@operation(summary="Download a blob through a signed URL (local store only)", tag="artifacts", access=SIGNED_URL,
            description="The URLs come from artifact manifests; they expire. 403 when the signature is wrong "
                        "or expired.",
            query=BlobQuery, invalid_query="signature-invalid",

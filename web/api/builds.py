@@ -28,7 +28,9 @@ from compilesvc.refusals import NoCapableWorker, SubmitRefused
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState, BuildState
 from compilesvc.submit import SubmitResult
+from compilesvc.tokens import Permission
 from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
+from web.auth import current_principal
 from web.context import MAX_PREPARED_BODY, WebContext, web
 from web.inputs import (
     FILTERS,
@@ -79,7 +81,7 @@ def model_ref_problem(exc: ModelRefError) -> Problem:
 
 @bp.post("")
 @operation(
-    summary="Submit a compile spec", tag="builds", request=CompileSpec,
+    summary="Submit a compile spec", tag="builds", request=CompileSpec, access=Permission.SUBMIT,
     description="Deduplicated against everything built or building: a published artifact answers 200 at "
                 "once (outcome hit); an artifact in flight is joined (join); otherwise only the bucket "
                 "compiles that do not exist yet are queued (new).",
@@ -98,7 +100,7 @@ def submit(query: SubmitQuery, headers: SubmitHeaders) -> Response:
             prepared = ctx.submitter.prepare(spec)
             if prepared.reusable and len(text) <= MAX_PREPARED_BODY:
                 ctx.prepared.put(text, prepared)
-        result = ctx.submitter.submit(prepared, submitted_by=headers.submitted_by,
+        result = ctx.submitter.submit(prepared, principal=current_principal(),
                                       idempotency_key=headers.idempotency_key, queue_anyway=query.queue_anyway)
     except ModelRefError as exc:
         raise model_ref_problem(exc) from None
@@ -112,18 +114,23 @@ def submit(query: SubmitQuery, headers: SubmitHeaders) -> Response:
 
 
 def accepted_response(ctx: WebContext, result: SubmitResult) -> Response:
+    """200 with the artifact for a hit, 202 with the status URL otherwise; a replay answers the status its
+    key was first answered with, and the build as it is now (fresh download URLs, current state)."""
     headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
-    if result.artifact_state == ArtifactState.PUBLISHED:
+    published = result.artifact_state == ArtifactState.PUBLISHED
+    status = result.first_status or (200 if published else 202)
+    body = accepted_json(ctx, result)
+    if status == 202:
+        headers["Location"] = body["status_url"]
+    if published:
         # The hit path: the artifact is the manifest cache's JSON, embedded as it is, not decoded again.
         artifact = ctx.describe_json(ctx.published(result.artifact_key))
-        return respond(BuildAccepted, accepted_json(ctx, result), 200, headers, embed={"artifact": artifact})
-    body = accepted_json(ctx, result)
-    headers["Location"] = body["status_url"]
-    return respond(BuildAccepted, body, 202, headers)
+        return respond(BuildAccepted, body, status, headers, embed={"artifact": artifact})
+    return respond(BuildAccepted, body, status, headers)
 
 
 @bp.get("")
-@operation(summary="Build history", tag="builds", query=BuildListQuery,
+@operation(summary="Build history", tag="builds", query=BuildListQuery, access=Permission.READ,
            description="Newest first, keyset-paginated: follow `next` (or pass `next_cursor` as `cursor`). "
                        "Filters combine with AND.",
            responses={200: BuildList}, problems=(400,), response_headers={200: {"Link": 'rel="next" page URL'}})
@@ -173,10 +180,25 @@ def build_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
 
 @bp.get("/<build_id:build_id>")
 @operation(summary="A build: state, buckets, events, and the artifact once published", tag="builds",
+           access=Permission.READ,
            responses={200: BuildOut}, problems=(404,))
 def get_build(build_id: int) -> Response:
     g.build_id = build_id
     return respond(BuildOut, build_document(web(), build_id))
+
+
+def check_control(ctx: WebContext, build_id: int) -> None:
+    """Cancel and retry are for the submitting team's tokens and admins (404 first: a build that does not
+    exist is no one's)."""
+    principal = current_principal()
+    with ctx.services.sessions() as session:
+        found = session.execute(select(Build.team).where(Build.id == build_id)).one_or_none()
+    if found is None:
+        raise Problem("build-not-found", f"no build {build_id}")
+    if principal is None or not principal.may_control(found.team):
+        owner = f"team {found.team}" if found.team else "no team (submitted before tokens existed)"
+        raise Problem("not-your-build", f"build {build_id} belongs to {owner}; cancel and retry need a token of "
+                                        "that team with the submit scope, or an admin token")
 
 
 def _state_response(ctx: WebContext, build_id: int, status: int) -> Response:
@@ -191,12 +213,13 @@ def _state_response(ctx: WebContext, build_id: int, status: int) -> Response:
 
 
 @bp.post("/<build_id:build_id>/cancel")
-@operation(summary="Cancel a build", tag="builds",
+@operation(summary="Cancel a build", tag="builds", access=Permission.SUBMIT,
            description="The build is cancelled at once; its compiles only when no other build waits for them.",
            responses={200: BuildStateOut}, problems=(404, 409))
 def cancel(build_id: int) -> Response:
     g.build_id = build_id
     ctx = web()
+    check_control(ctx, build_id)
     try:
         cancel_build(ctx.services, build_id)
     except BuildNotFound:
@@ -207,12 +230,13 @@ def cancel(build_id: int) -> Response:
 
 
 @bp.post("/<build_id:build_id>/retry")
-@operation(summary="Retry a build's failed or cancelled compiles", tag="builds",
+@operation(summary="Retry a build's failed or cancelled compiles", tag="builds", access=Permission.SUBMIT,
            responses={202: BuildStateOut}, problems=(404, 409),
            response_headers={202: {"Location": "The build's status URL."}})
 def retry(build_id: int) -> Response:
     g.build_id = build_id
     ctx = web()
+    check_control(ctx, build_id)
     try:
         retry_build(ctx.services, build_id)
     except BuildNotFound:
@@ -228,7 +252,7 @@ def _build_state(ctx: WebContext, build_id: int) -> str | None:
 
 
 @bp.get("/<build_id:build_id>/logs")
-@operation(summary="Compile log lines of a build, in order", tag="logs", query=LogsQuery,
+@operation(summary="Compile log lines of a build, in order", tag="logs", query=LogsQuery, access=Permission.READ,
            responses={200: LogPage}, problems=(400, 404))
 def logs(build_id: int, query: LogsQuery) -> Response:
     g.build_id = build_id
@@ -249,7 +273,7 @@ def logs(build_id: int, query: LogsQuery) -> Response:
 
 
 @bp.get("/<build_id:build_id>/logs/stream")
-@operation(summary="Live compile log (Server-Sent Events)", tag="logs",
+@operation(summary="Live compile log (Server-Sent Events)", tag="logs", access=Permission.READ,
            description="`line` events carry a log line (JSON, as in /logs) with the line id as the event id, "
                        "so a reconnecting EventSource resumes after Last-Event-ID. An `end` event "
                        "(data: {state}) closes the stream once the build finished and every line was sent. "

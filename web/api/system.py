@@ -21,6 +21,8 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from compilesvc.ledger.models import BucketCompile, Worker
 from compilesvc.registry import live_workers
 from compilesvc.states import BucketState
+from compilesvc.tokens import Permission
+from web.auth import METRICS, PUBLIC, access
 from web.context import WebContext, web
 from web.inputs import WorkersQuery
 from web.openapi import build_spec, operation
@@ -36,7 +38,7 @@ BROKER_TIMEOUT_SECONDS = 2.0
 
 
 @bp.get("/healthz")
-@operation(summary="Liveness (static)", tag="system", responses={200: HealthOut})
+@operation(summary="Liveness (static)", tag="system", responses={200: HealthOut}, access=PUBLIC)
 def healthz() -> Response:
     return Response(_HEALTH_BODY, mimetype="application/json")
 
@@ -57,7 +59,7 @@ def _check_store(ctx: WebContext) -> None:
 
 
 @bp.get("/readyz")
-@operation(summary="Readiness: ledger, broker and store reachable", tag="system",
+@operation(summary="Readiness: ledger, broker and store reachable", tag="system", access=PUBLIC,
            responses={200: ReadyOut}, problems=(503,))
 def readyz() -> Response:
     ctx = web()
@@ -83,13 +85,15 @@ def readyz() -> Response:
 
 
 @bp.get("/metrics")
-@operation(summary="Prometheus metrics", tag="system", responses={200: CONTENT_TYPE_LATEST.split(";")[0]})
+@operation(summary="Prometheus metrics", tag="system", responses={200: CONTENT_TYPE_LATEST.split(";")[0]},
+           access=METRICS)
 def metrics() -> Response:
     return Response(generate_latest(web().metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 @bp.get("/v1/workers")
-@operation(summary="Workers and queues", tag="system", query=WorkersQuery, responses={200: WorkersOut})
+@operation(summary="Workers and queues", tag="system", query=WorkersQuery, responses={200: WorkersOut},
+           access=Permission.READ)
 def workers(query: WorkersQuery) -> Response:
     ctx = web()
     include_all = query.all
@@ -132,16 +136,19 @@ def openapi_document() -> dict[str, Any]:
 
 
 @bp.get("/openapi.json")
+@access(PUBLIC)
 def openapi_json() -> Response:
     return json_response(openapi_document())
 
 
 @bp.get("/docs")
+@access(PUBLIC)
 def docs() -> str:
     return render_template("docs.html", spec=openapi_document(), problems=PROBLEM_TYPES.values())
 
 
 @bp.get("/problems/<code>")
+@access(PUBLIC)
 def problem_type(code: str) -> WerkzeugResponse:
     if code not in PROBLEM_TYPES:
         raise NotFound()

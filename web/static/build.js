@@ -1,5 +1,5 @@
-// Build page: follow the live log (Server-Sent Events, or polling when the server refuses a stream),
-// and the cancel/retry buttons.
+// Build page: follow the live log (Server-Sent Events, or polling when the server refuses a stream).
+// Cancel and retry are plain forms (with the session's CSRF token): they work without this script.
 (function () {
   "use strict";
   var log = document.getElementById("log");
@@ -53,17 +53,4 @@
   } else if (log) {
     poll();
   }
-
-  document.querySelectorAll("button.action").forEach(function (button) {
-    button.addEventListener("click", function () {
-      button.disabled = true;
-      fetch(button.dataset.action, { method: "POST" }).then(function (response) {
-        return response.json().then(function (body) {
-          if (response.ok) { window.location.reload(); return; }
-          document.getElementById("action-result").textContent = body.detail || body.title;
-          button.disabled = false;
-        });
-      });
-    });
-  });
 })();
