@@ -94,6 +94,17 @@ class Settings(BaseSettings):
         default=10.0, ge=0,
         description="How long an API process trusts a token it has checked: a revoked or expired token stops "
                     "working within this many seconds (0: every request asks the ledger).")
+    submit_rate_limit: str = Field(
+        default="120/minute",
+        description="Submits per token, as `N/second|minute|hour|day` (several: `10/second;600/hour`); past it, 429 "
+                    "with Retry-After. Counted in Redis when the broker is Redis (every API process together), "
+                    "else per API process.")
+    max_compiles_per_token: int = Field(
+        default=256, ge=0,
+        description="Bucket compiles one token may have queued or running at once (admin tokens: no limit; 0: "
+                    "no limit). A submit past it is a 429.")
+    max_upload_bytes_admin: int | None = Field(
+        default=None, ge=1, description="Largest model upload of an admin token (default: max_upload_bytes).")
     idempotency_key_seconds: int = Field(
         default=24 * 3600, ge=60, description="How long a token's Idempotency-Key replays its first answer.")
 
@@ -153,6 +164,22 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         # Compose files and shells pass "" for "not set"; boto3 and SQLAlchemy reject an empty URL.
         return None if value == "" else value
+
+    @field_validator("submit_rate_limit")
+    @classmethod
+    def _rate_limit(cls, value: str) -> str:
+        from limits import parse_many
+
+        try:
+            parse_many(value)
+        except ValueError:
+            raise ValueError(f"{value!r}: expected N/second, N/minute, N/hour or N/day (several with ';')") from None
+        return value
+
+    @property
+    def upload_limits(self) -> tuple[int, int]:
+        """The largest upload of a submit token, and of an admin token."""
+        return self.max_upload_bytes, self.max_upload_bytes_admin or self.max_upload_bytes
 
     @field_validator("extra_compiler_flags")
     @classmethod

@@ -41,6 +41,7 @@ from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_m
 from compilesvc.model_pins import PinnedModel
 from compilesvc.outbox import enqueue_compile
 from compilesvc.publishing import publish_if_complete
+from compilesvc.quotas import check_compile_quota
 from compilesvc.refusals import IdempotencyConflict, NoCapableWorker
 from compilesvc.registry import live_queues
 from compilesvc.services import Services
@@ -243,7 +244,10 @@ class Submitter:
         return found
 
     def _check_capacity(self, ctx: SubmitContext, imported: dict[str, BucketManifest], queue_anyway: bool) -> None:
-        if queue_anyway or not self.settings.require_live_worker:
+        """Refuse a submit that would queue compiles no live worker serves, or past the token's quota (a
+        soft bound: two submits at the same instant may both pass it)."""
+        check_workers = self.settings.require_live_worker and not queue_anyway
+        if not check_workers and (ctx.principal is None or not self.settings.max_compiles_per_token):
             return
         with self.services.sessions() as session:
             rows = session.execute(
@@ -251,10 +255,11 @@ class Submitter:
                 .where(BucketCompile.key.in_(ctx.keys.bucket_keys))
             ).all()
             known = {key: (state, error_class) for key, state, error_class in rows}
-            needs_compile = any(key not in imported and _will_compile(*known.get(key, (None, None)))
-                                for key in ctx.keys.bucket_keys)
-            if needs_compile and ctx.queue not in live_queues(session, self.settings.worker_stale_seconds):
+            needed = sum(1 for key in set(ctx.keys.bucket_keys)
+                         if key not in imported and _will_compile(*known.get(key, (None, None))))
+            if needed and check_workers and ctx.queue not in live_queues(session, self.settings.worker_stale_seconds):
                 raise NoCapableWorker(ctx.queue, ctx.spec.target, ctx.spec.sdk)
+            check_compile_quota(session, ctx.principal, needed, self.settings.max_compiles_per_token)
 
     def _create_or_join(self, ctx: SubmitContext, imported: dict[str, BucketManifest]
                         ) -> tuple[SubmitResult, list[int], bool]:

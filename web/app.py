@@ -24,7 +24,7 @@ from compilesvc.config import Settings
 from compilesvc.db import transaction
 from compilesvc.services import Services
 from compilesvc.submit import Submitter
-from web import auth, problems, ui
+from web import auth, problems, ratelimit, ui
 from web.api import artifacts, blobs, builds, system
 from web.api import tokens as tokens_api
 from web.context import (
@@ -120,6 +120,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     for blueprint in (builds.bp, artifacts.bp, blobs.bp, tokens_api.bp, system.bp, ui.bp):
         app.register_blueprint(blueprint)
+    ratelimit.install(app, settings)  # after the routes (it wraps the submit view) and after web.auth
     return app
 
 

@@ -76,6 +76,15 @@ _TYPES = [
                 "Requests with a body say `Content-Type: application/json` (model uploads: the raw file, "
                 "POST /v1/models). Forms and text/plain are refused, so no other web page can act through "
                 "a browser."),
+    ProblemType("rate-limited", 429, "Too many submits",
+                "This token submitted as often as `COMPILESVC_SUBMIT_RATE_LIMIT` allows; retry after "
+                "`Retry-After` seconds."),
+    ProblemType("quota-exceeded", 429, "Too many compiles in flight",
+                "This token has as many bucket compiles queued or running as `COMPILESVC_MAX_COMPILES_PER_TOKEN` "
+                "allows; `in_flight`, `needed` and `limit` say how many. Retry once some finish."),
+    ProblemType("spec-over-quota", 422, "The spec needs more compiles than a token may run at once",
+                "Split the spec's buckets over several submits, or ask an admin to raise "
+                "`COMPILESVC_MAX_COMPILES_PER_TOKEN`."),
     ProblemType("not-cancellable", 409, "Build cannot be cancelled",
                 "Only builds that are still building can be cancelled."),
     ProblemType("not-retryable", 409, "Build cannot be retried",
@@ -182,6 +191,8 @@ def response_for(problem: Problem) -> Response:
 
 
 def _http_error(exc: HTTPException) -> Response:
+    if exc.response is not None:  # an exception that carries its own answer (a rate limit's 429)
+        return exc.response  # type: ignore[return-value]
     status = exc.code or 500
     if status == 413:
         limit = request.max_content_length

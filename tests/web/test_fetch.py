@@ -25,6 +25,7 @@ import pytest
 from werkzeug.serving import make_server
 
 from compilesvc.fetch_dest import MARKER
+from tests.fixtures.tokens import make_token
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, spec_for
 
@@ -119,6 +120,11 @@ def served(make_env: EnvFactory, sqlite_url: str) -> Iterator[Served]:
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
+def client_env(served: Served) -> dict[str, str]:
+    """The fetching CLI's environment: its token (a fleet host's, which may only fetch)."""
+    return {**os.environ, "COMPILESVC_TOKEN": make_token(served.env.services.sessions, "fleet", owner="fleet")}
+
+
 def fetch_argv(served: Served, key: str, dest: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "compilesvc", "fetch", key, dest, "--api", served.base, *extra]
 
@@ -128,7 +134,7 @@ def run(served: Served) -> Run:
     def run(key: str, dest: str, *extra: str, cwd: Path | None = None, umask: int = 0o022,
             ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(fetch_argv(served, key, dest, *extra), cwd=cwd, umask=umask, capture_output=True,
-                              text=True, timeout=120, env={**os.environ, "COMPILESVC_TOKEN": served.env.token})
+                              text=True, timeout=120, env=client_env(served))
     return run
 
 
@@ -287,7 +293,7 @@ def test_replace_swaps_an_earlier_fetch_only(served: Served, run: Run, work: Pat
 def _start_held_fetch(served: Served, key: str, dest: Path, cwd: Path) -> subprocess.Popen[str]:
     served.relay.hold()
     proc = subprocess.Popen(fetch_argv(served, key, str(dest)), cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=client_env(served))
     assert served.relay.held.wait(60), "the fetch never reached its first download"
     return proc
 

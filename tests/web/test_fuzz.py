@@ -104,6 +104,8 @@ def requests(draw: st.DrawFn, uri: str, build_ids: list[int], keys: list[str]) -
         for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2, 3]))):
             set_path(spec, draw(st.sampled_from(SPEC_PATHS)), draw(plausible))
         body = json.dumps(spec).encode()
+    if kind in ("json", "spec") and draw(st.integers(0, 9)):  # mostly as a client would send it
+        headers.setdefault("Content-Type", "application/json")
     return {"method": method, "path": path, "query": query, "headers": headers, "body": body}
 
 

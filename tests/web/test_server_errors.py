@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from tests.fixtures.serve import Served, compilesvc_serve
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,7 @@ def test_a_head_that_stops_arriving_is_408(served: Served) -> None:
 
 def test_a_body_that_stops_arriving_is_408(served: Served) -> None:
     request = (b"POST /v1/builds HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+               b"Authorization: Bearer " + BOOTSTRAP_TOKEN.encode() + b"\r\n"
                b"Content-Length: 500\r\n\r\n{\"model\":")
     status, headers, body = exchange(served, request)
     assert_problem(status, headers, body, expected=408)

@@ -23,7 +23,7 @@ from compilesvc.store.base import BlobTooLarge, ContentMismatch
 from compilesvc.store.local import LocalStore
 from compilesvc.store.signing import content_disposition, verify_blob_signature
 from compilesvc.tokens import Permission
-from web.auth import SIGNED_URL
+from web.auth import SIGNED_URL, current_principal
 from web.context import web
 from web.inputs import BlobQuery, UploadHeaders, UploadQuery
 from web.openapi import operation
@@ -51,8 +51,11 @@ UPLOAD_ENDPOINT = "blobs.upload_model"
 def upload_model(query: UploadQuery, headers: UploadHeaders) -> Response:
     refuse_form_upload()
     ctx = web()
-    limit = ctx.settings.max_upload_bytes
-    too_large = Problem("upload-too-large", f"model uploads are limited to {limit} bytes", max_bytes=limit)
+    principal = current_principal()
+    submit_limit, admin_limit = ctx.settings.upload_limits
+    limit = admin_limit if principal is not None and principal.is_admin else submit_limit
+    too_large = Problem("upload-too-large", f"model uploads of this token are limited to {limit} bytes",
+                        max_bytes=limit)
     declared = request.content_length
     if declared is not None and declared > limit:
         raise too_large  # refuse before reading a byte

@@ -24,6 +24,7 @@ from compilesvc.history import InvalidCursor, InvalidLimit, get_build_detail, li
 from compilesvc.ledger.models import Artifact, Build
 from compilesvc.logs import read_build_logs
 from compilesvc.model_pins import ModelRefError
+from compilesvc.quotas import QuotaExceeded
 from compilesvc.refusals import NoCapableWorker, SubmitRefused
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState, BuildState
@@ -72,6 +73,9 @@ def refused(exc: SubmitRefused) -> Problem:
     if isinstance(exc, NoCapableWorker):
         extensions["queue"] = exc.queue
         headers["Retry-After"] = "30"
+    if isinstance(exc, QuotaExceeded):
+        extensions.update(in_flight=exc.in_flight, needed=exc.needed, limit=exc.limit)
+        headers["Retry-After"] = "60"
     return Problem(code, str(exc), status=exc.status, headers=headers, **extensions)
 
 
@@ -86,7 +90,7 @@ def model_ref_problem(exc: ModelRefError) -> Problem:
                 "once (outcome hit); an artifact in flight is joined (join); otherwise only the bucket "
                 "compiles that do not exist yet are queued (new).",
     responses={200: BuildAccepted, 202: BuildAccepted},
-    problems=(400, 413, 422, 503), query=SubmitQuery, headers=SubmitHeaders,
+    problems=(400, 413, 422, 429, 503), query=SubmitQuery, headers=SubmitHeaders,
     response_headers={202: {"Location": "The build's status URL."}},
 )
 def submit(query: SubmitQuery, headers: SubmitHeaders) -> Response:
