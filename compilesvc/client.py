@@ -1,9 +1,10 @@
 """The HTTP client side of the CLI: what a CI pipeline and a serving fleet run.
 
-``compilesvc submit SPEC --wait`` validates the spec locally, submits it (retrying transport failures with
-one Idempotency-Key, so a retried POST never makes a second build), follows the build and exits 0 only
-when the artifact is published, printing its key. ``compilesvc fetch KEY DIR`` downloads a published
-artifact through its expiring URLs, verifying every file's size and sha256 before it appears in DIR.
+:class:`Api` is the one HTTP client (the build commands of :mod:`compilesvc.build_cli`, ``compilesvc dev``):
+JSON in and out, problems as :class:`ApiError`, network failures and passing outages (429, 502-504)
+retried with backoff, so a POST made safe by an Idempotency-Key survives a flaky network.
+``compilesvc upload`` streams a model; ``compilesvc fetch KEY DIR`` downloads a published artifact through
+its expiring URLs, verifying every file's size and sha256 before it appears in DIR.
 
 Only the standard library speaks HTTP here, so the core keeps its dependency list short.
 """
@@ -17,7 +18,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -25,12 +25,10 @@ import click
 
 from compilesvc import client_config, fetch_dest
 from compilesvc.cli import BadInput, CommandFailed
-from compilesvc.spec_parsing import SpecError, load_spec_file
-from compilesvc.states import BucketState, BuildState
 from compilesvc.store.base import BlobTooLarge
 from compilesvc.store.hashing import copy_hashing
 
-TRANSPORT_RETRIES = 4
+TRANSPORT_RETRIES = 5  # 0.5 + 1 + 2 + 4 + 8 s of backoff: a network blip or an API restart
 API_OPTION = click.option(
     "--api", metavar="URL",
     help=f"The API (default: ${client_config.API_ENV}, else api_url in the config file, else "
@@ -39,18 +37,45 @@ API_OPTION = click.option(
 
 
 class ApiError(click.ClickException):
-    """The API answered with a problem (exit 1), or could not be reached."""
+    """The API answered with a problem (``status``, ``problem``: its document), or could not be reached
+    (``status`` None). Exit status 1; the build commands map it to their own (:mod:`compilesvc.build_cli`)."""
+
+    def __init__(self, message: str, status: int | None = None, problem: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.problem = problem or {}
+
+    @property
+    def problem_type(self) -> str:
+        return str(self.problem.get("type", "")).rsplit("/", 1)[-1]
 
 
-def _problem_line(status: int, body: bytes) -> str:
+#: What the CLI adds to a problem the API answers, where the fix is a CLI option.
+CLI_HINTS = {"no-capable-worker": "submit with --queue-anyway to queue it until one starts"}
+
+
+def _api_error(status: int, body: bytes) -> ApiError:
     try:
         problem = json.loads(body)
+        if not isinstance(problem, dict):
+            raise ValueError("not an object")
     except ValueError:
-        return f"HTTP {status}: {body[:200].decode(errors='replace')}"
+        return ApiError(f"HTTP {status}: {body[:200].decode(errors='replace')}", status)
     text = f"HTTP {status} {problem.get('title', '')}: {problem.get('detail', '')}".strip()
     for err in problem.get("errors", [])[:5]:
         text += f"; {err.get('field')}: {err.get('message')}"
-    return text
+    hint = CLI_HINTS.get(str(problem.get("type", "")).rsplit("/", 1)[-1])
+    return ApiError(f"{text} ({hint})" if hint else text, status, problem)
+
+
+def _backoff(attempt: int) -> float:
+    return float(min(0.5 * 2**attempt, 8.0))
+
+
+def _retry_after(exc: urllib.error.HTTPError, attempt: int) -> float:
+    """The server's Retry-After (seconds, at most a minute), else the backoff."""
+    value = exc.headers.get("Retry-After", "") if exc.headers else ""
+    return float(min(int(value), 60)) if value.isdigit() else _backoff(attempt)
 
 
 class Api:
@@ -90,15 +115,16 @@ class Api:
                         return json.loads(response.read() or b"null")
             except urllib.error.HTTPError as exc:
                 body_bytes = exc.read()
-                if exc.code in (502, 503, 504) and attempt < self.retries and not _is_refusal(body_bytes):
-                    time.sleep(2**attempt)
+                passing = exc.code in (429, 502, 503, 504) and not _is_refusal(body_bytes)
+                if passing and attempt < self.retries:
+                    time.sleep(_retry_after(exc, attempt))
                     continue
-                raise ApiError(_problem_line(exc.code, body_bytes)) from None
+                raise _api_error(exc.code, body_bytes) from None
             except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
                 if attempt == self.retries:
                     reason = getattr(exc, "reason", exc)
                     raise ApiError(f"cannot reach the API at {self.base}: {reason}") from None
-                time.sleep(2**attempt)
+                time.sleep(_backoff(attempt))
         raise AssertionError("unreachable")
 
 
@@ -119,16 +145,6 @@ def _is_refusal(body: bytes) -> bool:
         return False
 
 
-def _summarise_failure(build: dict[str, Any]) -> str:
-    failed = [b for b in build.get("buckets", []) if b.get("state") in (BucketState.FAILED, BucketState.CANCELLED)]
-    parts = [f"build {build.get('build_id', build.get('id'))} {build['state']}"]
-    for bucket in failed[:3]:
-        parts.append(f"bucket {bucket['key'][:12]} {bucket['state']} ({bucket.get('error_class')}"
-                     f"{' ' + bucket['error_code'] if bucket.get('error_code') else ''}): "
-                     f"{(bucket.get('error_message') or '').strip()[:200]}")
-    return "; ".join(parts)
-
-
 @click.command("upload")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @API_OPTION
@@ -136,55 +152,6 @@ def upload(path: Path, api: str | None) -> None:
     """Upload the model file PATH (streamed) and print its blob:sha256: URI, for a spec's model.uri."""
     result = connect(api, timeout=600).request("POST", "/v1/models", upload=path)
     click.echo(result["uri"])
-
-
-@click.command("submit")
-@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=str))
-@API_OPTION
-@click.option("--wait/--no-wait", default=True, show_default=True, help="Follow the build until it ends.")
-@click.option("--timeout", type=float, default=6 * 3600, show_default=True, help="Seconds to wait at most.")
-@click.option("--poll", type=float, default=5.0, show_default=True, help="Seconds between status checks.")
-@click.option("--logs", is_flag=True, help="Print the build's compiler log to stderr while waiting.")
-@click.option("--idempotency-key", help="Same key, same build (default: one random key per invocation).")
-@click.option("--queue-anyway", is_flag=True, help="Queue even when no live worker serves the spec yet.")
-def submit(spec_path: str, api: str | None, wait: bool, timeout: float, poll: float, logs: bool,
-           idempotency_key: str | None, queue_anyway: bool) -> None:
-    """Submit SPEC; print the artifact key once it is published (exit 1 if the build fails)."""
-    try:
-        # Element bounds and extra compiler flags are the service's settings, which this host may not share:
-        # the API judges them.
-        spec = load_spec_file(spec_path, limits=None, extra_flags=None)
-    except SpecError as exc:
-        raise click.UsageError(f"{spec_path}: {exc}") from None
-    client = connect(api)
-    headers = {"Idempotency-Key": idempotency_key or f"cli-{uuid.uuid4()}"}
-    path = "/v1/builds" + ("?queue_anyway=true" if queue_anyway else "")
-    result = client.request("POST", path, spec.model_dump(mode="json", exclude_none=True), headers)
-    if "build_id" not in result:  # a hit answers with the artifact itself
-        click.echo(result["key"])
-        return
-    build_id = result["build_id"]
-    click.echo(f"build {build_id} {result['outcome']}: {result.get('status_url', '')}", err=True)
-    if not wait:
-        click.echo(result["artifact_key"])
-        return
-    deadline = time.monotonic() + timeout
-    after = 0
-    while True:
-        if logs:
-            page = client.request("GET", f"/v1/builds/{build_id}/logs?after={after}&limit=1000")
-            for line in page.get("lines", []):
-                click.echo(f"[{line['bucket_key'][:8]}] {line['line']}", err=True)
-            after = page.get("next_after", after)
-        build = client.request("GET", f"/v1/builds/{build_id}")
-        if build["state"] == BuildState.SUCCEEDED:
-            click.echo(build["artifact_key"])
-            return
-        if build["state"] != BuildState.BUILDING:
-            raise ApiError(_summarise_failure(build))
-        if time.monotonic() > deadline:
-            raise ApiError(f"build {build_id} still building after {timeout:.0f} s: {result.get('status_url')}")
-        time.sleep(poll)
 
 
 def _download(url: str, out: BinaryIO, name: str, size: int, sha256: str) -> None:

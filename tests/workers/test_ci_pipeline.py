@@ -1,0 +1,62 @@
+"""The CI client as a pipeline uses it: tests/ci/pipeline.sh (a shell script, as in docs/ci.md) against a
+running stack (API, relay, a worker with the Neuron double), through a proxy that can lose an answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from compilesvc.ledger.models import Build
+from tests.doubles.neuron._release import RELEASES, coded
+from tests.fixtures.netcut import CuttingProxy
+from tests.fixtures.ports import free_port
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN
+from tests.workers.conftest import HLO_MODEL, NEURON_SDK, Cluster
+
+MakeCluster = Callable[..., Cluster]
+
+SCRIPT = Path(__file__).resolve().parents[1] / "ci" / "pipeline.sh"
+
+
+def test_a_ci_pipeline_gets_the_documented_exit_statuses(make_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = make_cluster()
+    cluster.start_worker("w1", concurrency=2)
+    cluster.start_relay()
+    api_port = free_port()
+    cluster.start_api(api_port, workers=1)
+    work = tmp_path / "pipeline"
+    work.mkdir()
+    proxy = CuttingProxy(api_port, work / "cut-next-submit")
+    model = work / "model.hlo.pb"
+    model.write_bytes(HLO_MODEL)
+    uri = cluster.upload(HLO_MODEL, "model.hlo.pb")
+    specs = {
+        "SPEC_OK": cluster.hlo_spec("ok", uri=uri),
+        "SPEC_FAILS": {**cluster.hlo_spec("ncc-error", uri=uri), "buckets": [{"batch_size": 1, "seq_len": 16}]},
+        "SPEC_INVALID": {"target": "cpu", "buckets": []},
+        "SPEC_CUT": {**cluster.hlo_spec("ok", uri=uri), "model": {"uri": uri, "format": "hlo", "name": "cut-model"},
+                     "buckets": [{"batch_size": 1, "seq_len": 48}]},  # a new build, not a hit
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILESVC_", "AWS_"))}
+    env.update({"COMPILESVC_API_URL": f"http://127.0.0.1:{proxy.port}", "COMPILESVC_TOKEN": BOOTSTRAP_TOKEN,
+                "COMPILESVC_CONFIG": str(work / "no-config.toml"), "MODEL": str(model), "WORK": str(work),
+                "CUT_FLAG": str(work / "cut-next-submit"), "API_DOWN_URL": f"http://127.0.0.1:{free_port()}",
+                "EXPECTED_CODE": coded("NCC_EOOM001", RELEASES[NEURON_SDK]),
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"})
+    for name, spec in specs.items():
+        path = work / f"{name.lower()}.json"
+        path.write_text(json.dumps(spec))
+        env[name] = str(path)
+    try:
+        run = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=400)
+    finally:
+        proxy.close()
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
+    assert proxy.cuts == 1
+    with cluster.services.sessions() as session:
+        submitters = {build.submitted_by for build in session.query(Build)}
+    assert submitters == {"ci-vision"}  # every build is the pipeline token's owner's
