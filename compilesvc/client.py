@@ -50,10 +50,6 @@ class ApiError(click.ClickException):
         return str(self.problem.get("type", "")).rsplit("/", 1)[-1]
 
 
-#: What the CLI adds to a problem the API answers, where the fix is a CLI option.
-CLI_HINTS = {"no-capable-worker": "submit with --queue-anyway to queue it until one starts"}
-
-
 def _api_error(status: int, body: bytes) -> ApiError:
     try:
         problem = json.loads(body)
@@ -64,8 +60,7 @@ def _api_error(status: int, body: bytes) -> ApiError:
     text = f"HTTP {status} {problem.get('title', '')}: {problem.get('detail', '')}".strip()
     for err in problem.get("errors", [])[:5]:
         text += f"; {err.get('field')}: {err.get('message')}"
-    hint = CLI_HINTS.get(str(problem.get("type", "")).rsplit("/", 1)[-1])
-    return ApiError(f"{text} ({hint})" if hint else text, status, problem)
+    return ApiError(text, status, problem)
 
 
 def _backoff(attempt: int) -> float:

@@ -20,7 +20,8 @@ class NoCapableWorker(SubmitRefused):
         self.queue = queue
         super().__init__(
             f"no live worker serves target {target} with SDK {sdk} (queue {queue}); start one with "
-            f"`compilesvc worker`, or submit with queue_anyway to wait for one"
+            f"`compilesvc worker`, or submit with ?queue_anyway=true (compilesvc submit --queue-anyway) to queue "
+            "it until one starts"
         )
 
 

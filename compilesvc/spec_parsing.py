@@ -66,6 +66,13 @@ def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
             message = "unknown field"
         elif message.startswith("Value error, "):
             message = message[len("Value error, ") :]
+        elif err["type"] == "string_type" and isinstance(err.get("input"), (int, float)) \
+                and not isinstance(err.get("input"), bool):
+            # YAML reads `sdk: 2.20` as the number 2.2: the digits the user wrote are gone by now.
+            name = _field_path(loc).rsplit(".", 1)[-1]
+            message = f"expected a string, got the number {err['input']!r}: put the value in quotes ({name}: \"...\")"
+            if isinstance(err["input"], float):
+                message += "; unquoted, YAML reads 2.20 as the number 2.2"
         out.append({"field": _field_path(loc), "message": message})
     return out
 

@@ -52,7 +52,6 @@ from compilesvc.states import (
     REQUEUED_BY_SUBMIT,
     ArtifactState,
     BucketState,
-    BuildState,
     Outcome,
 )
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
@@ -386,7 +385,7 @@ class Submitter:
             session.execute(delete(IdempotencyKey).where(
                 IdempotencyKey.token_id == token_id, IdempotencyKey.key == key,
                 IdempotencyKey.created_at <= self._idempotency_cutoff()))
-            status = 200 if record.row["state"] == BuildState.SUCCEEDED else 202
+            status = 200 if record.row["outcome"] == Outcome.HIT else 202  # as web.api.builds answers
             if not insert_ignore_duplicate(session, IdempotencyKey, {
                 "token_id": token_id, "key": key, "request_hash": ctx.request_hash, "build_id": build_id,
                 "status": status, "created_at": utcnow(),

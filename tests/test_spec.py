@@ -519,7 +519,7 @@ def test_bucket_count_limits() -> None:
 
 def test_labels() -> None:
     assert parse_spec(neuron_doc(labels={"team": "search"})).labels == {"team": "search"}
-    assert_refused(neuron_doc(labels={"team": 1}), "labels.team", "valid string")
+    assert_refused(neuron_doc(labels={"team": 1}), "labels.team", "expected a string, got the number 1")
     assert_refused(neuron_doc(labels={"": "x"}), 'labels[""]', "at least 1 character")
     assert_refused(neuron_doc(labels={"a" * 65: "x"}), f"labels.{'a' * 65}", "at most 64")
 
@@ -614,3 +614,7 @@ def test_tp_compiles_refuse_values_with_whitespace() -> None:
     assert_refused(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 2, "args": spaced}), "compiler.args[1]",
                    "holds whitespace, which a tp_degree > 1 compile cannot pass")
     assert parse_spec(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 1, "args": spaced})).compiler.args == spaced
+
+
+def test_an_unquoted_yaml_release_gets_a_hint() -> None:
+    assert_refused(neuron_doc(sdk=2.2), "sdk", 'put the value in quotes (sdk: "..."); unquoted, YAML reads 2.20')

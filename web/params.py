@@ -8,6 +8,7 @@ turned into problem responses before any core code sees them.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, TypeVar
 
 import orjson
@@ -136,8 +137,12 @@ def _parse_json(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise Problem("invalid-json", f"line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except (ValueError, RecursionError) as exc:  # nesting too deep, integer too long to convert
-        raise Problem("invalid-json", f"cannot decode the body: {type(exc).__name__}") from None
+    except RecursionError:
+        raise Problem("invalid-json", "the document is nested too deeply") from None
+    except ValueError as exc:  # Python refuses to convert integers of more than sys.get_int_max_str_digits()
+        detail = (f"an integer has more than {sys.get_int_max_str_digits()} digits" if "digits" in str(exc)
+                  else f"cannot decode the body: {exc}")
+        raise Problem("invalid-json", detail) from None
 
 
 def _refuse_unstorable_text(text: str, data: Any, problem: str) -> None:

@@ -172,7 +172,7 @@ def test_model_ref_errors_are_422(sqlite_env: Env) -> None:
     (b"{not json", "line 1 column 2"),
     (b"", "empty"),
     (b"\xff\xfe{}", "not UTF-8"),
-    (b"[" * 100_000 + b"]" * 100_000, "cannot decode"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
 ])
 def test_invalid_json_is_400(sqlite_env: Env, raw: bytes, detail: str) -> None:
     response = sqlite_env.client.post("/v1/builds", data=raw, content_type="application/json")
@@ -216,3 +216,25 @@ def test_only_small_blob_submits_are_kept_prepared(env: Env, tmp_path) -> None: 
     large = spec_for(uri, labels={f"l{i}": "x" * 1000 for i in range(10)})  # valid, over 8 KiB as JSON
     assert env.submit(large).status_code == 202
     assert len(prepared) == 1
+
+
+def test_200_means_a_hit_and_nothing_else(env: Env) -> None:
+    uri = env.upload()
+    first = env.submit(spec_for(uri, buckets=((1, 8), (2, 8))))
+    complete_build(env.services, first.json["build_id"])
+    # A subset of those buckets is another set (another key): new, though nothing is left to compile and it
+    # is published at once. It says so in a 202, not in the hit's 200.
+    subset = env.submit(spec_for(uri, buckets=((2, 8),)))
+    assert subset.status_code == 202 and subset.json["outcome"] == "new", subset.json
+    assert subset.json["state"] == "succeeded" and subset.json["artifact"] is not None
+    assert subset.headers["Location"] == subset.json["status_url"]
+    again = env.submit(spec_for(uri, buckets=((2, 8), (2, 8))))  # a duplicated bucket: the same set again
+    assert again.status_code == 200 and again.json["outcome"] == "hit"
+    assert again.json["artifact_key"] == subset.json["artifact_key"]
+
+
+def test_numbers_python_cannot_convert_are_named(env: Env) -> None:
+    body = '{"model": {"uri": "x"}, "sdk": ' + "9" * 5000 + "}"
+    problem = assert_problem(env.client.post("/v1/builds", data=body, content_type="application/json"), 400,
+                             "invalid-json")
+    assert "more than 4300 digits" in problem["detail"]

@@ -27,7 +27,7 @@ from compilesvc.model_pins import ModelRefError
 from compilesvc.quotas import QuotaExceeded
 from compilesvc.refusals import NoCapableWorker, SubmitRefused
 from compilesvc.spec import CompileSpec
-from compilesvc.states import ArtifactState, BuildState
+from compilesvc.states import ArtifactState, BuildState, Outcome
 from compilesvc.submit import SubmitResult
 from compilesvc.tokens import Permission
 from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
@@ -118,11 +118,13 @@ def submit(query: SubmitQuery, headers: SubmitHeaders) -> Response:
 
 
 def accepted_response(ctx: WebContext, result: SubmitResult) -> Response:
-    """200 with the artifact for a hit, 202 with the status URL otherwise; a replay answers the status its
-    key was first answered with, and the build as it is now (fresh download URLs, current state)."""
+    """200 with the artifact for a hit, 202 with the status URL for a join or a new build (which may be
+    published already: a set of buckets other sets compiled is published at once, and says so in the body);
+    a replay answers the status its key was first answered with, and the build as it is now (fresh download
+    URLs, current state)."""
     headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
     published = result.artifact_state == ArtifactState.PUBLISHED
-    status = result.first_status or (200 if published else 202)
+    status = result.first_status or (200 if result.outcome == Outcome.HIT else 202)
     body = accepted_json(ctx, result)
     if status == 202:
         headers["Location"] = body["status_url"]
