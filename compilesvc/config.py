@@ -8,12 +8,15 @@ so a fresh checkout runs with no external service.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import math
 import os
 import secrets
 import tempfile
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -105,6 +108,15 @@ class Settings(BaseSettings):
                     "no limit). A submit past it is a 429.")
     max_upload_bytes_admin: int | None = Field(
         default=None, ge=1, description="Largest model upload of an admin token (default: max_upload_bytes).")
+    webhook_secret: SecretStr | None = Field(
+        default=None, description="HMAC-SHA256 key of webhook signatures; default: derived from secret_key.")
+    webhook_allow_networks: str = Field(
+        default="", description="Networks (CIDR, comma-separated) webhooks may call although their addresses are "
+                                "loopback, link-local, private or reserved, e.g. 10.20.0.0/16.")
+    team_webhooks: dict[str, list[str]] = Field(
+        default_factory=dict, description='URLs every build of a team notifies, as JSON: {"vision": ["https://…"]}.')
+    webhook_max_attempts: int = Field(default=8, ge=1, description="Tries of one webhook delivery.")
+    webhook_retry_seconds: float = Field(default=5.0, ge=0, description="First webhook retry delay (then doubling).")
     idempotency_key_seconds: int = Field(
         default=24 * 3600, ge=60, description="How long a token's Idempotency-Key replays its first answer.")
 
@@ -159,7 +171,7 @@ class Settings(BaseSettings):
     )
 
     @field_validator("database_url", "store_url", "s3_endpoint_url", "broker_url", "secret_key", "bootstrap_token",
-                     mode="before")
+                     "webhook_secret", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         # Compose files and shells pass "" for "not set"; boto3 and SQLAlchemy reject an empty URL.
@@ -175,6 +187,26 @@ class Settings(BaseSettings):
         except ValueError:
             raise ValueError(f"{value!r}: expected N/second, N/minute, N/hour or N/day (several with ';')") from None
         return value
+
+    @field_validator("webhook_allow_networks")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        from compilesvc.webhooks import parse_networks
+
+        parse_networks(value)
+        return value
+
+    @property
+    def webhook_networks(self) -> tuple[Any, ...]:
+        from compilesvc.webhooks import parse_networks
+
+        return parse_networks(self.webhook_allow_networks)
+
+    @cached_property
+    def resolved_webhook_secret(self) -> bytes:
+        if self.webhook_secret is not None:
+            return self.webhook_secret.get_secret_value().encode()
+        return hmac.new(self.resolved_secret_key, b"compilesvc-webhooks", hashlib.sha256).hexdigest().encode()
 
     @property
     def upload_limits(self) -> tuple[int, int]:

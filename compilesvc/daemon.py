@@ -30,6 +30,7 @@ from compilesvc.reaper import ReapReport, reap
 from compilesvc.reconcile import Reconciler, broker_view
 from compilesvc.services import Services
 from compilesvc.store import StoreError
+from compilesvc.webhooks import Sender
 
 log = logging.getLogger("compilesvc.relay")
 
@@ -60,6 +61,11 @@ class RelayLoop:
         settings = services.settings
         self.reconciler = Reconciler(services.sessions, broker_view(settings, services.producer),
                                      settings.dispatch_grace_seconds)
+        self.webhooks = Sender(services.sessions, secret=settings.resolved_webhook_secret,
+                               public_url=settings.public_url, allowed=settings.webhook_networks,
+                               max_attempts=settings.webhook_max_attempts,
+                               backoff_seconds=settings.webhook_retry_seconds,
+                               backoff_max_seconds=settings.retry_backoff_max_seconds)
 
     def run_once(self, *, with_reap: bool = True) -> ReapReport | None:
         if not with_reap:
@@ -100,11 +106,26 @@ class RelayLoop:
             if self.stop.wait(self.sweep_interval):
                 return
 
+    def deliver_webhooks(self) -> int:
+        """Send the webhook deliveries that are due; a ledger outage only postpones them."""
+        try:
+            return self.webhooks.deliver_due()
+        except Exception:  # housekeeping of its own: must not stop the relay
+            log.exception("webhook pass failed")
+            return 0
+
+    def _webhook_loop(self) -> None:
+        while not self.stop.is_set():
+            if not self.deliver_webhooks():
+                self.stop.wait(self.relay_interval)
+
     def run(self) -> None:
-        # The sweep gets its own thread: against a store that hangs, its calls can take minutes (boto3's
-        # timeouts and retries), and relaying, reaping and reconciling must go on meanwhile.
+        # The sweep and the webhooks get threads of their own: a store that hangs or a receiver that answers
+        # slowly can take minutes, and relaying, reaping and reconciling must go on meanwhile.
         sweeper = threading.Thread(target=self._sweep_loop, name="upload-sweep", daemon=True)
         sweeper.start()
+        notifier = threading.Thread(target=self._webhook_loop, name="webhooks", daemon=True)
+        notifier.start()
         next_reap = 0.0
         failures = 0
         while not self.stop.is_set():
@@ -119,6 +140,7 @@ class RelayLoop:
                 next_reap = now + self.reap_interval
             self.stop.wait(min(self.relay_interval * (2 ** min(failures, 5)), 30.0))
         sweeper.join(5)
+        notifier.join(5)
 
 
 @click.command("relay")
@@ -149,6 +171,7 @@ def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
         if once:
             loop.run_once()
             loop.sweep_uploads()
+            loop.deliver_webhooks()
         else:
             loop.run()
     finally:

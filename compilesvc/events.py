@@ -1,5 +1,6 @@
 """State-transition events: one row per change of state of a build, artifact or bucket compile, each
-checked against its state machine (:mod:`compilesvc.states`)."""
+checked against its state machine (:mod:`compilesvc.states`). A build's move to a terminal state also
+writes its webhook deliveries (:mod:`compilesvc.webhooks`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from compilesvc.ledger.models import Event
 from compilesvc.states import check_transition
+from compilesvc.webhooks import enqueue_terminal
 
 # Built once, with the row passed as parameters: one of these runs in every submit, and a statement with
 # literal values is compiled and cache-keyed value by value on every call.
@@ -24,3 +26,5 @@ def record(session: Session, entity: str, entity_id: int, from_state: str | None
     session.execute(_INSERT_EVENT, {"entity": entity, "entity_id": entity_id,
                                     "from_state": None if from_state is None else str(from_state),
                                     "to_state": str(to_state), "detail": detail})
+    if entity == "build":  # a build that ends notifies its webhooks, in the transaction that ends it
+        enqueue_terminal(session, entity_id, str(to_state))

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from compilesvc import events
@@ -35,7 +35,15 @@ from compilesvc.bucket_compiles import BucketView, bucket_views, linked_buckets,
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
 from compilesvc.keys import KeySet, compute_keys, digest
-from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, IdempotencyKey, utcnow
+from compilesvc.ledger.models import (
+    Artifact,
+    ArtifactBucket,
+    BucketCompile,
+    Build,
+    IdempotencyKey,
+    Webhook,
+    utcnow,
+)
 from compilesvc.ledger.sql import insert_ignore, insert_ignore_duplicate
 from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_manifest
 from compilesvc.model_pins import PinnedModel
@@ -57,6 +65,7 @@ from compilesvc.states import (
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 from compilesvc.submit_rows import SubmitContext
 from compilesvc.tokens import Principal
+from compilesvc.webhooks import check_callbacks, enqueue_terminal, subscription_rows
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +143,10 @@ class Submitter:
                 return replay
         prepared = spec if isinstance(spec, Prepared) else self.prepare(spec)
         keys = prepared.keys
-        context = SubmitContext(prepared.spec, prepared.pinned, keys, principal, idempotency_key, request_hash)
+        check_callbacks(prepared.spec.callbacks, self.settings.webhook_networks)
+        team_urls = self.settings.team_webhooks.get(principal.team, []) if principal is not None else []
+        context = SubmitContext(prepared.spec, prepared.pinned, keys, principal, idempotency_key, request_hash,
+                                tuple(dict.fromkeys([*prepared.spec.callbacks, *team_urls])))
 
         try:
             hit = self._published_hit(context)
@@ -196,7 +208,7 @@ class Submitter:
                 self._published_ids.clear()
             self._published_ids[key] = artifact_id
         record = ctx.build_record(artifact_id, key, ArtifactState.PUBLISHED, Outcome.HIT)
-        if ctx.idempotency_key:  # its unique key must be claimed in a transaction of its own
+        if ctx.idempotency_key or ctx.callbacks:  # its key and its webhooks go in a transaction of its own
             with transaction(self.services.sessions) as session:
                 build_id = self._require_build(self._add_build(session, ctx, record))
         else:
@@ -379,6 +391,8 @@ class Submitter:
         meanwhile (the caller rolls back and replays)."""
         conn = session.connection()
         [build_id] = insert_builds(conn, [record])
+        if ctx.callbacks:
+            session.execute(insert(Webhook), subscription_rows(build_id, ctx.callbacks))
         if ctx.idempotency_key and ctx.principal is not None:
             token_id, key = ctx.principal.token_id, ctx.idempotency_key
             # An expired key is a new key: its old entry goes in the transaction that takes it again.
@@ -392,6 +406,7 @@ class Submitter:
             }, ["token_id", "key"]):
                 return None
         insert_build_details(conn, [record], [build_id])
+        enqueue_terminal(session, build_id, record.row["state"])  # a build born ended (a hit) notifies at once
         return build_id
 
 

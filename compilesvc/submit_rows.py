@@ -28,6 +28,7 @@ class SubmitContext:
     principal: Principal | None
     idempotency_key: str | None
     request_hash: str
+    callbacks: tuple[str, ...] = ()  # the spec's and the team's webhook URLs
 
     @property
     def model_row(self) -> dict[str, Any]:

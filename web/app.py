@@ -25,7 +25,7 @@ from compilesvc.db import transaction
 from compilesvc.services import Services
 from compilesvc.submit import Submitter
 from web import auth, problems, ratelimit, ui
-from web.api import artifacts, blobs, builds, system
+from web.api import artifacts, blobs, builds, system, webhooks
 from web.api import tokens as tokens_api
 from web.context import (
     DEFAULT_MANIFEST_CACHE_SIZE,
@@ -118,7 +118,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     _install_request_hooks(app)
     auth.install(app, settings)  # after the timing and size hooks: refusals are logged with their duration
 
-    for blueprint in (builds.bp, artifacts.bp, blobs.bp, tokens_api.bp, system.bp, ui.bp):
+    for blueprint in (builds.bp, webhooks.bp, artifacts.bp, blobs.bp, tokens_api.bp, system.bp, ui.bp):
         app.register_blueprint(blueprint)
     ratelimit.install(app, settings)  # after the routes (it wraps the submit view) and after web.auth
     return app

@@ -85,6 +85,9 @@ _TYPES = [
     ProblemType("spec-over-quota", 422, "The spec needs more compiles than a token may run at once",
                 "Split the spec's buckets over several submits, or ask an admin to raise "
                 "`COMPILESVC_MAX_COMPILES_PER_TOKEN`."),
+    ProblemType("callback-invalid", 422, "Callback URL refused",
+                "A `callbacks` URL is not http(s), or resolves to a loopback, link-local, private or reserved "
+                "address that the operator did not allow (`COMPILESVC_WEBHOOK_ALLOW_NETWORKS`)."),
     ProblemType("not-cancellable", 409, "Build cannot be cancelled",
                 "Only builds that are still building can be cancelled."),
     ProblemType("not-retryable", 409, "Build cannot be retried",

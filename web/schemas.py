@@ -305,3 +305,28 @@ class TokenCreated(TokenOut):
 
 class TokenList(_Out):
     items: list[TokenOut]
+
+
+class WebhookAttemptOut(_Out):
+    attempt: int
+    at: datetime
+    status_code: int | None = Field(description="The receiver's HTTP status; null when it did not answer.")
+    error: str | None
+    duration_ms: float
+
+
+class WebhookDeliveryOut(_Out):
+    id: str = Field(description="The Compilesvc-Webhook-Id header of every try: receivers dedupe by it.")
+    url: str
+    event: Literal["build.succeeded", "build.failed", "build.cancelled"]
+    state: Literal["pending", "delivered", "failed"]
+    attempts: list[WebhookAttemptOut]
+    next_attempt_at: datetime | None = Field(description="When it is tried again (pending deliveries).")
+    created_at: datetime
+    delivered_at: datetime | None
+
+
+class WebhookDeliveries(_Out):
+    build_id: int
+    urls: list[str] = Field(description="The build's webhook URLs: its spec's callbacks and its team's.")
+    deliveries: list[WebhookDeliveryOut]

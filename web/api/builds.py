@@ -30,6 +30,7 @@ from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState, BuildState, Outcome
 from compilesvc.submit import SubmitResult
 from compilesvc.tokens import Permission
+from compilesvc.webhooks import CallbackRefused
 from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
 from web.auth import current_principal
 from web.context import MAX_PREPARED_BODY, WebContext, web
@@ -73,6 +74,8 @@ def refused(exc: SubmitRefused) -> Problem:
     if isinstance(exc, NoCapableWorker):
         extensions["queue"] = exc.queue
         headers["Retry-After"] = "30"
+    if isinstance(exc, CallbackRefused):
+        extensions["errors"] = [{"field": exc.field, "message": str(exc).split(": ", 1)[-1]}]
     if isinstance(exc, QuotaExceeded):
         extensions.update(in_flight=exc.in_flight, needed=exc.needed, limit=exc.limit)
         headers["Retry-After"] = "60"
