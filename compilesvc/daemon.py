@@ -23,8 +23,9 @@ from types import FrameType
 import click
 from pydantic import ValidationError
 
-from compilesvc import jsonlog
+from compilesvc import idempotency, jsonlog
 from compilesvc.config import Settings
+from compilesvc.db import transaction
 from compilesvc.outbox import OutboxRelay
 from compilesvc.reaper import ReapReport, reap
 from compilesvc.reconcile import Reconciler, broker_view
@@ -100,9 +101,22 @@ class RelayLoop:
             log.info("removed abandoned uploads", extra={"removed": removed})
         return removed
 
+    def sweep_idempotency_keys(self) -> int:
+        """Delete expired Idempotency-Keys (an expired key is ignored anyway; this keeps the table small)."""
+        try:
+            with transaction(self.services.sessions) as session:
+                removed = idempotency.delete_expired(session, self.services.settings.idempotency_key_seconds)
+        except Exception:  # the ledger is down: the next sweep retries
+            log.exception("idempotency key sweep failed")
+            return 0
+        if removed:
+            log.info("removed expired idempotency keys", extra={"removed": removed})
+        return removed
+
     def _sweep_loop(self) -> None:
         while True:
             self.sweep_uploads()
+            self.sweep_idempotency_keys()
             if self.stop.wait(self.sweep_interval):
                 return
 
@@ -171,6 +185,7 @@ def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
         if once:
             loop.run_once()
             loop.sweep_uploads()
+            loop.sweep_idempotency_keys()
             loop.deliver_webhooks()
         else:
             loop.run()

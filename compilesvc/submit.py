@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from compilesvc import events
+from compilesvc import events, idempotency
+from compilesvc.admission import admit, will_compile
 from compilesvc.artifacts import (
     PublishedManifests,
     StoreManifests,
@@ -40,24 +40,19 @@ from compilesvc.ledger.models import (
     ArtifactBucket,
     BucketCompile,
     Build,
-    IdempotencyKey,
     Webhook,
     utcnow,
 )
-from compilesvc.ledger.sql import insert_ignore, insert_ignore_duplicate
+from compilesvc.ledger.sql import insert_ignore
 from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_manifest
 from compilesvc.model_pins import PinnedModel
 from compilesvc.outbox import enqueue_compile
 from compilesvc.publishing import publish_if_complete
-from compilesvc.quotas import check_compile_quota
-from compilesvc.refusals import IdempotencyConflict, NoCapableWorker
-from compilesvc.registry import live_queues
 from compilesvc.services import Services
 from compilesvc.spec import CompileSpec
 from compilesvc.states import (
     BUILD_STATE_FOR_ARTIFACT,
     NEGATIVELY_CACHED,
-    REQUEUED_BY_SUBMIT,
     ArtifactState,
     BucketState,
     Outcome,
@@ -155,7 +150,8 @@ class Submitter:
         if hit is not None:
             return hit
         imported = self._importable_buckets(keys)
-        self._check_capacity(context, imported, queue_anyway)
+        with self.services.sessions() as session:
+            admit(session, self.settings, context, set(imported), queue_anyway)
         try:
             result, outbox_ids, finalize = self._create_or_join(context, imported)
         except _IdempotencyRace:  # an identical request with the same key committed first
@@ -168,26 +164,21 @@ class Submitter:
 
     # -- steps --------------------------------------------------------------------------------------
 
-    def _idempotency_cutoff(self) -> datetime:
-        """Keys made at or before this have expired."""
-        return utcnow() - timedelta(seconds=self.settings.idempotency_key_seconds)
-
     def _replay(self, principal: Principal | None, idempotency_key: str, request_hash: str) -> SubmitResult | None:
         """The first answer to this principal's key (its build as it is now, and the status first answered)."""
         if principal is None:
             return None
         with self.services.sessions() as session:
-            entry = session.get(IdempotencyKey, (principal.token_id, idempotency_key))
-            if entry is None or entry.created_at <= self._idempotency_cutoff():
+            first = idempotency.find(session, principal.token_id, idempotency_key, request_hash,
+                                     self.settings.idempotency_key_seconds)
+            if first is None:
                 return None
-            if entry.request_hash != request_hash:
-                raise IdempotencyConflict(idempotency_key)
-            build = session.get_one(Build, entry.build_id)
+            build = session.get_one(Build, first.build_id)
             artifact = session.get_one(Artifact, build.artifact_id)
             return SubmitResult(build_id=build.id, outcome=build.outcome, state=build.state,
                                 artifact_key=artifact.key, artifact_state=artifact.state,
                                 buckets=bucket_views(session, artifact.id), replayed=True,
-                                manifest=self._manifest(artifact), first_status=entry.status)
+                                manifest=self._manifest(artifact), first_status=first.status)
 
     def _published_hit(self, ctx: SubmitContext) -> SubmitResult | None:
         """The fast path: no read once an artifact was seen published, and the build is group-committed
@@ -254,24 +245,6 @@ class Submitter:
                 found[key] = parse_bucket_manifest(raw, key)
         return found
 
-    def _check_capacity(self, ctx: SubmitContext, imported: dict[str, BucketManifest], queue_anyway: bool) -> None:
-        """Refuse a submit that would queue compiles no live worker serves, or past the token's quota (a
-        soft bound: two submits at the same instant may both pass it)."""
-        check_workers = self.settings.require_live_worker and not queue_anyway
-        if not check_workers and (ctx.principal is None or not self.settings.max_compiles_per_token):
-            return
-        with self.services.sessions() as session:
-            rows = session.execute(
-                select(BucketCompile.key, BucketCompile.state, BucketCompile.error_class)
-                .where(BucketCompile.key.in_(ctx.keys.bucket_keys))
-            ).all()
-            known = {key: (state, error_class) for key, state, error_class in rows}
-            needed = sum(1 for key in set(ctx.keys.bucket_keys)
-                         if key not in imported and _will_compile(*known.get(key, (None, None))))
-            if needed and check_workers and ctx.queue not in live_queues(session, self.settings.worker_stale_seconds):
-                raise NoCapableWorker(ctx.queue, ctx.spec.target, ctx.spec.sdk)
-            check_compile_quota(session, ctx.principal, needed, self.settings.max_compiles_per_token)
-
     def _create_or_join(self, ctx: SubmitContext, imported: dict[str, BucketManifest]
                         ) -> tuple[SubmitResult, list[int], bool]:
         outbox_ids: list[int] = []
@@ -323,7 +296,7 @@ class Submitter:
                               source="store" if manifest else "submit")
                 if bucket.state == BucketState.QUEUED:
                     outbox_ids.append(enqueue_compile(session, bucket).id)
-            elif _will_compile(bucket.state, bucket.error_class):
+            elif will_compile(bucket.state, bucket.error_class):
                 outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True,
                                                  model=ctx.model_row))
             session.add(ArtifactBucket(artifact_id=artifact.id, bucket_compile_id=bucket.id,
@@ -342,7 +315,7 @@ class Submitter:
             return []
         outbox_ids = []
         for bucket in buckets:
-            if _will_compile(bucket.state, bucket.error_class):
+            if will_compile(bucket.state, bucket.error_class):
                 outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True,
                                                  model=ctx.model_row))
             elif bucket.state == BucketState.RUNNING and bucket.cancel_requested:
@@ -394,31 +367,13 @@ class Submitter:
         if ctx.callbacks:
             session.execute(insert(Webhook), subscription_rows(build_id, ctx.callbacks))
         if ctx.idempotency_key and ctx.principal is not None:
-            token_id, key = ctx.principal.token_id, ctx.idempotency_key
-            # An expired key is a new key: its old entry goes in the transaction that takes it again.
-            session.execute(delete(IdempotencyKey).where(
-                IdempotencyKey.token_id == token_id, IdempotencyKey.key == key,
-                IdempotencyKey.created_at <= self._idempotency_cutoff()))
             status = 200 if record.row["outcome"] == Outcome.HIT else 202  # as web.api.builds answers
-            if not insert_ignore_duplicate(session, IdempotencyKey, {
-                "token_id": token_id, "key": key, "request_hash": ctx.request_hash, "build_id": build_id,
-                "status": status, "created_at": utcnow(),
-            }, ["token_id", "key"]):
+            if not idempotency.claim(session, ctx.principal.token_id, ctx.idempotency_key, ctx.request_hash,
+                                     build_id, status, self.settings.idempotency_key_seconds):
                 return None
         insert_build_details(conn, [record], [build_id])
         enqueue_terminal(session, build_id, record.row["state"])  # a build born ended (a hit) notifies at once
         return build_id
-
-
-def _will_compile(state: str | None, error_class: str | None) -> bool:
-    """Whether a submit finding a bucket compile in this state queues it (None: no such compile yet).
-
-    A compile error or a rejected flag is answered from the negative cache: no worker is needed to say it
-    again.
-    """
-    if state == BucketState.FAILED:
-        return error_class in REQUEUED_BY_SUBMIT
-    return state in (None, BucketState.CANCELLED)
 
 
 class _IdempotencyRace(Exception):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from compilesvc import leases
+from compilesvc import idempotency, leases
 from compilesvc.config import Settings
 from compilesvc.control import cancel_build, retry_build
 from compilesvc.db import transaction
@@ -286,6 +286,11 @@ def test_idempotency_keys_expire(tmp_path: Path, ledger_url: str) -> None:
         later = submitter.submit(changed, principal=ci, idempotency_key="nightly")  # no conflict: a new key
         assert not later.replayed and later.build_id != first.build_id
         assert submitter.submit(changed, principal=ci, idempotency_key="nightly").build_id == later.build_id
+        with transaction(services.sessions) as session:  # the relay's sweep removes what expired, only that
+            session.execute(update(IdempotencyKey).where(IdempotencyKey.build_id == later.build_id)
+                            .values(created_at=utcnow() - timedelta(seconds=30)))
+            assert idempotency.delete_expired(session, 60) == 0
+            assert idempotency.delete_expired(session, 10) == 1
     finally:
         services.close()
 

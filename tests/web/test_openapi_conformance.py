@@ -53,6 +53,9 @@ def semantically_valid(case: Any, model_uri: str, spare_token_id: int) -> None:
                 spec_input["shape"] = [min(dim, 8) for dim in spec_input["shape"]]
                 assert math.prod(spec_input["shape"]) <= 8**8
     if (method, path) == ("POST", "/v1/builds"):
+        # A callback must name a host that resolves to an address the service may call: DNS is no schema's.
+        if isinstance(case.body, dict):
+            case.body.pop("callbacks", None)
         # Without a live worker for the target a submit is a documented 503, which the server-error check
         # counts as a failure; this environment has no workers.
         case.query = {**(case.query or {}), "queue_anyway": "true"}

@@ -18,13 +18,13 @@ from flask import Blueprint, Response, current_app, g
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
+from compilesvc.admission import QuotaExceeded
 from compilesvc.bucket_compiles import bucket_views
 from compilesvc.control import BuildNotFound, cancel_build, retry_build
 from compilesvc.history import InvalidCursor, InvalidLimit, get_build_detail, list_builds
 from compilesvc.ledger.models import Artifact, Build
 from compilesvc.logs import read_build_logs
 from compilesvc.model_pins import ModelRefError
-from compilesvc.quotas import QuotaExceeded
 from compilesvc.refusals import NoCapableWorker, SubmitRefused
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState, BuildState, Outcome
