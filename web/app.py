@@ -110,6 +110,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         metrics=ApiMetrics(registry), public_url=settings.public_url.rstrip("/"),
         streams=threading.BoundedSemaphore(int(app.config["SSE_MAX_STREAMS"])),
         tokens=auth.TokenCache(services, settings.token_cache_seconds),
+        submit_limiter=ratelimit.SubmitLimiter(settings),
     )
     if settings.bootstrap_token is not None:
         _register_bootstrap_token(services, settings.bootstrap_token.get_secret_value())
@@ -120,7 +121,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     for blueprint in (builds.bp, webhooks.bp, artifacts.bp, blobs.bp, tokens_api.bp, system.bp, ui.bp):
         app.register_blueprint(blueprint)
-    ratelimit.install(app, settings)  # after the routes (it wraps the submit view) and after web.auth
     return app
 
 

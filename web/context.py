@@ -33,6 +33,7 @@ from web.schemas import ArtifactOut
 
 if TYPE_CHECKING:
     from web.auth import TokenCache
+    from web.ratelimit import SubmitLimiter
 
 DEFAULT_MANIFEST_CACHE_SIZE = 2048
 #: Submit bodies seen lately, prepared (:class:`compilesvc.submit.Prepared`): CI pipelines resubmit the
@@ -158,6 +159,7 @@ class WebContext:
     public_url: str
     streams: threading.BoundedSemaphore  # live log streams this process may serve at once
     tokens: TokenCache  # principals checked lately (web.auth)
+    submit_limiter: SubmitLimiter  # submits per token (web.ratelimit)
     openapi: dict[str, Any] | None = None  # built on first request to /openapi.json
 
     @property

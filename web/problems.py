@@ -194,8 +194,6 @@ def response_for(problem: Problem) -> Response:
 
 
 def _http_error(exc: HTTPException) -> Response:
-    if exc.response is not None:  # an exception that carries its own answer (a rate limit's 429)
-        return exc.response  # type: ignore[return-value]
     status = exc.code or 500
     if status == 413:
         limit = request.max_content_length

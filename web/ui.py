@@ -20,18 +20,16 @@ from markupsafe import Markup, escape
 from pydantic import ValidationError
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from compilesvc.control import BuildNotFound, cancel_build, retry_build
+from compilesvc.control import cancel_build, retry_build
 from compilesvc.history import BUILD_STATES, HistoryFilter, InvalidCursor, count_by_state, list_builds
-from compilesvc.refusals import SubmitRefused
 from compilesvc.services import Services
 from compilesvc.spec_parsing import validation_errors
 from compilesvc.tokens import Permission
 from web import auth
-from web.api.builds import build_document, check_control, refused
+from web.api.builds import build_document, run_control
 from web.api.serialize import summary_json
 from web.context import web
 from web.inputs import FILTERS
-from web.problems import Problem
 
 bp = Blueprint("ui", __name__, template_folder="templates", static_folder="static", static_url_path="/static")
 
@@ -123,14 +121,7 @@ def retry_build_form(build_id: int) -> WerkzeugResponse:
 
 def _control(build_id: int, action: Callable[[Services, int], object]) -> WerkzeugResponse:
     """The build page's cancel and retry forms: what the API does, then back to the page."""
-    ctx = web()
-    check_control(ctx, build_id)
-    try:
-        action(ctx.services, build_id)
-    except BuildNotFound:
-        raise Problem("build-not-found", f"no build {build_id}") from None
-    except SubmitRefused as exc:
-        raise refused(exc) from None
+    run_control(build_id, action)
     return redirect(url_for("ui.build_page", build_id=build_id), 303)
 
 

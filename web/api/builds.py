@@ -26,6 +26,7 @@ from compilesvc.ledger.models import Artifact, Build
 from compilesvc.logs import read_build_logs
 from compilesvc.model_pins import ModelRefError
 from compilesvc.refusals import NoCapableWorker, SubmitRefused
+from compilesvc.services import Services
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState, BuildState, Outcome
 from compilesvc.submit import SubmitResult
@@ -98,6 +99,8 @@ def model_ref_problem(exc: ModelRefError) -> Problem:
 )
 def submit(query: SubmitQuery, headers: SubmitHeaders) -> Response:
     ctx = web()
+    principal = current_principal()
+    ctx.submit_limiter.check(principal)  # before the body is read: a refused submit costs next to nothing
     text = body_text()
     prepared = ctx.prepared.get(text)  # the same bytes as a recent submit: parsed, validated, keyed already
     spec = prepared.spec if prepared is not None else parse_spec_text(text)
@@ -107,7 +110,7 @@ def submit(query: SubmitQuery, headers: SubmitHeaders) -> Response:
             prepared = ctx.submitter.prepare(spec)
             if prepared.reusable and len(text) <= MAX_PREPARED_BODY:
                 ctx.prepared.put(text, prepared)
-        result = ctx.submitter.submit(prepared, principal=current_principal(),
+        result = ctx.submitter.submit(prepared, principal=principal,
                                       idempotency_key=headers.idempotency_key, queue_anyway=query.queue_anyway)
     except ModelRefError as exc:
         raise model_ref_problem(exc) from None
@@ -196,6 +199,21 @@ def get_build(build_id: int) -> Response:
     return respond(BuildOut, build_document(web(), build_id))
 
 
+def run_control(build_id: int, action: Callable[[Services, int], object]) -> WebContext:
+    """Cancel or retry (``action``) build ``build_id`` for the request's token, refusals as problems (the
+    API's views and the UI's forms alike)."""
+    g.build_id = build_id
+    ctx = web()
+    check_control(ctx, build_id)
+    try:
+        action(ctx.services, build_id)
+    except BuildNotFound:
+        raise Problem("build-not-found", f"no build {build_id}") from None
+    except SubmitRefused as exc:
+        raise refused(exc) from None
+    return ctx
+
+
 def check_control(ctx: WebContext, build_id: int) -> None:
     """Cancel and retry are for the submitting team's tokens and admins (404 first: a build that does not
     exist is no one's)."""
@@ -226,16 +244,7 @@ def _state_response(ctx: WebContext, build_id: int, status: int) -> Response:
            description="The build is cancelled at once; its compiles only when no other build waits for them.",
            responses={200: BuildStateOut}, problems=(404, 409))
 def cancel(build_id: int) -> Response:
-    g.build_id = build_id
-    ctx = web()
-    check_control(ctx, build_id)
-    try:
-        cancel_build(ctx.services, build_id)
-    except BuildNotFound:
-        raise Problem("build-not-found", f"no build {build_id}") from None
-    except SubmitRefused as exc:
-        raise refused(exc) from None
-    return _state_response(ctx, build_id, 200)
+    return _state_response(run_control(build_id, cancel_build), build_id, 200)
 
 
 @bp.post("/<build_id:build_id>/retry")
@@ -243,16 +252,7 @@ def cancel(build_id: int) -> Response:
            responses={202: BuildStateOut}, problems=(404, 409),
            response_headers={202: {"Location": "The build's status URL."}})
 def retry(build_id: int) -> Response:
-    g.build_id = build_id
-    ctx = web()
-    check_control(ctx, build_id)
-    try:
-        retry_build(ctx.services, build_id)
-    except BuildNotFound:
-        raise Problem("build-not-found", f"no build {build_id}") from None
-    except SubmitRefused as exc:
-        raise refused(exc) from None
-    return _state_response(ctx, build_id, 202)
+    return _state_response(run_control(build_id, retry_build), build_id, 202)
 
 
 def _build_state(ctx: WebContext, build_id: int) -> str | None:
