@@ -322,7 +322,7 @@ class CompileSpec(_Strict):
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=32, description="Recorded with the build; never in the key."
     )
-    callbacks: list[Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://")]] = Field(
+    callbacks: list[Annotated[str, Field(max_length=2048, pattern=r"^https?://[^\x00-\x20\x7f]+$")]] = Field(
         default_factory=list, max_length=5, description="URLs POSTed a signed event when the build ends (docs/api.md, "
         "Webhooks); never in the key.")
 
