@@ -9,9 +9,10 @@ A limiter whose Redis is away lets submits through, says so in the log, and does
 half a minute: the outbox keeps submits safe through a broker outage, and the limiter must neither undo
 that nor make every submit wait for a connection timeout.
 
-Why not Flask-Limiter: its per-request machinery (every endpoint's limits resolved, request context
-bookkeeping) cost about 300 µs per cache-hit submit in-process, 40 % of the request, where the check
-itself (a ``limits`` strategy's ``hit``) costs a few µs in memory and one Redis round trip otherwise.
+Why not Flask-Limiter (which wraps the same ``limits``): with it, ``python -m bench.api_throughput
+--duration 4`` measured the cache-hit submit at 1633 µs of server CPU per request (0.25x static); with the
+strategy called directly, 1151 µs (0.34x), as before any limit. The check itself, a sliding-window
+``hit`` in memory, costs about 4 µs (``python -m timeit``); with Redis, one round trip.
 """
 
 from __future__ import annotations
