@@ -177,16 +177,21 @@ def is_active(row: ApiToken, now: datetime) -> bool:
 
 def authenticate(session: Session, secret: str) -> Principal | None:
     """The token's principal, or None for anything that is not a live token (unknown, revoked, expired):
-    callers answer all three alike, so an answer never tells which tokens exist."""
+    callers answer all three alike, so an answer never tells which tokens exist. Reads only: a flood of
+    made-up tokens takes no write lock."""
     if not looks_like_token(secret):
         return None
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == token_hash(secret)))
+    return principal_of(row) if row is not None and is_active(row, utcnow()) else None
+
+
+def record_use(session: Session, token_id: int) -> None:
+    """Note that the token was used now (at most once per :data:`LAST_USED_RESOLUTION`)."""
     now = utcnow()
-    if row is None or not is_active(row, now):
-        return None
-    if row.last_used_at is None or now - row.last_used_at >= LAST_USED_RESOLUTION:
-        session.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now))
-    return principal_of(row)
+    session.execute(update(ApiToken).where(
+        ApiToken.id == token_id,
+        (ApiToken.last_used_at.is_(None)) | (ApiToken.last_used_at <= now - LAST_USED_RESOLUTION),
+    ).values(last_used_at=now))
 
 
 def active_principal(session: Session, token_id: int) -> Principal | None:

@@ -118,8 +118,12 @@ class TokenCache:
         cached = self._cached(key)
         if cached is not None:
             return cached
-        with transaction(self.services.sessions) as db:  # it may record the token's last use
-            return self._remember(key, tokens.authenticate(db, secret))
+        with self.services.sessions() as db:
+            principal = tokens.authenticate(db, secret)
+        if principal is not None:  # a checked token's use is recorded once per cache period at most
+            with transaction(self.services.sessions) as db:
+                tokens.record_use(db, principal.token_id)
+        return self._remember(key, principal)
 
     def by_id(self, token_id: int) -> Principal | None:
         key = f"i:{token_id}"
