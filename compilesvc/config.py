@@ -196,7 +196,7 @@ class Settings(BaseSettings):
         parse_networks(value)
         return value
 
-    @property
+    @cached_property  # read by every submit: parsed once
     def webhook_networks(self) -> tuple[Any, ...]:
         from compilesvc.webhooks import parse_networks
 

@@ -7,6 +7,10 @@ worker's lease heartbeat sees, and it ends the compiler's whole process group.
 
 Retry puts failed and cancelled bucket compiles back in the queue with fresh attempts, clearing the
 negative cache for those keys.
+
+Both are for the submitting team's tokens and admins: given the caller's ``principal``, a build of
+another team is refused (:class:`NotYourBuild`) in the transaction that locks it. Without one (the
+service's own callers, tests) nothing is checked.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from compilesvc.artifacts import set_artifact_state
 from compilesvc.bucket_compiles import linked_buckets, requeue_bucket
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, utcnow
-from compilesvc.refusals import NotCancellable, NotRetryable
+from compilesvc.refusals import NotCancellable, NotRetryable, NotYourBuild
 from compilesvc.services import Services
 from compilesvc.states import ArtifactState, BucketState, BuildState, ErrorClass
+from compilesvc.tokens import Principal
 
 
 class BuildNotFound(LookupError):
@@ -40,19 +45,21 @@ def _needed_elsewhere(session: Session, bucket: BucketCompile, artifact_id: int)
     return other is not None
 
 
-def _locked_build(session: Session, build_id: int) -> tuple[Build, Artifact]:
+def _locked_build(session: Session, build_id: int, principal: Principal | None) -> tuple[Build, Artifact]:
     build = session.get(Build, build_id)
     if build is None:
         raise BuildNotFound(build_id)
+    if principal is not None and not principal.may_control(build.team):
+        raise NotYourBuild(build_id, build.team)
     # Lock order everywhere: artifact first, then its buckets.
     artifact = session.get_one(Artifact, build.artifact_id, with_for_update=True)
     session.refresh(build, with_for_update=True)
     return build, artifact
 
 
-def cancel_build(services: Services, build_id: int) -> None:
+def cancel_build(services: Services, build_id: int, principal: Principal | None = None) -> None:
     with transaction(services.sessions) as session:
-        build, artifact = _locked_build(session, build_id)
+        build, artifact = _locked_build(session, build_id, principal)
         if build.state != BuildState.BUILDING:
             raise NotCancellable(f"build {build_id} is already {build.state}")
         events.record(session, "build", build.id, build.state, BuildState.CANCELLED, reason="cancel requested")
@@ -79,10 +86,10 @@ def cancel_build(services: Services, build_id: int) -> None:
                 bucket.cancel_requested = True
 
 
-def retry_build(services: Services, build_id: int) -> list[int]:
+def retry_build(services: Services, build_id: int, principal: Principal | None = None) -> list[int]:
     """Requeue the failed/cancelled compiles of a build's artifact; returns relayed outbox ids."""
     with transaction(services.sessions) as session:
-        build, artifact = _locked_build(session, build_id)
+        build, artifact = _locked_build(session, build_id, principal)
         if artifact.state == ArtifactState.PUBLISHED:
             raise NotRetryable(f"build {build_id}'s artifact is already published; nothing to retry")
         buckets = linked_buckets(session, artifact.id)

@@ -92,7 +92,7 @@ def admin_token(settings: Settings) -> tuple[str, bool]:
     try:
         if path.is_file():
             secret = path.read_text().strip()
-            with transaction(sessions) as session:
+            with sessions() as session:
                 if tokens.authenticate(session, secret) is not None:
                     return secret, False
         with transaction(sessions) as session:

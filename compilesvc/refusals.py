@@ -39,3 +39,13 @@ class NotCancellable(SubmitRefused):
 
 class NotRetryable(SubmitRefused):
     code = "not-retryable"
+
+
+class NotYourBuild(SubmitRefused):
+    status = 403
+    code = "not-your-build"
+
+    def __init__(self, build_id: int, team: str | None):
+        owner = f"team {team}" if team else "no team (submitted before tokens existed)"
+        super().__init__(f"build {build_id} belongs to {owner}; cancel and retry need a token of that team with "
+                         "the submit scope, or an admin token")

@@ -60,9 +60,10 @@ class CallbackRefused(SubmitRefused):
     status = 422
     code = "callback-invalid"
 
-    def __init__(self, index: int, message: str):
+    def __init__(self, index: int, reason: str):
         self.field = f"callbacks[{index}]"
-        super().__init__(f"{self.field}: {message}")
+        self.reason = reason
+        super().__init__(f"{self.field}: {reason}")
 
 
 def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

@@ -24,7 +24,7 @@ from compilesvc.control import cancel_build, retry_build
 from compilesvc.history import BUILD_STATES, HistoryFilter, InvalidCursor, count_by_state, list_builds
 from compilesvc.services import Services
 from compilesvc.spec_parsing import validation_errors
-from compilesvc.tokens import Permission
+from compilesvc.tokens import Permission, Principal
 from web import auth
 from web.api.builds import build_document, run_control
 from web.api.serialize import summary_json
@@ -119,7 +119,7 @@ def retry_build_form(build_id: int) -> WerkzeugResponse:
     return _control(build_id, retry_build)
 
 
-def _control(build_id: int, action: Callable[[Services, int], object]) -> WerkzeugResponse:
+def _control(build_id: int, action: Callable[[Services, int, Principal | None], object]) -> WerkzeugResponse:
     """The build page's cancel and retry forms: what the API does, then back to the page."""
     run_control(build_id, action)
     return redirect(url_for("ui.build_page", build_id=build_id), 303)

@@ -30,7 +30,7 @@ from compilesvc.services import Services
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState, BuildState, Outcome
 from compilesvc.submit import SubmitResult
-from compilesvc.tokens import Permission
+from compilesvc.tokens import Permission, Principal
 from compilesvc.webhooks import CallbackRefused
 from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
 from web.auth import current_principal
@@ -76,7 +76,7 @@ def refused(exc: SubmitRefused) -> Problem:
         extensions["queue"] = exc.queue
         headers["Retry-After"] = "30"
     if isinstance(exc, CallbackRefused):
-        extensions["errors"] = [{"field": exc.field, "message": str(exc).split(": ", 1)[-1]}]
+        extensions["errors"] = [{"field": exc.field, "message": exc.reason}]
     if isinstance(exc, QuotaExceeded):
         extensions.update(in_flight=exc.in_flight, needed=exc.needed, limit=exc.limit)
         headers["Retry-After"] = "60"
@@ -199,33 +199,18 @@ def get_build(build_id: int) -> Response:
     return respond(BuildOut, build_document(web(), build_id))
 
 
-def run_control(build_id: int, action: Callable[[Services, int], object]) -> WebContext:
-    """Cancel or retry (``action``) build ``build_id`` for the request's token, refusals as problems (the
-    API's views and the UI's forms alike)."""
+def run_control(build_id: int, action: Callable[[Services, int, Principal | None], object]) -> WebContext:
+    """Cancel or retry (``action``) build ``build_id`` for the request's token (its team's builds, or any for
+    an admin: :mod:`compilesvc.control` decides), refusals as problems; the API's views and the UI's forms."""
     g.build_id = build_id
     ctx = web()
-    check_control(ctx, build_id)
     try:
-        action(ctx.services, build_id)
+        action(ctx.services, build_id, current_principal())
     except BuildNotFound:
         raise Problem("build-not-found", f"no build {build_id}") from None
     except SubmitRefused as exc:
         raise refused(exc) from None
     return ctx
-
-
-def check_control(ctx: WebContext, build_id: int) -> None:
-    """Cancel and retry are for the submitting team's tokens and admins (404 first: a build that does not
-    exist is no one's)."""
-    principal = current_principal()
-    with ctx.services.sessions() as session:
-        found = session.execute(select(Build.team).where(Build.id == build_id)).one_or_none()
-    if found is None:
-        raise Problem("build-not-found", f"no build {build_id}")
-    if principal is None or not principal.may_control(found.team):
-        owner = f"team {found.team}" if found.team else "no team (submitted before tokens existed)"
-        raise Problem("not-your-build", f"build {build_id} belongs to {owner}; cancel and retry need a token of "
-                                        "that team with the submit scope, or an admin token")
 
 
 def _state_response(ctx: WebContext, build_id: int, status: int) -> Response:
