@@ -60,8 +60,8 @@ def receiver() -> Iterator[Receiver]:
     server.close()
 
 
-def webhook_env(make_env: EnvFactory, sqlite_url: str, **overrides: Any) -> Env:
-    return make_env(sqlite_url, webhook_allow_networks="127.0.0.0/8", webhook_secret=SECRET,
+def webhook_env(make_env: EnvFactory, ledger_url: str, **overrides: Any) -> Env:
+    return make_env(ledger_url, webhook_allow_networks="127.0.0.0/8", webhook_secret=SECRET,
                     webhook_retry_seconds=0, **overrides)
 
 
@@ -80,9 +80,9 @@ def docs_verify() -> Any:
     return scope["verify"]
 
 
-def test_a_build_end_is_delivered_signed_and_retried(make_env: EnvFactory, sqlite_url: str,
+def test_a_build_end_is_delivered_signed_and_retried(make_env: EnvFactory, ledger_url: str,
                                                      receiver: Receiver) -> None:
-    env = webhook_env(make_env, sqlite_url)
+    env = webhook_env(make_env, ledger_url)
     spec = {**spec_for(env.upload(), labels={"repo": "vision"}), "callbacks": [receiver.url]}
     build_id = env.submit(spec).json["build_id"]
     assert relay_pass(env) == 0  # nothing while it builds
@@ -114,9 +114,9 @@ def test_a_build_end_is_delivered_signed_and_retried(make_env: EnvFactory, sqlit
     assert delivery["attempts"][0]["error"] == "HTTP 500" and delivery["delivered_at"] is not None
 
 
-def test_failures_hits_and_cancels_notify_too(make_env: EnvFactory, sqlite_url: str, receiver: Receiver) -> None:
+def test_failures_hits_and_cancels_notify_too(make_env: EnvFactory, ledger_url: str, receiver: Receiver) -> None:
     receiver.statuses.clear()
-    env = webhook_env(make_env, sqlite_url, team_webhooks={"web-tests": [receiver.url]})  # the env token's team
+    env = webhook_env(make_env, ledger_url, team_webhooks={"web-tests": [receiver.url]})  # the env token's team
     uri = env.upload()
     failing = env.submit(spec_for(uri, buckets=((1, 4),))).json["build_id"]
     fail_build(env.services, failing)
@@ -133,10 +133,10 @@ def test_failures_hits_and_cancels_notify_too(make_env: EnvFactory, sqlite_url: 
                       (hit["build_id"], "build.succeeded"), (cancelled, "build.cancelled")]
 
 
-def test_a_receiver_that_never_answers_2xx_fails_after_the_last_try(make_env: EnvFactory, sqlite_url: str,
+def test_a_receiver_that_never_answers_2xx_fails_after_the_last_try(make_env: EnvFactory, ledger_url: str,
                                                                    receiver: Receiver) -> None:
     receiver.statuses[:] = [503] * 10
-    env = webhook_env(make_env, sqlite_url, webhook_max_attempts=3)
+    env = webhook_env(make_env, ledger_url, webhook_max_attempts=3)
     build_id = env.submit({**spec_for(env.upload()), "callbacks": [receiver.url]}).json["build_id"]
     complete_build(env.services, build_id)
     while relay_pass(env):
@@ -145,8 +145,8 @@ def test_a_receiver_that_never_answers_2xx_fails_after_the_last_try(make_env: En
     assert delivery["state"] == "failed" and len(delivery["attempts"]) == 3 and len(receiver.received) == 3
 
 
-def test_a_delivery_waits_for_its_backoff(make_env: EnvFactory, sqlite_url: str, receiver: Receiver) -> None:
-    env = make_env(sqlite_url, webhook_allow_networks="127.0.0.0/8", webhook_retry_seconds=3600)
+def test_a_delivery_waits_for_its_backoff(make_env: EnvFactory, ledger_url: str, receiver: Receiver) -> None:
+    env = make_env(ledger_url, webhook_allow_networks="127.0.0.0/8", webhook_retry_seconds=3600)
     build_id = env.submit({**spec_for(env.upload()), "callbacks": [receiver.url]}).json["build_id"]
     complete_build(env.services, build_id)
     assert relay_pass(env) == 1 and relay_pass(env) == 0  # 500, then an hour's wait
