@@ -23,8 +23,9 @@ from typing import Any
 
 import click
 
+from compilesvc.api_client import Api, ApiError
 from compilesvc.cli import SpecUsageError
-from compilesvc.client import API_OPTION, Api, ApiError, connect
+from compilesvc.client import API_OPTION, connect
 from compilesvc.follow import Exit, Follower, bucket_name, failure_report, outcome
 from compilesvc.spec_parsing import SpecError, load_spec_file
 from compilesvc.states import BucketState, BuildState

@@ -26,6 +26,7 @@ import click
 
 import compilesvc
 from compilesvc import neuron_releases
+from compilesvc.api_client import ApiError
 from compilesvc.keys import KEY_SCHEMA, compute_keys, explain
 from compilesvc.spec import ISA_RE, CompileSpec
 from compilesvc.spec_parsing import SpecError, load_spec_file
@@ -136,8 +137,8 @@ class _Main(click.Group):
                 sys.exit(exc.exit_code)
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
             _fail(exc.format_message() + hint, exc.exit_code)
-        except click.ClickException as exc:
-            _fail(exc.format_message(), exc.exit_code)
+        except (click.ClickException, ApiError) as exc:
+            _fail(str(exc.message), exc.exit_code)
         except click.Abort:
             _fail("aborted", 1)
         except OSError as exc:

@@ -24,7 +24,7 @@ from typing import Any
 import click
 
 from compilesvc import tokens
-from compilesvc.client import Api, ApiError
+from compilesvc.api_client import Api, ApiError
 from compilesvc.config import Settings
 from compilesvc.db import make_engine, make_sessionmaker, transaction
 from compilesvc.demo import demo_model_bytes, demo_spec

@@ -33,6 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
+from compilesvc.manifest import safe_relative
+
 #: The manifest.json member that marks a directory as written by compilesvc fetch.
 MARKER = "compilesvc_fetch"
 MARKER_FORMAT = 2  # 2: each file's size and sha256
@@ -53,14 +55,6 @@ class DestRefused(ValueError):
 
 class DestBusy(RuntimeError):
     """Another fetch is writing the same DEST right now (exit status 1: try again later)."""
-
-
-def safe_relative(path: str) -> PurePosixPath:
-    """A manifest path as a relative path that stays inside its directory; ValueError otherwise."""
-    relative = PurePosixPath(path)
-    if not path or relative.is_absolute() or ".." in relative.parts or relative.parts[0] in OWN_NAMES:
-        raise ValueError(f"refusing unsafe path {path!r} in the manifest")
-    return relative
 
 
 def user_entries(directory: Path) -> list[str]:
@@ -95,7 +89,7 @@ def recorded_files(directory: Path) -> dict[str, tuple[int, str]] | None:
             return None
         size, sha256 = (entry.get("size"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
         if not isinstance(size, int) or not isinstance(sha256, str) or relative.name == "" or \
-                str(relative) == MANIFEST:
+                str(relative) == MANIFEST or relative.parts[0] in OWN_NAMES:
             return None
         recorded[str(relative)] = (size, sha256)
     return recorded

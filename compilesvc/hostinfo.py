@@ -82,3 +82,19 @@ def host_memory_bytes() -> int | None:
     with contextlib.suppress(OSError, ValueError, AttributeError):
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return None
+
+
+#: Each architecture's ISA levels, most capable first: code built for a level runs on that level and above.
+_LEVEL_ORDER = {"x86_64": [level for level, _ in _X86_LEVELS] + ["default"], "aarch64": ["sve", "neon"]}
+
+
+def isa_runs_on(built_for: str, host: str) -> bool:
+    """Whether code built for ISA ``built_for`` (``<arch>-<level>``) runs on a host of ISA ``host``."""
+    if built_for == host:
+        return True
+    arch, _, level = built_for.partition("-")
+    host_arch, _, host_level = host.partition("-")
+    order = _LEVEL_ORDER.get(arch)
+    if arch != host_arch or order is None or level not in order or host_level not in order:
+        return False
+    return order.index(host_level) <= order.index(level)

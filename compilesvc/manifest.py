@@ -12,6 +12,7 @@ document is refused (:class:`ManifestMismatch`) rather than served as someone el
 from __future__ import annotations
 
 import json
+from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -101,3 +102,11 @@ def parse_artifact_manifest(data: bytes, key: str) -> ArtifactManifest:
             or artifact_key_of(material, [entry.key for entry in manifest.buckets]) != key):
         raise ManifestMismatch(key, "names or hashes to another key")
     return manifest
+
+
+def safe_relative(path: str) -> PurePosixPath:
+    """A manifest path as a relative path that stays inside its directory; ValueError otherwise."""
+    relative = PurePosixPath(path)
+    if not path or relative.is_absolute() or ".." in relative.parts:
+        raise ValueError(f"refusing unsafe path {path!r} in the manifest")
+    return relative

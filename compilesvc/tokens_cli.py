@@ -16,8 +16,9 @@ from typing import Any
 import click
 
 from compilesvc import tokens
+from compilesvc.api_client import ApiError
 from compilesvc.cli import BadInput, CommandFailed, _settings
-from compilesvc.client import API_OPTION, ApiError, connect
+from compilesvc.client import API_OPTION, connect
 
 _DURATION = re.compile(r"(\d+)([smhdw]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

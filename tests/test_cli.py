@@ -270,8 +270,8 @@ def _bad_files(tmp: Path) -> dict[str, tuple[list[str], str, int]]:
         "unknown command": (["frobnicate"], "No such command 'frobnicate'", 2),
         "upload of a missing file": (["upload", "absent.pt2"], "File 'absent.pt2' does not exist", 2),
         "impossible shape": (["key", "huge.json"], f"shape: {1048576**8} elements per input; at most {2**34}", 2),
-        "fetch of a bad key": (["fetch", "KEY", "out"], "'KEY' is not an artifact key", 2),
-        "fetch into a non-empty directory": (["fetch", "0" * 64, "."], "is not empty", 2),
+        "fetch of a bad key": (["fetch", "KEY", "--dest", "out"], "'KEY' is not an artifact key", 2),
+        "fetch into a non-empty directory": (["fetch", "0" * 64, "--dest", "."], "is not empty", 2),
         "bad database url": (["migrate", "--database-url", "nosuchdb://x"], "Invalid value for '--database-url'", 2),
         "unreachable database": (
             ["migrate", "--database-url", "postgresql+psycopg://u@127.0.0.1:1/x?connect_timeout=2"],

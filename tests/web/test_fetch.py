@@ -90,6 +90,7 @@ class Served:
     env: Env
     base: str
     relay: HoldingRelay
+    cache: Path  # the fetching host's artifact cache
 
     def publish(self, *, buckets: tuple[tuple[int, int], ...] = ((1, 8), (2, 8)), model: bytes = b"m") -> str:
         """Publish an artifact (the worker's core paths, no compiler) and return its key."""
@@ -101,7 +102,7 @@ class Served:
 
 
 @pytest.fixture
-def served(make_env: EnvFactory, sqlite_url: str) -> Iterator[Served]:
+def served(make_env: EnvFactory, sqlite_url: str, tmp_path: Path) -> Iterator[Served]:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     relay = HoldingRelay(port)
@@ -110,7 +111,7 @@ def served(make_env: EnvFactory, sqlite_url: str) -> Iterator[Served]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield Served(env, f"http://127.0.0.1:{port}", relay)
+        yield Served(env, f"http://127.0.0.1:{port}", relay, tmp_path / "fleet-cache")
     finally:
         relay.close()
         server.shutdown()
@@ -122,11 +123,12 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 
 def client_env(served: Served) -> dict[str, str]:
     """The fetching CLI's environment: its token (a fleet host's, which may only fetch)."""
-    return {**os.environ, "COMPILESVC_TOKEN": make_token(served.env.services.sessions, "fleet", owner="fleet")}
+    return {**os.environ, "COMPILESVC_TOKEN": make_token(served.env.services.sessions, "fleet", owner="fleet"),
+            "COMPILESVC_CACHE_DIR": str(served.cache)}
 
 
 def fetch_argv(served: Served, key: str, dest: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "compilesvc", "fetch", key, dest, "--api", served.base, *extra]
+    return [sys.executable, "-m", "compilesvc", "fetch", key, "--dest", dest, "--api", served.base, *extra]
 
 
 @pytest.fixture
@@ -206,7 +208,8 @@ def test_fetch_into_a_new_directory_counts_every_file(served: Served, run: Run, 
     assert result.returncode == 0, result.stderr
     count = assert_fetched(served, key, dest, with_logs=True)
     assert count == 4  # two buckets, a model and a log each
-    assert result.stdout.strip() == f"{dest}: {count} files verified"
+    assert result.stdout.strip() == str(dest)
+    assert f"{count} file(s)" in result.stderr and f"{count} downloaded" in result.stderr
     assert leftovers(dest.parent) == [] and leftovers(dest) == []
 
 
@@ -346,7 +349,7 @@ def test_a_second_fetch_of_the_same_dest_does_not_clobber_the_first(served: Serv
 def test_errors_leave_nothing_behind(served: Served, run: Run, work: Path) -> None:
     dest = work / "artifact"
     assert_one_error(run("not-a-key", str(dest)), 2, "is not an artifact key")
-    assert_one_error(run("0" * 64, str(dest)), 1, "HTTP 404")
+    assert_one_error(run("0" * 64, str(dest)), 1, "no artifact has key")
     (work / "file").write_text("a file")
     assert_one_error(run("0" * 64, str(work / "file")), 2, "file")
     (work / "dangling").symlink_to(work / "nowhere")

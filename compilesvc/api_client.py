@@ -1,0 +1,117 @@
+"""compilesvc's one HTTP client for its own API: JSON in and out, problems as :class:`ApiError`, network
+failures and passing outages (429, 502-504) retried with backoff, so a POST made safe by an
+Idempotency-Key survives a flaky network.
+
+Used by the command-line client (:mod:`compilesvc.client`, :mod:`compilesvc.build_cli`), ``compilesvc
+dev`` and the fleet library (:mod:`compilesvc.fleet`), so it needs nothing beyond the standard library:
+serving code that imports the fleet library pulls in no CLI framework.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+TRANSPORT_RETRIES = 5  # 0.5 + 1 + 2 + 4 + 8 s of backoff: a network blip or an API restart
+class ApiError(Exception):
+    """The API answered with a problem (``status``, ``problem``: its document), or could not be reached
+    (``status`` None). The CLI prints it as one line with exit status 1; the build commands map it to their
+    own (:mod:`compilesvc.build_cli`)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, status: int | None = None, problem: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.problem = problem or {}
+
+    @property
+    def problem_type(self) -> str:
+        return str(self.problem.get("type", "")).rsplit("/", 1)[-1]
+
+
+def _api_error(status: int, body: bytes) -> ApiError:
+    try:
+        problem = json.loads(body)
+        if not isinstance(problem, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        return ApiError(f"HTTP {status}: {body[:200].decode(errors='replace')}", status)
+    text = f"HTTP {status} {problem.get('title', '')}: {problem.get('detail', '')}".strip()
+    for err in problem.get("errors", [])[:5]:
+        text += f"; {err.get('field')}: {err.get('message')}"
+    return ApiError(text, status, problem)
+
+
+def _backoff(attempt: int) -> float:
+    return float(min(0.5 * 2**attempt, 8.0))
+
+
+def _retry_after(exc: urllib.error.HTTPError, attempt: int) -> float:
+    """The server's Retry-After (seconds, at most a minute), else the backoff."""
+    value = exc.headers.get("Retry-After", "") if exc.headers else ""
+    return float(min(int(value), 60)) if value.isdigit() else _backoff(attempt)
+
+
+class Api:
+    """compilesvc's one HTTP client (the CLI's commands and ``compilesvc dev`` alike): JSON in and out,
+    problems as :class:`ApiError`, transport failures retried ``retries`` times with backoff."""
+
+    def __init__(self, base: str, timeout: float = 30.0, *, retries: int = TRANSPORT_RETRIES,
+                 token: str | None = None):
+        self.base = base.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self.token = token
+
+    def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, *,
+                upload: Path | bytes | None = None) -> Any:
+        """JSON in (or ``upload``: a file, streamed, or bytes), JSON out; transport failures are retried with
+        backoff (the caller makes POSTs safe: an Idempotency-Key, or content addressing for uploads)."""
+        url = path if path.startswith("http") else f"{self.base}{path}"
+        data = json.dumps(body).encode() if body is not None else None
+        all_headers = {"Accept": "application/json", **(headers or {})}
+        if self.token:
+            all_headers["Authorization"] = f"Bearer {self.token}"
+        if data is not None:
+            all_headers["Content-Type"] = "application/json"
+        if upload is not None:
+            size = len(upload) if isinstance(upload, bytes) else upload.stat().st_size
+            all_headers.update({"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+        for attempt in range(self.retries + 1):
+            try:
+                with contextlib.ExitStack() as stack:
+                    # A file body streams from disk, and each attempt starts it again from the beginning.
+                    payload = stack.enter_context(upload.open("rb")) if isinstance(upload, Path) else data
+                    if isinstance(upload, bytes):
+                        payload = upload
+                    req = urllib.request.Request(url, data=payload, method=method, headers=all_headers)
+                    with urllib.request.urlopen(req, timeout=self.timeout) as response:
+                        return json.loads(response.read() or b"null")
+            except urllib.error.HTTPError as exc:
+                body_bytes = exc.read()
+                passing = exc.code in (429, 502, 503, 504) and not _is_refusal(body_bytes)
+                if passing and attempt < self.retries:
+                    time.sleep(_retry_after(exc, attempt))
+                    continue
+                raise _api_error(exc.code, body_bytes) from None
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+                if attempt == self.retries:
+                    reason = getattr(exc, "reason", exc)
+                    raise ApiError(f"cannot reach the API at {self.base}: {reason}") from None
+                time.sleep(_backoff(attempt))
+        raise AssertionError("unreachable")
+
+
+def _is_refusal(body: bytes) -> bool:
+    """A 503 that is a verdict (no worker can serve this), not a passing outage."""
+    try:
+        return "no-capable-worker" in str(json.loads(body).get("type", ""))
+    except ValueError:
+        return False

@@ -1,0 +1,29 @@
+"""compilesvc for serving code: verified artifacts on local disk, the bucket for a request, padding.
+
+::
+
+    from compilesvc.fleet import ArtifactSet, pad
+
+    artifacts = ArtifactSet.open("9f2c…", cache_dir="/var/cache/compilesvc")   # or a spec file
+    bucket = artifacts.select({"input_ids": ids, "attention_mask": mask})    # smallest that fits
+    model = bucket.load()                                                     # imports torch only here
+    out = model(**pad({"input_ids": ids, "attention_mask": mask}, bucket))
+
+Importing this package imports neither torch nor numpy, nor any web or worker code; see docs/fleet.md
+for the cache, the selection policy and the host check.
+"""
+
+from compilesvc.fleet._artifact_set import ArtifactSet, LocalBucket
+from compilesvc.fleet._cache import ArtifactCache, CacheError, Verify, default_cache_dir
+from compilesvc.fleet._fetch import Fetcher, FetchReport, NotCached, Progress
+from compilesvc.fleet._host import HostCheck, HostReport, VersionMismatch, VersionMismatchWarning
+from compilesvc.fleet._pad import crop, pad
+from compilesvc.fleet._remote import FleetError, NotPublished, Remote, Unreachable
+from compilesvc.fleet._select import Miss, NoBucketFits, select
+
+__all__ = [
+    "ArtifactCache", "ArtifactSet", "CacheError", "FetchReport", "Fetcher", "FleetError", "HostCheck",
+    "HostReport", "LocalBucket", "Miss", "NoBucketFits", "NotCached", "NotPublished", "Progress", "Remote",
+    "Unreachable", "Verify", "VersionMismatch", "VersionMismatchWarning", "crop", "default_cache_dir", "pad",
+    "select",
+]

@@ -1,0 +1,214 @@
+"""Getting an artifact into the local cache: from the cache itself when it is there and verifies (no
+network at all), else from the API's manifest and the stores' URLs, every file in parallel, each blob
+downloaded by one process however many start at once, damaged files fetched again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compilesvc.fleet._cache import ArtifactCache, CacheError, Placed, Verify, file_matches, placed_files
+from compilesvc.fleet._download import DownloadError, download
+from compilesvc.fleet._remote import FleetError, NotPublished, Published, Remote, Unreachable
+from compilesvc.manifest import ArtifactManifest, FileEntry
+
+DEFAULT_PARALLEL = 4
+
+
+class NotCached(FleetError):
+    """Offline (or with a read-only cache) and the artifact is not in the cache."""
+
+
+class Progress:
+    """What a fetch reports while it works (the CLI draws it; the library's default says nothing).
+    Called from the download threads: implementations must be thread-safe."""
+
+    def start(self, files: int, total_bytes: int) -> None: ...
+
+    def advance(self, nbytes: int) -> None: ...
+
+    def waiting(self, name: str) -> None:
+        """Another process is downloading ``name``; this one waits for it instead of downloading twice."""
+
+
+@dataclass
+class FetchReport:
+    """Where the artifact is and what it took: files and bytes in the set, and what came over the network."""
+
+    key: str
+    directory: Path
+    manifest: ArtifactManifest
+    files: int = 0
+    bytes: int = 0
+    downloaded: int = 0
+    received_bytes: int = 0
+    resumed: dict[str, int] = field(default_factory=dict)  # file -> bytes an interrupted download had left
+    network: bool = False  # False: served from the cache with no request at all
+
+    @property
+    def from_cache(self) -> int:
+        return self.files - self.downloaded
+
+
+def spec_digest(spec: dict[str, Any]) -> str:
+    """The digest a spec is remembered under in the cache (its canonical JSON)."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class Fetcher:
+    """Fills one :class:`ArtifactCache` from one :class:`Remote` (None: offline, the cache only)."""
+
+    def __init__(self, cache: ArtifactCache, remote: Remote | None, *, verify: Verify = Verify.SHA256,
+                 parallel: int = DEFAULT_PARALLEL, progress: Progress | None = None):
+        self.cache = cache
+        self.remote = remote
+        self.verify = verify
+        self.parallel = max(1, parallel)
+        self.progress = progress or Progress()
+
+    def key_for(self, spec: dict[str, Any]) -> str:
+        """The key ``spec`` resolves to: asked of the API (and remembered), else remembered from last time."""
+        digest = spec_digest(spec)
+        if self.remote is None:
+            key = self.cache.key_for_spec(digest)
+            if key is None:
+                raise NotCached(f"offline, and this spec was never fetched into {self.cache.root}")
+            return key
+        try:
+            key, state = self.remote.resolve(spec)
+        except FleetError as exc:
+            key_remembered = self.cache.key_for_spec(digest)
+            if key_remembered is None or not isinstance(exc, Unreachable):
+                raise
+            return key_remembered
+        if state != "published" and not self.cache.artifact_dir(key).is_dir():
+            raise NotPublished(f"the spec resolves to key {key}, which is {state}, not published: build it "
+                               "first (compilesvc submit SPEC --wait)", state)
+        with contextlib.suppress(OSError):
+            if self.cache.writable():
+                self.cache.remember_spec(digest, key)
+        return key
+
+    def fetch(self, key: str, *, with_logs: bool = False) -> FetchReport:
+        """``key``'s verified directory in the cache, fetching what is missing or damaged."""
+        try:
+            manifest = self.cache.read(key)
+        except CacheError:
+            if self.remote is None or not self.cache.writable():
+                raise
+            self._discard(key)  # a corrupt manifest: the directory is refetched whole
+            manifest = None
+        if manifest is not None:
+            placed = placed_files(manifest, with_logs=with_logs)
+            damaged = self.cache.damaged(key, placed, self.verify)
+            report = self._report(key, manifest, placed)
+            if not damaged:
+                return report
+            if self.remote is None or not self.cache.writable():
+                names = ", ".join(str(p.relative) for p in damaged[:3])
+                raise CacheError(f"{len(damaged)} file(s) of {key} in {self.cache.artifact_dir(key)} are missing "
+                                 f"or damaged ({names}) and this cache cannot refetch them "
+                                 f"({'offline' if self.remote is None else 'read-only'})")
+            lost = [p for p in damaged if not file_matches(self.cache.blob_path(p.entry.sha256), p.entry, self.verify)]
+            if lost:  # else the blobs are whole and only the directory's links need putting back
+                self._download_all(report, self._published(key), lost)
+            self.cache.repair(key, damaged)
+            return report
+        if self.remote is None:
+            raise NotCached(f"{key} is not in the cache {self.cache.root} (offline)")
+        if not self.cache.writable():
+            raise NotCached(f"{key} is not in the read-only cache {self.cache.root}")
+        published = self._published(key)
+        placed = placed_files(published.manifest, with_logs=with_logs)
+        report = self._report(key, published.manifest, placed)
+        self._download_all(report, published, placed)
+        self.cache.publish(published.manifest, placed)
+        return report
+
+    def _published(self, key: str) -> Published:
+        assert self.remote is not None
+        return self.remote.published(key)
+
+    def _report(self, key: str, manifest: ArtifactManifest, placed: list[Placed]) -> FetchReport:
+        return FetchReport(key, self.cache.artifact_dir(key), manifest, files=len(placed),
+                           bytes=sum(p.entry.size for p in placed))
+
+    def _discard(self, key: str) -> None:
+        directory = self.cache.artifact_dir(key)
+        aside = directory.with_name(f".{key}.{uuid.uuid4().hex[:8]}.discarded")
+        with contextlib.suppress(FileNotFoundError):
+            directory.rename(aside)
+            shutil.rmtree(aside, ignore_errors=True)
+
+    def _download_all(self, report: FetchReport, published: Published, placed: list[Placed]) -> None:
+        """Make a verified blob of every entry in ``placed`` (each distinct blob once), in parallel."""
+        report.network = True
+        entries: dict[str, tuple[str, FileEntry]] = {}
+        for p in placed:
+            entries.setdefault(p.entry.sha256, (str(p.relative), p.entry))
+        self.progress.start(len(entries), sum(entry.size for _, entry in entries.values()))
+        urls = _Urls(published, self.remote, report.key)
+        lock = threading.Lock()
+
+        def one(name: str, entry: FileEntry) -> None:
+            transfer = self._ensure_blob(name, entry, urls)
+            if transfer is not None:
+                with lock:
+                    report.downloaded += sum(1 for p in placed if p.entry.sha256 == entry.sha256)
+                    report.received_bytes += transfer.received
+                    if transfer.resumed_from:
+                        report.resumed[name] = transfer.resumed_from
+
+        with ThreadPoolExecutor(max_workers=min(self.parallel, len(entries) or 1)) as pool:
+            futures = [pool.submit(one, name, entry) for name, entry in entries.values()]
+            errors = [f.exception() for f in futures]
+        failures = [e for e in errors if e is not None]
+        if failures:
+            first = failures[0]
+            if isinstance(first, (DownloadError, FleetError, CacheError)):
+                more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+                raise FleetError(f"{first}{more}") from None
+            raise first
+
+    def _ensure_blob(self, name: str, entry: FileEntry, urls: _Urls) -> Any:
+        blob = self.cache.blob_path(entry.sha256)
+        if file_matches(blob, entry, self.verify):
+            self.progress.advance(entry.size)
+            return None
+        with self.cache.blob_lock(entry.sha256, on_wait=lambda: self.progress.waiting(name)):
+            if file_matches(blob, entry, self.verify):  # another process got it while this one waited
+                self.progress.advance(entry.size)
+                return None
+            partial = self.cache.partial_path(entry.sha256)
+            transfer = download(lambda refresh: urls.get(entry.sha256, refresh), partial, entry,
+                                progress=self.progress.advance)
+            self.cache.install_blob(partial, entry.sha256)
+            return transfer
+
+
+class _Urls:
+    """The download URLs of one fetch, refreshed (once for all threads) when one has expired."""
+
+    def __init__(self, published: Published, remote: Remote | None, key: str):
+        self._published = published
+        self._remote = remote
+        self._key = key
+        self._lock = threading.Lock()
+
+    def get(self, sha256: str, refresh: bool) -> str:
+        with self._lock:
+            if refresh and self._remote is not None:
+                self._published = self._remote.published(self._key)
+            return self._published.urls[sha256]
+
+
+
