@@ -16,7 +16,7 @@ pytest_plugins = ["tests.fixtures.ledger", "tests.fixtures.s3server"]
 #: Fixtures that start processes: clusters, servers, private services, the S3 server, CLI subprocesses.
 SLOW_FIXTURES = frozenset({
     "make_cluster", "s3_server", "served", "private_postgres", "private_redis", "private_s3", "run",
-    "tiny_torch_model", "scripted", "compose", "example_key", "error_runs",
+    "tiny_torch_model", "scripted", "compose", "example_key", "error_runs", "fleet_api",
 })
 #: Modules whose every test runs a compiler child, a worker, a CLI or a server process.
 SLOW_MODULES = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -87,28 +88,32 @@ def _queued_buckets(services: Services, build_id: int) -> list[int]:
 
 
 def complete_build(services: Services, build_id: int, *, log_lines: tuple[str, ...] = ("compiling", "done"),
-                   compile_seconds: float = 1.5) -> None:
-    """Finish every queued compile of the build's artifact successfully, then publish it."""
+                   compile_seconds: float = 1.5, payload: Callable[[str], bytes] | None = None,
+                   versions: dict[str, Any] | None = None) -> None:
+    """Finish every queued compile of the build's artifact successfully, then publish it. Each bucket's
+    model file is ``payload(bucket key)`` (default: a few bytes naming the key); ``versions`` are what the
+    manifests record."""
     store = services.store
     for bucket_id in _queued_buckets(services, build_id):
         with transaction(services.sessions) as session:
             claim = leases.claim(session, bucket_id, WORKER, lease_seconds=60)
         assert claim is not None
-        model = store.put_stream(io.BytesIO(f"compiled {claim.key}".encode()))
+        content = payload(claim.key) if payload is not None else f"compiled {claim.key}".encode()
+        model = store.put_stream(io.BytesIO(content))
         log = store.put_stream(io.BytesIO("\n".join(log_lines).encode()))
-        versions = {"torch": "2.13.0", "compilesvc": "0.1.0"}
+        recorded = versions if versions is not None else {"torch": "2.13.0", "compilesvc": "0.1.0"}
         manifest = BucketManifest(
             key=claim.key, material=claim.material, inputs=claim.inputs,
             files=[FileEntry(path="model.pt", role="model", size=model.size, sha256=model.sha256)],
             log=FileEntry(path="compile.log", role="log", size=log.size, sha256=log.sha256),
-            versions=versions, worker=WORKER, compile_seconds=compile_seconds,
+            versions=recorded, worker=WORKER, compile_seconds=compile_seconds,
             created_at=datetime.now(UTC).isoformat(),
         )
         name = bucket_manifest_name(claim.key)
         store.create_document(name, manifest.to_bytes())
         with transaction(services.sessions) as session:
             append_lines(session, bucket_id, claim.attempt, list(log_lines))
-            assert leases.succeed(session, bucket_id, claim.token, store.document_location(name), versions,
+            assert leases.succeed(session, bucket_id, claim.token, store.document_location(name), recorded,
                                   compile_seconds)
         publish_ready_artifacts(store, services.sessions, bucket_id)
 
