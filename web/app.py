@@ -28,6 +28,7 @@ from web import auth, problems, ratelimit, ui
 from web.api import artifacts, blobs, builds, system, webhooks
 from web.api import tokens as tokens_api
 from web.context import (
+    DEFAULT_ABSENT_SECONDS,
     DEFAULT_MANIFEST_CACHE_SIZE,
     DEFAULT_PREPARED_CACHE_SIZE,
     LRU,
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         SSE_HEARTBEAT_SECONDS=15.0,  # comment frames keep idle streams open through proxies
         SSE_MAX_STREAMS=4,           # per process: each open stream holds a server thread
         MANIFEST_CACHE_SIZE=DEFAULT_MANIFEST_CACHE_SIZE,
+        ABSENT_ARTIFACT_SECONDS=DEFAULT_ABSENT_SECONDS,  # a key in neither ledger nor store: 404 from memory
         PREPARED_CACHE_SIZE=DEFAULT_PREPARED_CACHE_SIZE,
         METRICS_CACHE_SECONDS=5.0,   # ledger metrics are re-read at most this often
         UI_PAGE_SIZE=50,
@@ -103,7 +105,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     registry = make_registry()
     registry.register(LedgerCollector(services.sessions, settings.worker_stale_seconds,
                                       cache_seconds=float(app.config["METRICS_CACHE_SECONDS"])))
-    cache = ManifestCache(services.store, int(app.config["MANIFEST_CACHE_SIZE"]))
+    cache = ManifestCache(services.store, int(app.config["MANIFEST_CACHE_SIZE"]),
+                          float(app.config["ABSENT_ARTIFACT_SECONDS"]))
     app.extensions["compilesvc"] = WebContext(
         services=services, submitter=Submitter(services, manifests=cache), manifests=cache,
         prepared=LRU(int(app.config["PREPARED_CACHE_SIZE"])),

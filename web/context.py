@@ -8,6 +8,7 @@ expire). The submitter reads published manifests through the same cache.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -39,6 +40,8 @@ DEFAULT_MANIFEST_CACHE_SIZE = 2048
 #: Submit bodies seen lately, prepared (:class:`compilesvc.submit.Prepared`): CI pipelines resubmit the
 #: same bytes, and a cache-hit submit is then parse-, validation- and key-free.
 DEFAULT_PREPARED_CACHE_SIZE = 1024
+#: How long a key found neither in the ledger nor in the store is answered 404 without asking the store.
+DEFAULT_ABSENT_SECONDS = 2.0
 #: Larger bodies are prepared afresh: real specs are a few KiB, and a client must not be able to fill the
 #: cache with megabyte-sized ones (this bounds it to about 1024 x 8 KiB of text, and the specs parsed from it).
 MAX_PREPARED_BODY = 8192
@@ -64,11 +67,14 @@ class Described:
     reused within its second is still valid for at least ttl seconds).
     """
 
-    __slots__ = ("_last", "layout", "manifest")
+    __slots__ = ("_last", "etag", "layout", "manifest")
 
     def __init__(self, manifest: ArtifactManifest):
         self.manifest = manifest
         self.layout = describe_layout(manifest)  # shared by every render: read, never changed
+        # The manifest never changes; only the URLs signed into each render do: a weak validator (RFC 9110
+        # 8.8.1) over the layout, so a format change of ours is a new tag too.
+        self.etag = hashlib.sha256(orjson.dumps(self.layout, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
         # Renders are the documented ArtifactOut: checked once per manifest here, not per request.
         ArtifactOut.model_validate(with_urls(self.layout, _Unsigned(), 0))
         self._last: tuple[int, int, bytes] | None = None  # (second, ttl, JSON): replaced whole, never mutated
@@ -121,9 +127,21 @@ class ManifestCache:
     document first), which is what makes caching them forever correct.
     """
 
-    def __init__(self, store: ArtifactStore, maxsize: int = DEFAULT_MANIFEST_CACHE_SIZE):
+    def __init__(self, store: ArtifactStore, maxsize: int = DEFAULT_MANIFEST_CACHE_SIZE,
+                 absent_seconds: float = DEFAULT_ABSENT_SECONDS):
         self.store = store
         self._lru: LRU[str, Described] = LRU(maxsize)
+        self._absent: LRU[str, float] = LRU(maxsize)  # key -> monotonic time its absence stops being trusted
+        self.absent_seconds = absent_seconds
+
+    def known_absent(self, key: str) -> bool:
+        """The store had no manifest for ``key`` (which the ledger does not know) moments ago."""
+        until = self._absent.get(key)
+        return until is not None and time.monotonic() < until
+
+    def mark_absent(self, key: str) -> None:
+        if self.absent_seconds > 0:
+            self._absent.put(key, time.monotonic() + self.absent_seconds)
 
     def get(self, key: str) -> Described | None:
         return self._lru.get(key)
@@ -187,11 +205,13 @@ class WebContext:
     def published_manifest(self, key: str) -> ArtifactManifest:
         return self.published(key).manifest
 
-    def published(self, key: str) -> Described:
+    def published(self, key: str, *, remember_absence: bool = False) -> Described:
         """The published manifest of ``key`` (cache, else ledger + store), or a 404 problem saying why not.
 
         A key the ledger does not know is still looked up in the store: a manifest there is complete by
         construction (written create-only after every file it names), e.g. published by another region.
+        With ``remember_absence`` (the fleet's lookup, which polls) such a store miss is remembered for
+        :attr:`ManifestCache.absent_seconds`; a key published here is in the ledger, so it is never hidden.
         """
         entry = self.manifests.get(key)
         if entry is not None:
@@ -200,11 +220,16 @@ class WebContext:
             state = session.scalar(select(Artifact.state).where(Artifact.key == key))
         if state is not None and state != ArtifactState.PUBLISHED:
             raise Problem("artifact-not-published", f"artifact {key} is {state}, not published", state=state)
+        not_found = Problem("artifact-not-found", f"no artifact has key {key}")
+        if state is None and self.manifests.known_absent(key):
+            raise not_found  # a fleet polling for a key not built yet costs one indexed query, not a store read
         manifest = read_manifest(self.services.store, key)
         if manifest is None:
             if state == ArtifactState.PUBLISHED:
                 raise StoreError(f"artifact {key} is published but its manifest is missing from the store")
-            raise Problem("artifact-not-found", f"no artifact has key {key}")
+            if remember_absence:
+                self.manifests.mark_absent(key)
+            raise not_found
         return self.manifests.put(key, manifest)
 
 

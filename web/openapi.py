@@ -50,7 +50,8 @@ class Op:
     request_schema: dict[str, Any] | None = None  # for non-JSON bodies (uploads)
     #: A model (JSON), a media type (its body a string), or a media type and the schema of its body
     #: (for ``text/event-stream``, of each event).
-    responses: dict[int, type[BaseModel] | str | tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    #: Per status: a model (JSON), a media type, (media type, schema), or None (no body: a 304).
+    responses: dict[int, type[BaseModel] | str | tuple[str, dict[str, Any]] | None] = field(default_factory=dict)
     problems: Sequence[int] = ()
     query: type[BaseModel] | None = None
     headers: type[BaseModel] | None = None
@@ -205,7 +206,7 @@ def build_spec(app: Flask) -> dict[str, Any]:
                 entry["content"] = {"application/json": {"schema": refs[(response, "serialization")]}}
             elif isinstance(response, tuple):
                 entry["content"] = {response[0]: {"schema": response[1]}}
-            else:
+            elif response is not None:
                 entry["content"] = {response: {"schema": {"type": "string"}}}
             if status in op.response_headers:
                 entry["headers"] = {name: {"description": text, "schema": {"type": "string"}}
@@ -261,6 +262,9 @@ def _security(op: Op) -> list[dict[str, list[str]]]:
     return [{"bearer": []}, {"session": []}]
 
 
-def _describe_status(status: int, response: type[BaseModel] | str | tuple[str, dict[str, Any]]) -> str:
+def _describe_status(status: int, response: type[BaseModel] | str | tuple[str, dict[str, Any]] | None) -> str:
+    text = {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 304: "Not Modified"}.get(status, str(status))
+    if response is None:
+        return text
     name = response.__name__ if isinstance(response, type) else response[0] if isinstance(response, tuple) else response
-    return {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content"}.get(status, str(status)) + f" ({name})"
+    return f"{text} ({name})"

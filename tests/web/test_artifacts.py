@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -13,6 +16,8 @@ from sqlalchemy import event, func, select
 
 from compilesvc.ledger.models import Base
 from compilesvc.store.base import artifact_manifest_name
+from compilesvc.store.local import LocalStore
+from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, spec_for
 from tests.web.test_submit import assert_problem
 from web.schemas import ArtifactOut, ResolveOut
@@ -62,10 +67,55 @@ def test_artifact_lookup_and_cache(env: Env) -> None:
         second = env.client.get(f"/v1/artifacts/{key}")
     assert second.status_code == 200
     assert warm == [], "a cached manifest needs no database query"
-    assert second.headers["Cache-Control"] == "no-store"
+    # Reusable for half the URLs' lifetime: a URL in a reused answer still has that long to run.
+    assert second.headers["Cache-Control"] == f"private, max-age={env.settings.url_ttl_seconds // 2}, immutable"
+    etag = second.headers["ETag"]
+    assert etag.startswith('W/"') and first.headers["ETag"] == etag  # the same manifest, other URLs
     # URLs are signed per request; the manifest is the same.
     assert {k: v for k, v in second.json.items() if k != "buckets"} == {
         k: v for k, v in first.json.items() if k != "buckets"}
+
+
+def test_if_none_match_answers_304_for_the_same_manifest_only(env: Env) -> None:
+    _, build = published(env)
+    _, other = published(env, buckets=((4, 8),))
+    key = build["artifact_key"]
+    etag = env.client.get(f"/v1/artifacts/{key}").headers["ETag"]
+    for sent in (etag, etag.removeprefix("W/"), f'"nope", {etag}', "*"):
+        with count_queries(env) as queries:
+            again = env.client.get(f"/v1/artifacts/{key}", headers={"If-None-Match": sent})
+        assert again.status_code == 304 and again.data == b"" and queries == [], sent
+        assert again.headers["ETag"] == etag
+    other_etag = env.client.get(f"/v1/artifacts/{other['artifact_key']}").headers["ETag"]
+    assert other_etag != etag
+    changed = env.client.get(f"/v1/artifacts/{key}", headers={"If-None-Match": other_etag})
+    assert changed.status_code == 200 and changed.json["key"] == key
+    # A miss is a miss whatever the client holds.
+    assert_problem(env.client.get("/v1/artifacts/" + "0" * 64, headers={"If-None-Match": "*"}), 404,
+                   "artifact-not-found")
+
+
+def test_a_key_absent_everywhere_is_answered_from_memory_for_a_moment(make_env: EnvFactory, sqlite_url: str,
+                                                                      sqlite_template: Path, tmp_path: Path) -> None:
+    """A fleet polling for a key nobody built costs an indexed ledger query, not a store read; a manifest
+    published by another region into the same store shows once the remembered absence runs out."""
+    region_a = make_env(sqlite_url)
+    _, build = published(region_a)
+    key = build["artifact_key"]
+    other_ledger = tmp_path / "region-b.db"  # a ledger that never heard of the key
+    shutil.copyfile(sqlite_template, other_ledger)
+    region_b = make_env(f"sqlite:///{other_ledger}", store_url=region_a.settings.store_url,
+                        config={"ABSENT_ARTIFACT_SECONDS": 1.0})
+    store = region_a.services.store
+    assert isinstance(store, LocalStore)
+    path = store.root / artifact_manifest_name(key)
+    moved = tmp_path / "moved-manifest"
+    path.rename(moved)
+    assert_problem(region_b.client.get(f"/v1/artifacts/{key}"), 404, "artifact-not-found")
+    moved.rename(path)  # "published by another region" while region B remembers the miss
+    assert_problem(region_b.client.get(f"/v1/artifacts/{key}"), 404, "artifact-not-found")
+    time.sleep(1.1)
+    assert region_b.client.get(f"/v1/artifacts/{key}").status_code == 200
 
 
 def test_artifact_not_published_or_unknown(env: Env) -> None:

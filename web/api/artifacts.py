@@ -3,11 +3,15 @@ to its keys without building anything.
 
 ``GET /v1/artifacts/{key}`` on a cached manifest touches neither the ledger nor the store: it signs the
 download URLs and serialises. See :class:`web.context.ManifestCache`.
+
+A manifest never changes once published; only the URLs signed into each answer do. So an answer carries
+a weak ETag and may be reused (``private``, ``immutable``) for half the URLs' lifetime, which leaves every
+URL in a reused answer at least that long to run; ``If-None-Match`` with the tag answers 304 at once.
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, g
+from flask import Blueprint, Response, g, request
 from sqlalchemy import select
 
 from compilesvc.keys import KEY_SCHEMA
@@ -31,12 +35,22 @@ ARTIFACTS = Permission.ARTIFACTS  # fleet tokens too
 @operation(summary="A published artifact: manifest and fresh download URLs", tag="artifacts", access=ARTIFACTS,
            description="Files with sizes and sha256, compiler versions, timings, and download URLs that expire "
                        "after `urls_expire_in` seconds. 404 while the artifact is not published (`state` says "
-                       "what it is doing) or when the key is unknown.",
-           responses={200: ArtifactOut}, problems=(404,))
+                       "what it is doing) or when the key is unknown. The manifest never changes: the answer "
+                       "has a weak `ETag` and may be reused for half of `urls_expire_in`; `If-None-Match` "
+                       "with the tag answers 304.",
+           responses={200: ArtifactOut, 304: None}, problems=(404,),
+           response_headers={200: {"ETag": "Weak validator of the manifest (the URLs aside).",
+                                   "Cache-Control": "private, max-age=<half the URL lifetime>, immutable"},
+                             304: {"ETag": "As on the 200."}})
 def get_artifact(key: str) -> Response:
     g.artifact_key = key
     ctx = web()
-    return raw_json_response(ctx.describe_json(ctx.published(key)), headers={"Cache-Control": "no-store"})
+    entry = ctx.published(key, remember_absence=True)
+    ttl = ctx.settings.url_ttl_seconds
+    headers = {"ETag": f'W/"{entry.etag}"', "Cache-Control": f"private, max-age={ttl // 2}, immutable"}
+    if request.if_none_match.contains_weak(entry.etag):
+        return Response(status=304, headers=headers)
+    return raw_json_response(ctx.describe_json(entry), headers=headers)
 
 
 @bp.post("/resolve")
