@@ -1,6 +1,7 @@
 """State-transition events: one row per change of state of a build, artifact or bucket compile, each
 checked against its state machine (:mod:`compilesvc.states`). A build's move to a terminal state also
-writes its webhook deliveries (:mod:`compilesvc.webhooks`)."""
+writes its webhook deliveries (:mod:`compilesvc.webhooks`), and a build of a campaign may finish or reopen
+it (:mod:`compilesvc.campaigns`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, cast
 from sqlalchemy import Table, insert
 from sqlalchemy.orm import Session
 
+from compilesvc import campaigns
 from compilesvc.ledger.models import Event
 from compilesvc.states import check_transition
 from compilesvc.webhooks import enqueue_terminal
@@ -28,3 +30,4 @@ def record(session: Session, entity: str, entity_id: int, from_state: str | None
                                     "to_state": str(to_state), "detail": detail})
     if entity == "build":  # a build that ends notifies its webhooks, in the transaction that ends it
         enqueue_terminal(session, entity_id, str(to_state))
+        campaigns.on_build_transition(session, entity_id, str(to_state))

@@ -63,6 +63,14 @@ class BuildState(StrEnum):
     CANCELLED = "cancelled"
 
 
+class CampaignState(StrEnum):
+    """A roll-forward campaign: running until every item's build has ended (or its submit was refused);
+    a retried build reopens it."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
 class Outcome(StrEnum):
     """How a submission was answered: a published artifact, one in flight, or a new one."""
 
@@ -122,6 +130,10 @@ TRANSITIONS: dict[str, frozenset[tuple[str | None, str]]] = {
         (None, D.BUILDING), (None, D.SUCCEEDED), (None, D.FAILED),
         (D.BUILDING, D.SUCCEEDED), (D.BUILDING, D.FAILED), (D.BUILDING, D.CANCELLED),
         (D.FAILED, D.BUILDING), (D.CANCELLED, D.BUILDING),
+    }),
+    "campaign": frozenset({
+        (None, CampaignState.RUNNING), (None, CampaignState.FINISHED),
+        (CampaignState.RUNNING, CampaignState.FINISHED), (CampaignState.FINISHED, CampaignState.RUNNING),
     }),
 }
 

@@ -25,7 +25,7 @@ from compilesvc.db import transaction
 from compilesvc.services import Services
 from compilesvc.submit import Submitter
 from web import auth, problems, ratelimit, ui
-from web.api import artifacts, blobs, builds, system, webhooks
+from web.api import artifacts, blobs, builds, campaigns, system, webhooks
 from web.api import tokens as tokens_api
 from web.context import (
     DEFAULT_ABSENT_SECONDS,
@@ -42,8 +42,9 @@ from web.params import too_large
 access_log = logging.getLogger("compilesvc.web.access")
 
 
-class BuildIdConverter(BaseConverter):
-    """A positive 64-bit build id; anything else is no route (404), never a database overflow."""
+class LedgerIdConverter(BaseConverter):
+    """A positive 64-bit row id (builds, tokens, campaigns); anything else is no route (404), never a
+    database overflow."""
 
     regex = r"[0-9]{1,19}"
 
@@ -98,7 +99,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     )
     app.config.update(config or {})
     app.json = JSONProvider(app)
-    app.url_map.converters["build_id"] = BuildIdConverter
+    app.url_map.converters["ledger_id"] = LedgerIdConverter
     app.url_map.converters["sha256"] = Sha256Converter
     app.jinja_env.globals["states"] = states  # templates compare states by name, never by spelling
 
@@ -122,7 +123,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     _install_request_hooks(app)
     auth.install(app, settings)  # after the timing and size hooks: refusals are logged with their duration
 
-    for blueprint in (builds.bp, webhooks.bp, artifacts.bp, blobs.bp, tokens_api.bp, system.bp, ui.bp):
+    for blueprint in (builds.bp, webhooks.bp, artifacts.bp, blobs.bp, campaigns.bp, tokens_api.bp, system.bp,
+                      ui.bp):
         app.register_blueprint(blueprint)
     return app
 

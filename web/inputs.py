@@ -121,6 +121,10 @@ class TokenListQuery(Query):
     all: QueryBool = Field(default=False, description="Include revoked tokens.")
 
 
+class CampaignListQuery(Query):
+    limit: QueryInt = Field(default=20, ge=1, le=200, description="At most this many campaigns.")
+
+
 class BlobQuery(Query):
     """A signed download URL's parameters; a URL that does not parse is as invalid as a wrong signature."""
 

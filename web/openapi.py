@@ -86,7 +86,7 @@ def operation(**kwargs: Any) -> Callable[[F], F]:
 _CONVERTER = re.compile(r"<(?:(?P<conv>\w+)(?:\([^)]*\))?:)?(?P<name>\w+)>")
 _PATH_TYPES: dict[str, dict[str, Any]] = {
     "int": {"type": "integer", "minimum": 1},
-    "build_id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+    "ledger_id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
     "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
 }
 

@@ -72,6 +72,10 @@ _TYPES = [
     ProblemType("token-not-found", 404, "Token not found", "No token has this id."),
     ProblemType("token-invalid", 422, "Token cannot be made as asked",
                 "`detail` says which field is wrong (name, owner, team, scopes, expiry)."),
+    ProblemType("campaign-invalid", 422, "Campaign cannot be started as asked",
+                "`detail` says which field is wrong (e.g. the same release twice, or a release number that "
+                "is not one)."),
+    ProblemType("campaign-not-found", 404, "Campaign not found", "No campaign has this id."),
     ProblemType("json-required", 415, "Request body must be JSON",
                 "Requests with a body say `Content-Type: application/json` (model uploads: the raw file, "
                 "POST /v1/models). Forms and text/plain are refused, so no other web page can act through "

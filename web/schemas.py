@@ -330,3 +330,92 @@ class WebhookDeliveries(_Out):
     build_id: int
     urls: list[str] = Field(description="The build's webhook URLs: its spec's callbacks and its team's.")
     deliveries: list[WebhookDeliveryOut]
+
+
+_SDK = Field(pattern=r"^\d+\.\d+\.\d+$", max_length=32, description='A release number, e.g. "2.21.0".')
+
+
+class RollforwardIn(BaseModel):
+    """POST /v1/campaigns/rollforward: move every published artifact of ``from_sdk`` (narrowed by model
+    name, target and labels) to ``to_sdk``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_sdk: str = _SDK
+    to_sdk: str = _SDK
+    model: str | None = Field(default=None, min_length=1, max_length=200, description="Only this model name.")
+    target: Literal["inf2", "trn1", "trn2", "cpu"] | None = None
+    labels: dict[Annotated[str, Field(min_length=1, max_length=64)], Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=dict, max_length=32, description="Only artifacts with a build carrying every one.")
+    dry_run: bool = Field(default=False, description="List what would be submitted; submit nothing.")
+    queue_anyway: bool = Field(default=False, description="Queue compiles even while no worker serves the new "
+                                                          "release (they wait for one).")
+
+
+class CampaignFailure(_Out):
+    source_key: str
+    build_id: int
+    artifact_key: str
+    position: int | None = None
+    inputs: list[dict[str, Any]] | None = None
+    error_class: str | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class CampaignItemOut(_Out):
+    source_key: str = Field(description="The artifact rolled forward.")
+    build_id: int | None = Field(description="The build for the new release (null: refused).")
+    state: BuildState | None
+    outcome: Outcome | None
+    artifact_key: str | None = Field(description="The new release's artifact.")
+    refusal: str | None
+
+
+class CampaignProgress(_Out):
+    total: int
+    submitted: int
+    building: int
+    built: int = Field(description="Compiled (or joined a compile) and published.")
+    hit: int = Field(description="Published already for the new release.")
+    failed: int
+    cancelled: int
+    refused: int = Field(description="Submits the new release refused (see `refusals`).")
+
+
+class CampaignOut(_Out):
+    id: int
+    kind: Literal["rollforward"]
+    from_sdk: str
+    to_sdk: str
+    selection: dict[str, Any]
+    state: Literal[tuple(s.value for s in states.CampaignState)]  # type: ignore[valid-type]
+    created_by: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    progress: CampaignProgress
+    failures: list[CampaignFailure]
+    refusals: list[dict[str, str]]
+    items: list[CampaignItemOut]
+    url: str
+
+
+class CampaignList(_Out):
+    items: list[CampaignOut]
+
+
+class RollforwardPlanItem(_Out):
+    source_key: str
+    build_id: int = Field(description="The build whose spec would be resubmitted.")
+    model_name: str | None
+    target: str
+    key: str | None = Field(description="The new release's artifact key (null: the spec is refused).")
+    state: str | None = Field(description="What the ledger knows of that key: absent, building, published, …")
+    refusal: str | None
+
+
+class RollforwardPlan(_Out):
+    dry_run: Literal[True]
+    from_sdk: str
+    to_sdk: str
+    items: list[RollforwardPlanItem]

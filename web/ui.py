@@ -98,7 +98,7 @@ def history() -> tuple[str, int]:
                            counts=counts, states=BUILD_STATES, targets=TARGETS, first_url=first_url), status
 
 
-@bp.get("/builds/<build_id:build_id>")
+@bp.get("/builds/<ledger_id:build_id>")
 @auth.access(Permission.READ)
 def build_page(build_id: int) -> str:
     build = build_document(web(), build_id)
@@ -107,13 +107,13 @@ def build_page(build_id: int) -> str:
     return render_template("build.html", build=build, positions=positions)
 
 
-@bp.post("/builds/<build_id:build_id>/cancel")
+@bp.post("/builds/<ledger_id:build_id>/cancel")
 @auth.access(Permission.SUBMIT)
 def cancel_build_form(build_id: int) -> WerkzeugResponse:
     return _control(build_id, cancel_build)
 
 
-@bp.post("/builds/<build_id:build_id>/retry")
+@bp.post("/builds/<ledger_id:build_id>/retry")
 @auth.access(Permission.SUBMIT)
 def retry_build_form(build_id: int) -> WerkzeugResponse:
     return _control(build_id, retry_build)

@@ -214,7 +214,7 @@ class Event(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     at: Mapped[datetime] = mapped_column(default=utcnow)
-    entity: Mapped[str] = mapped_column(String(16), doc="build | artifact | bucket")
+    entity: Mapped[str] = mapped_column(String(16), doc="build | artifact | bucket | campaign")
     entity_id: Mapped[int] = mapped_column(BigInteger)
     from_state: Mapped[str | None] = mapped_column(String(16))
     to_state: Mapped[str] = mapped_column(String(16))
@@ -409,3 +409,7 @@ class WebhookAttempt(Base):
     duration_ms: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (Index("ix_webhook_attempts_delivery_id", "delivery_id"),)
+
+
+# Tables kept in modules of their own register on the same metadata (imported last: they use Base).
+from compilesvc.ledger import campaigns as _campaigns  # noqa: E402, F401

@@ -46,7 +46,8 @@ def routes(env: Env) -> set[tuple[str, str]]:
     out = set()
     for rule in env.app.url_map.iter_rules():
         path = re.sub(r"<(?:\w+(?:\([^)]*\))?:)?(\w+)>", r"{\1}", rule.rule)
-        path = path.replace("{build_id}", "{id}").replace("{token_id}", "{id}")  # the table's shorter name
+        for long_name in ("{build_id}", "{token_id}", "{campaign_id}"):
+            path = path.replace(long_name, "{id}")  # the table's shorter name
         for method in (rule.methods or set()) - {"HEAD", "OPTIONS"}:
             out.add((method, path))
     return out
@@ -122,7 +123,9 @@ def test_every_endpoint_answers_every_token_as_the_matrix_says(make_env: EnvFact
         "blob_url": blob_url,
         "bodies": {("POST", "/v1/builds"): spec, ("POST", "/v1/artifacts/resolve"): spec,
                    ("POST", "/v1/models"): b"a model", ("POST", "/login"): {"token": "x"},
-                   ("POST", "/v1/tokens"): {"name": "made", "owner": "someone", "scopes": ["read"]}},
+                   ("POST", "/v1/tokens"): {"name": "made", "owner": "someone", "scopes": ["read"]},
+                   ("POST", "/v1/campaigns/rollforward"): {"from_sdk": "2.13.0", "to_sdk": "2.14.0",
+                                                            "dry_run": True}},
     }
     with env.services.sessions() as session:
         victim_id = session.scalar(select(ApiToken.id).where(ApiToken.token_hash == token_hash(victim)))

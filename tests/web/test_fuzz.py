@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.web.support import Env, complete_build, spec_for
@@ -27,6 +27,7 @@ ROUTES = [
     ("POST", "/v1/models"), ("GET", "/v1/blobs/{key}"), ("GET", "/v1/workers"), ("GET", "/healthz"),
     ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/"),
     ("GET", "/builds/{id}"), ("GET", "/problems/{code}"), ("GET", "/static/{code}"), ("GET", "/{code}"),
+    ("POST", "/v1/campaigns/rollforward"), ("GET", "/v1/campaigns"), ("GET", "/v1/campaigns/{id}"),
 ]
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
 QUERY_NAMES = ["after", "limit", "cursor", "model", "target", "sdk", "state", "label", "submitted_by",
@@ -80,7 +81,7 @@ def quote(text: str) -> str:
 @st.composite
 def requests(draw: st.DrawFn, uri: str, build_ids: list[int], keys: list[str]) -> dict[str, Any]:
     # The spec endpoints have the most input to get wrong: weigh them up.
-    method, template = draw(st.sampled_from(ROUTES + [("POST", "/v1/builds"), ("POST", "/v1/artifacts/resolve")] * 6))
+    method, template = draw(st.sampled_from(ROUTES + [("POST", "/v1/builds"), ("POST", "/v1/artifacts/resolve")] * 8))
     if draw(st.integers(0, 4)) == 0:
         method = draw(st.sampled_from(METHODS))
     build_id = draw(st.one_of(st.sampled_from(build_ids), st.integers(-3, 2**65).map(str), any_text))
@@ -118,9 +119,13 @@ def fuzz(env: Env, examples: int) -> None:
     keys = [first["artifact_key"], second["artifact_key"]]
     seen: Counter[tuple[str, int]] = Counter()
 
+    plain_submit = {"method": "POST", "path": "/v1/builds", "query": "", "body": json.dumps(spec_for(uri)).encode(),
+                    "headers": {"Content-Type": "application/json"}}
+
     @settings(max_examples=examples, deadline=None, database=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(request=requests(uri, build_ids, keys))
+    @example(request=plain_submit)  # the run always reaches an accepted submit, whatever else it draws
     def check(request: dict[str, Any]) -> None:
         # Closed as a WSGI server would: an open log stream holds one of the process's stream slots.
         with env.client.open(request["path"], method=request["method"], query_string=request["query"],

@@ -190,7 +190,7 @@ def build_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
     }
 
 
-@bp.get("/<build_id:build_id>")
+@bp.get("/<ledger_id:build_id>")
 @operation(summary="A build: state, buckets, events, and the artifact once published", tag="builds",
            access=Permission.READ,
            responses={200: BuildOut}, problems=(404,))
@@ -224,7 +224,7 @@ def _state_response(ctx: WebContext, build_id: int, status: int) -> Response:
     return respond(BuildStateOut, body, status, {"Location": status_url} if status == 202 else None)
 
 
-@bp.post("/<build_id:build_id>/cancel")
+@bp.post("/<ledger_id:build_id>/cancel")
 @operation(summary="Cancel a build", tag="builds", access=Permission.SUBMIT,
            description="The build is cancelled at once; its compiles only when no other build waits for them.",
            responses={200: BuildStateOut}, problems=(404, 409))
@@ -232,7 +232,7 @@ def cancel(build_id: int) -> Response:
     return _state_response(run_control(build_id, cancel_build), build_id, 200)
 
 
-@bp.post("/<build_id:build_id>/retry")
+@bp.post("/<ledger_id:build_id>/retry")
 @operation(summary="Retry a build's failed or cancelled compiles", tag="builds", access=Permission.SUBMIT,
            responses={202: BuildStateOut}, problems=(404, 409),
            response_headers={202: {"Location": "The build's status URL."}})
@@ -245,7 +245,7 @@ def _build_state(ctx: WebContext, build_id: int) -> str | None:
         return session.scalar(select(Build.state).where(Build.id == build_id))
 
 
-@bp.get("/<build_id:build_id>/logs")
+@bp.get("/<ledger_id:build_id>/logs")
 @operation(summary="Compile log lines of a build, in order", tag="logs", query=LogsQuery, access=Permission.READ,
            responses={200: LogPage}, problems=(400, 404))
 def logs(build_id: int, query: LogsQuery) -> Response:
@@ -266,7 +266,7 @@ def logs(build_id: int, query: LogsQuery) -> Response:
     })
 
 
-@bp.get("/<build_id:build_id>/logs/stream")
+@bp.get("/<ledger_id:build_id>/logs/stream")
 @operation(summary="Live compile log (Server-Sent Events)", tag="logs", access=Permission.READ,
            description="`line` events carry a log line (JSON, as in /logs) with the line id as the event id, "
                        "so a reconnecting EventSource resumes after Last-Event-ID. An `end` event "

@@ -57,7 +57,7 @@ def create_token() -> Response:
     return respond(TokenCreated, body, 201)
 
 
-@bp.post("/<int:token_id>/revoke")
+@bp.post("/<ledger_id:token_id>/revoke")
 @operation(summary="Revoke an API token", tag="tokens", access=Permission.ADMIN,
            description="At once in this process, and within `token_cache_seconds` in every other API process. "
                        "Revoking twice is not an error; the first time is kept.",

@@ -17,7 +17,7 @@ from web.schemas import WebhookDeliveries
 bp = Blueprint("webhooks", __name__, url_prefix="/v1/builds")
 
 
-@bp.get("/<build_id:build_id>/webhooks")
+@bp.get("/<ledger_id:build_id>/webhooks")
 @operation(summary="A build's webhooks: URLs, deliveries and every try", tag="builds", access=Permission.READ,
            responses={200: WebhookDeliveries}, problems=(404,))
 def build_webhooks(build_id: int) -> Response:

@@ -1,0 +1,119 @@
+"""``/v1/campaigns``: roll-forwards of artifacts to another SDK release (:mod:`compilesvc.campaigns`),
+started by an admin, followed by anyone who may read builds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response
+from sqlalchemy import select
+
+from compilesvc import campaigns
+from compilesvc.ledger.campaigns import Campaign
+from compilesvc.ledger.models import Artifact
+from compilesvc.model_pins import ModelRefError
+from compilesvc.spec import CompileSpec
+from compilesvc.spec_parsing import SpecError, parse_spec
+from compilesvc.tokens import Permission
+from web.auth import current_principal
+from web.context import WebContext, web
+from web.inputs import CampaignListQuery
+from web.openapi import operation
+from web.params import model_body, respond
+from web.problems import Problem
+from web.schemas import CampaignList, CampaignOut, RollforwardIn, RollforwardPlan
+
+bp = Blueprint("campaigns", __name__, url_prefix="/v1/campaigns")
+
+
+def campaign_json(ctx: WebContext, campaign: Campaign) -> dict[str, Any]:
+    with ctx.services.sessions() as session:
+        progress = campaigns.progress(session, campaign)
+    counts = {name: getattr(progress, name) for name in
+              ("total", "submitted", "building", "built", "hit", "failed", "cancelled", "refused")}
+    return {"id": campaign.id, "kind": campaign.kind, "from_sdk": campaign.from_sdk, "to_sdk": campaign.to_sdk,
+            "selection": campaign.selection, "state": campaign.state, "created_by": campaign.created_by,
+            "created_at": campaign.created_at, "finished_at": campaign.finished_at, "progress": counts,
+            "failures": progress.failures, "refusals": progress.refusals, "items": progress.items,
+            "url": ctx.url(f"/v1/campaigns/{campaign.id}")}
+
+
+def _parser(ctx: WebContext) -> Any:
+    settings = ctx.settings
+
+    def parse(document: dict[str, Any]) -> CompileSpec:
+        return parse_spec(document, settings.element_limits, settings.extra_flags)
+    return parse
+
+
+def _plan(ctx: WebContext, selection: campaigns.Selection) -> dict[str, Any]:
+    parse = _parser(ctx)
+    with ctx.services.sessions() as session:
+        found = campaigns.candidates(session, selection)
+    items = []
+    for candidate in found:
+        item: dict[str, Any] = {"source_key": candidate.artifact_key, "build_id": candidate.build_id,
+                                "model_name": candidate.model_name, "target": candidate.target,
+                                "key": None, "state": None, "refusal": None}
+        try:
+            _, keys = ctx.submitter.keys_for(parse(campaigns.rolled_spec(candidate.spec, selection.to_sdk, None)))
+        except (SpecError, ModelRefError) as exc:
+            item["refusal"] = campaigns.refusal_text(exc)
+        else:
+            with ctx.services.sessions() as session:
+                state = session.scalar(select(Artifact.state).where(Artifact.key == keys.key))
+            item.update(key=keys.key, state=state or "absent")
+        items.append(item)
+    return {"dry_run": True, "from_sdk": selection.from_sdk, "to_sdk": selection.to_sdk, "items": items}
+
+
+@bp.post("/rollforward")
+@operation(summary="Roll artifacts forward to another SDK release", tag="campaigns", access=Permission.ADMIN,
+           request=RollforwardIn,
+           description="Every published artifact of `from_sdk` (narrowed by `model`, `target`, `labels`) is "
+                       "submitted again with `sdk` set to `to_sdk`: the spec of its newest matching build, "
+                       "labelled `campaign: <id>`. 201 with the campaign, whose progress counts built, hit, "
+                       "failed (with the compiler's error) and refused items; `dry_run` answers 200 with "
+                       "what would be submitted and the new keys' states, and submits nothing.",
+           responses={201: CampaignOut, 200: RollforwardPlan}, problems=(400, 413, 422))
+def rollforward() -> Response:
+    asked = model_body(RollforwardIn, "campaign-invalid")
+    if asked.from_sdk == asked.to_sdk:
+        raise Problem("campaign-invalid", f"from_sdk and to_sdk are both {asked.from_sdk}: nothing would move")
+    ctx = web()
+    selection = campaigns.Selection(asked.from_sdk, asked.to_sdk, asked.model, asked.target, dict(asked.labels))
+    if asked.dry_run:
+        return respond(RollforwardPlan, _plan(ctx, selection))
+    principal = current_principal()
+    parse = _parser(ctx)
+
+    def submit(document: dict[str, Any]) -> int:
+        return ctx.submitter.submit(parse(document), principal=principal, queue_anyway=asked.queue_anyway).build_id
+
+    campaign_id = campaigns.start(ctx.services.sessions, selection, submit, principal)
+    with ctx.services.sessions() as session:
+        campaign = session.get_one(Campaign, campaign_id)
+    body = campaign_json(ctx, campaign)
+    return respond(CampaignOut, body, 201, headers={"Location": body["url"]})
+
+
+@bp.get("")
+@operation(summary="Campaigns, newest first", tag="campaigns", access=Permission.READ, query=CampaignListQuery,
+           responses={200: CampaignList})
+def list_campaigns(query: CampaignListQuery) -> Response:
+    ctx = web()
+    with ctx.services.sessions() as session:
+        rows = list(session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(query.limit)))
+    return respond(CampaignList, {"items": [campaign_json(ctx, row) for row in rows]})
+
+
+@bp.get("/<ledger_id:campaign_id>")
+@operation(summary="A campaign and its progress", tag="campaigns", access=Permission.READ,
+           responses={200: CampaignOut}, problems=(404,))
+def get_campaign(campaign_id: int) -> Response:
+    ctx = web()
+    with ctx.services.sessions() as session:
+        campaign = session.get(Campaign, campaign_id)
+    if campaign is None:
+        raise Problem("campaign-not-found", f"no campaign {campaign_id}")
+    return respond(CampaignOut, campaign_json(ctx, campaign))
