@@ -51,7 +51,7 @@ def api_exit(exc: ApiError) -> Exit:
     return Exit.BAD_INPUT
 
 
-def _call(client: Api, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+def call(client: Api, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
     try:
         return client.request(method, path, body, headers)
     except ApiError as exc:
@@ -212,7 +212,7 @@ def submit(spec_path: str, api: str | None, wait: bool, as_json: bool, timeout: 
     client = connect(api)
     headers = {"Idempotency-Key": idempotency_key or f"cli-{uuid.uuid4()}"}
     path = "/v1/builds" + ("?queue_anyway=true" if queue_anyway else "")
-    accepted = _call(client, "POST", path, spec.model_dump(mode="json", exclude_none=True), headers)
+    accepted = call(client, "POST", path, spec.model_dump(mode="json", exclude_none=True), headers)
     build_id = accepted["build_id"]
     replayed = " (the first answer to this Idempotency-Key)" if accepted.get("replayed") else ""
     reporter.line(f"build {build_id} {accepted['outcome']}{replayed}: {build_page(client, build_id)}")
@@ -242,7 +242,7 @@ def status(build_id: int, api: str | None, wait: bool, as_json: bool, timeout: f
     """Show build ID: its state and every bucket's. Exit status as for submit once it ended; 0 while building."""
     client = connect(api)
     reporter = Reporter()
-    build = _call(client, "GET", f"/v1/builds/{build_id}")
+    build = call(client, "GET", f"/v1/builds/{build_id}")
     if wait:
         build, timed_out = follow(client, build, timeout=timeout, poll=poll, logs=False, reporter=reporter)
         finish(client, build, as_json=as_json, timed_out=timed_out, reporter=reporter)
@@ -266,11 +266,11 @@ def status(build_id: int, api: str | None, wait: bool, as_json: bool, timeout: f
 def logs(build_id: int, api: str | None, follow_: bool, bucket: int | None) -> None:
     """Print build ID's compile log, each line labelled with its bucket's position."""
     client = connect(api)
-    build = _call(client, "GET", f"/v1/builds/{build_id}")
+    build = call(client, "GET", f"/v1/builds/{build_id}")
     positions = {str(b["key"]): int(b["position"]) for b in build.get("buckets", [])}
     after = 0
     while True:
-        page = _call(client, "GET", f"/v1/builds/{build_id}/logs?after={after}&limit=1000")
+        page = call(client, "GET", f"/v1/builds/{build_id}/logs?after={after}&limit=1000")
         for entry in page.get("lines", []):
             position = positions.get(entry.get("bucket_key", ""))
             if bucket is None or position == bucket:
@@ -284,7 +284,7 @@ def logs(build_id: int, api: str | None, follow_: bool, bucket: int | None) -> N
 
 def _control(action: str, build_id: int, api: str | None) -> None:
     client = connect(api)
-    answer = _call(client, "POST", f"/v1/builds/{build_id}/{action}")
+    answer = call(client, "POST", f"/v1/builds/{build_id}/{action}")
     click.echo(f"build {build_id}: {answer['state']} (artifact {answer['artifact_state']})")
 
 
@@ -320,7 +320,7 @@ def builds(api: str | None, target: str | None, sdk: str | None, state: str | No
     filters = {"target": target, "sdk": sdk, "state": state, "model": model, "submitted_by": submitted_by,
                "label": label, "limit": limit}
     query = urllib.parse.urlencode({k: v for k, v in filters.items() if v is not None})
-    page = _call(connect(api), "GET", f"/v1/builds?{query}")
+    page = call(connect(api), "GET", f"/v1/builds?{query}")
     if as_json:
         click.echo(json.dumps(page["items"]))
         return

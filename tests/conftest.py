@@ -26,6 +26,7 @@ SLOW_MODULES = (
     "tests/workers/test_doctor.py",
     "tests/workers/test_e2e_api.py",
     "tests/workers/test_pipeline.py",
+    "tests/workers/test_rollforward.py",
     "tests/workers/test_runner.py",
     "tests/workers/test_toolchain.py",
     "tests/web/test_server_errors.py",
