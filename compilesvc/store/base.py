@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -104,6 +104,18 @@ class BlobInfo:
     sha256: str
     size: int
     created: bool  # False when identical content was already stored
+
+
+@dataclass(frozen=True)
+class StoredBlob:
+    """A blob as a listing sees it (retention's sweep decides by these)."""
+
+    sha256: str
+    size: int
+    modified: datetime
+
+
+BLOB_PREFIX = "blobs/sha256/"
 
 
 def blob_name(sha256: str) -> str:
@@ -199,6 +211,18 @@ class ArtifactStore(abc.ABC):
         progress are never touched as long as ``older_than`` exceeds the longest pause of a live
         write. Only the store's own writes are looked at (its prefix, its temp files).
         """
+
+    @abc.abstractmethod
+    def iter_blobs(self) -> Iterator[StoredBlob]:
+        """Every stored blob, with its size and when it was written (in no particular order)."""
+
+    @abc.abstractmethod
+    def delete_blob(self, sha256: str) -> None:
+        """Remove a blob; nothing happens if it is not there. Only retention deletes (:mod:`compilesvc.retention`)."""
+
+    @abc.abstractmethod
+    def delete_document(self, name: str) -> None:
+        """Remove a document; nothing happens if it is not there. A document deleted may be created again."""
 
     @abc.abstractmethod
     def check(self) -> None:

@@ -19,14 +19,17 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import BinaryIO
 
 from compilesvc.store.base import (
+    BLOB_PREFIX,
+    SHA256_RE,
     ArtifactStore,
     BlobInfo,
     BlobNotFound,
+    StoredBlob,
     StoreError,
     StoreUnavailable,
     blob_name,
@@ -232,6 +235,31 @@ class LocalStore(ArtifactStore):
             query["filename"] = filename
         encoded = urllib.parse.urlencode(query, quote_via=urllib.parse.quote)
         return f"{self.public_url}/v1/blobs/{sha256}?{encoded}"
+
+    def iter_blobs(self) -> Iterator[StoredBlob]:
+        base = self.root / BLOB_PREFIX
+        for directory in sorted(base.glob("??")) if base.is_dir() else []:
+            for entry in os.scandir(directory):
+                if not SHA256_RE.match(entry.name):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # deleted while listed
+                yield StoredBlob(entry.name, info.st_size, datetime.fromtimestamp(info.st_mtime, UTC))
+
+    def delete_blob(self, sha256: str) -> None:
+        self._unlink(self.local_blob_path(sha256))
+
+    def delete_document(self, name: str) -> None:
+        self._unlink(self._document_path(name))
+
+    @staticmethod
+    def _unlink(path: Path) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot delete {path}: {exc}") from exc
 
     def check(self) -> None:
         # Readiness means "a write would succeed": the tmp dir exists and is writable.

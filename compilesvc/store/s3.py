@@ -40,10 +40,13 @@ from botocore.exceptions import (
 from s3transfer.utils import ChunksizeAdjuster
 
 from compilesvc.store.base import (
+    BLOB_PREFIX,
+    SHA256_RE,
     ArtifactStore,
     BlobInfo,
     BlobNotFound,
     IntegrityError,
+    StoredBlob,
     StoreError,
     StoreUnavailable,
     blob_name,
@@ -299,6 +302,26 @@ class S3Store(ArtifactStore):
         prefix = f"{self.prefix}/blobs/" if self.prefix else "blobs/"
         with s3_errors(f"sweeping abandoned uploads under {prefix}"):
             return abort_abandoned_uploads(self.create_client, self.bucket, prefix, older_than)
+
+    def iter_blobs(self) -> Iterator[StoredBlob]:
+        prefix = self._key(BLOB_PREFIX.rstrip("/")) + "/"
+        with s3_errors(f"listing blobs under {prefix}"):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                for item in page.get("Contents", []):
+                    name = item["Key"].rsplit("/", 1)[-1]
+                    if SHA256_RE.match(name):
+                        yield StoredBlob(name, int(item["Size"]), item["LastModified"])
+
+    def delete_blob(self, sha256: str) -> None:
+        self._delete(self._key(blob_name(sha256)), f"deleting blob {sha256}")
+
+    def delete_document(self, name: str) -> None:
+        self._delete(self._key(name), f"deleting document {name}")
+
+    def _delete(self, key: str, what: str) -> None:
+        # DeleteObject succeeds for a key that is not there (S3's contract), which is what callers want.
+        with s3_errors(what):
+            self.client.delete_object(Bucket=self.bucket, Key=key)
 
     def check(self) -> None:
         try:

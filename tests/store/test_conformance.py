@@ -7,7 +7,7 @@ import io
 import os
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -266,3 +266,33 @@ def test_sweep_removes_abandoned_uploads_only(case: StoreCase) -> None:
     assert case.store.sweep_incomplete_uploads(timedelta(seconds=2)) == 0
     assert case.store.has_blob(info.sha256)
     assert case.open_uploads() == {active, fresh}
+
+
+def test_blobs_are_listed_and_deleted(case: StoreCase) -> None:
+    store = case.store
+    before = datetime.now(UTC) - timedelta(seconds=5)
+    kept = store.put_stream(io.BytesIO(b"kept blob"))
+    gone = store.put_stream(io.BytesIO(b"deleted blob" * 1000))
+    listed = {b.sha256: b for b in store.iter_blobs()}
+    assert set(listed) == {kept.sha256, gone.sha256}
+    assert listed[gone.sha256].size == gone.size
+    assert before <= listed[gone.sha256].modified <= datetime.now(UTC) + timedelta(seconds=5)
+
+    store.delete_blob(gone.sha256)
+    assert not store.has_blob(gone.sha256) and store.has_blob(kept.sha256)
+    assert {b.sha256 for b in store.iter_blobs()} == {kept.sha256}
+    store.delete_blob(gone.sha256)  # not there: nothing happens
+    again = store.put_stream(io.BytesIO(b"deleted blob" * 1000))
+    assert again.created and again.sha256 == gone.sha256  # the content can be stored again
+
+
+def test_documents_are_deleted_and_may_be_created_again(case: StoreCase) -> None:
+    store = case.store
+    name = artifact_manifest_name("d" * 64)
+    assert store.create_document(name, b'{"v": 1}')
+    store.delete_document(name)
+    assert store.read_document(name) is None
+    store.delete_document(name)  # not there: nothing happens
+    assert store.create_document(name, b'{"v": 2}') is True  # create-only still: the name is free again
+    assert store.read_document(name) == b'{"v": 2}'
+    assert [b for b in store.iter_blobs()] == []  # documents are not blobs
