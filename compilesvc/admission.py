@@ -76,7 +76,7 @@ def will_compile(state: str | None, error_class: str | None) -> bool:
     """
     if state == BucketState.FAILED:
         return error_class in REQUEUED_BY_SUBMIT
-    return state in (None, BucketState.CANCELLED)
+    return state in (None, BucketState.CANCELLED, BucketState.DELETED)
 
 
 def admit(session: Session, settings: Settings, ctx: SubmitContext, imported: set[str], queue_anyway: bool) -> None:

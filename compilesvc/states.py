@@ -17,6 +17,7 @@ Bucket compile (one row per bucket key; the unit a worker compiles)::
                         │                  └──cancel─▶ cancelled
                         └──resubmit / retry── failed | cancelled      (a compile error only by explicit retry)
     queued ──cancel──▶ cancelled;   (new) ──import──▶ succeeded (a manifest found in the store)
+    succeeded ──retention──▶ deleted ──a submit that needs it──▶ queued
 
 A queued compile is never stuck on a lost message: the reconciler (:mod:`compilesvc.reconcile`) re-sends
 one whose message is neither queued nor held by a worker, and the reaper (:mod:`compilesvc.reaper`) takes
@@ -29,6 +30,7 @@ Artifact (one row per artifact key; a set of bucket compiles)::
                       building ──its last build cancelled──▶ cancelled ──resubmit / retry──▶ building
                       cancelled ──resubmitted, a bucket failed with a compile error meanwhile──▶ failed
     (new) ──import──▶ published
+    published ──retention──▶ deleted ──resubmit──▶ building
 
 Build (one row per submission) follows its artifact (:data:`BUILD_STATE_FOR_ARTIFACT`) unless cancelled
 itself; a retry moves a failed or cancelled build back to building.
@@ -47,6 +49,7 @@ class BucketState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    DELETED = "deleted"  # retention removed its files; a submit that needs it compiles it again
 
 
 class ArtifactState(StrEnum):
@@ -54,6 +57,7 @@ class ArtifactState(StrEnum):
     PUBLISHED = "published"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    DELETED = "deleted"  # retention removed it; a resubmit builds it again
 
 
 class BuildState(StrEnum):
@@ -69,6 +73,14 @@ class CampaignState(StrEnum):
 
     RUNNING = "running"
     FINISHED = "finished"
+
+
+class PinKind(StrEnum):
+    """What a retention pin keeps: one artifact, every artifact of a model name, or of a build label."""
+
+    ARTIFACT = "artifact"
+    MODEL = "model"
+    LABEL = "label"
 
 
 class Outcome(StrEnum):
@@ -108,6 +120,7 @@ BUILD_STATE_FOR_ARTIFACT: dict[str, BuildState] = {
     ArtifactState.PUBLISHED: BuildState.SUCCEEDED,
     ArtifactState.FAILED: BuildState.FAILED,
     ArtifactState.CANCELLED: BuildState.CANCELLED,
+    ArtifactState.DELETED: BuildState.SUCCEEDED,  # its builds did succeed; history keeps saying so
 }
 
 B, A, D = BucketState, ArtifactState, BuildState
@@ -119,12 +132,14 @@ TRANSITIONS: dict[str, frozenset[tuple[str | None, str]]] = {
         (B.QUEUED, B.RUNNING), (B.QUEUED, B.CANCELLED),
         (B.RUNNING, B.SUCCEEDED), (B.RUNNING, B.FAILED), (B.RUNNING, B.CANCELLED), (B.RUNNING, B.QUEUED),
         (B.FAILED, B.QUEUED), (B.CANCELLED, B.QUEUED),
+        (B.SUCCEEDED, B.DELETED), (B.DELETED, B.QUEUED),  # retention; a submit that needs it again
     }),
     "artifact": frozenset({
         (None, A.BUILDING), (None, A.PUBLISHED),
         (A.BUILDING, A.PUBLISHED), (A.BUILDING, A.FAILED), (A.BUILDING, A.CANCELLED),
         (A.FAILED, A.BUILDING), (A.CANCELLED, A.BUILDING),
         (A.CANCELLED, A.FAILED),  # resubmitted while a bucket it shares failed with a compile error
+        (A.PUBLISHED, A.DELETED), (A.DELETED, A.BUILDING),  # retention; a resubmit builds it again
     }),
     "build": frozenset({
         (None, D.BUILDING), (None, D.SUCCEEDED), (None, D.FAILED),

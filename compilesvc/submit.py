@@ -17,6 +17,7 @@ the outbox in the same transaction and are relayed only after commit.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from sqlalchemy import insert, select
@@ -65,6 +66,9 @@ from compilesvc.webhooks import check_callbacks, enqueue_terminal, subscription_
 log = logging.getLogger(__name__)
 
 _PUBLISHED_IDS_MAX = 100_000
+#: How long an artifact seen published is answered as a hit without asking the ledger again. Retention
+#: can delete a published artifact; it waits longer than this before removing files (``gc_grace_seconds``).
+PUBLISHED_TRUST_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,11 @@ class Submitter:
         self.services = services
         self.manifests = manifests or StoreManifests(services.store)
         self.settings = services.settings
-        # Published is a final state, so an artifact's id, once seen published, never needs reading again:
-        # a cache-hit submit is then one write transaction. Bounded by clearing (ids are cheap to re-read).
+        # An artifact seen published stays so until retention deletes it, so its id is trusted for
+        # PUBLISHED_TRUST_SECONDS: a cache-hit submit is then one write transaction. Bounded by clearing,
+        # wholesale, when full or that old (ids are cheap to re-read).
         self._published_ids: dict[str, int] = {}
+        self._published_ids_until = time.monotonic() + PUBLISHED_TRUST_SECONDS
 
     # -- public -------------------------------------------------------------------------------------
 
@@ -185,6 +191,9 @@ class Submitter:
         with concurrent submits (:mod:`compilesvc.build_records`). Falls back to importing a manifest
         found in the store."""
         key = ctx.keys.key
+        if time.monotonic() > self._published_ids_until:
+            self._published_ids.clear()
+            self._published_ids_until = time.monotonic() + PUBLISHED_TRUST_SECONDS
         artifact_id = self._published_ids.get(key)
         if artifact_id is None:
             with self.services.sessions() as session:
@@ -260,7 +269,7 @@ class Submitter:
                 outcome = Outcome.HIT
             elif artifact.state == ArtifactState.BUILDING:
                 outcome = Outcome.JOIN
-            else:  # failed or cancelled: reopen unless a bucket failed for good (negative cache)
+            else:  # failed, cancelled or deleted: reopen unless a bucket failed for good (negative cache)
                 outcome = Outcome.JOIN
                 outbox_ids = self._reopen(session, artifact, ctx)
             self._settle(session, artifact)

@@ -27,7 +27,7 @@ from compilesvc.manifest import ArtifactManifest
 from compilesvc.services import Services
 from compilesvc.states import ArtifactState
 from compilesvc.store.base import ArtifactStore, StoreError, UrlSigner
-from compilesvc.submit import Prepared, Submitter
+from compilesvc.submit import PUBLISHED_TRUST_SECONDS, Prepared, Submitter
 from web.metrics import ApiMetrics
 from web.problems import Problem
 from web.schemas import ArtifactOut
@@ -67,10 +67,11 @@ class Described:
     reused within its second is still valid for at least ttl seconds).
     """
 
-    __slots__ = ("_last", "etag", "layout", "manifest")
+    __slots__ = ("_last", "checked", "etag", "layout", "manifest")
 
     def __init__(self, manifest: ArtifactManifest):
         self.manifest = manifest
+        self.checked = time.monotonic()  # when the ledger last said published (see WebContext.published)
         self.layout = describe_layout(manifest)  # shared by every render: read, never changed
         # The manifest never changes; only the URLs signed into each render do: a weak validator (RFC 9110
         # 8.8.1) over the layout, so a format change of ours is a new tag too.
@@ -115,6 +116,10 @@ class LRU(Generic[K, V]):
                 self._items.popitem(last=False)
         return value
 
+    def drop(self, key: K) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -124,12 +129,15 @@ class ManifestCache:
     submitter reads published manifests through it too (:class:`compilesvc.artifacts.PublishedManifests`).
 
     Only *published* manifests may enter (callers check the ledger or read the create-only manifest
-    document first), which is what makes caching them forever correct.
+    document first). A manifest never changes, but retention may delete its artifact: an entry is trusted
+    for ``revalidate_seconds`` before the ledger is asked again (:meth:`WebContext.published`).
     """
 
     def __init__(self, store: ArtifactStore, maxsize: int = DEFAULT_MANIFEST_CACHE_SIZE,
-                 absent_seconds: float = DEFAULT_ABSENT_SECONDS):
+                 absent_seconds: float = DEFAULT_ABSENT_SECONDS,
+                 revalidate_seconds: float = PUBLISHED_TRUST_SECONDS):
         self.store = store
+        self.revalidate_seconds = revalidate_seconds
         self._lru: LRU[str, Described] = LRU(maxsize)
         self._absent: LRU[str, float] = LRU(maxsize)  # key -> monotonic time its absence stops being trusted
         self.absent_seconds = absent_seconds
@@ -148,6 +156,9 @@ class ManifestCache:
 
     def put(self, key: str, manifest: ArtifactManifest) -> Described:
         return self._lru.put(key, Described(manifest))
+
+    def drop(self, key: str) -> None:
+        self._lru.drop(key)
 
     def published_manifest(self, key: str) -> ArtifactManifest | None:
         entry = self.load(key, lambda: read_manifest(self.store, key))
@@ -208,16 +219,27 @@ class WebContext:
     def published(self, key: str, *, remember_absence: bool = False) -> Described:
         """The published manifest of ``key`` (cache, else ledger + store), or a 404 problem saying why not.
 
-        A key the ledger does not know is still looked up in the store: a manifest there is complete by
-        construction (written create-only after every file it names), e.g. published by another region.
+        A cached manifest is trusted for :attr:`ManifestCache.revalidate_seconds`, then the ledger is asked
+        again (one indexed query): retention may have deleted the artifact, and waits longer than that
+        before it removes any file. A key the ledger does not know is still looked up in the store: a
+        manifest there is complete by construction (written create-only after every file it names), e.g.
+        published by another region.
         With ``remember_absence`` (the fleet's lookup, which polls) such a store miss is remembered for
         :attr:`ManifestCache.absent_seconds`; a key published here is in the ledger, so it is never hidden.
         """
         entry = self.manifests.get(key)
-        if entry is not None:
+        if entry is not None and time.monotonic() - entry.checked < self.manifests.revalidate_seconds:
             return entry
         with self.services.sessions() as session:
             state = session.scalar(select(Artifact.state).where(Artifact.key == key))
+        if entry is not None and state in (None, ArtifactState.PUBLISHED):
+            entry.checked = time.monotonic()  # still published (or known to the store only): trusted again
+            return entry
+        if entry is not None:
+            self.manifests.drop(key)
+        if state == ArtifactState.DELETED:
+            raise Problem("artifact-not-published", f"artifact {key} was deleted by retention; submit its spec "
+                          "again to build it again", state=state)
         if state is not None and state != ArtifactState.PUBLISHED:
             raise Problem("artifact-not-published", f"artifact {key} is {state}, not published", state=state)
         not_found = Problem("artifact-not-found", f"no artifact has key {key}")

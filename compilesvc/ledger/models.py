@@ -98,6 +98,9 @@ class Artifact(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     published_at: Mapped[datetime | None]
+    deleted_at: Mapped[datetime | None] = mapped_column(doc="When retention marked it deleted.")
+    last_fetched_at: Mapped[datetime | None] = mapped_column(doc="Last lookup by key (recorded in batches).")
+    fetch_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
     __table_args__ = (check_constraint("state", ArtifactState, "state"),)
 
@@ -134,6 +137,7 @@ class BucketCompile(Base):
     finished_at: Mapped[datetime | None]
     compile_seconds: Mapped[float | None] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(doc="When retention marked its files deleted.")
 
     __table_args__ = (
         # The reaper's scan: running compiles whose lease ran out.
@@ -413,3 +417,4 @@ class WebhookAttempt(Base):
 
 # Tables kept in modules of their own register on the same metadata (imported last: they use Base).
 from compilesvc.ledger import campaigns as _campaigns  # noqa: E402, F401
+from compilesvc.ledger import retention as _retention  # noqa: E402, F401
