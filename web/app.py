@@ -22,6 +22,7 @@ from werkzeug.routing import BaseConverter, ValidationError
 from compilesvc import states, tokens
 from compilesvc.config import Settings
 from compilesvc.db import transaction
+from compilesvc.fetch_stats import DEFAULT_INTERVAL_SECONDS, FetchRecorder
 from compilesvc.services import Services
 from compilesvc.submit import Submitter
 from web import auth, problems, ratelimit, ui
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         ABSENT_ARTIFACT_SECONDS=DEFAULT_ABSENT_SECONDS,  # a key in neither ledger nor store: 404 from memory
         PREPARED_CACHE_SIZE=DEFAULT_PREPARED_CACHE_SIZE,
         METRICS_CACHE_SECONDS=5.0,   # ledger metrics are re-read at most this often
+        FETCH_FLUSH_SECONDS=DEFAULT_INTERVAL_SECONDS,  # artifact lookups are written this often, in one batch
         UI_PAGE_SIZE=50,
     )
     app.config.update(config or {})
@@ -115,6 +117,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         streams=threading.BoundedSemaphore(int(app.config["SSE_MAX_STREAMS"])),
         tokens=auth.TokenCache(services, settings.token_cache_seconds),
         submit_limiter=ratelimit.SubmitLimiter(settings),
+        fetches=FetchRecorder(services.sessions, float(app.config["FETCH_FLUSH_SECONDS"])),
     )
     if settings.bootstrap_token is not None:
         _register_bootstrap_token(services, settings.bootstrap_token.get_secret_value())

@@ -22,6 +22,7 @@ from sqlalchemy import select
 
 from compilesvc.artifacts import describe, describe_layout, read_manifest, with_urls
 from compilesvc.config import Settings
+from compilesvc.fetch_stats import FetchRecorder
 from compilesvc.ledger.models import Artifact
 from compilesvc.manifest import ArtifactManifest
 from compilesvc.services import Services
@@ -189,6 +190,7 @@ class WebContext:
     streams: threading.BoundedSemaphore  # live log streams this process may serve at once
     tokens: TokenCache  # principals checked lately (web.auth)
     submit_limiter: SubmitLimiter  # submits per token (web.ratelimit)
+    fetches: FetchRecorder  # lookups by key, written in batches (retention's "last fetched")
     openapi: dict[str, Any] | None = None  # built on first request to /openapi.json
 
     @property

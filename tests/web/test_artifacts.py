@@ -14,9 +14,12 @@ from typing import Any
 import requests
 from sqlalchemy import event, func, select
 
-from compilesvc.ledger.models import Base
+from compilesvc.db import make_engine, make_sessionmaker
+from compilesvc.fetch_stats import FetchRecorder
+from compilesvc.ledger.models import Artifact, Base, utcnow
 from compilesvc.store.base import artifact_manifest_name
 from compilesvc.store.local import LocalStore
+from tests.fixtures.ports import free_port
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, spec_for
 from tests.web.test_submit import assert_problem
@@ -241,3 +244,35 @@ def test_renders_are_reused_within_a_second_only(sqlite_env: Env, monkeypatch: A
     assert entry["url"] != url, "a new second signs again"
     assert entry["url"] == store.blob_url(entry["sha256"], expires_in=env.settings.url_ttl_seconds,
                                           filename="model.pt")
+
+
+def test_lookups_are_counted_without_a_write_each_and_written_in_a_batch(env: Env) -> None:
+    _, build = published(env)
+    key = build["artifact_key"]
+    etag = env.client.get(f"/v1/artifacts/{key}").headers["ETag"]
+    with count_queries(env) as queries:
+        for _ in range(4):
+            assert env.client.get(f"/v1/artifacts/{key}").status_code == 200
+        assert env.client.get(f"/v1/artifacts/{key}", headers={"If-None-Match": etag}).status_code == 304
+    assert queries == []  # the fleet's lookup never writes
+    recorder = env.app.extensions["compilesvc"].fetches
+    assert recorder.flush() == 1  # one UPDATE for the one artifact, whatever the lookups
+    with env.services.sessions() as session:
+        count, last = session.execute(select(Artifact.fetch_count, Artifact.last_fetched_at)
+                                      .where(Artifact.key == key)).one()
+    assert count == 6 and last is not None and abs((utcnow() - last).total_seconds()) < 60
+    assert recorder.flush() == 0  # nothing new
+
+
+def test_counts_the_ledger_could_not_take_are_kept_for_the_next_write(env: Env) -> None:
+    _, build = published(env)
+    key = build["artifact_key"]
+    unreachable = make_sessionmaker(make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none"))
+    recorder = FetchRecorder(unreachable, interval=3600)
+    recorder.record(key)
+    recorder.record(key)
+    assert recorder.flush() == 0
+    recorder.sessions = env.services.sessions  # the ledger is back
+    assert recorder.flush() == 1
+    with env.services.sessions() as session:
+        assert session.scalar(select(Artifact.fetch_count).where(Artifact.key == key)) == 2

@@ -48,6 +48,7 @@ def get_artifact(key: str) -> Response:
     entry = ctx.published(key, remember_absence=True)
     ttl = ctx.settings.url_ttl_seconds
     headers = {"ETag": f'W/"{entry.etag}"', "Cache-Control": f"private, max-age={ttl // 2}, immutable"}
+    ctx.fetches.record(key)  # in memory; written in batches (retention keeps what fleets still fetch)
     if request.if_none_match.contains_weak(entry.etag):
         return Response(status=304, headers=headers)
     return raw_json_response(ctx.describe_json(entry), headers=headers)
