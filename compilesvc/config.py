@@ -119,6 +119,16 @@ class Settings(BaseSettings):
     webhook_retry_seconds: float = Field(default=5.0, ge=0, description="First webhook retry delay (then doubling).")
     idempotency_key_seconds: int = Field(
         default=24 * 3600, ge=60, description="How long a token's Idempotency-Key replays its first answer.")
+    retention_min_age_days: float = Field(
+        default=30.0, ge=0, description="compilesvc gc: an unpinned artifact published longer ago than this ...")
+    retention_unfetched_days: float = Field(
+        default=30.0, ge=0, description="... and not fetched by key for this long is deleted.")
+    retention_retired_sdks: str = Field(
+        default="", description="Releases whose unpinned artifacts gc deletes at any age once not fetched for "
+                                "retention_unfetched_days, comma-separated: 2.19.0, or cpu:2.12.0 for one target.")
+    gc_grace_seconds: float = Field(
+        default=3600.0, ge=0, description="compilesvc gc removes an artifact's files this long after marking it "
+                                          "deleted (API processes trust a cached artifact for 60 s).")
 
     # Disowns every earlier key at once (poisoned artifacts): part of every key.
     key_salt: str = ""

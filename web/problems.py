@@ -76,6 +76,9 @@ _TYPES = [
                 "`detail` says which field is wrong (e.g. the same release twice, or a release number that "
                 "is not one)."),
     ProblemType("campaign-not-found", 404, "Campaign not found", "No campaign has this id."),
+    ProblemType("pin-invalid", 422, "Pin cannot be made as asked",
+                "An artifact pin's value is a key (64 hex digits); a label pin's is `name:value`."),
+    ProblemType("pin-not-found", 404, "Pin not found", "No pin has this id."),
     ProblemType("json-required", 415, "Request body must be JSON",
                 "Requests with a body say `Content-Type: application/json` (model uploads: the raw file, "
                 "POST /v1/models). Forms and text/plain are refused, so no other web page can act through "

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from compilesvc import states
 from compilesvc.tokens import TEXT_PATTERN
@@ -419,3 +419,42 @@ class RollforwardPlan(_Out):
     from_sdk: str
     to_sdk: str
     items: list[RollforwardPlanItem]
+
+
+class _PinIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    note: str | None = Field(default=None, max_length=1000, description="Why (shown in lists).")
+
+
+class ArtifactPinIn(_PinIn):
+    kind: Literal["artifact"]
+    value: str = Field(pattern="^[0-9a-f]{64}$", description="The artifact's key.")
+
+
+class ModelPinIn(_PinIn):
+    kind: Literal["model"]
+    value: str = Field(min_length=1, max_length=200, description="A model name (the spec's model.name).")
+
+
+class LabelPinIn(_PinIn):
+    kind: Literal["label"]
+    value: str = Field(pattern="^[^:]+:", max_length=1100, description="`name:value` of a build label.")
+
+
+class PinCreate(RootModel[Annotated[ArtifactPinIn | ModelPinIn | LabelPinIn, Field(discriminator="kind")]]):
+    """POST /v1/pins: keep one artifact (by key), every artifact of a model name, or every artifact with a
+    build carrying a label."""
+
+
+class PinOut(_Out):
+    id: int
+    kind: Literal["artifact", "model", "label"]
+    value: str
+    note: str | None
+    created_by: str | None
+    created_at: datetime
+
+
+class PinList(_Out):
+    items: list[PinOut]

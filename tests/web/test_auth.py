@@ -35,7 +35,7 @@ def matrix() -> dict[tuple[str, str], dict[str, str]]:
     assert tuple(cell.strip() for cell in header.strip("|").split("|"))[1:] == COLUMNS
     rows = {}
     for line in section.splitlines():
-        match = re.fullmatch(r"\| `(GET|POST) ([^`]+)` \|(.*)\|", line)
+        match = re.fullmatch(r"\| `(GET|POST|DELETE) ([^`]+)` \|(.*)\|", line)
         if match:
             cells = [cell.strip() for cell in match[3].split("|")]
             rows[(match[1], match[2])] = dict(zip(COLUMNS, cells, strict=True))
@@ -46,7 +46,7 @@ def routes(env: Env) -> set[tuple[str, str]]:
     out = set()
     for rule in env.app.url_map.iter_rules():
         path = re.sub(r"<(?:\w+(?:\([^)]*\))?:)?(\w+)>", r"{\1}", rule.rule)
-        for long_name in ("{build_id}", "{token_id}", "{campaign_id}"):
+        for long_name in ("{build_id}", "{token_id}", "{campaign_id}", "{pin_id}"):
             path = path.replace(long_name, "{id}")  # the table's shorter name
         for method in (rule.methods or set()) - {"HEAD", "OPTIONS"}:
             out.add((method, path))
@@ -125,7 +125,8 @@ def test_every_endpoint_answers_every_token_as_the_matrix_says(make_env: EnvFact
                    ("POST", "/v1/models"): b"a model", ("POST", "/login"): {"token": "x"},
                    ("POST", "/v1/tokens"): {"name": "made", "owner": "someone", "scopes": ["read"]},
                    ("POST", "/v1/campaigns/rollforward"): {"from_sdk": "2.13.0", "to_sdk": "2.14.0",
-                                                            "dry_run": True}},
+                                                            "dry_run": True},
+                   ("POST", "/v1/pins"): {"kind": "model", "value": "matrix-model"}},
     }
     with env.services.sessions() as session:
         victim_id = session.scalar(select(ApiToken.id).where(ApiToken.token_hash == token_hash(victim)))

@@ -28,6 +28,7 @@ ROUTES = [
     ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/"),
     ("GET", "/builds/{id}"), ("GET", "/problems/{code}"), ("GET", "/static/{code}"), ("GET", "/{code}"),
     ("POST", "/v1/campaigns/rollforward"), ("GET", "/v1/campaigns"), ("GET", "/v1/campaigns/{id}"),
+    ("POST", "/v1/pins"), ("GET", "/v1/pins"), ("DELETE", "/v1/pins/{id}"),
 ]
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
 QUERY_NAMES = ["after", "limit", "cursor", "model", "target", "sdk", "state", "label", "submitted_by",
