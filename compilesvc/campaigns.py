@@ -1,6 +1,7 @@
 """Campaigns: an operator moving a fleet's artifacts from one SDK release to another before the switch.
 
-A roll-forward selects every published artifact of ``from_sdk`` (narrowed by model name, labels, target)
+A roll-forward selects every published artifact of ``from_sdk`` (narrowed by model name, labels, target,
+and optionally to the pinned ones or those fetched lately: what fleets load)
 and submits, for each, the spec of its newest matching build with ``sdk`` set to ``to_sdk``: the same
 model bytes, shapes and flags, compiled for the new release. Each submit is an ordinary one (hit, join or
 new; compiled by the new release's workers) and its build is linked to the campaign as an item; a spec
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import and_, func, select
@@ -28,6 +30,7 @@ from compilesvc.ledger.campaigns import Campaign, CampaignItem
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, BuildLabel, utcnow
 from compilesvc.model_pins import ModelRefError
 from compilesvc.refusals import SubmitRefused
+from compilesvc.retention import pinned
 from compilesvc.spec_parsing import SpecError
 from compilesvc.states import ArtifactState, BucketState, BuildState, CampaignState, Outcome
 from compilesvc.tokens import Principal
@@ -48,9 +51,12 @@ class Selection:
     model: str | None = None
     target: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    pinned: bool = False  # only artifacts a retention pin keeps
+    fetched_within_days: float | None = None  # only artifacts fetched by key this recently
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "target": self.target, "labels": dict(self.labels)}
+        return {"model": self.model, "target": self.target, "labels": dict(self.labels), "pinned": self.pinned,
+                "fetched_within_days": self.fetched_within_days}
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,10 @@ def candidates(session: Session, selection: Selection) -> list[Candidate]:
                 .where(Artifact.state == ArtifactState.PUBLISHED, Artifact.sdk == selection.from_sdk))
     if selection.target:
         matching = matching.where(Artifact.target == selection.target)
+    if selection.pinned:
+        matching = matching.where(pinned())
+    if selection.fetched_within_days is not None:
+        matching = matching.where(Artifact.last_fetched_at >= utcnow() - timedelta(days=selection.fetched_within_days))
     if selection.model:
         matching = matching.where(Build.model_name == selection.model)
     for name, value in sorted(selection.labels.items()):

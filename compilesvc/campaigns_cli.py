@@ -90,6 +90,9 @@ def finish(campaign: dict[str, Any], as_json: bool, reporter: Reporter) -> None:
 @click.option("--target", type=click.Choice(["inf2", "trn1", "trn2", "cpu"]), help="Only this target.")
 @click.option("--label", "labels", multiple=True, metavar="NAME=VALUE", callback=_labels,
               help="Only artifacts with a build carrying this label (repeatable: all must match).")
+@click.option("--pinned", is_flag=True, help="Only artifacts a retention pin keeps.")
+@click.option("--fetched-within", "fetched_within_days", type=click.FloatRange(min=0, min_open=True), metavar="DAYS",
+              help="Only artifacts fetched by key within DAYS (what fleets load now).")
 @click.option("--dry-run", is_flag=True, help="List what would be submitted, and the new keys; submit nothing.")
 @click.option("--queue-anyway", is_flag=True,
               help="Queue the compiles even while no worker serves the new release yet.")
@@ -99,13 +102,14 @@ def finish(campaign: dict[str, Any], as_json: bool, reporter: Reporter) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @API_OPTION
 def rollforward(from_sdk: str, to_sdk: str, model: str | None, target: str | None, labels: dict[str, str],
-                dry_run: bool, queue_anyway: bool, wait: bool, timeout: float | None, as_json: bool, quiet: bool,
-                api: str | None) -> None:
+                pinned: bool, fetched_within_days: float | None, dry_run: bool, queue_anyway: bool, wait: bool,
+                timeout: float | None, as_json: bool, quiet: bool, api: str | None) -> None:
     """Build every published artifact of --from-sdk for --to-sdk, as one campaign (admin token)."""
     client = connect(api)
     reporter = Reporter(quiet or as_json)
     body = {"from_sdk": from_sdk, "to_sdk": to_sdk, "model": model, "target": target, "labels": labels,
-            "dry_run": dry_run, "queue_anyway": queue_anyway}
+            "pinned": pinned, "fetched_within_days": fetched_within_days, "dry_run": dry_run,
+            "queue_anyway": queue_anyway}
     answer = call(client, "POST", "/v1/campaigns/rollforward", {k: v for k, v in body.items() if v is not None})
     if dry_run:
         if as_json:

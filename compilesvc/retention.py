@@ -87,7 +87,7 @@ class Released:
     size_bytes: int | None
 
 
-def _pinned() -> Any:
+def pinned() -> Any:
     """SQL: the artifact matches a pin (by key, by a build's model name, by a build's label)."""
     by_key = exists().where(RetentionPin.kind == PinKind.ARTIFACT, RetentionPin.value == Artifact.key)
     by_model = exists().where(RetentionPin.kind == PinKind.MODEL, Build.artifact_id == Artifact.id,
@@ -107,7 +107,7 @@ def released(session: Session, policy: Policy, now: datetime, *, only: int | Non
     retired = [and_(Artifact.sdk == sdk, *([Artifact.target == target] if target else []))
                for target, sdk in sorted(policy.retired, key=str)]
     query = (select(Artifact.id, Artifact.key, Artifact.size_bytes, aged.label("aged"))
-             .where(Artifact.state == ArtifactState.PUBLISHED, unfetched, or_(aged, *retired), ~_pinned())
+             .where(Artifact.state == ArtifactState.PUBLISHED, unfetched, or_(aged, *retired), ~pinned())
              .order_by(Artifact.id))
     if only is not None:
         query = query.where(Artifact.id == only)

@@ -110,3 +110,20 @@ def test_nothing_to_move_and_bad_requests(env: Env) -> None:
     assert_problem(rollforward(env, to_sdk="2.14"), 422, "campaign-invalid")
     assert_problem(rollforward(env, target="tpu"), 422, "campaign-invalid")
     assert_problem(env.client.get("/v1/campaigns/999"), 404, "campaign-not-found")
+
+
+def test_only_what_fleets_load_pinned_or_fetched_lately(env: Env) -> None:
+    pinned = publish(env, b"pinned model")
+    fetched = publish(env, b"fetched model")
+    publish(env, b"neither")
+    assert env.client.post("/v1/pins", json={"kind": "artifact", "value": pinned["artifact_key"]}).status_code == 201
+    assert env.client.get(f"/v1/artifacts/{fetched['artifact_key']}").status_code == 200
+    env.app.extensions["compilesvc"].fetches.flush()
+
+    def sources(**body: Any) -> set[str]:
+        return {i["source_key"] for i in rollforward(env, dry_run=True, **body).json["items"]}
+
+    assert sources(pinned=True) == {pinned["artifact_key"]}
+    assert sources(fetched_within_days=1) == {fetched["artifact_key"]}
+    assert sources(pinned=True, fetched_within_days=1) == set()
+    assert len(sources()) == 3

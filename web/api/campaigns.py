@@ -81,7 +81,8 @@ def rollforward() -> Response:
     if asked.from_sdk == asked.to_sdk:
         raise Problem("campaign-invalid", f"from_sdk and to_sdk are both {asked.from_sdk}: nothing would move")
     ctx = web()
-    selection = campaigns.Selection(asked.from_sdk, asked.to_sdk, asked.model, asked.target, dict(asked.labels))
+    selection = campaigns.Selection(asked.from_sdk, asked.to_sdk, asked.model, asked.target, dict(asked.labels),
+                                    asked.pinned, asked.fetched_within_days)
     if asked.dry_run:
         return respond(RollforwardPlan, _plan(ctx, selection))
     principal = current_principal()
