@@ -1,7 +1,8 @@
 """State-transition events: one row per change of state of a build, artifact or bucket compile, each
 checked against its state machine (:mod:`compilesvc.states`). A build's move to a terminal state also
 writes its webhook deliveries (:mod:`compilesvc.webhooks`), and a build of a campaign may finish or reopen
-it (:mod:`compilesvc.campaigns`)."""
+it (:mod:`compilesvc.campaigns`). A published artifact, a failed build and a finished campaign notify the
+URLs subscribed to that event."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from compilesvc import campaigns
 from compilesvc.ledger.models import Event
-from compilesvc.states import check_transition
-from compilesvc.webhooks import enqueue_terminal
+from compilesvc.states import ArtifactState, BuildState, CampaignState, ServiceEvent, check_transition
+from compilesvc.webhooks import enqueue_event, enqueue_terminal
 
 # Built once, with the row passed as parameters: one of these runs in every submit, and a statement with
 # literal values is compiled and cache-keyed value by value on every call.
@@ -31,3 +32,13 @@ def record(session: Session, entity: str, entity_id: int, from_state: str | None
     if entity == "build":  # a build that ends notifies its webhooks, in the transaction that ends it
         enqueue_terminal(session, entity_id, str(to_state))
         campaigns.on_build_transition(session, entity_id, str(to_state))
+    event = _SERVICE_EVENTS.get((entity, str(to_state)))
+    if event is not None:  # and the service-wide subscribers of what just happened
+        enqueue_event(session, event, entity_id)
+
+
+_SERVICE_EVENTS: dict[tuple[str, str], ServiceEvent] = {
+    ("artifact", ArtifactState.PUBLISHED): ServiceEvent.ARTIFACT_PUBLISHED,
+    ("build", BuildState.FAILED): ServiceEvent.BUILD_FAILED,
+    ("campaign", CampaignState.FINISHED): ServiceEvent.CAMPAIGN_FINISHED,
+}

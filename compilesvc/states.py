@@ -75,6 +75,14 @@ class CampaignState(StrEnum):
     FINISHED = "finished"
 
 
+class ServiceEvent(StrEnum):
+    """Events a subscription may ask for (a build's own callbacks get ``build.<its terminal state>``)."""
+
+    ARTIFACT_PUBLISHED = "artifact.published"
+    BUILD_FAILED = "build.failed"
+    CAMPAIGN_FINISHED = "campaign.finished"
+
+
 class PinKind(StrEnum):
     """What a retention pin keeps: one artifact, every artifact of a model name, or of a build label."""
 

@@ -1,12 +1,16 @@
-"""Webhooks: a signed POST to a build's callback URLs when it reaches a terminal state.
+"""Webhooks: a signed POST to a build's callback URLs when it reaches a terminal state, and to the URLs
+subscribed service-wide to an event (``artifact.published``, ``build.failed``, ``campaign.finished``: a
+deployment system rolling a fleet once its artifacts exist).
 
 A build names callback URLs in its spec (``callbacks``), and an operator may name more per team
 (``COMPILESVC_TEAM_WEBHOOKS``); each becomes a ``webhooks`` row when the build is recorded. When the build
 reaches ``succeeded``, ``failed`` or ``cancelled`` (a hit is born succeeded), :func:`enqueue_terminal`
 writes one ``webhook_deliveries`` row per URL *in the transaction that moves the build*, so a delivery is
 never lost to a crash and never made for a move that rolled back (the outbox pattern, as for dispatch).
-The relay sends due deliveries (:func:`deliver_due`), each try recorded in ``webhook_attempts``, retrying a
-failure (no answer, a non-2xx) with backoff until ``webhook_max_attempts``.
+Subscriptions (``event_subscriptions``) get theirs the same way from :func:`enqueue_event`, called by
+:func:`compilesvc.events.record` in the transaction that publishes the artifact, fails the build or
+finishes the campaign. The relay sends due deliveries (:func:`deliver_due`), each try recorded in
+``webhook_attempts``, retrying a failure (no answer, a non-2xx) with backoff until ``webhook_max_attempts``.
 
 Every delivery is the same bytes on every try, with ``Compilesvc-Webhook-Id`` (the delivery, for the
 receiver's dedupe), ``Compilesvc-Webhook-Timestamp`` and ``Compilesvc-Webhook-Signature: v1=<hex>``, the
@@ -37,9 +41,18 @@ from sqlalchemy import Table, insert, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.db import transaction
-from compilesvc.ledger.models import Build, UTCDateTime, Webhook, WebhookAttempt, WebhookDelivery, utcnow
+from compilesvc.ledger.models import (
+    Artifact,
+    Build,
+    EventSubscription,
+    UTCDateTime,
+    Webhook,
+    WebhookAttempt,
+    WebhookDelivery,
+    utcnow,
+)
 from compilesvc.refusals import SubmitRefused
-from compilesvc.states import BuildState
+from compilesvc.states import BuildState, ServiceEvent
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +148,17 @@ def enqueue_terminal(session: Session, build_id: int, state: str) -> None:
     ))
 
 
+def enqueue_event(session: Session, event: ServiceEvent, subject_id: int) -> None:
+    """In the transaction that made ``event`` (about artifact, build or campaign ``subject_id``): a delivery
+    per URL subscribed to it (one INSERT … SELECT; nothing when nobody is)."""
+    now = utcnow()
+    session.execute(_INSERT_DELIVERIES.from_select(
+        ["subscription_id", "subject_id", "event", "state", "attempts", "next_attempt_at", "created_at"],
+        select(EventSubscription.id, literal(subject_id), literal(str(event)), literal("pending"), literal(0),
+               literal(now, UTCDateTime()), literal(now, UTCDateTime())).where(EventSubscription.event == str(event)),
+    ))
+
+
 def sign(secret: bytes, timestamp: int, body: bytes) -> str:
     """The signature header's value: ``v1=`` and the hex HMAC-SHA256 of ``b"<timestamp>." + body``."""
     return "v1=" + hmac.new(secret, str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
@@ -155,21 +179,54 @@ def verify(secret: bytes, headers: dict[str, str], body: bytes, *, tolerance: fl
 
 
 def payload(session: Session, delivery: WebhookDelivery, public_url: str) -> bytes:
-    """The event, as JSON bytes: the build as of the event (its state is the event's)."""
-    build = session.get_one(Build, delivery.build_id)
-    state = delivery.event.removeprefix("build.")
+    """The event, as JSON bytes: what it is about (a build, an artifact, a campaign) as of the event."""
     base = public_url.rstrip("/")
-    document = {
-        "id": f"whd_{delivery.id}", "type": delivery.event, "created_at": delivery.created_at.isoformat(),
-        "build": {
-            "id": build.id, "state": state, "outcome": build.outcome, "artifact_key": build.artifact_key,
-            "target": build.target, "sdk": build.sdk, "model_name": build.model_name,
-            "submitted_by": build.submitted_by, "team": build.team, "labels": build.labels,
-            "build_url": f"{base}/builds/{build.id}", "status_url": f"{base}/v1/builds/{build.id}",
-            "artifact_url": f"{base}/v1/artifacts/{build.artifact_key}" if state == BuildState.SUCCEEDED else None,
-        },
+    document: dict[str, Any] = {"id": f"whd_{delivery.id}", "type": delivery.event,
+                                "created_at": delivery.created_at.isoformat()}
+    subject = delivery.build_id if delivery.build_id is not None else delivery.subject_id
+    assert subject is not None
+    if delivery.event.startswith("build."):
+        document["build"] = _build_document(session.get_one(Build, subject), delivery.event, base)
+    elif delivery.event == ServiceEvent.ARTIFACT_PUBLISHED:
+        document["artifact"] = _artifact_document(session, session.get_one(Artifact, subject), base)
+    elif delivery.event == ServiceEvent.CAMPAIGN_FINISHED:
+        document["campaign"] = _campaign_document(session, subject, base)
+    return json.dumps(document, separators=(",", ":"), sort_keys=True, default=str).encode()
+
+
+def _build_document(build: Build, event: str, base: str) -> dict[str, Any]:
+    state = event.removeprefix("build.")
+    return {
+        "id": build.id, "state": state, "outcome": build.outcome, "artifact_key": build.artifact_key,
+        "target": build.target, "sdk": build.sdk, "model_name": build.model_name,
+        "submitted_by": build.submitted_by, "team": build.team, "labels": build.labels,
+        "build_url": f"{base}/builds/{build.id}", "status_url": f"{base}/v1/builds/{build.id}",
+        "artifact_url": f"{base}/v1/artifacts/{build.artifact_key}" if state == BuildState.SUCCEEDED else None,
     }
-    return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _artifact_document(session: Session, artifact: Artifact, base: str) -> dict[str, Any]:
+    """The artifact, and the model name and labels of the build that asked for it first."""
+    first = session.scalars(select(Build).where(Build.artifact_id == artifact.id).order_by(Build.id).limit(1)).first()
+    return {"key": artifact.key, "target": artifact.target, "sdk": artifact.sdk, "backend": artifact.backend,
+            "model_sha256": artifact.model_sha256, "size_bytes": artifact.size_bytes,
+            "published_at": artifact.published_at.isoformat() if artifact.published_at else None,
+            "model_name": first.model_name if first else None, "labels": first.labels if first else {},
+            "artifact_url": f"{base}/v1/artifacts/{artifact.key}"}
+
+
+def _campaign_document(session: Session, campaign_id: int, base: str) -> dict[str, Any]:
+    from compilesvc import campaigns  # campaigns records events, which enqueue deliveries: imported late
+    from compilesvc.ledger.campaigns import Campaign
+
+    campaign = session.get_one(Campaign, campaign_id)
+    progress = campaigns.progress(session, campaign)
+    counts = {name: getattr(progress, name) for name in
+              ("total", "built", "hit", "failed", "cancelled", "refused", "building")}
+    return {"id": campaign.id, "from_sdk": campaign.from_sdk, "to_sdk": campaign.to_sdk, "state": campaign.state,
+            "progress": counts, "new_artifact_keys": [i["artifact_key"] for i in progress.items
+                                                      if i["state"] == BuildState.SUCCEEDED],
+            "url": f"{base}/v1/campaigns/{campaign.id}"}
 
 
 def backoff(attempt: int, base: float, cap: float) -> float:
@@ -223,7 +280,8 @@ class Sender:
     def _send(self, delivery_id: int) -> None:
         with transaction(self.sessions) as session:
             delivery = session.get_one(WebhookDelivery, delivery_id)
-            url = session.get_one(Webhook, delivery.webhook_id).url
+            url = (session.get_one(Webhook, delivery.webhook_id).url if delivery.webhook_id is not None
+                   else session.get_one(EventSubscription, delivery.subscription_id).url)
             if delivery.payload is None:  # made once: every try sends the same bytes
                 delivery.payload = payload(session, delivery, self.public_url).decode()
             body = delivery.payload.encode()

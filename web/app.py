@@ -26,7 +26,7 @@ from compilesvc.fetch_stats import DEFAULT_INTERVAL_SECONDS, FetchRecorder
 from compilesvc.services import Services
 from compilesvc.submit import Submitter
 from web import auth, problems, ratelimit, ui
-from web.api import artifacts, blobs, builds, campaigns, pins, system, webhooks
+from web.api import artifacts, blobs, builds, campaigns, pins, subscriptions, system, webhooks
 from web.api import tokens as tokens_api
 from web.context import (
     DEFAULT_ABSENT_SECONDS,
@@ -126,8 +126,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     _install_request_hooks(app)
     auth.install(app, settings)  # after the timing and size hooks: refusals are logged with their duration
 
-    for blueprint in (builds.bp, webhooks.bp, artifacts.bp, blobs.bp, campaigns.bp, pins.bp, tokens_api.bp,
-                      system.bp, ui.bp):
+    for blueprint in (builds.bp, webhooks.bp, artifacts.bp, blobs.bp, campaigns.bp, pins.bp, subscriptions.bp,
+                      tokens_api.bp, system.bp, ui.bp):
         app.register_blueprint(blueprint)
     return app
 

@@ -79,6 +79,10 @@ _TYPES = [
     ProblemType("pin-invalid", 422, "Pin cannot be made as asked",
                 "An artifact pin's value is a key (64 hex digits); a label pin's is `name:value`."),
     ProblemType("pin-not-found", 404, "Pin not found", "No pin has this id."),
+    ProblemType("subscription-invalid", 422, "Subscription refused",
+                "The URL is not http(s), or resolves to a loopback, link-local, private or reserved address "
+                "that the operator did not allow (`COMPILESVC_WEBHOOK_ALLOW_NETWORKS`), or the event is unknown."),
+    ProblemType("subscription-not-found", 404, "Subscription not found", "No subscription has this id."),
     ProblemType("json-required", 415, "Request body must be JSON",
                 "Requests with a body say `Content-Type: application/json` (model uploads: the raw file, "
                 "POST /v1/models). Forms and text/plain are refused, so no other web page can act through "

@@ -461,3 +461,36 @@ class PinOut(_Out):
 
 class PinList(_Out):
     items: list[PinOut]
+
+
+class SubscriptionCreate(BaseModel):
+    """POST /v1/subscriptions: POST every ``event`` to ``url`` (signed as webhooks are; docs/api.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(max_length=2048, pattern=r"^https?://[^\x00-\x20\x7f]+$")
+    event: Literal[tuple(e.value for e in states.ServiceEvent)]  # type: ignore[valid-type]
+
+
+class SubscriptionDelivery(_Out):
+    id: str = Field(description="The Compilesvc-Webhook-Id of its tries.")
+    subject_id: int | None = Field(description="The artifact, build or campaign the event is about.")
+    state: Literal["pending", "delivered", "failed"]
+    attempts: int
+    last_status: int | None
+    last_error: str | None
+    created_at: datetime
+    delivered_at: datetime | None
+
+
+class SubscriptionOut(_Out):
+    id: int
+    url: str
+    event: str
+    created_by: str | None
+    created_at: datetime
+    recent_deliveries: list[SubscriptionDelivery] = Field(description="The last 20, newest first.")
+
+
+class SubscriptionList(_Out):
+    items: list[SubscriptionOut]

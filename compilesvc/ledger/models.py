@@ -36,7 +36,15 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from compilesvc.states import ArtifactState, BucketState, BuildState, ErrorClass, Outcome, check_constraint
+from compilesvc.states import (
+    ArtifactState,
+    BucketState,
+    BuildState,
+    ErrorClass,
+    Outcome,
+    ServiceEvent,
+    check_constraint,
+)
 
 # Autoincrementing 64-bit ids; SQLite only autoincrements "INTEGER PRIMARY KEY".
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -373,16 +381,37 @@ class Webhook(Base):
     __table_args__ = (Index("ix_webhooks_build_id", "build_id"),)
 
 
+class EventSubscription(Base):
+    """A URL notified of one kind of event service-wide (a deployment system: ``artifact.published``,
+    ``build.failed``, ``campaign.finished``)."""
+
+    __tablename__ = "event_subscriptions"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    event: Mapped[str] = mapped_column(String(32))
+    created_by: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("url", "event"), Index("ix_event_subscriptions_event", "event"),
+                      check_constraint("event", ServiceEvent, "event"))
+
+
 class WebhookDelivery(Base):
-    """One event to deliver to one webhook (written in the transaction that ended the build); the relay
-    sends it until it is delivered or has failed ``webhook_max_attempts`` times."""
+    """One event to deliver to one URL (written in the transaction that made the event: ended the build,
+    published the artifact, finished the campaign); the relay sends it until it is delivered or has failed
+    ``webhook_max_attempts`` times."""
 
     __tablename__ = "webhook_deliveries"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    webhook_id: Mapped[int] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"))
-    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id", ondelete="CASCADE"))
-    event: Mapped[str] = mapped_column(String(32), doc="build.succeeded | build.failed | build.cancelled")
+    webhook_id: Mapped[int | None] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"),
+                                                   doc="A build's own webhook (else: a subscription's delivery).")
+    build_id: Mapped[int | None] = mapped_column(ForeignKey("builds.id", ondelete="CASCADE"))
+    subscription_id: Mapped[int | None] = mapped_column(ForeignKey("event_subscriptions.id", ondelete="CASCADE"))
+    subject_id: Mapped[int | None] = mapped_column(
+        BigInteger, doc="A subscription's event: the artifact, build or campaign it is about (by the event's type).")
+    event: Mapped[str] = mapped_column(String(32), doc="build.* | artifact.published | campaign.finished")
     state: Mapped[str] = mapped_column(String(16), doc="pending | delivered | failed")
     payload: Mapped[str | None] = mapped_column(Text, doc="The body, made at the first try and sent on every try.")
     attempts: Mapped[int] = mapped_column(Integer, default=0)

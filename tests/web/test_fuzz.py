@@ -29,6 +29,7 @@ ROUTES = [
     ("GET", "/builds/{id}"), ("GET", "/problems/{code}"), ("GET", "/static/{code}"), ("GET", "/{code}"),
     ("POST", "/v1/campaigns/rollforward"), ("GET", "/v1/campaigns"), ("GET", "/v1/campaigns/{id}"),
     ("POST", "/v1/pins"), ("GET", "/v1/pins"), ("DELETE", "/v1/pins/{id}"),
+    ("POST", "/v1/subscriptions"), ("GET", "/v1/subscriptions"), ("DELETE", "/v1/subscriptions/{id}"),
 ]
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
 QUERY_NAMES = ["after", "limit", "cursor", "model", "target", "sdk", "state", "label", "submitted_by",
