@@ -24,13 +24,12 @@ from typing import Any
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from compilesvc import events
+from compilesvc import events, retention
 from compilesvc.db import transaction
 from compilesvc.ledger.campaigns import Campaign, CampaignItem
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, BuildLabel, utcnow
 from compilesvc.model_pins import ModelRefError
 from compilesvc.refusals import SubmitRefused
-from compilesvc.retention import pinned
 from compilesvc.spec_parsing import SpecError
 from compilesvc.states import ArtifactState, BucketState, BuildState, CampaignState, Outcome
 from compilesvc.tokens import Principal
@@ -78,7 +77,7 @@ def candidates(session: Session, selection: Selection) -> list[Candidate]:
     if selection.target:
         matching = matching.where(Artifact.target == selection.target)
     if selection.pinned:
-        matching = matching.where(pinned())
+        matching = matching.where(retention.pinned())
     if selection.fetched_within_days is not None:
         matching = matching.where(Artifact.last_fetched_at >= utcnow() - timedelta(days=selection.fetched_within_days))
     if selection.model:

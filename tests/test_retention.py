@@ -145,6 +145,7 @@ def test_within_the_grace_marks_are_made_and_files_kept(store_env: Env) -> None:
     assert whole(env, old["artifact_key"], files)
 
 
+@pytest.mark.slow  # CLI subprocesses
 def test_gc_command_exit_statuses(tmp_path: Any) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILESVC_")}
     env.update({"COMPILESVC_DATA_DIR": str(tmp_path / "data")})

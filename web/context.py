@@ -226,12 +226,17 @@ class WebContext:
         before it removes any file. A key the ledger does not know is still looked up in the store: a
         manifest there is complete by construction (written create-only after every file it names), e.g.
         published by another region.
-        With ``remember_absence`` (the fleet's lookup, which polls) such a store miss is remembered for
-        :attr:`ManifestCache.absent_seconds`; a key published here is in the ledger, so it is never hidden.
+        With ``remember_absence`` (the fleet's lookup, which polls) a key in neither is remembered as absent
+        for :attr:`ManifestCache.absent_seconds` and answered 404 from memory meanwhile: a set published at
+        once by its submit (every bucket compiled already) shows that much later to a poller that asked
+        just before.
         """
         entry = self.manifests.get(key)
         if entry is not None and time.monotonic() - entry.checked < self.manifests.revalidate_seconds:
             return entry
+        not_found = Problem("artifact-not-found", f"no artifact has key {key}")
+        if remember_absence and entry is None and self.manifests.known_absent(key):
+            raise not_found  # a fleet polling for a key nobody built: answered from memory
         with self.services.sessions() as session:
             state = session.scalar(select(Artifact.state).where(Artifact.key == key))
         if entry is not None and state in (None, ArtifactState.PUBLISHED):
@@ -244,9 +249,6 @@ class WebContext:
                           "again to build it again", state=state)
         if state is not None and state != ArtifactState.PUBLISHED:
             raise Problem("artifact-not-published", f"artifact {key} is {state}, not published", state=state)
-        not_found = Problem("artifact-not-found", f"no artifact has key {key}")
-        if state is None and self.manifests.known_absent(key):
-            raise not_found  # a fleet polling for a key not built yet costs one indexed query, not a store read
         manifest = read_manifest(self.services.store, key)
         if manifest is None:
             if state == ArtifactState.PUBLISHED:

@@ -22,12 +22,14 @@ EnvFactory = Callable[..., Env]
 def make_env(tmp_path: Path) -> Iterator[EnvFactory]:
     """Build Envs with settings overrides; closes their services afterwards."""
     made: list[Services] = []
+    apps: list[Any] = []
 
     def factory(database_url: str, *, config: dict[str, Any] | None = None, with_token: bool = True,
                 **overrides: Any) -> Env:
         services = Services.from_settings(make_settings(tmp_path / f"env{len(made)}", database_url, **overrides))
         made.append(services)
         app = create_app(services=services, config=config)
+        apps.append(app)
         app.testing = True
         # The client is an admin unless a test says otherwise (tests/web/test_auth.py checks every scope).
         token = make_token(services.sessions, "admin", owner="web-tests") if with_token else ""
@@ -37,6 +39,8 @@ def make_env(tmp_path: Path) -> Iterator[EnvFactory]:
         return Env(app=app, client=client, services=services, token=token)
 
     yield factory
+    for app in apps:
+        app.extensions["compilesvc"].fetches.close()  # its last counts, while the ledger is still there
     for services in made:
         services.close()
 
