@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
+from compilesvc.durable import fsync_dir, write_atomically
 from compilesvc.manifest import ArtifactManifest, FileEntry, ManifestMismatch, parse_artifact_manifest, safe_relative
 
 LAYOUT = "v1"
@@ -160,7 +161,7 @@ class ArtifactCache:
         return path
 
     def remember_spec(self, spec_digest: str, key: str) -> None:
-        _write_atomically(self._dir("specs") / spec_digest, key.encode() + b"\n", 0o644)
+        write_atomically(self._dir("specs") / spec_digest, key.encode() + b"\n", 0o644)
 
     @contextlib.contextmanager
     def blob_lock(self, sha256: str, on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
@@ -198,7 +199,7 @@ class ArtifactCache:
         try:
             for p in placed:
                 self._place(p, staging)
-            _write_atomically(staging / MANIFEST, manifest.to_bytes(), 0o644)  # last: its presence means whole
+            write_atomically(staging / MANIFEST, manifest.to_bytes(), 0o644)  # last: its presence means whole
             target.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
             try:
                 os.rename(staging, target)
@@ -206,7 +207,7 @@ class ArtifactCache:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                     raise
             else:
-                _fsync_dir(target.parent)
+                fsync_dir(target.parent)
                 return target
         finally:
             if staging.exists():
@@ -255,21 +256,3 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-def _write_atomically(path: Path, data: bytes, mode: int) -> None:
-    temp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import BinaryIO
 
+from compilesvc.durable import fsync_dir
 from compilesvc.store.base import (
     BLOB_PREFIX,
     SHA256_RE,
@@ -42,14 +43,6 @@ from compilesvc.store.signing import check_filename, sign_blob_url
 STALE_TEMP_SECONDS = 24 * 3600
 TEMP_PREFIX = "w-"
 
-
-def _fsync_dir(path: Path) -> None:
-    # A new directory entry is durable only once its directory is synced.
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class LocalStore(ArtifactStore):
@@ -130,7 +123,7 @@ class LocalStore(ArtifactStore):
             return False
         except OSError as exc:
             raise StoreError(f"cannot write {target}: {exc}") from exc
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         return True
 
     # -- blobs ---------------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """``compilesvc fetch`` against a real API over HTTP: it never deletes or changes a user's file.
 
 The API (the real app over a SQLite ledger and a local store) serves on a real socket in a thread; its
-download URLs go through a TCP relay that can hold a download after its headers, so a fetch can be caught
-mid-download, SIGKILLed, or raced by a second fetch. ``compilesvc fetch`` runs as a subprocess.
+download URLs go through a TCP relay (:class:`tests.fixtures.relay.RecordingRelay`) that can hold a
+download after its headers, so a fetch can be caught mid-download, SIGKILLed, or raced by a second fetch.
+``compilesvc fetch`` runs as a subprocess.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -25,71 +25,17 @@ import pytest
 from werkzeug.serving import make_server
 
 from compilesvc.fetch_dest import MARKER
+from tests.fixtures.relay import RecordingRelay
 from tests.fixtures.tokens import make_token
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, spec_for
-
-
-class HoldingRelay:
-    """A TCP relay to ``upstream``; while ``holding``, each response stops after its headers until
-    :meth:`release` (how a slow or stalled download looks to the client)."""
-
-    def __init__(self, upstream: int):
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.holding = False
-        self.held = threading.Event()
-        self.released = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def hold(self) -> None:
-        self.holding, self.held, self.released = True, threading.Event(), threading.Event()
-
-    def release(self) -> None:
-        self.holding = False
-        self.released.set()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.upstream))
-            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, self.holding), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket, hold: bool) -> None:
-        seen = b""
-        try:
-            while data := source.recv(65536):
-                if hold and b"\r\n\r\n" in seen + data:
-                    _, _, body = (seen + data).partition(b"\r\n\r\n")
-                    sink.sendall(data[: len(data) - len(body)])
-                    self.held.set()
-                    self.released.wait(60)
-                    data, hold = body, False
-                seen = (seen + data)[-4:]
-                if data:
-                    sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.release()
-        self.listener.close()
 
 
 @dataclass
 class Served:
     env: Env
     base: str
-    relay: HoldingRelay
+    relay: RecordingRelay
     cache: Path  # the fetching host's artifact cache
 
     def publish(self, *, buckets: tuple[tuple[int, int], ...] = ((1, 8), (2, 8)), model: bytes = b"m") -> str:
@@ -105,7 +51,7 @@ class Served:
 def served(make_env: EnvFactory, sqlite_url: str, tmp_path: Path) -> Iterator[Served]:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    relay = HoldingRelay(port)
+    relay = RecordingRelay(port)
     env = make_env(sqlite_url, public_url=f"http://127.0.0.1:{relay.port}")
     server = make_server("127.0.0.1", port, env.app, threaded=True, fd=listener.fileno())
     thread = threading.Thread(target=server.serve_forever, daemon=True)
