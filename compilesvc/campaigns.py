@@ -16,6 +16,7 @@ built, hit, failed (with the compiler's error) and refused.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -33,6 +34,8 @@ from compilesvc.refusals import SubmitRefused
 from compilesvc.spec_parsing import SpecError
 from compilesvc.states import ArtifactState, BucketState, BuildState, CampaignState, Outcome
 from compilesvc.tokens import Principal
+
+log = logging.getLogger(__name__)
 
 ROLLFORWARD = "rollforward"
 #: The label every build of a campaign carries, so history filters find them (``label=campaign:<id>``).
@@ -145,6 +148,10 @@ def start(sessions: sessionmaker[Session], selection: Selection, submit: SubmitD
             build_id = submit(rolled_spec(candidate.spec, selection.to_sdk, campaign_id))
         except (SubmitRefused, ModelRefError, SpecError) as exc:
             refusal = refusal_text(exc)
+        except Exception as exc:  # the store or ledger failed mid-campaign: the item says so, the rest go on
+            log.exception("campaign submit failed", extra={"campaign_id": campaign_id,
+                                                           "source_key": candidate.artifact_key})
+            refusal = f"the submit failed ({type(exc).__name__}: {exc}); start the roll-forward again for it"
         with transaction(sessions) as session:
             item = session.get_one(CampaignItem, item_id)
             item.build_id, item.refusal = build_id, refusal

@@ -36,15 +36,9 @@ from compilesvc.bucket_compiles import BucketView, bucket_views, linked_buckets,
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
 from compilesvc.keys import KeySet, compute_keys, digest
-from compilesvc.ledger.models import (
-    Artifact,
-    ArtifactBucket,
-    BucketCompile,
-    Build,
-    Webhook,
-    utcnow,
-)
+from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, utcnow
 from compilesvc.ledger.sql import insert_ignore
+from compilesvc.ledger.webhooks import Webhook
 from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_manifest
 from compilesvc.model_pins import PinnedModel
 from compilesvc.outbox import enqueue_compile

@@ -41,16 +41,8 @@ from sqlalchemy import Table, insert, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.db import transaction
-from compilesvc.ledger.models import (
-    Artifact,
-    Build,
-    EventSubscription,
-    UTCDateTime,
-    Webhook,
-    WebhookAttempt,
-    WebhookDelivery,
-    utcnow,
-)
+from compilesvc.ledger.models import Artifact, Build, UTCDateTime, utcnow
+from compilesvc.ledger.webhooks import EventSubscription, Webhook, WebhookAttempt, WebhookDelivery
 from compilesvc.refusals import SubmitRefused
 from compilesvc.states import BuildState, ServiceEvent
 

@@ -16,7 +16,8 @@ from sqlalchemy import update
 
 from compilesvc.daemon import RelayLoop
 from compilesvc.db import transaction
-from compilesvc.ledger.models import WebhookDelivery, utcnow
+from compilesvc.ledger.models import utcnow
+from compilesvc.ledger.webhooks import WebhookDelivery
 from compilesvc.webhooks import ID_HEADER, verify
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, fail_build, spec_for

@@ -17,11 +17,11 @@ from compilesvc.spec_parsing import SpecError, parse_spec
 from compilesvc.tokens import Permission
 from web.auth import current_principal
 from web.context import WebContext, web
+from web.fleet_schemas import CampaignList, CampaignOut, RollforwardIn, RollforwardPlan
 from web.inputs import CampaignListQuery
 from web.openapi import operation
 from web.params import model_body, respond
 from web.problems import Problem
-from web.schemas import CampaignList, CampaignOut, RollforwardIn, RollforwardPlan
 
 bp = Blueprint("campaigns", __name__, url_prefix="/v1/campaigns")
 

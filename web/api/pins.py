@@ -14,10 +14,10 @@ from compilesvc.ledger.sql import insert_ignore
 from compilesvc.tokens import Permission
 from web.auth import current_principal
 from web.context import web
+from web.fleet_schemas import PinCreate, PinList, PinOut
 from web.openapi import operation
 from web.params import model_body, respond
 from web.problems import Problem
-from web.schemas import PinCreate, PinList, PinOut
 
 bp = Blueprint("pins", __name__, url_prefix="/v1/pins")
 

@@ -11,16 +11,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from compilesvc.db import transaction
-from compilesvc.ledger.models import EventSubscription, WebhookDelivery
 from compilesvc.ledger.sql import insert_ignore
+from compilesvc.ledger.webhooks import EventSubscription, WebhookDelivery
 from compilesvc.tokens import Permission
 from compilesvc.webhooks import check_url
 from web.auth import current_principal
 from web.context import web
+from web.fleet_schemas import SubscriptionCreate, SubscriptionList, SubscriptionOut
 from web.openapi import operation
 from web.params import model_body, respond
 from web.problems import Problem
-from web.schemas import SubscriptionCreate, SubscriptionList, SubscriptionOut
 
 bp = Blueprint("subscriptions", __name__, url_prefix="/v1/subscriptions")
 RECENT = 20

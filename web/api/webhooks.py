@@ -6,7 +6,8 @@ from __future__ import annotations
 from flask import Blueprint, Response, g
 from sqlalchemy import select
 
-from compilesvc.ledger.models import Build, Webhook, WebhookAttempt, WebhookDelivery
+from compilesvc.ledger.models import Build
+from compilesvc.ledger.webhooks import Webhook, WebhookAttempt, WebhookDelivery
 from compilesvc.tokens import Permission
 from web.context import web
 from web.openapi import operation
