@@ -61,7 +61,7 @@ def bucket_sets(draw: st.DrawFn) -> tuple[list[B], dict[str, Shape]]:
     return buckets, request
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(bucket_sets())
 def test_select_agrees_with_the_brute_force_reference(case: tuple[list[B], dict[str, Shape]]) -> None:
     buckets, request = case
