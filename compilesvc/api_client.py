@@ -49,14 +49,15 @@ def _api_error(status: int, body: bytes) -> ApiError:
     return ApiError(text, status, problem)
 
 
-def _backoff(attempt: int) -> float:
+def backoff(attempt: int) -> float:
+    """Seconds before retry ``attempt + 1`` of a failed request: 0.5, 1, 2, 4, then 8."""
     return float(min(0.5 * 2**attempt, 8.0))
 
 
 def _retry_after(exc: urllib.error.HTTPError, attempt: int) -> float:
     """The server's Retry-After (seconds, at most a minute), else the backoff."""
     value = exc.headers.get("Retry-After", "") if exc.headers else ""
-    return float(min(int(value), 60)) if value.isdigit() else _backoff(attempt)
+    return float(min(int(value), 60)) if value.isdigit() else backoff(attempt)
 
 
 class Api:
@@ -105,7 +106,7 @@ class Api:
                 if attempt == self.retries:
                     reason = getattr(exc, "reason", exc)
                     raise ApiError(f"cannot reach the API at {self.base}: {reason}") from None
-                time.sleep(_backoff(attempt))
+                time.sleep(backoff(attempt))
         raise AssertionError("unreachable")
 
 

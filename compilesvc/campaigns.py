@@ -128,7 +128,7 @@ def start(sessions: sessionmaker[Session], selection: Selection, submit: SubmitD
     with transaction(sessions) as session:
         found = candidates(session, selection)
         campaign = Campaign(kind=ROLLFORWARD, from_sdk=selection.from_sdk, to_sdk=selection.to_sdk,
-                            selection=selection.to_json(), state=CampaignState.RUNNING, total=len(found),
+                            selection=selection.to_json(), state=CampaignState.RUNNING,
                             created_by=principal.owner if principal else None,
                             team=principal.team if principal else None,
                             token_id=principal.token_id if principal else None)
@@ -205,7 +205,7 @@ class Progress:
 
 
 def progress(session: Session, campaign: Campaign) -> Progress:
-    out = Progress(total=campaign.total)
+    out = Progress()
     rows = session.execute(
         select(CampaignItem.source_key, CampaignItem.refusal, CampaignItem.build_id, Build.state, Build.outcome,
                Build.artifact_key, Build.artifact_id)
@@ -214,6 +214,7 @@ def progress(session: Session, campaign: Campaign) -> Progress:
     ).all()
     failed_ids = [row.artifact_id for row in rows if row.state == BuildState.FAILED]
     errors = _first_failures(session, failed_ids)
+    out.total = len(rows)
     for row in rows:
         item: dict[str, Any] = {"source_key": row.source_key, "build_id": row.build_id, "state": row.state,
                                 "outcome": row.outcome, "artifact_key": row.artifact_key, "refusal": row.refusal}

@@ -77,9 +77,13 @@ def _open(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, veri
     except (FleetError, CacheError) as exc:
         raise CommandFailed(str(exc)) from None
     except OSError as exc:
-        where = f" {exc.filename}" if exc.filename else ""
-        raise CommandFailed(f"the cache cannot be written{where}: {exc.strerror or exc}") from None
+        raise _cannot("the cache cannot be written", exc) from None
     return artifact.report
+
+
+def _cannot(what: str, exc: OSError) -> CommandFailed:
+    where = f" {exc.filename}" if exc.filename else ""
+    return CommandFailed(f"{what}{where}: {exc.strerror or exc}")
 
 
 def _copy_out(report: FetchReport, placed: list[Placed], staging: fetch_dest.Staging) -> None:
@@ -169,8 +173,7 @@ def fetch(key: str | None, spec_path: Path | None, dest: Path | None, replace: b
         except (fetch_dest.DestBusy, CacheError) as exc:
             raise CommandFailed(str(exc)) from None
         except OSError as exc:
-            where = f" {exc.filename}" if exc.filename else ""
-            raise CommandFailed(f"cannot write{where}: {exc.strerror or exc}") from None
+            raise _cannot("cannot write", exc) from None
         directory = dest
     if as_json:
         click.echo(json.dumps(_document(report, directory), indent=1))

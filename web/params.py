@@ -16,7 +16,7 @@ from flask import Response, current_app, request
 from pydantic import BaseModel, ValidationError
 
 from compilesvc.spec import CompileSpec
-from compilesvc.spec_parsing import SpecError, parse_spec, validation_errors
+from compilesvc.spec_parsing import SpecError, parse_for_service, validation_errors
 from web.context import web
 from web.problems import Problem
 
@@ -178,8 +178,7 @@ def parse_spec_text(text: str) -> CompileSpec:
     try:
         # The service's bounds on elements per input and bucket: a shape no compiler can allocate is a 422
         # here, not three failed compile attempts.
-        settings = web().settings
-        return parse_spec(data, settings.element_limits, settings.extra_flags)
+        return parse_for_service(data, web().settings)
     except SpecError as exc:
         raise Problem("spec-invalid", str(exc), errors=exc.errors) from None
     except RecursionError:

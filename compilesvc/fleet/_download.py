@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from compilesvc.api_client import backoff
 from compilesvc.manifest import FileEntry
 
 CHUNK = 1024 * 1024
@@ -41,10 +42,6 @@ class Transfer:
 
     received: int = 0
     resumed_from: int = 0
-
-
-def _backoff(attempt: int) -> float:
-    return float(min(0.5 * 2**attempt, 8.0))
 
 
 def download(url: Callable[[bool], str], partial: Path, entry: FileEntry, *,
@@ -109,7 +106,7 @@ def download(url: Callable[[bool], str], partial: Path, entry: FileEntry, *,
                 link = url(True)
                 continue
             if exc.code in (429, 500, 502, 503, 504) and failures < RETRIES:
-                time.sleep(_backoff(failures))
+                time.sleep(backoff(failures))
                 failures += 1
                 continue
             raise DownloadError(f"{entry.path}: HTTP {exc.code} {exc.reason}") from None
@@ -117,7 +114,7 @@ def download(url: Callable[[bool], str], partial: Path, entry: FileEntry, *,
             if failures >= RETRIES:
                 raise DownloadError(f"{entry.path}: {getattr(exc, 'reason', exc)} (after {failures} retries; "
                                     f"the {have} bytes received are kept for the next try)") from None
-            time.sleep(_backoff(failures))
+            time.sleep(backoff(failures))
             failures += 1
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from compilesvc.ledger.models import Base, BigId, Json, utcnow
@@ -31,7 +31,6 @@ class Campaign(Base):
     created_by: Mapped[str | None] = mapped_column(String(255))
     team: Mapped[str | None] = mapped_column(String(255))
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"))
-    total: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 

@@ -32,7 +32,6 @@ def upgrade() -> None:
     sa.Column('created_by', sa.String(length=255), nullable=True),
     sa.Column('team', sa.String(length=255), nullable=True),
     sa.Column('token_id', BIG_ID, nullable=True),
-    sa.Column('total', sa.Integer(), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint("state IN ('running', 'finished')", name=op.f('ck_campaigns_state')),

@@ -7,13 +7,13 @@ from typing import Any
 
 from flask import Blueprint, Response
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from compilesvc import campaigns
 from compilesvc.ledger.campaigns import Campaign
 from compilesvc.ledger.models import Artifact
 from compilesvc.model_pins import ModelRefError
-from compilesvc.spec import CompileSpec
-from compilesvc.spec_parsing import SpecError, parse_spec
+from compilesvc.spec_parsing import SpecError, parse_for_service
 from compilesvc.tokens import Permission
 from web.auth import current_principal
 from web.context import WebContext, web
@@ -26,9 +26,8 @@ from web.problems import Problem
 bp = Blueprint("campaigns", __name__, url_prefix="/v1/campaigns")
 
 
-def campaign_json(ctx: WebContext, campaign: Campaign) -> dict[str, Any]:
-    with ctx.services.sessions() as session:
-        progress = campaigns.progress(session, campaign)
+def campaign_json(ctx: WebContext, session: Session, campaign: Campaign) -> dict[str, Any]:
+    progress = campaigns.progress(session, campaign)
     counts = {name: getattr(progress, name) for name in
               ("total", "submitted", "building", "built", "hit", "failed", "cancelled", "refused")}
     return {"id": campaign.id, "kind": campaign.kind, "from_sdk": campaign.from_sdk, "to_sdk": campaign.to_sdk,
@@ -38,16 +37,7 @@ def campaign_json(ctx: WebContext, campaign: Campaign) -> dict[str, Any]:
             "url": ctx.url(f"/v1/campaigns/{campaign.id}")}
 
 
-def _parser(ctx: WebContext) -> Any:
-    settings = ctx.settings
-
-    def parse(document: dict[str, Any]) -> CompileSpec:
-        return parse_spec(document, settings.element_limits, settings.extra_flags)
-    return parse
-
-
 def _plan(ctx: WebContext, selection: campaigns.Selection) -> dict[str, Any]:
-    parse = _parser(ctx)
     with ctx.services.sessions() as session:
         found = campaigns.candidates(session, selection)
     items = []
@@ -56,7 +46,8 @@ def _plan(ctx: WebContext, selection: campaigns.Selection) -> dict[str, Any]:
                                 "model_name": candidate.model_name, "target": candidate.target,
                                 "key": None, "state": None, "refusal": None}
         try:
-            _, keys = ctx.submitter.keys_for(parse(campaigns.rolled_spec(candidate.spec, selection.to_sdk, None)))
+            document = campaigns.rolled_spec(candidate.spec, selection.to_sdk, None)
+            _, keys = ctx.submitter.keys_for(parse_for_service(document, ctx.settings))
         except (SpecError, ModelRefError) as exc:
             item["refusal"] = campaigns.refusal_text(exc)
         else:
@@ -86,15 +77,14 @@ def rollforward() -> Response:
     if asked.dry_run:
         return respond(RollforwardPlan, _plan(ctx, selection))
     principal = current_principal()
-    parse = _parser(ctx)
 
     def submit(document: dict[str, Any]) -> int:
-        return ctx.submitter.submit(parse(document), principal=principal, queue_anyway=asked.queue_anyway).build_id
+        spec = parse_for_service(document, ctx.settings)
+        return ctx.submitter.submit(spec, principal=principal, queue_anyway=asked.queue_anyway).build_id
 
     campaign_id = campaigns.start(ctx.services.sessions, selection, submit, principal)
     with ctx.services.sessions() as session:
-        campaign = session.get_one(Campaign, campaign_id)
-    body = campaign_json(ctx, campaign)
+        body = campaign_json(ctx, session, session.get_one(Campaign, campaign_id))
     return respond(CampaignOut, body, 201, headers={"Location": body["url"]})
 
 
@@ -104,8 +94,8 @@ def rollforward() -> Response:
 def list_campaigns(query: CampaignListQuery) -> Response:
     ctx = web()
     with ctx.services.sessions() as session:
-        rows = list(session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(query.limit)))
-    return respond(CampaignList, {"items": [campaign_json(ctx, row) for row in rows]})
+        rows = session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(query.limit))
+        return respond(CampaignList, {"items": [campaign_json(ctx, session, row) for row in rows]})
 
 
 @bp.get("/<ledger_id:campaign_id>")
@@ -115,6 +105,6 @@ def get_campaign(campaign_id: int) -> Response:
     ctx = web()
     with ctx.services.sessions() as session:
         campaign = session.get(Campaign, campaign_id)
-    if campaign is None:
-        raise Problem("campaign-not-found", f"no campaign {campaign_id}")
-    return respond(CampaignOut, campaign_json(ctx, campaign))
+        if campaign is None:
+            raise Problem("campaign-not-found", f"no campaign {campaign_id}")
+        return respond(CampaignOut, campaign_json(ctx, session, campaign))
