@@ -18,7 +18,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from compilesvc import events
+from compilesvc import events, provenance
 from compilesvc.artifacts import set_artifact_state
 from compilesvc.bucket_compiles import linked_buckets, requeue_bucket
 from compilesvc.db import transaction
@@ -98,6 +98,7 @@ def retry_build(services: Services, build_id: int, principal: Principal | None =
             raise NotRetryable(f"build {build_id} is still building and nothing in it failed")
         outbox_ids = [requeue_bucket(session, b, f"retry of build {build_id}", reset_attempts=True)
                       for b in retryable]
+        provenance.mark_compiled(session, build, [b.id for b in retryable])
         for bucket in buckets:
             if bucket.state == BucketState.RUNNING and bucket.cancel_requested:
                 bucket.cancel_requested = False

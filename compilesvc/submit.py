@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from compilesvc import events, idempotency
+from compilesvc import events, idempotency, provenance
 from compilesvc.admission import admit, will_compile
 from compilesvc.artifacts import (
     PublishedManifests,
@@ -32,7 +32,7 @@ from compilesvc.artifacts import (
     read_manifest,
     set_artifact_state,
 )
-from compilesvc.bucket_compiles import BucketView, bucket_views, linked_buckets, requeue_bucket
+from compilesvc.bucket_compiles import BucketView, bucket_views, linked_buckets, positioned_buckets, requeue_bucket
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
 from compilesvc.keys import KeySet, compute_keys, digest
@@ -227,7 +227,7 @@ class Submitter:
                 artifact.size_bytes = manifest.size_bytes
                 artifact.published_at = utcnow()
                 events.record(session, "artifact", artifact.id, None, ArtifactState.PUBLISHED, source="store")
-                self._link_buckets(session, ctx, artifact, imported)
+                self._link_buckets(session, ctx, artifact, imported, set())
             build_id = self._require_build(self._add_build(
                 session, ctx, ctx.build_record(artifact.id, artifact.key, artifact.state, Outcome.HIT)))
             return SubmitResult(build_id=build_id, outcome=Outcome.HIT, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
@@ -255,22 +255,26 @@ class Submitter:
             artifact_id = insert_ignore(session, Artifact, ctx.artifact_row(ArtifactState.BUILDING), ["key"])
             # Lock the row: finishing workers, cancels and other submits serialize on it.
             artifact = session.scalars(select(Artifact).where(Artifact.key == ctx.keys.key).with_for_update()).one()
+            queued: set[int] = set()  # the compiles this submit queues: this build's own
             if artifact_id is not None:
                 outcome = Outcome.NEW
                 events.record(session, "artifact", artifact.id, None, ArtifactState.BUILDING)
-                outbox_ids = self._link_buckets(session, ctx, artifact, imported)
+                outbox_ids = self._link_buckets(session, ctx, artifact, imported, queued)
             elif artifact.state == ArtifactState.PUBLISHED:
                 outcome = Outcome.HIT
             elif artifact.state == ArtifactState.BUILDING:
                 outcome = Outcome.JOIN
             else:  # failed, cancelled or deleted: reopen unless a bucket failed for good (negative cache)
                 outcome = Outcome.JOIN
-                outbox_ids = self._reopen(session, artifact, ctx)
+                outbox_ids = self._reopen(session, artifact, ctx, queued)
             self._settle(session, artifact)
+            got = provenance.at_submit(
+                (bucket for bucket, _ in positioned_buckets(session, artifact.id)), queued)
             build_id = self._add_build(
-                session, ctx, ctx.build_record(artifact.id, artifact.key, artifact.state, outcome))
+                session, ctx, ctx.build_record(artifact.id, artifact.key, artifact.state, outcome, provenance=got))
             if build_id is None:
                 raise _IdempotencyRace  # rolls the whole transaction back
+            provenance.record_origin(session, build_id, sorted(queued))
             result = SubmitResult(build_id=build_id, outcome=outcome, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
                                   artifact_key=artifact.key, artifact_state=artifact.state,
                                   # States only (for `finalize`): the answer is read again after commit.
@@ -280,7 +284,7 @@ class Submitter:
         return result, outbox_ids, finalize
 
     def _link_buckets(self, session: Session, ctx: SubmitContext, artifact: Artifact,
-                      imported: dict[str, BucketManifest]) -> list[int]:
+                      imported: dict[str, BucketManifest], queued: set[int]) -> list[int]:
         """Create (or reuse) one bucket compile per unique bucket key and link it to the artifact."""
         outbox_ids = []
         positions: dict[str, int] = {}
@@ -299,15 +303,17 @@ class Submitter:
                               source="store" if manifest else "submit")
                 if bucket.state == BucketState.QUEUED:
                     outbox_ids.append(enqueue_compile(session, bucket).id)
+                    queued.add(bucket.id)
             elif will_compile(bucket.state, bucket.error_class):
                 outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True,
                                                  model=ctx.model_row))
+                queued.add(bucket.id)
             session.add(ArtifactBucket(artifact_id=artifact.id, bucket_compile_id=bucket.id,
                                        position=positions[key]))
         session.flush()
         return outbox_ids
 
-    def _reopen(self, session: Session, artifact: Artifact, ctx: SubmitContext) -> list[int]:
+    def _reopen(self, session: Session, artifact: Artifact, ctx: SubmitContext, queued: set[int]) -> list[int]:
         buckets = linked_buckets(session, artifact.id)
         failed = [b for b in buckets if b.state == BucketState.FAILED and b.error_class in NEGATIVELY_CACHED]
         if failed:
@@ -321,6 +327,7 @@ class Submitter:
             if will_compile(bucket.state, bucket.error_class):
                 outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True,
                                                  model=ctx.model_row))
+                queued.add(bucket.id)
             elif bucket.state == BucketState.RUNNING and bucket.cancel_requested:
                 bucket.cancel_requested = False  # still running: let it finish for the new build
         set_artifact_state(session, artifact, ArtifactState.BUILDING, reason="resubmitted")

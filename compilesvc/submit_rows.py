@@ -13,6 +13,7 @@ from compilesvc.keys import KeySet
 from compilesvc.ledger.models import utcnow
 from compilesvc.manifest import BucketManifest
 from compilesvc.model_pins import PinnedModel
+from compilesvc.provenance import reused_count
 from compilesvc.spec import CompileSpec
 from compilesvc.states import BUILD_STATE_FOR_ARTIFACT, ArtifactState, BucketState
 from compilesvc.tokens import Principal
@@ -65,7 +66,10 @@ class SubmitContext:
                        compile_seconds=manifest.compile_seconds, finished_at=now)
         return row
 
-    def build_record(self, artifact_id: int, artifact_key: str, artifact_state: str, outcome: str) -> BuildRecord:
+    def build_record(self, artifact_id: int, artifact_key: str, artifact_state: str, outcome: str, *,
+                     provenance: dict[str, dict[str, Any]] | None = None) -> BuildRecord:
+        """The build row; ``provenance`` is how it got each bucket (:mod:`compilesvc.provenance`), None for a
+        hit, which reused every one of them."""
         now = utcnow()
         principal = self.principal
         row = {
@@ -79,5 +83,7 @@ class SubmitContext:
             "backend": self.spec.backend, "idempotency_key": self.idempotency_key,
             "request_hash": self.request_hash, "created_at": now,
             "finished_at": now if artifact_state != ArtifactState.BUILDING else None,
+            "provenance": provenance,
+            "buckets_reused": len(self.keys.bucket_keys) if provenance is None else reused_count(provenance),
         }
         return BuildRecord(row=row, labels=dict(self.spec.labels), detail={"outcome": outcome})

@@ -145,6 +145,8 @@ class BucketCompile(Base):
     compile_seconds: Mapped[float | None] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(doc="When retention marked its files deleted.")
+    origin_build_id: Mapped[int | None] = mapped_column(
+        BigInteger, doc="The build whose submit or retry last queued it (compilesvc.provenance).")
 
     __table_args__ = (
         # The reaper's scan: running compiles whose lease ran out.
@@ -188,6 +190,10 @@ class Build(Base):
     team: Mapped[str | None] = mapped_column(String(255), doc="The submitting token's team: who may control it.")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
+    buckets_reused: Mapped[int | None] = mapped_column(
+        Integer, doc="How many of its buckets were compiled before it was submitted (all, for a hit).")
+    provenance: Mapped[dict[str, Any] | None] = mapped_column(
+        Json, doc="Per bucket compile id: how this build got it and from which build (compilesvc.provenance).")
 
     __table_args__ = (
         # Keyset-paginated history: newest first by id, optionally filtered by one column.

@@ -1,0 +1,33 @@
+"""provenance: which build queued each bucket compile, and per build how it got each bucket (compiled,
+joined, reused, a remembered failure, imported) and how many it reused
+
+Revision ID: 0013_provenance
+Revises: 0012_event_subscriptions
+Create Date: 2026-11-25 18:30:00.000000
+"""
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision: str = '0013_provenance'
+down_revision: str | None = '0012_event_subscriptions'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('bucket_compiles', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('origin_build_id', sa.BigInteger(), nullable=True))
+    with op.batch_alter_table('builds', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('buckets_reused', sa.Integer(), nullable=True))
+        batch_op.add_column(sa.Column('provenance', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('builds', schema=None) as batch_op:
+        batch_op.drop_column('provenance')
+        batch_op.drop_column('buckets_reused')
+    with op.batch_alter_table('bucket_compiles', schema=None) as batch_op:
+        batch_op.drop_column('origin_build_id')

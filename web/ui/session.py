@@ -1,0 +1,45 @@
+"""Signing in and out: a token pasted into the login form becomes a session cookie (:mod:`web.auth` makes
+and re-checks it); login itself is CSRF-protected, and ``next`` is never an open redirect."""
+
+from __future__ import annotations
+
+from flask import redirect, render_template, request, session, url_for
+from werkzeug.wrappers import Response as WerkzeugResponse
+
+from compilesvc.tokens import Permission
+from web import auth
+from web.context import web
+from web.ui import bp
+
+
+def _local_path(target: str | None) -> str:
+    """Where to go after logging in: a path on this site only (never an open redirect)."""
+    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return url_for("ui.history")
+
+
+@bp.route("/login", methods=["GET", "POST"])
+@auth.access(auth.PUBLIC)
+def login() -> WerkzeugResponse | tuple[str, int]:
+    next_path = _local_path(request.values.get("next"))
+    if request.method == "GET":
+        return render_template("login.html", next=next_path, error=None), 200
+    auth.check_csrf()  # login CSRF: a foreign page must not log the browser in as someone else
+    principal = web().tokens.by_secret(request.form.get("token", "").strip())
+    if principal is None:
+        return render_template("login.html", next=next_path, error=auth.INVALID_TOKEN), 401
+    if not principal.allows(Permission.READ):
+        return render_template("login.html", next=next_path,
+                               error="this token cannot browse builds (it needs the read scope)"), 403
+    auth.start_session(principal)
+    return redirect(next_path, 303)
+
+
+@bp.post("/logout")
+@auth.access(auth.PUBLIC)
+def logout() -> WerkzeugResponse:
+    if session.get("tid") is not None:
+        auth.check_csrf()
+    session.clear()
+    return redirect(url_for("ui.login"), 303)
