@@ -37,6 +37,13 @@ class BucketView:
     finished_at: datetime | None
     compile_seconds: float | None
     failures: tuple[Failure, ...] = ()
+    compile_id: int | None = None
+    queued_at: datetime | None = None
+    origin_build_id: int | None = None  # the build that queued it last (compilesvc.provenance)
+
+    @property
+    def id(self) -> int | None:
+        return self.compile_id
 
     @classmethod
     def of(cls, bucket: BucketCompile, position: int, history: Sequence[Failure] = ()) -> BucketView:
@@ -44,7 +51,8 @@ class BucketView:
                    attempts=bucket.attempts, error_class=bucket.error_class, error_code=bucket.error_code,
                    error_message=bucket.error_message, worker_id=bucket.worker_id,
                    started_at=bucket.started_at, finished_at=bucket.finished_at,
-                   compile_seconds=bucket.compile_seconds, failures=tuple(history))
+                   compile_seconds=bucket.compile_seconds, failures=tuple(history), compile_id=bucket.id,
+                   queued_at=bucket.queued_at, origin_build_id=bucket.origin_build_id)
 
 
 def positioned_buckets(session: Session, artifact_id: int) -> list[tuple[BucketCompile, int]]:

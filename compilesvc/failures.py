@@ -36,6 +36,14 @@ class Phase:
 
 
 @dataclass(frozen=True)
+class ArchivedLog:
+    """A failed attempt's whole compile log, stored as a content-addressed blob by the worker."""
+
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
 class Failure:
     attempt: int
     at: datetime
@@ -44,14 +52,16 @@ class Failure:
     code: str | None
     message: str | None
     retry: bool
+    log: ArchivedLog | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "at": self.at, "phase": self.phase, "error_class": self.error_class,
-                "code": self.code, "message": self.message, "retried": self.retry}
+                "code": self.code, "message": self.message, "retried": self.retry,
+                "log_sha256": self.log.sha256 if self.log else None, "log_size": self.log.size if self.log else None}
 
 
 def record(session: Session, bucket_compile_id: int, attempt: int, phase: str, error_class: ErrorClass | str,
-           code: str | None, message: str | None, *, retry: bool) -> None:
+           code: str | None, message: str | None, *, retry: bool, log: ArchivedLog | None = None) -> None:
     """Add a failure to the history, in the current transaction."""
     # The round is read from the compile in the same statement: every caller records under the row lock
     # that also decides the round.
@@ -61,6 +71,7 @@ def record(session: Session, bucket_compile_id: int, attempt: int, phase: str, e
         "bucket_compile_id": bucket_compile_id, "attempt": attempt, "at": utcnow(), "phase": phase,
         "error_class": str(ErrorClass(error_class)), "code": code,
         "message": None if message is None else message[:MAX_MESSAGE], "retry": retry,
+        "log_sha256": log.sha256 if log else None, "log_size": log.size if log else None,
     })
 
 
@@ -88,4 +99,5 @@ def of_buckets(session: Session, bucket_compile_ids: Iterable[int]) -> dict[int,
 
 def _failure(row: BucketFailure) -> Failure:
     return Failure(attempt=row.attempt, at=row.at, phase=row.phase, error_class=row.error_class, code=row.code,
-                   message=row.message, retry=row.retry)
+                   message=row.message, retry=row.retry,
+                   log=ArchivedLog(row.log_sha256, row.log_size or 0) if row.log_sha256 else None)

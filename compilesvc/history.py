@@ -40,7 +40,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
 from sqlalchemy.sql.elements import ColumnElement
 
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, BuildLabel, Event
-from compilesvc.states import BuildState
+from compilesvc.states import BucketState, BuildState
 
 __all__ = [
     "BUILD_STATES",
@@ -56,6 +56,7 @@ __all__ = [
     "count_by_state",
     "decode_cursor",
     "encode_cursor",
+    "failure_of_artifacts",
     "get_build_detail",
     "list_builds",
     "list_statement",
@@ -349,3 +350,30 @@ def get_build_detail(session: Session, build_id: int, *, event_limit: int = DETA
     )
     newest_events.reverse()
     return BuildDetail(build=build, artifact=artifact, buckets=buckets, events=newest_events)
+
+
+@dataclass(frozen=True)
+class FailureSummary:
+    """Why a set failed, in a line: its first failed bucket (by position) and that compile's last error."""
+
+    position: int
+    error_class: str | None
+    error_code: str | None
+    error_message: str | None
+
+
+def failure_of_artifacts(session: Session, artifact_ids: Sequence[int]) -> dict[int, FailureSummary]:
+    """The first failed bucket of each of these artifacts (a history page's failed builds), in one query."""
+    if not artifact_ids:
+        return {}
+    rows = session.execute(
+        select(ArtifactBucket.artifact_id, ArtifactBucket.position, BucketCompile.error_class,
+               BucketCompile.error_code, BucketCompile.error_message)
+        .join(BucketCompile, BucketCompile.id == ArtifactBucket.bucket_compile_id)
+        .where(ArtifactBucket.artifact_id.in_(sorted(set(artifact_ids))), BucketCompile.state == BucketState.FAILED)
+        .order_by(ArtifactBucket.artifact_id, ArtifactBucket.position)
+    ).all()
+    found: dict[int, FailureSummary] = {}
+    for artifact_id, position, error_class, error_code, error_message in rows:
+        found.setdefault(artifact_id, FailureSummary(position, error_class, error_code, error_message))
+    return found

@@ -30,7 +30,7 @@ from compilesvc import events, failures
 from compilesvc.artifacts import fail_artifacts_of_bucket
 from compilesvc.bucket_compiles import requeue_bucket
 from compilesvc.config import DEFAULT_UNKNOWN_FAILURE_RETRIES
-from compilesvc.failures import Phase
+from compilesvc.failures import ArchivedLog, Phase
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, BucketFailure, utcnow
 from compilesvc.states import RETRIED, ArtifactState, BucketState, ErrorClass
 
@@ -180,7 +180,7 @@ def _lock_artifacts(session: Session, bucket_id: int) -> list[Artifact]:
 
 def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass | str, code: str | None,
          message: str | None, *, phase: str = Phase.COMPILE, backoff_seconds: float = 0.0,
-         unknown_retries: int = DEFAULT_UNKNOWN_FAILURE_RETRIES) -> Outcome | None:
+         unknown_retries: int = DEFAULT_UNKNOWN_FAILURE_RETRIES, archived: ArchivedLog | None = None) -> Outcome | None:
     """Record a failed attempt; None when the lease was lost.
 
     - ``compile`` / ``bad_request``: final. The compile stays failed (the negative cache) and so do the sets
@@ -195,7 +195,8 @@ def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass |
     - ``cancelled``: cancelled, unless someone still wants the compile (a submit reopened a set
       containing it while the cancel was in flight), in which case it is requeued.
 
-    Every failure is added to the compile's history (:mod:`compilesvc.failures`). The token check and the
+    Every failure is added to the compile's history (:mod:`compilesvc.failures`), with the attempt's
+    ``archived`` log when the worker stored it. The token check and the
     write happen under one row lock, so they are as atomic as a conditional UPDATE; the lock is taken
     after those of the artifacts (see :func:`_lock_artifacts`).
     """
@@ -211,7 +212,7 @@ def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass |
     if bucket is None:
         return None
     return _settle_attempt(session, bucket, artifacts, error_class, code, message, phase=phase,
-                           backoff_seconds=backoff_seconds, unknown_retries=unknown_retries)
+                           backoff_seconds=backoff_seconds, unknown_retries=unknown_retries, archived=archived)
 
 
 def expire(session: Session, bucket_id: int) -> Outcome | None:
@@ -267,7 +268,7 @@ def _earlier_unknown_failures(session: Session, bucket: BucketCompile) -> int:
 
 def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Artifact], error_class: ErrorClass,
                     code: str | None, message: str | None, *, phase: str, backoff_seconds: float,
-                    unknown_retries: int, reason: str | None = None) -> Outcome:
+                    unknown_retries: int, reason: str | None = None, archived: ArchivedLog | None = None) -> Outcome:
     wanted = any(a.state == ArtifactState.BUILDING for a in artifacts)
     attempt = bucket.attempts
     if error_class == ErrorClass.CANCELLED and (wanted or not bucket.cancel_requested):
@@ -288,7 +289,7 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
         message_of_record = (f"no diagnosis after {retried_unknowns + 1} unknown failure(s) "
                              f"({retried_unknowns} retried; attempt {attempt} of {bucket.max_attempts}): {message}")
     if error_class != ErrorClass.CANCELLED:
-        failures.record(session, bucket.id, attempt, phase, error_class, code, message, retry=retry)
+        failures.record(session, bucket.id, attempt, phase, error_class, code, message, retry=retry, log=archived)
     if retry:
         outbox_id = requeue_bucket(
             session, bucket, reason or f"{error_class} error, attempt {attempt} of {bucket.max_attempts}",

@@ -54,3 +54,31 @@ def read_build_logs(session: Session, build_id: int, after: int = 0, limit: int 
         .limit(limit)
     ).all()
     return [LogEntry(*row) for row in rows]
+
+
+def tail_after(session: Session, build_id: int, lines: int) -> int:
+    """The ``after`` from which :func:`read_build_logs` returns a build's last ``lines`` lines (0 when it has
+    fewer): a page opens on the tail of a long compile log instead of reading it all."""
+    artifact_id = select(Build.artifact_id).where(Build.id == build_id).scalar_subquery()
+    found = session.scalar(
+        select(LogLine.id)
+        .join(ArtifactBucket, ArtifactBucket.bucket_compile_id == LogLine.bucket_compile_id)
+        .where(ArtifactBucket.artifact_id == artifact_id)
+        .order_by(LogLine.id.desc())
+        .offset(lines)
+        .limit(1)
+    )
+    return found or 0
+
+
+def bucket_tail(session: Session, bucket_compile_id: int, attempt: int, limit: int,
+                stream: str = "compiler") -> list[str]:
+    """The last ``limit`` lines one attempt of a compile printed on ``stream``, oldest first (a failure's
+    compiler output, beside the one-line message that was kept)."""
+    rows = session.scalars(
+        select(LogLine.line)
+        .where(LogLine.bucket_compile_id == bucket_compile_id, LogLine.attempt == attempt, LogLine.stream == stream)
+        .order_by(LogLine.id.desc())
+        .limit(limit)
+    ).all()
+    return list(reversed(rows))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
@@ -95,13 +95,23 @@ def mark_compiled(session: Session, build: Build, bucket_ids: Sequence[int]) -> 
     build.buckets_reused = reused_count(provenance)
 
 
-def origins(build: Build, buckets: Iterable[BucketCompile]) -> dict[int, Origin]:
+class _Compile(Protocol):
+    @property
+    def id(self) -> int | None: ...
+
+    @property
+    def origin_build_id(self) -> int | None: ...
+
+
+def origins(build: Build, buckets: Iterable[_Compile]) -> dict[int, Origin]:
     """Each bucket's origin for ``build``, by bucket compile id. A cache hit records no provenance: it reused
     every bucket from whichever build compiled it (or imported it, when no build of this ledger did)."""
     recorded = build.provenance or {}
     hit = build.outcome == Outcome.HIT
     found: dict[int, Origin] = {}
     for bucket in buckets:
+        if bucket.id is None:
+            continue
         entry = recorded.get(str(bucket.id))
         if entry is not None:
             found[bucket.id] = Origin(How(entry["how"]), entry.get("from_build"))

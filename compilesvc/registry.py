@@ -12,14 +12,16 @@ lease (:mod:`compilesvc.leases`), and the reaper recovers it when that lease run
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from compilesvc.ledger.models import Worker, utcnow
+from compilesvc.ledger.models import BucketCompile, Worker, utcnow
 from compilesvc.ledger.sql import upsert
+from compilesvc.states import BucketState
 
 
 def register(session: Session, worker_id: str, hostname: str, capabilities: dict[str, Any],
@@ -68,3 +70,65 @@ def stale_workers(session: Session, stale_seconds: int) -> list[Worker]:
 
 def live_queues(session: Session, stale_seconds: int) -> set[str]:
     return {queue for worker in live_workers(session, stale_seconds) for queue in worker.queues}
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """One queue: its live consumers and the compiles waiting on it or running from it."""
+
+    name: str
+    live_workers: int
+    queued: int
+    running: int
+    oldest_queued_at: datetime | None
+
+    @property
+    def unserved(self) -> bool:
+        """Work is waiting and no live worker reads the queue: it waits until one registers."""
+        return self.live_workers == 0 and self.queued > 0
+
+
+@dataclass(frozen=True)
+class RunningCompile:
+    compile_id: int
+    worker_id: str
+    build_id: int | None  # the build that queued it
+    inputs: list[Any]
+    target: str
+    sdk: str
+    started_at: datetime | None
+    attempts: int
+
+
+def queue_depths(session: Session, live: Sequence[Worker]) -> list[QueueDepth]:
+    """Every queue that has a live consumer or compiles queued or running, by name."""
+    consumers: dict[str, int] = {}
+    for worker in live:
+        for name in worker.queues:
+            consumers[name] = consumers.get(name, 0) + 1
+    counts: dict[str, dict[str, Any]] = {}
+    for name, state, count, oldest in session.execute(
+        select(BucketCompile.queue, BucketCompile.state, func.count(), func.min(BucketCompile.queued_at))
+        .where(BucketCompile.state.in_((BucketState.QUEUED, BucketState.RUNNING)))
+        .group_by(BucketCompile.queue, BucketCompile.state)
+    ):
+        entry = counts.setdefault(name, {})
+        entry[state] = count
+        if state == BucketState.QUEUED:
+            entry["oldest"] = oldest
+    return [QueueDepth(name, consumers.get(name, 0), counts.get(name, {}).get(BucketState.QUEUED, 0),
+                       counts.get(name, {}).get(BucketState.RUNNING, 0), counts.get(name, {}).get("oldest"))
+            for name in sorted(consumers.keys() | counts.keys())]
+
+
+def running_compiles(session: Session) -> dict[str, list[RunningCompile]]:
+    """What each worker is compiling now, by worker id (the lease holder of every running compile)."""
+    found: dict[str, list[RunningCompile]] = {}
+    for bucket in session.scalars(select(BucketCompile).where(BucketCompile.state == BucketState.RUNNING)
+                                  .order_by(BucketCompile.started_at)):
+        if bucket.worker_id is None:
+            continue
+        found.setdefault(bucket.worker_id, []).append(RunningCompile(
+            bucket.id, bucket.worker_id, bucket.origin_build_id, bucket.inputs, bucket.target, bucket.sdk,
+            bucket.started_at, bucket.attempts))
+    return found

@@ -53,6 +53,15 @@ class BucketFailureOut(_Out):
     code: str | None
     message: str | None
     retried: bool = Field(description="Whether the step was retried (same attempt for a publish, else a new one).")
+    log_sha256: str | None = Field(default=None, description="The attempt's whole compile log, archived as a blob.")
+    log_size: int | None = None
+
+
+class BucketOriginOut(_Out):
+    how: str = Field(description="compiled (this build queued it) | joined (another build's compile was in "
+                                 "flight) | reused (compiled before this build) | failed (a failure remembered "
+                                 "from an earlier build) | imported (from the store) | unrecorded (older builds)")
+    from_build: int | None = Field(description="The build whose compile it is, when not this build's own.")
 
 
 class BucketOut(_Out):
@@ -68,6 +77,9 @@ class BucketOut(_Out):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     compile_seconds: float | None = None
+    queued_at: datetime | None = None
+    origin: BucketOriginOut | None = Field(
+        default=None, description="How this build got the bucket (GET /v1/builds/{id} only).")
     errors: list[BucketFailureOut] = Field(
         default_factory=list, description="Every failed step of this compile, first cause first; `error_*` "
                                           "above is the last.")
@@ -158,6 +170,29 @@ class BuildOut(_Out):
     artifact: ArtifactOut | None
 
 
+class KeyChangeOut(_Out):
+    component: str = Field(description="schema | salt | model | toolchain | flags | buckets")
+    text: str = Field(description='What changed, e.g. "sdk 2.20.0 → 2.21.0", "flag -O2 → -O3".')
+
+
+class ComparedOut(_Out):
+    artifact_key: str
+    artifact_state: ArtifactState
+    build_id: int = Field(description="The newest earlier build that asked for that artifact.")
+    sdk: str
+
+
+class MissOut(_Out):
+    """GET /v1/builds/{id}/miss: why a build's key was new: what changed since the closest earlier artifact
+    of the same model (by name, else by content)."""
+
+    build_id: int
+    outcome: Outcome
+    compared_with: ComparedOut | None = Field(description="null when no earlier build of the model asked for "
+                                                          "another artifact.")
+    changes: list[KeyChangeOut]
+
+
 class BuildSummary(_Out):
     build_id: int
     state: BuildState
@@ -172,6 +207,8 @@ class BuildSummary(_Out):
     labels: dict[str, str]
     created_at: datetime
     finished_at: datetime | None
+    buckets_reused: int | None = Field(description="How many of its buckets were compiled before it was "
+                                                   "submitted (all of them for a hit; null for older builds).")
     status_url: str
 
 

@@ -46,7 +46,7 @@ from sqlalchemy.exc import DBAPIError
 
 from compilesvc import backoff, leases
 from compilesvc.db import transaction
-from compilesvc.failures import Phase
+from compilesvc.failures import ArchivedLog, Phase
 from compilesvc.logs import append_lines
 from compilesvc.manifest import BucketManifest
 from compilesvc.model_pins import ModelRefError
@@ -292,11 +292,12 @@ def _fail(services: Services, claim: leases.Claim, outcome: Outcome, logs: LogSt
                              stream="service")
         except Exception as exc:  # the failure record below matters more than this line
             logger.warning("could not write the log-archive line", extra={"error": str(exc)})
-    return _record_failure(services, claim, outcome, logger, phase=phase)
+    archived = ArchivedLog(entry.sha256, entry.size) if entry is not None else None
+    return _record_failure(services, claim, outcome, logger, phase=phase, log=archived)
 
 
 def _record_failure(services: Services, claim: leases.Claim, outcome: Outcome, logger: logging.LoggerAdapter[Any],
-                    *, phase: str) -> RunResult:
+                    *, phase: str, log: ArchivedLog | None = None) -> RunResult:
     error_class = outcome.error_class or "infra"
     retry_in = backoff.for_settings(services.settings, claim.attempt)
 
@@ -304,7 +305,7 @@ def _record_failure(services: Services, claim: leases.Claim, outcome: Outcome, l
         with transaction(services.sessions) as session:
             return leases.fail(session, claim.bucket_id, claim.token, error_class, outcome.code, outcome.message,
                                phase=phase, backoff_seconds=retry_in,
-                               unknown_retries=services.settings.unknown_failure_retries)
+                               unknown_retries=services.settings.unknown_failure_retries, archived=log)
 
     settled = with_db_retry(record, services.settings.ledger_retry_seconds)
     if settled is None:

@@ -331,6 +331,8 @@ class BucketFailure(Base):
     code: Mapped[str | None] = mapped_column(String(64))
     message: Mapped[str | None] = mapped_column(Text)
     retry: Mapped[bool] = mapped_column(Boolean, default=False, doc="Whether it was retried.")
+    log_sha256: Mapped[str | None] = mapped_column(String(64), doc="The attempt's archived log (a store blob).")
+    log_size: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (
         Index("ix_bucket_failures_bucket_compile_id_id", "bucket_compile_id", "id"),

@@ -1,5 +1,5 @@
 """provenance: which build queued each bucket compile, and per build how it got each bucket (compiled,
-joined, reused, a remembered failure, imported) and how many it reused
+joined, reused, a remembered failure, imported) and how many it reused; each failed attempt's archived log
 
 Revision ID: 0013_provenance
 Revises: 0012_event_subscriptions
@@ -20,12 +20,18 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table('bucket_compiles', schema=None) as batch_op:
         batch_op.add_column(sa.Column('origin_build_id', sa.BigInteger(), nullable=True))
+    with op.batch_alter_table('bucket_failures', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('log_sha256', sa.String(length=64), nullable=True))
+        batch_op.add_column(sa.Column('log_size', sa.BigInteger(), nullable=True))
     with op.batch_alter_table('builds', schema=None) as batch_op:
         batch_op.add_column(sa.Column('buckets_reused', sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column('provenance', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('bucket_failures', schema=None) as batch_op:
+        batch_op.drop_column('log_size')
+        batch_op.drop_column('log_sha256')
     with op.batch_alter_table('builds', schema=None) as batch_op:
         batch_op.drop_column('provenance')
         batch_op.drop_column('buckets_reused')

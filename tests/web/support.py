@@ -24,6 +24,7 @@ from sqlalchemy import select
 from compilesvc import leases
 from compilesvc.config import Settings
 from compilesvc.db import transaction
+from compilesvc.failures import ArchivedLog
 from compilesvc.ledger.models import ArtifactBucket, BucketCompile, Build
 from compilesvc.logs import append_lines
 from compilesvc.manifest import BucketManifest, FileEntry
@@ -120,14 +121,17 @@ def complete_build(services: Services, build_id: int, *, log_lines: tuple[str, .
 
 def fail_build(services: Services, build_id: int, *, error_class: str = "compile", code: str = "NCC_EXTP004",
                message: str = "unsupported operator aten::foo", log_lines: tuple[str, ...] = ("error: boom",)) -> None:
-    """Fail the build's first queued compile (a compile error fails the whole set)."""
+    """Fail the build's first queued compile (a compile error fails the whole set), archiving its log as the
+    worker does."""
     bucket_id = _queued_buckets(services, build_id)[0]
     with transaction(services.sessions) as session:
         claim = leases.claim(session, bucket_id, WORKER, lease_seconds=60)
         assert claim is not None
+    blob = services.store.put_stream(io.BytesIO("\n".join(log_lines).encode()))
     with transaction(services.sessions) as session:
         append_lines(session, bucket_id, claim.attempt, list(log_lines))
-        assert leases.fail(session, bucket_id, claim.token, error_class, code, message) is not None
+        assert leases.fail(session, bucket_id, claim.token, error_class, code, message,
+                           archived=ArchivedLog(blob.sha256, blob.size)) is not None
 
 
 def add_log_lines(services: Services, build_id: int, lines: list[str]) -> None:

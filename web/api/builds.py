@@ -18,6 +18,7 @@ from flask import Blueprint, Response, current_app, g
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
+from compilesvc import key_diff, provenance
 from compilesvc.admission import QuotaExceeded
 from compilesvc.bucket_compiles import bucket_views
 from compilesvc.control import BuildNotFound, cancel_build, retry_build
@@ -47,7 +48,7 @@ from web.inputs import (
 from web.openapi import operation
 from web.params import body_text, parse_spec_text, respond
 from web.problems import PROBLEM_TYPES, Problem
-from web.schemas import BuildAccepted, BuildList, BuildOut, BuildStateOut, LogPage
+from web.schemas import BuildAccepted, BuildList, BuildOut, BuildStateOut, LogPage, MissOut
 
 log = logging.getLogger(__name__)
 bp = Blueprint("builds", __name__, url_prefix="/v1/builds")
@@ -174,6 +175,7 @@ def build_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
             raise Problem("build-not-found", f"no build {build_id}")
         buckets = bucket_views(session, detail.artifact.id)
     build, artifact = detail.build, detail.artifact
+    origins = provenance.origins(build, buckets)
     described = None
     if artifact.state == ArtifactState.PUBLISHED:
         described = ctx.describe(ctx.published_manifest(artifact.key))
@@ -183,11 +185,41 @@ def build_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
         "model_name": build.model_name, "model_sha256": build.model_sha256, "target": build.target,
         "sdk": build.sdk, "backend": build.backend, "created_at": build.created_at.isoformat(),
         "finished_at": build.finished_at.isoformat() if build.finished_at else None, "spec": build.spec,
-        "buckets": [bucket_json(view) for view in buckets],
+        "buckets": [bucket_json(view, origins.get(view.compile_id or 0)) for view in buckets],
         "events": [event_json(event) for event in detail.events],
         "status_url": ctx.build_url(build.id), "logs_url": ctx.build_url(build.id, "/logs"),
         "artifact": described,
     }
+
+
+def miss_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
+    """GET /v1/builds/{id}/miss's body (also rendered by the build page)."""
+    with ctx.services.sessions() as session:
+        build = session.get(Build, build_id)
+        if build is None:
+            raise Problem("build-not-found", f"no build {build_id}")
+        compared = key_diff.explain_miss(session, build)
+    return {
+        "build_id": build.id, "outcome": build.outcome,
+        "compared_with": None if compared is None else {
+            "artifact_key": compared.artifact_key, "artifact_state": compared.artifact_state,
+            "build_id": compared.build_id, "sdk": compared.sdk},
+        "changes": [] if compared is None else [{"component": c.component, "text": c.text}
+                                                for c in compared.changes],
+    }
+
+
+@bp.get("/<ledger_id:build_id>/miss")
+@operation(summary="Why a build's key was new: changes since the closest earlier artifact of its model",
+           tag="builds", access=Permission.READ, responses={200: MissOut}, problems=(404,),
+           description="Compares the build's key material with the closest of the model's 50 most recent "
+                       "earlier artifacts (fewest changes, then newest), component by component: "
+                       "`sdk 2.20.0 → 2.21.0`, `flag -O2 → -O3`, `bucket input_ids: int64[4, 512] is new`. "
+                       "The model is matched by name when the build gave one, else by content. For a hit the "
+                       "same comparison says how its artifact differs from the one before it.")
+def miss(build_id: int) -> Response:
+    g.build_id = build_id
+    return respond(MissOut, miss_document(web(), build_id))
 
 
 @bp.get("/<ledger_id:build_id>")

@@ -10,6 +10,7 @@ from typing import Any
 from compilesvc.bucket_compiles import BucketView
 from compilesvc.ledger.models import BucketCompile, Build, Event
 from compilesvc.logs import LogEntry
+from compilesvc.provenance import Origin
 from compilesvc.submit import SubmitResult
 from web.context import WebContext
 
@@ -18,13 +19,14 @@ def iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def bucket_json(bucket: BucketView) -> dict[str, Any]:
+def bucket_json(bucket: BucketView, origin: Origin | None = None) -> dict[str, Any]:
     return {
         "key": bucket.key, "position": bucket.position, "inputs": bucket.inputs, "state": bucket.state,
         "attempts": bucket.attempts, "error_class": bucket.error_class, "error_code": bucket.error_code,
         "error_message": bucket.error_message, "worker_id": bucket.worker_id,
         "started_at": iso(bucket.started_at), "finished_at": iso(bucket.finished_at),
-        "compile_seconds": bucket.compile_seconds,
+        "compile_seconds": bucket.compile_seconds, "queued_at": iso(bucket.queued_at),
+        "origin": None if origin is None else {"how": str(origin.how), "from_build": origin.from_build},
         "errors": [{**failure.as_dict(), "at": iso(failure.at)} for failure in bucket.failures],
     }
 
@@ -49,7 +51,7 @@ def summary_json(ctx: WebContext, build: Build) -> dict[str, Any]:
         "model_name": build.model_name, "model_sha256": build.model_sha256, "target": build.target,
         "sdk": build.sdk, "backend": build.backend, "submitted_by": build.submitted_by,
         "labels": build.labels, "created_at": iso(build.created_at), "finished_at": iso(build.finished_at),
-        "status_url": ctx.build_url(build.id),
+        "buckets_reused": build.buckets_reused, "status_url": ctx.build_url(build.id),
     }
 
 

@@ -14,13 +14,12 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, redirect, render_template
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 from werkzeug.exceptions import NotFound
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from compilesvc.ledger.models import BucketCompile, Worker
-from compilesvc.registry import live_workers
-from compilesvc.states import BucketState
+from compilesvc.ledger.models import Worker
+from compilesvc.registry import live_workers, queue_depths
 from compilesvc.tokens import Permission
 from web.auth import METRICS, PUBLIC, access
 from web.context import WebContext, web
@@ -102,28 +101,16 @@ def workers(query: WorkersQuery) -> Response:
         live = live_workers(session, stale)
         live_ids = {w.id for w in live}
         shown = list(session.scalars(select(Worker).order_by(Worker.id))) if include_all else live
-        counts = session.execute(
-            select(BucketCompile.queue, BucketCompile.state, func.count())
-            .where(BucketCompile.state.in_((BucketState.QUEUED, BucketState.RUNNING)))
-            .group_by(BucketCompile.queue, BucketCompile.state)
-        ).all()
-    queues: dict[str, dict[str, Any]] = {}
-
-    def queue(name: str) -> dict[str, Any]:
-        return queues.setdefault(name, {"name": name, "live_workers": 0, "queued": 0, "running": 0})
-
-    for worker in live:
-        for name in worker.queues:
-            queue(name)["live_workers"] += 1
-    for name, state, count in counts:
-        queue(name)[state] = count
+        depths = queue_depths(session, live)
+    queues = [{"name": q.name, "live_workers": q.live_workers, "queued": q.queued, "running": q.running}
+              for q in depths]
     body = {
         "workers": [{
             "id": w.id, "hostname": w.hostname, "capabilities": w.capabilities, "queues": w.queues,
             "slots": w.slots, "started_at": w.started_at.isoformat(), "heartbeat_at": w.heartbeat_at.isoformat(),
             "stopped_at": w.stopped_at.isoformat() if w.stopped_at else None, "live": w.id in live_ids,
         } for w in shown],
-        "queues": sorted(queues.values(), key=lambda q: q["name"]),
+        "queues": queues,
     }
     return respond(WorkersOut, body)
 

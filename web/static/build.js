@@ -4,7 +4,7 @@
   "use strict";
   var log = document.getElementById("log");
   var status = document.getElementById("log-status");
-  var after = 0;
+  var after = log ? parseInt(log.dataset.after || "0", 10) : 0;  // the server picked the tail's start
   var positions = log ? JSON.parse(log.dataset.positions || "{}") : {};
 
   function append(entry) {
@@ -38,7 +38,7 @@
 
   if (log && window.EventSource) {
     // EventSource resumes after the last event id by itself when the server closes a stream early.
-    var source = new EventSource(log.dataset.stream);
+    var source = new EventSource(log.dataset.stream + "?after=" + after);
     source.addEventListener("line", function (event) { append(JSON.parse(event.data)); status.textContent = "streaming…"; });
     source.addEventListener("end", function (event) { source.close(); finished(JSON.parse(event.data).state); });
     source.onopen = function () { status.textContent = "streaming…"; };

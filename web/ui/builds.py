@@ -4,26 +4,65 @@ failure, artifact, the key and why it missed), with the cancel and retry forms."
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
-from flask import current_app, redirect, render_template, request, url_for
+from flask import Response, current_app, redirect, render_template, request, stream_with_context, url_for
 from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 from werkzeug.wrappers import Response as WerkzeugResponse
 
+from compilesvc.bucket_compiles import bucket_views
 from compilesvc.control import cancel_build, retry_build
-from compilesvc.history import BUILD_STATES, HistoryFilter, InvalidCursor, count_by_state, list_builds
+from compilesvc.history import (
+    BUILD_STATES,
+    MAX_LIMIT,
+    HistoryFilter,
+    InvalidCursor,
+    count_by_state,
+    failure_of_artifacts,
+    list_builds,
+)
+from compilesvc.ledger.models import Artifact, Build
+from compilesvc.logs import bucket_tail, read_build_logs, tail_after
+from compilesvc.provenance import How
 from compilesvc.services import Services
 from compilesvc.spec_parsing import validation_errors
+from compilesvc.states import Outcome
 from compilesvc.tokens import Permission, Principal
 from web import auth
-from web.api.builds import build_document, run_control
+from web.api.builds import build_document, miss_document, run_control
 from web.api.serialize import summary_json
 from web.context import web
 from web.inputs import FILTERS
 from web.ui import bp
 
 TARGETS = ("inf2", "trn1", "trn2", "cpu")
+#: Lines a build page opens with (the newest); the whole log is one link away.
+LOG_TAIL = 500
+#: Compiler lines shown under a failed bucket's message.
+ERROR_LINES = 30
+
+
+def cache_outcome(build: dict[str, Any]) -> str:
+    """hit / joined / built / partly reused (k of n): what the cache did for a build."""
+    if build["outcome"] == Outcome.HIT:
+        return "hit"
+    if build["outcome"] == Outcome.JOIN:
+        return "joined"
+    reused, total = build.get("buckets_reused") or 0, build.get("buckets_total")
+    if reused:
+        return f"partly reused ({reused} of {total})" if total else f"partly reused ({reused})"
+    return "built"
+
+
+def _page_size() -> int:
+    text = request.args.get("limit") or str(current_app.config["UI_PAGE_SIZE"])
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+        raise ValueError(f"limit: a whole number from 1 to {MAX_LIMIT}")
+    return int(text)
 
 
 @bp.get("/")
@@ -36,33 +75,145 @@ def history() -> tuple[str, int]:
     items: list[dict[str, Any]] = []
     next_url = None
     counts = {}
+    kept = {k: v for k, v in given.items() if v}
+    if request.args.get("limit"):
+        kept["limit"] = request.args["limit"]
     try:
+        limit = _page_size()
         filters = HistoryFilter(**{k: v for k, v in given.items() if v})
         with ctx.services.sessions() as session:
-            page = list_builds(session, filters, limit=int(current_app.config["UI_PAGE_SIZE"]), cursor=cursor)
-            items = [summary_json(ctx, build) for build in page.items]
+            page = list_builds(session, filters, limit=limit, cursor=cursor)
+            failed = failure_of_artifacts(session, [b.artifact_id for b in page.items if b.state == "failed"])
+            for build in page.items:
+                item = summary_json(ctx, build)
+                item["buckets_total"] = len(build.provenance) if build.provenance else None
+                item["cache"] = cache_outcome(item)
+                item["failure"] = failed.get(build.artifact_id)
+                items.append(item)
             counts = count_by_state(session)
         if page.next_cursor:
-            params = {**{k: v for k, v in given.items() if v}, "cursor": page.next_cursor}
-            next_url = "/?" + urllib.parse.urlencode(params)
+            next_url = "/?" + urllib.parse.urlencode({**kept, "cursor": page.next_cursor})
     except ValidationError as exc:
         error = "; ".join(f"{e['field']}: {e['message']}" for e in validation_errors(exc))
-    except InvalidCursor as exc:
+    except (InvalidCursor, ValueError) as exc:
         error = str(exc)
     status = 400 if error else 200
-    filtered = {k: v for k, v in given.items() if v}
-    first_url = ("/?" + urllib.parse.urlencode(filtered)) if cursor is not None else None
+    first_url = ("/?" + urllib.parse.urlencode(kept)) if cursor is not None else None
     return render_template("history.html", items=items, given=given, next_url=next_url, error=error,
-                           counts=counts, states=BUILD_STATES, targets=TARGETS, first_url=first_url), status
+                           counts=counts, states=BUILD_STATES, targets=TARGETS, first_url=first_url,
+                           limit=request.args.get("limit", "")), status
+
+
+def _error_lines(session: Session, buckets: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The compiler's last lines of each failed bucket's failing attempt (this build's own compile or the
+    remembered failure it joined), by bucket key."""
+    found = {}
+    for bucket in buckets:
+        if bucket["state"] != "failed" or bucket.get("compile_id") is None:
+            continue
+        attempts = [e["attempt"] for e in bucket["errors"] if e["phase"] == "compile"]
+        attempt = attempts[-1] if attempts else bucket["attempts"]
+        found[bucket["key"]] = bucket_tail(session, bucket["compile_id"], attempt, ERROR_LINES)
+    return found
 
 
 @bp.get("/builds/<ledger_id:build_id>")
 @auth.access(Permission.READ)
 def build_page(build_id: int) -> str:
-    build = build_document(web(), build_id)
+    ctx = web()
+    build = build_document(ctx, build_id)
+    miss = miss_document(ctx, build_id)
+    with ctx.services.sessions() as session:
+        artifact = session.scalars(select(Artifact).where(Artifact.key == build["artifact_key"])).one()
+        compile_ids = {view.key: view.compile_id for view in bucket_views(session, artifact.id, history=False)}
+        for bucket in build["buckets"]:
+            bucket["compile_id"] = compile_ids.get(bucket["key"])
+        error_lines = _error_lines(session, build["buckets"])
+        tail = tail_after(session, build_id, LOG_TAIL)
+    _sign_failure_logs(ctx, build)
     # Buckets compile at once and their log lines interleave: each line is labelled with its bucket.
     positions = {bucket["key"]: bucket["position"] for bucket in build["buckets"]}
-    return render_template("build.html", build=build, positions=positions)
+    remembered = [b for b in build["buckets"] if (b.get("origin") or {}).get("how") == How.FAILED]
+    who = auth.signed_in()
+    may_control = who is not None and who.may_control(_team_of(ctx, build_id))
+    return render_template("build.html", build=build, positions=positions, miss=miss, error_lines=error_lines,
+                           components=artifact.components, material=artifact.material, log_after=tail,
+                           log_tail=LOG_TAIL, remembered=remembered, may_control=may_control,
+                           timeline=timeline(build))
+
+
+def _sign_failure_logs(ctx: Any, build: dict[str, Any]) -> None:
+    """A download link for every failed attempt's archived compile log (the central log holds the same
+    lines; the archive is the file the worker wrote, whole)."""
+    ttl = ctx.settings.url_ttl_seconds
+    for bucket in build["buckets"]:
+        for error in bucket["errors"]:
+            if error.get("log_sha256"):
+                name = f"bucket-{bucket['position']}-attempt-{error['attempt']}.log"
+                error["log_url"] = ctx.services.store.blob_url(error["log_sha256"], expires_in=ttl, filename=name)
+
+
+def _team_of(ctx: Any, build_id: int) -> str | None:
+    with ctx.services.sessions() as session:
+        return session.scalar(select(Build.team).where(Build.id == build_id))
+
+
+def timeline(build: dict[str, Any]) -> dict[str, Any]:
+    """Where each of this build's own compiles waited and ran, as percentages of the build's span (a bar
+    per bucket: queued → started → finished); reused buckets ran before the build and are not drawn."""
+    start = _at(build["created_at"])
+    ends = [_at(b["finished_at"]) for b in build["buckets"] if b["finished_at"]]
+    end = _at(build["finished_at"]) if build["finished_at"] else datetime.now(UTC)
+    end = max([end, *ends]) if ends else end
+    span = max((end - start).total_seconds(), 0.001)
+    bars = {}
+    for bucket in build["buckets"]:
+        if (bucket.get("origin") or {}).get("how") not in (How.COMPILED, How.JOINED):
+            continue
+        queued = max(_at(bucket["queued_at"]), start) if bucket["queued_at"] else start
+        started = _at(bucket["started_at"]) if bucket["started_at"] else None
+        finished = _at(bucket["finished_at"]) if bucket["finished_at"] else None
+
+        def pct(moment: datetime) -> float:
+            return round(min(max((moment - start).total_seconds() / span, 0.0), 1.0) * 100, 2)
+
+        wait_end = started or finished or end
+        bars[bucket["key"]] = {
+            "wait_left": pct(queued), "wait_width": max(pct(wait_end) - pct(queued), 0.3),
+            "run_left": pct(started) if started else None,
+            "run_width": max(pct(finished or end) - pct(started), 0.3) if started else None,
+            "waited": ((started or finished or end) - queued).total_seconds(),
+            "ran": ((finished or end) - started).total_seconds() if started else None,
+        }
+    return {"span": span, "bars": bars}
+
+
+def _at(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+@bp.get("/builds/<ledger_id:build_id>/log.txt")
+@auth.access(Permission.READ)
+def full_log(build_id: int) -> Response:
+    """The whole central log of a build as text, every line labelled with its bucket and attempt."""
+    ctx = web()
+    document = build_document(ctx, build_id)
+    positions = {bucket["key"]: bucket["position"] for bucket in document["buckets"]}
+
+    def lines() -> Iterator[str]:
+        after = 0
+        while True:
+            with ctx.services.sessions() as session:
+                entries = read_build_logs(session, build_id, after=after, limit=1000)
+            for entry in entries:
+                yield (f"{entry.at.strftime('%H:%M:%S')} [{positions.get(entry.bucket_key, '?')}] "
+                       f"#{entry.attempt} {entry.line}\n")
+            if len(entries) < 1000:
+                return
+            after = entries[-1].id
+
+    return Response(stream_with_context(lines()), mimetype="text/plain",
+                    headers={"Content-Disposition": f'inline; filename="build-{build_id}.log"'})
 
 
 @bp.post("/builds/<ledger_id:build_id>/cancel")

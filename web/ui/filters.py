@@ -9,6 +9,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
+from compilesvc.follow import shape_text
 from web.ui import bp
 
 
@@ -75,12 +76,14 @@ def codespans(text: str | None) -> Markup:
     return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped))
 
 
-def shape_text(one: dict[str, Any]) -> str:
-    dims = ", ".join(str(d) for d in one.get("shape", []))
-    return f"{one.get('name')}: {one.get('dtype')}[{dims}]"
-
-
 @bp.app_template_filter("shape")
 def shape(inputs: list[dict[str, Any]]) -> Markup:
     """Each input as one unbreakable token (``input_ids: int64[1, 128]``); lines break between inputs only."""
-    return Markup(", ").join(Markup('<span class="nowrap">{}</span>').format(shape_text(i)) for i in inputs)
+    return Markup(", ").join(Markup('<span class="nowrap">{}</span>').format(shape_text([i])) for i in inputs)
+
+
+@bp.app_template_filter("seconds_between")
+def seconds_between(end: str | datetime | None, start: str | datetime) -> float:
+    """Seconds from ``start`` to ``end`` (to now when ``end`` is None: a running build's age)."""
+    finish = _moment(end) if end is not None else datetime.now(UTC)
+    return max((finish - _moment(start)).total_seconds(), 0.0)

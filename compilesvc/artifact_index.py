@@ -1,0 +1,97 @@
+"""The artifacts an engineer browses: newest first, filtered by model, target, SDK or state, each with the
+model name its builds gave, its bucket count, size, fetches and whether a retention pin holds it.
+
+Pages are keyset-paginated on the artifact id (``before``), like the build history. Per-row facts (the
+model name, the bucket count, the pin, the newest build) are correlated subqueries over indexed columns,
+run for the page's rows only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy import exists, func, or_, select
+from sqlalchemy.orm import Session
+
+from compilesvc.ledger.models import Artifact, ArtifactBucket, Build
+from compilesvc.retention import pinned
+from compilesvc.states import ArtifactState
+
+__all__ = ["ArtifactFilter", "ArtifactPage", "ArtifactRow", "list_artifacts"]
+
+
+class ArtifactFilter(BaseModel):
+    """Which artifacts to list; ``""`` or None means any. ``model`` is a model name a build gave it, or the
+    model's sha256."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str | None = Field(default=None, max_length=200)
+    target: str | None = Field(default=None, max_length=16)
+    sdk: str | None = Field(default=None, max_length=32)
+    state: ArtifactState | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+
+@dataclass(frozen=True)
+class ArtifactRow:
+    id: int
+    key: str
+    state: str
+    target: str
+    sdk: str
+    backend: str
+    model_sha256: str
+    model_name: str | None
+    buckets: int
+    size_bytes: int | None
+    created_at: datetime
+    published_at: datetime | None
+    fetch_count: int
+    last_fetched_at: datetime | None
+    pinned: bool
+    newest_build_id: int | None
+
+
+@dataclass(frozen=True)
+class ArtifactPage:
+    items: list[ArtifactRow]
+    next_before: int | None  # pass as ``before`` for the next page; None on the last
+
+
+def list_artifacts(session: Session, filters: ArtifactFilter, *, limit: int = 50,
+                   before: int | None = None) -> ArtifactPage:
+    """A page of artifacts, newest first, below the id ``before``."""
+    model_name = (select(Build.model_name).where(Build.artifact_id == Artifact.id, Build.model_name.is_not(None))
+                  .order_by(Build.id.desc()).limit(1).scalar_subquery())
+    newest_build = (select(Build.id).where(Build.artifact_id == Artifact.id)
+                    .order_by(Build.id.desc()).limit(1).scalar_subquery())
+    buckets = (select(func.count()).select_from(ArtifactBucket).where(ArtifactBucket.artifact_id == Artifact.id)
+               .scalar_subquery())
+    query = select(Artifact, model_name.label("model_name"), buckets.label("buckets"),
+                   pinned().label("pinned"), newest_build.label("newest_build"))
+    conditions = []
+    if filters.model is not None:
+        named = exists().where(Build.artifact_id == Artifact.id, Build.model_name == filters.model)
+        conditions.append(or_(Artifact.model_sha256 == filters.model, named))
+    for column in ("target", "sdk", "state"):
+        value = getattr(filters, column)
+        if value is not None:
+            conditions.append(getattr(Artifact, column) == value)
+    if before is not None:
+        conditions.append(Artifact.id < before)
+    rows = session.execute(query.where(*conditions).order_by(Artifact.id.desc()).limit(limit + 1)).all()
+    items = [ArtifactRow(
+        id=artifact.id, key=artifact.key, state=artifact.state, target=artifact.target, sdk=artifact.sdk,
+        backend=artifact.backend, model_sha256=artifact.model_sha256, model_name=name, buckets=int(count),
+        size_bytes=artifact.size_bytes, created_at=artifact.created_at, published_at=artifact.published_at,
+        fetch_count=artifact.fetch_count, last_fetched_at=artifact.last_fetched_at, pinned=bool(is_pinned),
+        newest_build_id=build_id,
+    ) for artifact, name, count, is_pinned, build_id in rows[:limit]]
+    return ArtifactPage(items, items[-1].id if len(rows) > limit else None)
