@@ -18,8 +18,25 @@ from sqlalchemy.orm import Session
 from compilesvc.ledger.models import BucketCompile, BucketFailure, utcnow
 from compilesvc.states import ErrorClass
 
-#: Longest message kept per failure (the full text is in the compile log).
-MAX_MESSAGE = 2000
+#: Longest failure message kept anywhere: a failure's history here, the compile's ``error_message``, the
+#: compile child's result.json (:mod:`workers.backends.base` imports it). Room for a compiler's error after
+#: the traceback or command line printed before it; the full text is in the archived compile log.
+MAX_MESSAGE = 4000
+#: What stands for the middle of a message cut to :data:`MAX_MESSAGE`.
+CUT_MARK = " … "
+
+
+def shorten(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` at most ``limit`` characters long: when it must be cut, its head and its tail around
+    :data:`CUT_MARK`. The tail gets two thirds: a compiler's actual error, or an exception's message after
+    its traceback, is usually at the end, while the head names what failed."""
+    if len(text) <= limit:
+        return text
+    room = limit - len(CUT_MARK)
+    if room < 3:  # no room for both ends: a plain cut
+        return text[:limit]
+    head = room // 3
+    return text[:head] + CUT_MARK + text[len(text) - (room - head):]
 
 _INSERT = insert(cast(Table, BucketFailure.__table__))
 
@@ -70,7 +87,7 @@ def record(session: Session, bucket_compile_id: int, attempt: int, phase: str, e
     session.execute(_INSERT.values(attempt_round=round_now), {
         "bucket_compile_id": bucket_compile_id, "attempt": attempt, "at": utcnow(), "phase": phase,
         "error_class": str(ErrorClass(error_class)), "code": code,
-        "message": None if message is None else message[:MAX_MESSAGE], "retry": retry,
+        "message": None if message is None else shorten(message), "retry": retry,
         "log_sha256": log.sha256 if log else None, "log_size": log.size if log else None,
     })
 

@@ -252,8 +252,9 @@ def _repeats_previous(session: Session, bucket: BucketCompile, phase: str, error
     if phase != Phase.COMPILE:
         return False
     previous = failures.last(session, bucket.id, attempt=bucket.attempts - 1, phase=Phase.COMPILE)
+    # Compared as stored: the history keeps a long message shortened.
     return previous is not None and (previous.error_class, previous.code, previous.message) == (
-        error_class, code, message)
+        error_class, code, None if message is None else failures.shorten(message))
 
 
 def _earlier_unknown_failures(session: Session, bucket: BucketCompile) -> int:
@@ -305,7 +306,7 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
     bucket.state = state
     bucket.error_class = error_class
     bucket.error_code = code
-    bucket.error_message = message_of_record
+    bucket.error_message = None if message_of_record is None else failures.shorten(message_of_record)
     bucket.finished_at = utcnow()
     bucket.lease_expires_at = None
     bucket.cancel_requested = False

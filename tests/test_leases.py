@@ -360,6 +360,34 @@ def test_a_failure_repeated_identically_is_not_retried_again(tmp_path: Path, led
         services.close()
 
 
+def test_a_long_failure_is_stored_head_and_tail_and_its_repetition_still_seen(tmp_path: Path,
+                                                                             ledger_url: str) -> None:
+    services = Services.from_settings(make_settings(tmp_path, ledger_url, max_attempts=5))
+    try:
+        bid = bucket_id(services, submit(services).buckets[0].key)
+        # A traceback's worth of preamble, then the compiler's own error at the end.
+        message = "Traceback: " + "frame " * 1500 + "RuntimeError: Storage size calculation overflowed"
+        outcomes = []
+        for _ in range(2):
+            attempt = claim(services, bid)
+            assert attempt is not None
+            with transaction(services.sessions) as session:
+                outcomes.append(leases.fail(session, bid, attempt.token, "infra", "EXIT_1", message))
+        assert [o.state for o in outcomes if o] == ["queued", "failed"]  # compared as stored: a repetition
+        with services.sessions() as session:
+            history = failures.of_buckets(session, [bid])[bid]
+        stored = [f.message for f in history]
+        assert stored == [failures.shorten(message)] * 2
+        assert len(stored[0] or "") == failures.MAX_MESSAGE == 4000
+        assert (stored[0] or "").startswith("Traceback: frame frame")
+        assert (stored[0] or "").endswith("frame RuntimeError: Storage size calculation overflowed")
+        error_message = row(services, bid).error_message or ""
+        assert len(error_message) == 4000 and error_message.startswith("the same failure as attempt 1")
+        assert error_message.endswith("RuntimeError: Storage size calculation overflowed")
+    finally:
+        services.close()
+
+
 def test_an_outage_that_reads_the_same_every_time_is_still_retried(tmp_path: Path, ledger_url: str) -> None:
     services = Services.from_settings(make_settings(tmp_path, ledger_url, max_attempts=3))
     try:

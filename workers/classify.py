@@ -204,6 +204,22 @@ def _last_line(lines: Sequence[str]) -> str:
     return ""
 
 
+def _raised_line(lines: Sequence[str]) -> str | None:
+    """The exception line of the last traceback in ``lines`` (``KeyError: 'x'``), or None.
+
+    A Python traceback ends with the exception's name and message, but a message may run on over lines
+    (torch's dynamo errors add "from user code:" and a stack; CppCompileError prints the command, then the
+    compiler's output): the first unindented line after the frames is what was raised.
+    """
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return None
+    for line in lines[starts[-1] + 1:]:
+        if _EXCEPTION_LINE_RE.match(line):
+            return line
+    return None
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -253,8 +269,11 @@ def _message(row: Row, evidence: Evidence, line: str, match: re.Match[str] | Non
         return one_line(f"the compiler rejected {_rejected_flag(match)}: {line.strip()}")
     if row.name == "unknown":
         ended = f"failed with {status}" if status is not None else "failed"
-        return one_line(f"{evidence.who} {ended} and printed no error code or other evidence"
-                         + (f"; last output: {last}" if last else "; no output"))
+        # What was raised says more than a multi-line message's last line; quote both when they differ.
+        raised = _raised_line(evidence.lines)
+        said = ("; no output" if not last else f"; last output: {last}" if raised is None or one_line(raised) == last
+                else f"; raised {raised.strip()}; last output: {last}")
+        return one_line(f"{evidence.who} {ended} and printed no error code or other evidence{said}")
     if match is not None and row.code == "{code}":
         return _from_code_on(line, match)
     return one_line(line) if line else row.code
@@ -346,18 +365,15 @@ def classify(returncode: int, result: dict[str, Any] | None, log_tail: list[str]
 
 def traceback_exception(lines: Sequence[str]) -> tuple[str, ...]:
     """The class hierarchy (for builtins; else just the name) of the exception the last traceback ends in."""
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
-    if not starts:
+    line = _raised_line(lines)
+    match = _EXCEPTION_LINE_RE.match(line) if line is not None else None
+    if match is None:
         return ()
-    for line in lines[starts[-1] + 1:]:
-        match = _EXCEPTION_LINE_RE.match(line)
-        if match:
-            name = match.group(1).rsplit(".", 1)[-1]
-            cls = getattr(builtins, name, None)
-            if isinstance(cls, type) and issubclass(cls, BaseException):
-                return tuple(c.__name__ for c in cls.__mro__)
-            return (name,)
-    return ()
+    name = match.group(1).rsplit(".", 1)[-1]
+    cls = getattr(builtins, name, None)
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        return tuple(c.__name__ for c in cls.__mro__)
+    return (name,)
 
 
 def _child_killed(number: int, tail: list[str], last: str) -> Outcome:

@@ -115,6 +115,8 @@ def run(request: CompileRequest) -> int:
         backend = backend_class(request.backend)()
         result = backend.compile(request)
     except BackendFailure as exc:
+        if exc.message != " ".join(exc.full_text.split()):  # cut for result.json: the log keeps all of it
+            log(f"{_LOG_WORDS[exc.status]} {exc.code}, in full:\n{exc.full_text}")
         # "compile error CODE: ..." is also the runner's fallback when result.json goes missing (exit 3).
         log(f"{_LOG_WORDS[exc.status]} {exc.code}: {exc.message}")
         write_result(result_path, {"status": exc.status, "code": exc.code, "message": exc.message})

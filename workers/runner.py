@@ -46,7 +46,7 @@ from sqlalchemy.exc import DBAPIError
 
 from compilesvc import backoff, leases
 from compilesvc.db import transaction
-from compilesvc.failures import ArchivedLog, Phase
+from compilesvc.failures import ArchivedLog, Phase, shorten
 from compilesvc.logs import append_lines
 from compilesvc.manifest import BucketManifest
 from compilesvc.model_pins import ModelRefError
@@ -140,7 +140,7 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str) -> R
         logger.exception("compile attempt crashed")
         if keeper.lost:
             return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
-        outcome = Outcome("infra", "WORKER_ERROR", f"{type(exc).__name__}: {exc}"[:500])
+        outcome = Outcome("infra", "WORKER_ERROR", shorten(f"{type(exc).__name__}: {exc}"))
         return _record_failure(services, claim, outcome, logger, phase=Phase.WORKER)
     finally:
         keeper.close()

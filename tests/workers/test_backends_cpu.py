@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch._inductor.exc import CppCompileError, InductorError
 
 from compilesvc.demo import demo_spec
 from compilesvc.hostinfo import host_isa
 from compilesvc.spec_parsing import parse_spec
 from tests.workers import DEMO_MODEL, ChildRun, run_child, run_children, text_inputs
 from workers.backends.base import CompileFailure, InfraError, InputDesc
+from workers.backends.cpu import _inductor_failure
 from workers.classify import classify
 from workers.model_loading import example_inputs, load_model, order_inputs, safe_extract
 
@@ -272,3 +274,17 @@ def test_hf_dir_root_is_found_and_transformers_is_required(tmp_path: Path) -> No
         assert "transformers is not installed on this worker" in missing.value.message
     else:
         pytest.skip("transformers is installed here; the missing-package path cannot be shown")
+
+
+def test_a_cpp_compile_error_is_reported_by_its_output_not_its_command(capsys: pytest.CaptureFixture[str]) -> None:
+    # torch's own exceptions, as aoti_compile_and_package raises them: InductorError around CppCompileError.
+    command = ["g++", *(f"-I/venv/include/torch/csrc/inductor/dir{i}" for i in range(120)), "-o", "model.so"]
+    output = "/tmp/cache/ab/cab.cpp:12:5: error: 'foo' was not declared in this scope"
+    try:
+        raise CppCompileError(command, output)
+    except CppCompileError as inner:
+        wrapped = InductorError(inner, None)
+    message = CompileFailure("CPU_INDUCTOR_ERROR", _inductor_failure(wrapped)).message
+    assert message == f"AOTInductor failed: the C++ compiler failed: {output}"
+    assert "the C++ compiler failed; its command: g++ -I/venv/include" in capsys.readouterr().out  # in the log
+    assert _inductor_failure(RuntimeError("boom")) == "AOTInductor failed: RuntimeError: boom"

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from compilesvc.failures import CUT_MARK, MAX_MESSAGE, shorten
 from compilesvc.states import ErrorClass
+from workers.backends.base import MAX_MESSAGE_CHARS, CompileFailure, one_line
 from workers.classify import TABLE, Evidence, Outcome, classify, judge
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,7 +147,7 @@ def test_judge(evidence: Evidence, row: str, error_class: ErrorClass, code: str,
     verdict = judge(evidence)
     assert (verdict.row, verdict.error_class, verdict.code) == (row, error_class, code), verdict
     assert part in verdict.message
-    assert "\n" not in verdict.message and len(verdict.message) <= 500
+    assert "\n" not in verdict.message and len(verdict.message) <= MAX_MESSAGE
 
 
 def test_every_row_has_a_case_a_source_and_a_doc_entry() -> None:
@@ -210,7 +212,7 @@ def test_classify(returncode: int, result: dict[str, Any] | None, tail: list[str
     outcome = classify(returncode, result, tail, timed_out, cancelled)
     assert (outcome.error_class, outcome.code) == (error_class, code), outcome
     assert part in outcome.message
-    assert "\n" not in outcome.message and len(outcome.message) <= 500
+    assert "\n" not in outcome.message and len(outcome.message) <= MAX_MESSAGE
 
 
 @pytest.mark.parametrize(("error_class", "ok", "retryable"), [
@@ -223,5 +225,50 @@ def test_outcome_flags(error_class: Any, ok: bool, retryable: bool) -> None:
 
 
 def test_messages_are_one_bounded_line() -> None:
-    outcome = classify(1, None, ["x" * 2000 + "\n" + "y"], False, False)
-    assert len(outcome.message) <= 500 and "\n" not in outcome.message
+    outcome = classify(1, None, ["x" * 9000 + "\n" + "y"], False, False)
+    assert len(outcome.message) == MAX_MESSAGE and "\n" not in outcome.message
+    assert outcome.message.startswith("the compile child failed with 1") and outcome.message.endswith("x y")
+
+
+# -- long messages: the bound, and the head and tail kept around the cut -----------------------------------
+
+def test_a_message_within_the_bound_is_kept_whole() -> None:
+    text = "e" * MAX_MESSAGE
+    assert shorten(text) == text and one_line(text) == text
+    assert MAX_MESSAGE == 4000 and MAX_MESSAGE_CHARS == MAX_MESSAGE  # one bound: result.json and the ledger
+
+
+def test_a_long_message_keeps_its_head_and_its_tail() -> None:
+    head, middle, tail = "H" * 2000, "m" * 5000, "T" * 3000
+    cut = shorten(head + middle + tail)
+    assert len(cut) == MAX_MESSAGE and cut.count(CUT_MARK) == 1
+    kept_head, kept_tail = cut.split(CUT_MARK)
+    assert (len(kept_head), len(kept_tail)) == (1332, 2665)  # a third, two thirds of what the mark leaves
+    assert kept_head == "H" * 1332 and kept_tail == "T" * 2665
+    assert shorten("abcdefghij", 8) == "a … ghij" and shorten("abcdefghij", 4) == "abcd"
+
+
+def test_the_compilers_error_after_a_long_traceback_survives() -> None:
+    frames = [f'  File "/venv/torch/_inductor/mod{i}.py", line {i}, in f{i}\n    call_{i}()' for i in range(300)]
+    text = "\n".join(["torch.jit.trace failed: Traceback (most recent call last):", *frames,
+                      "RuntimeError: shape '[2, 32]' is invalid for input of size 96"])
+    message = CompileFailure("CPU_TRACE_ERROR", text).message
+    assert len(message) == MAX_MESSAGE and "\n" not in message
+    assert message.startswith("torch.jit.trace failed: Traceback (most recent call last):")
+    assert message.endswith("call_299() RuntimeError: shape '[2, 32]' is invalid for input of size 96")
+    failure = CompileFailure("CPU_TRACE_ERROR", text)
+    assert failure.full_text == text  # the child logs it whole (workers.compile_child)
+    outcome = classify(3, {"status": "compile_error", "code": "CPU_TRACE_ERROR", "message": message}, [], False,
+                       False)
+    assert outcome.message == message
+
+
+def test_an_unknown_crash_quotes_what_was_raised_not_a_multi_line_messages_last_line() -> None:
+    tail = ["Traceback (most recent call last):", '  File "/w/run.py", line 3, in <module>', "    go()",
+            "torch._dynamo.exc.Unsupported: data-dependent branching", "", "from user code:",
+            '   File "/w/model.py", line 9, in forward', "    if x.sum() > 0:"]
+    outcome = classify(1, None, tail, False, False)
+    assert (outcome.error_class, outcome.code) == ("unknown", "EXIT_1")
+    assert outcome.message == ("the compile child failed with 1 and printed no error code or other evidence; "
+                               "raised torch._dynamo.exc.Unsupported: data-dependent branching; "
+                               "last output: if x.sum() > 0:")

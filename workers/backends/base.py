@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
+from compilesvc.failures import MAX_MESSAGE, shorten
 from compilesvc.spec import BACKEND_FORMATS, NEURON_TARGETS, InputSpec
 from compilesvc.states import ErrorClass
 
@@ -41,8 +42,8 @@ EXIT_INFRA_ERROR = 4
 EXIT_FLAG_REJECTED = 5
 EXIT_UNEXPLAINED = 6
 
-#: Longest message kept in result.json; the full text is in the streamed log.
-MAX_MESSAGE_CHARS = 500
+#: Longest message kept in result.json: the ledger's bound (the full text is in the streamed log).
+MAX_MESSAGE_CHARS = MAX_MESSAGE
 
 LOG_PREFIX = "[compile-child]"
 
@@ -53,9 +54,9 @@ def log(message: str) -> None:
 
 
 def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """``text`` squeezed to one line of at most ``limit`` characters (for result.json messages)."""
-    squeezed = " ".join(str(text).split())
-    return squeezed if len(squeezed) <= limit else squeezed[: limit - 1] + "…"
+    """``text`` squeezed to one line of at most ``limit`` characters (for result.json messages); a longer one
+    keeps its head and its tail (:func:`compilesvc.failures.shorten`: the compiler's error is at the end)."""
+    return shorten(" ".join(str(text).split()), limit)
 
 
 class BackendFailure(Exception):
@@ -67,6 +68,8 @@ class BackendFailure(Exception):
 
     def __init__(self, code: str, message: str):
         self.code = code
+        #: The whole text, for the streamed log when ``message`` (result.json's, the ledger's) had to be cut.
+        self.full_text = str(message)
         self.message = one_line(message)
         super().__init__(f"{code}: {self.message}")
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._inductor.exc import CppCompileError
 
 from compilesvc.flags import canonical_flags, flag_names
 from compilesvc.hostinfo import host_isa
@@ -231,6 +232,33 @@ def _raise_if_toolchain_trouble(exc: BaseException) -> None:
         raise InfraError("CXX_TOOLCHAIN", f"the host's C++ toolchain failed: {exc}") from exc
 
 
+def _cpp_compile_error(exc: BaseException) -> CppCompileError | None:
+    """The C++ compiler's failure behind an AOTInductor exception (InductorError wraps it), or None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, CppCompileError):
+            return current
+        seen.add(id(current))
+        inner = getattr(current, "inner_exception", None)  # torch._inductor.exc.InductorError
+        current = inner if isinstance(inner, BaseException) else current.__cause__ or current.__context__
+    return None
+
+
+def _inductor_failure(exc: BaseException) -> str:
+    """The message of a failed AOTInductor compile, the compiler's own output first.
+
+    CppCompileError's text is "C++ compile error / Command: <the whole g++ line> / Output: <the errors>"
+    (torch/_inductor/exc.py): the command alone can fill a stored message, so it goes to the log instead,
+    and the message is the output, whose first error is the one that matters (later ones often follow
+    from it)."""
+    cpp = _cpp_compile_error(exc)
+    if cpp is None:
+        return f"AOTInductor failed: {type(exc).__name__}: {exc}"
+    log("the C++ compiler failed; its command: " + " ".join(cpp.cmd))
+    return f"AOTInductor failed: the C++ compiler failed: {cpp.output}"
+
+
 class AOTInductorBackend(Backend):
     """``torch.export`` + ``aoti_compile_and_package`` at the bucket's static shapes, saved as ``model.pt2``."""
 
@@ -273,8 +301,7 @@ class AOTInductorBackend(Backend):
             except Exception as exc:
                 raise_if_host_trouble(exc)
                 _raise_if_toolchain_trouble(exc)
-                raise CompileFailure("CPU_INDUCTOR_ERROR", f"AOTInductor failed: {type(exc).__name__}: "
-                                                           f"{exc}") from exc
+                raise CompileFailure("CPU_INDUCTOR_ERROR", _inductor_failure(exc)) from exc
             log(f"AOTInductor compiled in {time.monotonic() - t0:.2f} s")
             verify_outputs(lambda: torch._inductor.aoti_load_package(str(out))(*tensors), eager,
                            "CPU_INDUCTOR_ERROR")
