@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 from pathlib import Path
 
@@ -16,7 +17,14 @@ from compilesvc.hostinfo import host_isa
 from compilesvc.spec_parsing import parse_spec
 from tests.workers import DEMO_MODEL, ChildRun, run_child, run_children, text_inputs
 from workers.backends.base import CompileFailure, InfraError, InputDesc
-from workers.backends.cpu import _inductor_failure
+from workers.backends.cpu import (
+    GUARDS_TRACER_WARNING,
+    TRACER_WARNING_EXPLAINED,
+    _inductor_failure,
+    kept_tracer_warnings,
+    silenced,
+    trace_bucket,
+)
 from workers.classify import classify
 from workers.model_loading import example_inputs, load_model, order_inputs, safe_extract
 
@@ -49,6 +57,35 @@ class FixedSeq(nn.Module):
         return self.embed(input_ids).reshape(input_ids.shape[0], 8 * 4)
 
 
+class FirstTokens(nn.Module):
+    """Sums the embeddings of the first n tokens, n read from the mask's values: export keeps the read
+    (aten.item), a trace freezes the n of its example inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 4)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        n = attention_mask[0].sum().item()
+        torch._check(n >= 0)
+        torch._check(n <= input_ids.shape[1])
+        return self.embed(input_ids[:, :n]).sum(1)
+
+
+class Branchy(nn.Module):
+    """Data-dependent control flow in Python: the branch taken depends on the mask's values."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if attention_mask.sum() > 3:
+            return input_ids * 2
+        return input_ids
+
+
+def _warnings(lines: list[str]) -> list[str]:
+    """Lines Python's warnings module printed ("path:line: SomeWarning: message")."""
+    return [line for line in lines if re.search(r":\d+: \w*Warning: ", line)]
+
+
 def _inputs(batch: int, seq: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     mask = torch.ones(batch, seq, dtype=torch.int64)
@@ -77,8 +114,9 @@ def model_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     torch.save(tiny.state_dict(), root / "tiny.state")
     static = torch.export.export(torch.export.load(str(DEMO_MODEL)).module(), _inputs(2, 16))
     torch.export.save(static, str(root / "static.pt2"))  # exported at (2, 16) only
+    torch.export.save(torch.export.export(FirstTokens().eval(), _inputs(2, 8)), str(root / "first-tokens.pt2"))
     return {"tiny": root / "tiny.pt", "fixed-seq": root / "fixed-seq.pt", "tiny-state": root / "tiny.state",
-            "static": root / "static.pt2"}
+            "static": root / "static.pt2", "first-tokens": root / "first-tokens.pt2"}
 
 
 def test_torchscript_is_byte_identical_and_matches_eager(tmp_path: Path) -> None:
@@ -109,6 +147,9 @@ def test_torchscript_model_file_with_optimize_for_inference(tmp_path: Path, mode
                     args=["--optimize-for-inference"])
     _assert_ok(run)
     assert "inputs input_ids:int64[1, 8], attention_mask:int64[1, 8]" in run.stdout  # forward's order
+    # Tracing a ScriptModule is a no-op: said once in our words, not torch's UserWarning.
+    assert _warnings(run.lines) == [] and "no-op" not in run.stderr
+    assert "[compile-child] the model is TorchScript already: used as loaded" in run.stdout
     eager = TinyEncoder().eval()
     eager.load_state_dict(torch.load(model_files["tiny-state"]))
     loaded = torch.jit.load(str(run.out_dir / "model.pt"))
@@ -164,6 +205,9 @@ def test_aotinductor_compiles_and_matches_eager(tmp_path: Path) -> None:
     cache = tmp_path / "runs" / "compilesvc-inductor-cache"
     assert any(cache.iterdir()), "inductor must have used the fixed cache next to the work dir"
     assert f"inductor cache {cache}" in run.stdout
+    assert _warnings(run.lines) == [], run.stderr  # torch's LeafSpec FutureWarning is silenced, and said so
+    assert "[compile-child] silenced torch's FutureWarning '`isinstance(treespec, LeafSpec)` is deprecated'" \
+        in run.stdout
 
     package = torch._inductor.aoti_load_package(str(run.out_dir / "model.pt2"))
     ids, mask = _inputs(2, 16, seed=5)
@@ -288,3 +332,37 @@ def test_a_cpp_compile_error_is_reported_by_its_output_not_its_command(capsys: p
     assert message == f"AOTInductor failed: the C++ compiler failed: {output}"
     assert "the C++ compiler failed; its command: g++ -I/venv/include" in capsys.readouterr().out  # in the log
     assert _inductor_failure(RuntimeError("boom")) == "AOTInductor failed: RuntimeError: boom"
+
+
+def test_the_demo_log_has_no_unexplained_framework_warning(tmp_path: Path) -> None:
+    spec = parse_spec(demo_spec())
+    bucket = spec.buckets[0]
+    run = run_child(tmp_path, "demo", inputs=[{"name": i.name, "shape": list(i.shape), "dtype": i.dtype}
+                                              for i in bucket.inputs], args=list(spec.compiler.args))
+    _assert_ok(run)
+    assert _warnings(run.lines) == [] and run.stderr == "", run.stderr
+    silenced_lines = [line for line in run.lines if line.startswith("[compile-child] silenced")]
+    assert silenced_lines == [f"[compile-child] {GUARDS_TRACER_WARNING.why}"]
+
+
+def test_data_dependent_control_flow_keeps_its_tracer_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    ids, mask = _inputs(2, 8)
+    # The warning is shown again through warnings.showwarning, which pytest.warns records (the child prints it).
+    with pytest.warns(torch.jit.TracerWarning, match="Converting a tensor to a Python boolean") as shown:
+        traced = trace_bucket(Branchy(), [ids, mask], set())
+    assert {Path(w.filename).name for w in shown if w.category is torch.jit.TracerWarning} == {"test_backends_cpu.py"}
+    assert f"[compile-child] {TRACER_WARNING_EXPLAINED}" in capsys.readouterr().out
+    assert torch.equal(traced(ids, torch.zeros_like(mask)), ids * 2)  # the branch of the example, frozen
+    # Even with the exported program's guard filter on, the model's own warning still shows: the filter
+    # matches the warning only when torch._assert (module torch) issues it.
+    with (pytest.warns(torch.jit.TracerWarning, match="Converting a tensor to a Python boolean"),
+          silenced([GUARDS_TRACER_WARNING]), kept_tracer_warnings()):
+        torch.jit.trace(Branchy(), (ids, mask))
+    assert capsys.readouterr().out.count(TRACER_WARNING_EXPLAINED) == 1
+
+
+def test_an_exported_program_reading_tensor_values_is_flagged(tmp_path: Path, model_files: dict[str, Path]) -> None:
+    run = run_child(tmp_path, "first-tokens", model_path=str(model_files["first-tokens"]), inputs=text_inputs(2, 8))
+    _assert_ok(run)  # right at the example inputs, so it compiles; the log says what the trace froze
+    assert "[compile-child] warning: the model reads tensor values into Python numbers (item)" in run.stdout
+    assert _warnings(run.lines) == [], run.stderr
