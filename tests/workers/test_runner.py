@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, func, select, update
 
+from compilesvc import failures
 from compilesvc.config import Settings
 from compilesvc.control import cancel_build
 from compilesvc.db import make_sessionmaker
@@ -277,6 +278,17 @@ def test_each_row_of_the_classification_table_through_the_runner(services: Servi
     with services.sessions() as session:
         archived = session.scalars(select(LogLine.line).where(LogLine.line.startswith("full log archived"))).all()
     assert len(archived) == final.attempts
+    # Each failed attempt's history entry names its archived log, and the store holds exactly that file.
+    with services.sessions() as session:
+        history = failures.of_buckets(session, [final.id])[final.id]
+    logged = [f for f in history if f.phase == "compile"]
+    assert len(logged) == final.attempts and all(f.log is not None for f in logged)
+    assert sorted(f"full log archived as blob sha256:{f.log.sha256} ({f.log.size} bytes)"  # type: ignore[union-attr]
+                  for f in logged) == sorted(archived)
+    for failure in logged:
+        assert failure.log is not None
+        with services.store.open_blob(failure.log.sha256) as stream:
+            assert len(stream.read()) == failure.log.size
     # Final classes answer a new submit from the negative cache; retried ones compile again.
     again = submit(services, args=args)
     assert (again.buckets[0].state == "failed") == (error_class in ("compile", "bad_request"))
