@@ -1,0 +1,56 @@
+"""The browser suite's fixtures: one real service per module (:mod:`tests.ui.stack`), seeded with real
+builds, and Chromium driven by Playwright. Screenshots of every step go to
+``$COMPILESVC_TEST_ARTIFACTS/ui`` (default ``.test-artifacts/ui`` in the repository)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.ui.stack import CHROMIUM_ARGS, UiStack, find_chromium, running_stack, seed
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("COMPILESVC_TEST_ARTIFACTS", REPO / ".test-artifacts")) / "ui"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStack]:
+    with running_stack(tmp_path_factory.mktemp("ui") / "data") as running:
+        seed(running)
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("no Chromium on this machine: install Debian's chromium (.ci/test-tools does, as root) or "
+                    "set COMPILESVC_CHROMIUM to a Chromium binary")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is a dev dependency")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh browser context (no cookies) at a laptop's screen size; its last screen is kept on failure."""
+    context = browser.new_context(viewport={"width": 1366, "height": 768}, accept_downloads=True)
+    opened = context.new_page()
+    opened.set_default_timeout(30_000)
+    yield opened
+    if getattr(request.node, "report_call", None) is not None and request.node.report_call.failed:
+        shoot(opened, f"FAILED-{request.node.name}")
+    context.close()
+
+
+def shoot(page: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
