@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: dev test test-quick test-tools lint install bench
+.PHONY: dev test test-quick test-tools lint install bench screenshots
 
 $(BIN)/compilesvc: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,3 +32,7 @@ test-quick: install
 # `make bench BENCH_ARGS=--quick` for a smoke run; `BENCH_ARGS="--only pipeline"` for one bench.
 bench: install
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
+
+# The README's screenshots (docs/screenshots), from a real service and real builds in Chromium.
+screenshots: install test-tools
+	$(BIN)/python -m tests.ui.screenshots --out docs/screenshots
