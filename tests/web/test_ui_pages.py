@@ -89,6 +89,10 @@ def test_build_page_says_where_each_bucket_came_from(make_env: EnvFactory, sqlit
 
     hit = page(env, f"/builds/{ids['hit']}")
     assert f'href="/builds/{ids["built"]}"' in hit and "every bucket reused, nothing compiled" in text_of(hit)
+    # A hit shows no compile log as its own: it points at the builds whose compiles it reused.
+    assert 'id="log"' not in hit and f'href="/builds/{ids["built"]}#compile-log"' in hit
+    assert "Lines of buckets 0, 1 are from the earlier compiles this build reused" in text_of(
+        page(env, f"/builds/{ids['bigger']}"))
     joined = text_of(page(env, f"/builds/{ids['joined']}"))
     assert f"joined the compile of build {ids['built']}" in joined
 
