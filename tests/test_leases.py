@@ -341,17 +341,23 @@ def test_a_retry_waits_out_its_backoff_before_it_is_sent(services: Services) -> 
     assert services.relay.relay() == 1  # due now
 
 
+def fail_twice(services: Services, bid: int, message: str) -> list[leases.Outcome | None]:
+    """Two attempts of the compile, each failing for infrastructure with ``message``."""
+    outcomes = []
+    for _ in range(2):
+        attempt = claim(services, bid)
+        assert attempt is not None
+        with transaction(services.sessions) as session:
+            outcomes.append(leases.fail(session, bid, attempt.token, "infra", "EXIT_1", message))
+    return outcomes
+
+
 def test_a_failure_repeated_identically_is_not_retried_again(tmp_path: Path, ledger_url: str) -> None:
     services = Services.from_settings(make_settings(tmp_path, ledger_url, max_attempts=5))
     try:
         bid = bucket_id(services, submit(services).buckets[0].key)
         message = "RuntimeError: Storage size calculation overflowed with sizes=[1048576, 1048576]"
-        outcomes = []
-        for _ in range(2):
-            attempt = claim(services, bid)
-            assert attempt is not None
-            with transaction(services.sessions) as session:
-                outcomes.append(leases.fail(session, bid, attempt.token, "infra", "EXIT_1", message))
+        outcomes = fail_twice(services, bid, message)
         assert [o.state for o in outcomes if o] == ["queued", "failed"]  # 2 of 5 attempts, not 5
         bucket = row(services, bid)
         assert (bucket.error_class, bucket.error_code, bucket.attempts) == ("infra", "EXIT_1", 2)
@@ -367,12 +373,7 @@ def test_a_long_failure_is_stored_head_and_tail_and_its_repetition_still_seen(tm
         bid = bucket_id(services, submit(services).buckets[0].key)
         # A traceback's worth of preamble, then the compiler's own error at the end.
         message = "Traceback: " + "frame " * 1500 + "RuntimeError: Storage size calculation overflowed"
-        outcomes = []
-        for _ in range(2):
-            attempt = claim(services, bid)
-            assert attempt is not None
-            with transaction(services.sessions) as session:
-                outcomes.append(leases.fail(session, bid, attempt.token, "infra", "EXIT_1", message))
+        outcomes = fail_twice(services, bid, message)
         assert [o.state for o in outcomes if o] == ["queued", "failed"]  # compared as stored: a repetition
         with services.sessions() as session:
             history = failures.of_buckets(session, [bid])[bid]

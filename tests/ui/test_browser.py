@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,7 +71,7 @@ def test_history_filter_detail_log_artifact_download(page: Any, stack: UiStack) 
     with page.expect_download() as download:
         link.click()
     saved = download.value.path()
-    assert hashlib.sha256(open(saved, "rb").read()).hexdigest() == listed_sha
+    assert hashlib.sha256(Path(saved).read_bytes()).hexdigest() == listed_sha
 
     page.get_by_role("link", name="Artifacts").click()
     page.wait_for_url(re.compile(r"/artifacts$"))
