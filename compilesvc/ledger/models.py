@@ -151,6 +151,9 @@ class BucketCompile(Base):
     __table_args__ = (
         # The reaper's scan: running compiles whose lease ran out.
         Index("ix_bucket_compiles_state_lease", "state", "lease_expires_at"),
+        # The statistics' windows (compilesvc.stats): compile times by finish, queue waits by start.
+        Index("ix_bucket_compiles_finished_at", "finished_at"),
+        Index("ix_bucket_compiles_started_at", "started_at"),
         check_constraint("state", BucketState, "state"),
         check_constraint("error_class", ErrorClass, "error_class"),
     )
@@ -336,6 +339,7 @@ class BucketFailure(Base):
 
     __table_args__ = (
         Index("ix_bucket_failures_bucket_compile_id_id", "bucket_compile_id", "id"),
+        Index("ix_bucket_failures_at", "at"),  # the statistics' failures by class over a window
         check_constraint("error_class", ErrorClass, "error_class"),
     )
 

@@ -1,0 +1,276 @@
+"""Service statistics for the UI's Stats page: how submits were answered over time, how long compiles take
+per model and target, which failures happen, and how long compiles wait in the queue.
+
+Each function reads one window (:func:`window`): ``day`` is 24 hourly bins, ``week`` 7 daily bins, both
+aligned to UTC clock boundaries, the last bin being the one ``now`` is in. Every query is bounded by its
+window through an index on the time it filters by (``builds.created_at``, ``bucket_compiles.finished_at``
+and ``started_at``, ``bucket_failures.at``), so its cost follows the window's activity and not the size of
+the ledger; ``python -m bench.history_scale`` times them and checks their plans at a million builds.
+
+The same SQL runs on Postgres and SQLite:
+
+- bins are a ``CASE`` over the bins' bound timestamps, not a dialect's date functions;
+- percentiles are nearest-rank (the value at rank ⌈p·n⌉ in ascending order), picked in SQL with
+  ``row_number()`` and ``count()`` window functions, so only two rows per group leave the database (SQLite
+  has no ``percentile_cont``, and fetching a week's values to sort them in Python costs more);
+- the one dialect difference, a duration between two timestamps in seconds, is :func:`_seconds_between`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Float, Select, and_, case, func, literal, select, type_coerce
+from sqlalchemy.orm import Session, aliased
+
+from compilesvc.ledger.models import ArtifactBucket, BucketCompile, BucketFailure, Build
+from compilesvc.states import BucketState, Outcome
+
+__all__ = [
+    "WINDOWS",
+    "CompileTimes",
+    "FailureCount",
+    "OutcomeBin",
+    "Percentiles",
+    "QueueWait",
+    "Stats",
+    "UnknownWindow",
+    "Window",
+    "collect",
+    "compile_times",
+    "failures",
+    "outcomes",
+    "queue_wait",
+    "window",
+]
+
+#: Window name → (bin width, number of bins).
+WINDOWS: dict[str, tuple[timedelta, int]] = {"day": (timedelta(hours=1), 24), "week": (timedelta(days=1), 7)}
+
+
+class UnknownWindow(ValueError):
+    """A window name other than those of :data:`WINDOWS`."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """``[start, stop)`` in ``count`` bins of ``step``; ``stop`` is the end of the bin ``now`` is in."""
+
+    name: str
+    start: datetime
+    step: timedelta
+    count: int
+
+    @property
+    def stop(self) -> datetime:
+        return self.start + self.step * self.count
+
+    @property
+    def bins(self) -> list[datetime]:
+        """Each bin's start."""
+        return [self.start + self.step * i for i in range(self.count)]
+
+
+def window(name: str, now: datetime | None = None) -> Window:
+    if name not in WINDOWS:
+        raise UnknownWindow(f"window must be one of {', '.join(WINDOWS)}, not {name!r}")
+    step, count = WINDOWS[name]
+    moment = (now or datetime.now(UTC)).astimezone(UTC)
+    midnight = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    current = midnight + (moment - midnight) // step * step
+    return Window(name, current - step * (count - 1), step, count)
+
+
+@dataclass(frozen=True)
+class OutcomeBin:
+    """Builds submitted in one bin, by how they were answered. ``built`` compiled every bucket; a
+    ``partly_reused`` build was new but found some of its buckets compiled already."""
+
+    start: datetime
+    hit: int = 0
+    joined: int = 0
+    built: int = 0
+    partly_reused: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.hit + self.joined + self.built + self.partly_reused
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    """Nearest-rank percentiles of ``count`` values, in seconds (None when there are none)."""
+
+    count: int = 0
+    p50: float | None = None
+    p95: float | None = None
+
+
+@dataclass(frozen=True)
+class CompileTimes:
+    """Succeeded compiles that finished in the window, for one model name (None: never named) and target."""
+
+    model_name: str | None
+    target: str
+    seconds: Percentiles
+
+
+@dataclass(frozen=True)
+class FailureCount:
+    """Failed steps of compiles in the window for one error class: retried, or final for that compile."""
+
+    error_class: str
+    retried: int
+    final: int
+
+    @property
+    def total(self) -> int:
+        return self.retried + self.final
+
+
+@dataclass(frozen=True)
+class QueueWait:
+    """Seconds from queued to started, of compiles started in the window: overall and per bin."""
+
+    overall: Percentiles
+    bins: list[tuple[datetime, Percentiles]]
+
+
+@dataclass(frozen=True)
+class Stats:
+    window: Window
+    outcomes: list[OutcomeBin]
+    compile_times: list[CompileTimes]
+    failures: list[FailureCount]
+    queue_wait: QueueWait
+
+
+def collect(session: Session, name: str, now: datetime | None = None) -> Stats:
+    """Everything the Stats page shows for window ``name`` (raises :class:`UnknownWindow`)."""
+    span = window(name, now)
+    return Stats(span, outcomes(session, span), compile_times(session, span), failures(session, span),
+                 queue_wait(session, span))
+
+
+def _bin_of(column: Any, span: Window) -> ColumnElement[int]:
+    """The bin index of a timestamp already known to be inside the window."""
+    bounds = span.bins[1:]
+    if not bounds:
+        return literal(0)
+    return case(*[(column < bound, index) for index, bound in enumerate(bounds)], else_=len(bounds))
+
+
+def _inside(column: Any, span: Window) -> ColumnElement[bool]:
+    return and_(column >= span.start, column < span.stop)
+
+
+def outcomes(session: Session, span: Window) -> list[OutcomeBin]:
+    """Builds created in the window, per bin and outcome (every bin, empty ones too)."""
+    reused = case((Build.buckets_reused > 0, 1), else_=0)
+    rows = session.execute(
+        select(_bin_of(Build.created_at, span).label("bin"), Build.outcome, reused.label("reused"), func.count())
+        .where(_inside(Build.created_at, span))
+        .group_by("bin", Build.outcome, "reused")
+    ).all()
+    counts: list[dict[str, int]] = [{} for _ in range(span.count)]
+    for index, outcome, partly, count in rows:
+        if outcome == Outcome.HIT:
+            kind = "hit"
+        elif outcome == Outcome.JOIN:
+            kind = "joined"
+        else:
+            kind = "partly_reused" if partly else "built"
+        counts[index][kind] = counts[index].get(kind, 0) + count
+    return [OutcomeBin(start, **counts[i]) for i, start in enumerate(span.bins)]
+
+
+def _percentiles(session: Session, source: Select[*tuple[Any, ...]], groups: int) -> list[tuple[Any, ...]]:
+    """``(group values…, count, p50, p95)`` per group of ``source``, whose columns are ``groups`` group
+    columns and then the value. Ranks and counts come from window functions; only the rows at the two
+    ranks are aggregated."""
+    inner = source.subquery()
+    keys = list(inner.columns)[:groups]
+    value = list(inner.columns)[groups]
+    ranked = select(
+        *keys, value.label("v"),
+        func.row_number().over(partition_by=keys or None, order_by=value).label("rn"),
+        func.count().over(partition_by=keys or None).label("n"),
+    ).subquery()
+    group_keys = list(ranked.columns)[:groups]
+    rank50 = (ranked.c.n * 50 + 99) // 100
+    rank95 = (ranked.c.n * 95 + 99) // 100
+    statement = (
+        select(*group_keys, func.max(ranked.c.n),
+               func.max(case((ranked.c.rn == rank50, ranked.c.v))),
+               func.max(case((ranked.c.rn == rank95, ranked.c.v))))
+        .where((ranked.c.rn == rank50) | (ranked.c.rn == rank95))
+        .group_by(*group_keys)
+    )
+    return [tuple(row) for row in session.execute(statement).all()]
+
+
+def _as_percentiles(count: int, p50: float | None, p95: float | None) -> Percentiles:
+    # Durations come out of SQLite's julianday arithmetic with float noise: milliseconds are plenty.
+    return Percentiles(int(count), None if p50 is None else round(float(p50), 3),
+                       None if p95 is None else round(float(p95), 3))
+
+
+def compile_times(session: Session, span: Window) -> list[CompileTimes]:
+    """Succeeded compiles finished in the window, per model name and target, slowest p95 first. A compile's
+    model name is that of the build that queued it, else of the first named build of its artifacts (a
+    compile imported from the store, or queued by a build submitted by sha256 alone)."""
+    origin = aliased(Build)
+    named = aliased(Build)
+    fallback = (
+        select(named.model_name)
+        .join(ArtifactBucket, ArtifactBucket.artifact_id == named.artifact_id)
+        .where(ArtifactBucket.bucket_compile_id == BucketCompile.id, named.model_name.is_not(None))
+        .order_by(named.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    source = (
+        select(func.coalesce(origin.model_name, fallback).label("model_name"), BucketCompile.target,
+               BucketCompile.compile_seconds)
+        .outerjoin(origin, origin.id == BucketCompile.origin_build_id)
+        .where(_inside(BucketCompile.finished_at, span), BucketCompile.state == BucketState.SUCCEEDED,
+               BucketCompile.compile_seconds.is_not(None))
+    )
+    found = [CompileTimes(model, target, _as_percentiles(n, p50, p95))
+             for model, target, n, p50, p95 in _percentiles(session, source, 2)]
+    return sorted(found, key=lambda c: (-(c.seconds.p95 or 0.0), c.model_name or "", c.target))
+
+
+def failures(session: Session, span: Window) -> list[FailureCount]:
+    """Failed steps recorded in the window per error class, most frequent first."""
+    rows = session.execute(
+        select(BucketFailure.error_class, BucketFailure.retry, func.count())
+        .where(_inside(BucketFailure.at, span))
+        .group_by(BucketFailure.error_class, BucketFailure.retry)
+    ).all()
+    counts: dict[str, list[int]] = {}
+    for error_class, retried, count in rows:
+        counts.setdefault(error_class, [0, 0])[0 if retried else 1] += count
+    found = [FailureCount(name, retried, final) for name, (retried, final) in counts.items()]
+    return sorted(found, key=lambda f: (-f.total, f.error_class))
+
+
+def _seconds_between(session: Session, earlier: Any, later: Any) -> ColumnElement[float]:
+    if session.get_bind().dialect.name == "postgresql":
+        return type_coerce(func.extract("epoch", later - earlier), Float)
+    return (func.julianday(later) - func.julianday(earlier)) * 86400.0
+
+
+def queue_wait(session: Session, span: Window) -> QueueWait:
+    """How long compiles started in the window waited after being queued: overall and per bin."""
+    wait = _seconds_between(session, BucketCompile.queued_at, BucketCompile.started_at)
+    started = _inside(BucketCompile.started_at, span)
+    overall = _percentiles(session, select(literal(0).label("all"), wait.label("wait")).where(started), 1)
+    per_bin = {row[0]: _as_percentiles(*row[1:]) for row in _percentiles(
+        session, select(_bin_of(BucketCompile.started_at, span).label("bin"), wait.label("wait")).where(started), 1)}
+    return QueueWait(
+        _as_percentiles(*overall[0][1:]) if overall else Percentiles(),
+        [(start, per_bin.get(i, Percentiles())) for i, start in enumerate(span.bins)],
+    )
