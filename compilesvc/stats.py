@@ -14,6 +14,10 @@ The same SQL runs on Postgres and SQLite:
   ``row_number()`` and ``count()`` window functions, so only two rows per group leave the database (SQLite
   has no ``percentile_cont``, and fetching a week's values to sort them in Python costs more);
 - the one dialect difference, a duration between two timestamps in seconds, is :func:`_seconds_between`.
+
+On Postgres each read turns JIT compilation off for its transaction (:func:`_without_jit`): the planner
+prices a window's per-row primary-key lookups high enough to JIT-compile the statement, which then costs
+ten times the query itself.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, Select, and_, case, func, literal, select, type_coerce
+from sqlalchemy import ColumnElement, Float, Select, and_, case, func, literal, select, text, type_coerce
 from sqlalchemy.orm import Session, aliased
 
 from compilesvc.ledger.models import ArtifactBucket, BucketCompile, BucketFailure, Build
@@ -154,6 +158,11 @@ def collect(session: Session, name: str, now: datetime | None = None) -> Stats:
                  queue_wait(session, span))
 
 
+def _without_jit(session: Session) -> None:
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SET LOCAL jit = off"))
+
+
 def _bin_of(column: Any, span: Window) -> ColumnElement[int]:
     """The bin index of a timestamp already known to be inside the window."""
     bounds = span.bins[1:]
@@ -168,6 +177,7 @@ def _inside(column: Any, span: Window) -> ColumnElement[bool]:
 
 def outcomes(session: Session, span: Window) -> list[OutcomeBin]:
     """Builds created in the window, per bin and outcome (every bin, empty ones too)."""
+    _without_jit(session)
     reused = case((Build.buckets_reused > 0, 1), else_=0)
     rows = session.execute(
         select(_bin_of(Build.created_at, span).label("bin"), Build.outcome, reused.label("reused"), func.count())
@@ -221,8 +231,11 @@ def compile_times(session: Session, span: Window) -> list[CompileTimes]:
     """Succeeded compiles finished in the window, per model name and target, slowest p95 first. A compile's
     model name is that of the build that queued it, else of the first named build of its artifacts (a
     compile imported from the store, or queued by a build submitted by sha256 alone)."""
-    origin = aliased(Build)
+    _without_jit(session)
     named = aliased(Build)
+    # Correlated lookups by primary key, not joins: a join lets the planner hash all of ``builds``, whose
+    # size has nothing to do with the window's.
+    origin = select(Build.model_name).where(Build.id == BucketCompile.origin_build_id).scalar_subquery()
     fallback = (
         select(named.model_name)
         .join(ArtifactBucket, ArtifactBucket.artifact_id == named.artifact_id)
@@ -232,9 +245,8 @@ def compile_times(session: Session, span: Window) -> list[CompileTimes]:
         .scalar_subquery()
     )
     source = (
-        select(func.coalesce(origin.model_name, fallback).label("model_name"), BucketCompile.target,
+        select(func.coalesce(origin, fallback).label("model_name"), BucketCompile.target,
                BucketCompile.compile_seconds)
-        .outerjoin(origin, origin.id == BucketCompile.origin_build_id)
         .where(_inside(BucketCompile.finished_at, span), BucketCompile.state == BucketState.SUCCEEDED,
                BucketCompile.compile_seconds.is_not(None))
     )
@@ -245,6 +257,7 @@ def compile_times(session: Session, span: Window) -> list[CompileTimes]:
 
 def failures(session: Session, span: Window) -> list[FailureCount]:
     """Failed steps recorded in the window per error class, most frequent first."""
+    _without_jit(session)
     rows = session.execute(
         select(BucketFailure.error_class, BucketFailure.retry, func.count())
         .where(_inside(BucketFailure.at, span))
@@ -264,13 +277,36 @@ def _seconds_between(session: Session, earlier: Any, later: Any) -> ColumnElemen
 
 
 def queue_wait(session: Session, span: Window) -> QueueWait:
-    """How long compiles started in the window waited after being queued: overall and per bin."""
-    wait = _seconds_between(session, BucketCompile.queued_at, BucketCompile.started_at)
-    started = _inside(BucketCompile.started_at, span)
-    overall = _percentiles(session, select(literal(0).label("all"), wait.label("wait")).where(started), 1)
-    per_bin = {row[0]: _as_percentiles(*row[1:]) for row in _percentiles(
-        session, select(_bin_of(BucketCompile.started_at, span).label("bin"), wait.label("wait")).where(started), 1)}
-    return QueueWait(
-        _as_percentiles(*overall[0][1:]) if overall else Percentiles(),
-        [(start, per_bin.get(i, Percentiles())) for i, start in enumerate(span.bins)],
+    """How long compiles started in the window waited after being queued: overall and per bin, ranked in
+    one pass over the window (two window functions over the same rows)."""
+    _without_jit(session)
+    started = (
+        select(_bin_of(BucketCompile.started_at, span).label("bin"),
+               _seconds_between(session, BucketCompile.queued_at, BucketCompile.started_at).label("wait"))
+        .where(_inside(BucketCompile.started_at, span))
+        .subquery()
     )
+    ranked = select(
+        started.c.bin, started.c.wait,
+        func.row_number().over(partition_by=started.c.bin, order_by=started.c.wait).label("rn"),
+        func.count().over(partition_by=started.c.bin).label("n"),
+        func.row_number().over(order_by=started.c.wait).label("rn_all"),
+        func.count().over().label("n_all"),
+    ).subquery()
+    r = ranked.c
+    bin50, bin95 = (r.n * 50 + 99) // 100, (r.n * 95 + 99) // 100
+    all50, all95 = (r.n_all * 50 + 99) // 100, (r.n_all * 95 + 99) // 100
+    rows = session.execute(
+        select(r.bin, func.max(r.n), func.max(case((r.rn == bin50, r.wait))), func.max(case((r.rn == bin95, r.wait))),
+               func.max(r.n_all), func.max(case((r.rn_all == all50, r.wait))),
+               func.max(case((r.rn_all == all95, r.wait))))
+        .where((r.rn == bin50) | (r.rn == bin95) | (r.rn_all == all50) | (r.rn_all == all95))
+        .group_by(r.bin)
+    ).all()
+    per_bin = {row[0]: _as_percentiles(*row[1:4]) for row in rows}
+    # The overall ranks fall in one bin or two: each bin's row has them or NULL.
+    overall = Percentiles()
+    if rows:
+        overall = _as_percentiles(rows[0][4], max((row[5] for row in rows if row[5] is not None), default=None),
+                                  max((row[6] for row in rows if row[6] is not None), default=None))
+    return QueueWait(overall, [(start, per_bin.get(i, Percentiles())) for i, start in enumerate(span.bins)])

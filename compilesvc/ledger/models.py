@@ -153,7 +153,7 @@ class BucketCompile(Base):
         Index("ix_bucket_compiles_state_lease", "state", "lease_expires_at"),
         # The statistics' windows (compilesvc.stats): compile times by finish, queue waits by start.
         Index("ix_bucket_compiles_finished_at", "finished_at"),
-        Index("ix_bucket_compiles_started_at", "started_at"),
+        Index("ix_bucket_compiles_started_at_queued_at", "started_at", "queued_at"),  # index-only waits
         check_constraint("state", BucketState, "state"),
         check_constraint("error_class", ErrorClass, "error_class"),
     )
@@ -211,7 +211,8 @@ class Build(Base):
         # The two filters the history UI shows side by side; SDK releases follow time (see 0003).
         Index("ix_builds_target_sdk_id", "target", "sdk", "id"),
         Index("ix_builds_artifact_id", "artifact_id"),
-        Index("ix_builds_created_at", "created_at"),
+        # The statistics' outcomes over a window (compilesvc.stats), read from the index alone.
+        Index("ix_builds_created_at_outcome_buckets_reused", "created_at", "outcome", "buckets_reused"),
         check_constraint("state", BuildState, "state"),
         check_constraint("outcome", Outcome, "outcome"),
     )

@@ -1,0 +1,186 @@
+"""The Stats page: how submits were answered over time, compile seconds by model and target, failures by
+class and queue waits, for the last day or week (:mod:`compilesvc.stats` computes them).
+
+Charts are inline SVG laid out here (no script, no external asset): this module turns numbers into bar
+geometry, the template draws it, titles each chart and shows the same numbers in a table beside it for
+those who cannot see the chart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from flask import render_template, request
+
+from compilesvc.stats import WINDOWS, Stats, UnknownWindow, collect
+from compilesvc.tokens import Permission
+from web import auth
+from web.context import web
+from web.ui import bp
+from web.ui.filters import duration
+
+# Plot geometry in SVG user units; the SVG scales to the page width.
+WIDTH, HEIGHT = 760, 220
+LEFT, RIGHT, TOP, BOTTOM = 64, 8, 10, 26
+ROW, LABEL_WIDTH = 22, 220
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    css: str  # the class giving its colour (style.css: .series-*)
+    values: Sequence[float | None]
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    css: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    at: float  # y for a value axis, x for a category axis
+    text: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    width: int
+    height: int
+    bars: list[Bar]
+    value_ticks: list[Tick]
+    category_ticks: list[Tick]
+    legend: list[Series]
+    plot: tuple[float, float, float, float]  # x, y, width, height of the plotting area
+
+
+def nice_ceiling(value: float) -> float:
+    """The axis maximum: 1, 2 or 5 times a power of ten, at least ``value`` (1 for an empty chart)."""
+    if value <= 0:
+        return 1.0
+    power = 10 ** math.floor(math.log10(value))
+    return float(next(step * power for step in (1, 2, 5, 10) if step * power >= value))
+
+
+def _count(value: float) -> str:
+    return f"{value:g}"
+
+
+def column_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bool,
+                 fmt: Callable[[float], str] = _count) -> Chart:
+    """Vertical bars per category (the time bins): stacked, or side by side."""
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    if stacked:
+        peak = max((sum(s.values[i] or 0 for s in series) for i in range(len(labels))), default=0.0)
+    else:
+        peak = max((v or 0 for s in series for v in s.values), default=0.0)
+    top = nice_ceiling(peak)
+    slot = plot_w / max(len(labels), 1)
+    gap = slot * 0.15
+    bars: list[Bar] = []
+    for i, label in enumerate(labels):
+        base = 0.0
+        for k, one in enumerate(series):
+            value = one.values[i]
+            if not value:
+                continue
+            height = value / top * plot_h
+            if stacked:
+                x, width, y = LEFT + i * slot + gap, slot - 2 * gap, TOP + plot_h - (base + height)
+                base += height
+            else:
+                width = (slot - 2 * gap) / len(series)
+                x, y = LEFT + i * slot + gap + k * width, TOP + plot_h - height
+            bars.append(Bar(round(x, 1), round(y, 1), round(width, 1), round(height, 1), one.css,
+                            f"{label}: {one.name} {fmt(value)}"))
+    every = max(1, math.ceil(len(labels) / 12))  # at most a dozen labels fit under the axis
+    categories = [Tick(round(LEFT + (i + 0.5) * slot, 1), label) for i, label in enumerate(labels) if i % every == 0]
+    values = [Tick(round(TOP + plot_h * (1 - f), 1), fmt(top * f)) for f in (0.0, 0.5, 1.0)]
+    return Chart(WIDTH, HEIGHT, bars, values, categories, list(series), (LEFT, TOP, plot_w, plot_h))
+
+
+def bar_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bool,
+              fmt: Callable[[float], str] = _count) -> Chart:
+    """Horizontal bars per category (models and targets, error classes): stacked, or one under another."""
+    lanes = 1 if stacked else len(series)
+    height = TOP + BOTTOM + ROW * lanes * max(len(labels), 1)
+    plot_w, plot_h = WIDTH - LABEL_WIDTH - RIGHT, height - TOP - BOTTOM
+    if stacked:
+        peak = max((sum(s.values[i] or 0 for s in series) for i in range(len(labels))), default=0.0)
+    else:
+        peak = max((v or 0 for s in series for v in s.values), default=0.0)
+    top = nice_ceiling(peak)
+    bars: list[Bar] = []
+    for i, label in enumerate(labels):
+        base = 0.0
+        for k, one in enumerate(series):
+            value = one.values[i]
+            if not value:
+                continue
+            width = value / top * plot_w
+            lane = 0 if stacked else k
+            y = TOP + (i * lanes + lane) * ROW + 3
+            bars.append(Bar(round(LABEL_WIDTH + base, 1), y, round(width, 1), ROW - 6, one.css,
+                            f"{label}: {one.name} {fmt(value)}"))
+            if stacked:
+                base += width
+    categories = [Tick(TOP + (i * lanes + lanes / 2) * ROW + 4, label) for i, label in enumerate(labels)]
+    values = [Tick(round(LABEL_WIDTH + plot_w * f, 1), fmt(top * f)) for f in (0.0, 0.5, 1.0)]
+    return Chart(WIDTH, height, bars, values, categories, list(series), (LABEL_WIDTH, TOP, plot_w, plot_h))
+
+
+def _seconds(value: float) -> str:
+    return duration(value, coarse=value >= 60)
+
+
+def bin_label(start: datetime, window: str) -> str:
+    return start.strftime("%H:00") if window == "day" else start.strftime("%b %d")
+
+
+def charts(stats: Stats) -> dict[str, Chart]:
+    span = stats.window
+    labels = [bin_label(start, span.name) for start in span.bins]
+    outcomes = stats.outcomes
+    waits = [p for _, p in stats.queue_wait.bins]
+    times = stats.compile_times
+    return {
+        "outcomes": column_chart(labels, [
+            Series("hit", "series-hit", [b.hit for b in outcomes]),
+            Series("joined", "series-joined", [b.joined for b in outcomes]),
+            Series("partly reused", "series-partly", [b.partly_reused for b in outcomes]),
+            Series("built", "series-built", [b.built for b in outcomes]),
+        ], stacked=True),
+        "queue_wait": column_chart(labels, [
+            Series("p50", "series-p50", [p.p50 for p in waits]),
+            Series("p95", "series-p95", [p.p95 for p in waits]),
+        ], stacked=False, fmt=_seconds),
+        "compile_times": bar_chart([f"{c.model_name or '(no name)'} · {c.target}" for c in times], [
+            Series("p50", "series-p50", [c.seconds.p50 for c in times]),
+            Series("p95", "series-p95", [c.seconds.p95 for c in times]),
+        ], stacked=False, fmt=_seconds),
+        "failures": bar_chart([f.error_class for f in stats.failures], [
+            Series("retried", "series-retried", [f.retried for f in stats.failures]),
+            Series("final", "series-final", [f.final for f in stats.failures]),
+        ], stacked=True),
+    }
+
+
+@bp.get("/stats")
+@auth.access(Permission.READ)
+def stats_page() -> tuple[str, int]:
+    name = request.args.get("window", "day")
+    try:
+        with web().services.sessions() as session:
+            stats = collect(session, name)
+    except UnknownWindow as exc:
+        return render_template("stats.html", stats=None, error=str(exc), windows=list(WINDOWS), current=None), 400
+    return render_template("stats.html", stats=stats, charts=charts(stats), error=None, windows=list(WINDOWS),
+                           current=name, bin_label=bin_label), 200
