@@ -9,6 +9,7 @@ import pytest
 
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import Env, complete_build, fail_build, spec_for
+from web.ui.stats import Series, axis_seconds, column_chart, nice_ceiling
 
 
 class Tables(HTMLParser):
@@ -117,3 +118,24 @@ def test_a_read_token_sees_the_page_a_fleet_token_does_not(env: Env) -> None:
     assert env.client.get("/stats", headers=bearer(reader)).status_code == 200
     fleet = make_token(env.services.sessions, "fleet")
     assert env.client.get("/stats", headers=bearer(fleet)).status_code == 403
+
+
+def test_axes_end_on_round_values_with_round_halves() -> None:
+    assert [nice_ceiling(v) for v in (0, 1, 3, 5, 11, 56, 450)] == [2, 2, 4, 6, 20, 60, 600]
+    tops = [nice_ceiling(v, durations=True) for v in (0.7, 45, 150, 10740, 90000)]
+    assert tops == [1, 60, 300, 14400, 172800]
+    assert [axis_seconds(t / 2) for t in tops] == ["0.5 s", "30 s", "2 min 30 s", "2 h", "1 d"]
+    assert axis_seconds(0) == "0"
+
+
+def test_stacked_columns_scale_to_the_axis() -> None:
+    chart = column_chart(["a", "b"], [Series("hit", "series-hit", [3, 0]), Series("built", "series-built", [1, 2])],
+                         stacked=True)
+    _, top, _, height = chart.plot
+    assert [t.text for t in chart.value_ticks] == ["0", "2", "4"]  # 3 + 1 = 4 at most
+    hit, built_a, built_b = chart.bars
+    assert (hit.height, built_a.height, built_b.height) == (round(height * 3 / 4, 1), round(height / 4, 1),
+                                                            round(height / 2, 1))
+    assert built_a.y + built_a.height == hit.y  # stacked on the hit bar, which stands on the axis
+    assert round(hit.y + hit.height, 1) == top + height
+    assert (hit.title, built_b.title) == ("a: hit 3", "b: built 2")  # no bar for a zero

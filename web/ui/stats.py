@@ -62,27 +62,48 @@ class Chart:
     plot: tuple[float, float, float, float]  # x, y, width, height of the plotting area
 
 
-def nice_ceiling(value: float) -> float:
-    """The axis maximum: 1, 2 or 5 times a power of ten, at least ``value`` (1 for an empty chart)."""
-    if value <= 0:
-        return 1.0
-    power = 10 ** math.floor(math.log10(value))
-    return float(next(step * power for step in (1, 2, 5, 10) if step * power >= value))
+# Axis maxima for durations whose halves read well too (1 min, 2 min 30 s, 10 min, 2 h, 12 h, …).
+DURATION_TOPS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 43200, 86400)
+
+
+def nice_ceiling(value: float, durations: bool = False) -> float:
+    """The axis maximum, at least ``value``, with a round half (the middle tick): 2, 4, 6, 8 or 10 times a
+    power of ten (at least 2: counts are whole), or for durations a round number of seconds, minutes, hours
+    or days."""
+    if durations and value <= DURATION_TOPS[-1]:
+        return float(next(top for top in DURATION_TOPS if top >= value))
+    unit = 86400 if durations else 1
+    if value <= 2 * unit:
+        return 2.0 * unit
+    power = 10 ** math.floor(math.log10(value / unit))
+    return float(next(step * power for step in (2, 4, 6, 8, 10) if step * power * unit >= value) * unit)
 
 
 def _count(value: float) -> str:
     return f"{value:g}"
 
 
+def axis_seconds(value: float) -> str:
+    """A duration tick: in the largest unit that divides it ("0", "30 s", "2 min 30 s", "4 h")."""
+    if value == 0:
+        return "0"
+    if value < 10:
+        return f"{value:g} s"
+    for unit, name in ((86400, "d"), (3600, "h"), (60, "min")):
+        if value >= unit and value % unit == 0:
+            return f"{value / unit:g} {name}"
+    return duration(value)
+
+
 def column_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bool,
-                 fmt: Callable[[float], str] = _count) -> Chart:
+                 fmt: Callable[[float], str] = _count, axis: Callable[[float], str] | None = None) -> Chart:
     """Vertical bars per category (the time bins): stacked, or side by side."""
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     if stacked:
         peak = max((sum(s.values[i] or 0 for s in series) for i in range(len(labels))), default=0.0)
     else:
         peak = max((v or 0 for s in series for v in s.values), default=0.0)
-    top = nice_ceiling(peak)
+    top = nice_ceiling(peak, durations=axis is axis_seconds)
     slot = plot_w / max(len(labels), 1)
     gap = slot * 0.15
     bars: list[Bar] = []
@@ -103,12 +124,12 @@ def column_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bo
                             f"{label}: {one.name} {fmt(value)}"))
     every = max(1, math.ceil(len(labels) / 12))  # at most a dozen labels fit under the axis
     categories = [Tick(round(LEFT + (i + 0.5) * slot, 1), label) for i, label in enumerate(labels) if i % every == 0]
-    values = [Tick(round(TOP + plot_h * (1 - f), 1), fmt(top * f)) for f in (0.0, 0.5, 1.0)]
+    values = [Tick(round(TOP + plot_h * (1 - f), 1), (axis or fmt)(top * f)) for f in (0.0, 0.5, 1.0)]
     return Chart(WIDTH, HEIGHT, bars, values, categories, list(series), (LEFT, TOP, plot_w, plot_h))
 
 
 def bar_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bool,
-              fmt: Callable[[float], str] = _count) -> Chart:
+              fmt: Callable[[float], str] = _count, axis: Callable[[float], str] | None = None) -> Chart:
     """Horizontal bars per category (models and targets, error classes): stacked, or one under another."""
     lanes = 1 if stacked else len(series)
     height = TOP + BOTTOM + ROW * lanes * max(len(labels), 1)
@@ -117,7 +138,7 @@ def bar_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bool,
         peak = max((sum(s.values[i] or 0 for s in series) for i in range(len(labels))), default=0.0)
     else:
         peak = max((v or 0 for s in series for v in s.values), default=0.0)
-    top = nice_ceiling(peak)
+    top = nice_ceiling(peak, durations=axis is axis_seconds)
     bars: list[Bar] = []
     for i, label in enumerate(labels):
         base = 0.0
@@ -133,7 +154,7 @@ def bar_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bool,
             if stacked:
                 base += width
     categories = [Tick(TOP + (i * lanes + lanes / 2) * ROW + 4, label) for i, label in enumerate(labels)]
-    values = [Tick(round(LABEL_WIDTH + plot_w * f, 1), fmt(top * f)) for f in (0.0, 0.5, 1.0)]
+    values = [Tick(round(LABEL_WIDTH + plot_w * f, 1), (axis or fmt)(top * f)) for f in (0.0, 0.5, 1.0)]
     return Chart(WIDTH, height, bars, values, categories, list(series), (LABEL_WIDTH, TOP, plot_w, plot_h))
 
 
@@ -161,11 +182,11 @@ def charts(stats: Stats) -> dict[str, Chart]:
         "queue_wait": column_chart(labels, [
             Series("p50", "series-p50", [p.p50 for p in waits]),
             Series("p95", "series-p95", [p.p95 for p in waits]),
-        ], stacked=False, fmt=_seconds),
+        ], stacked=False, fmt=_seconds, axis=axis_seconds),
         "compile_times": bar_chart([f"{c.model_name or '(no name)'} · {c.target}" for c in times], [
             Series("p50", "series-p50", [c.seconds.p50 for c in times]),
             Series("p95", "series-p95", [c.seconds.p95 for c in times]),
-        ], stacked=False, fmt=_seconds),
+        ], stacked=False, fmt=_seconds, axis=axis_seconds),
         "failures": bar_chart([f.error_class for f in stats.failures], [
             Series("retried", "series-retried", [f.retried for f in stats.failures]),
             Series("final", "series-final", [f.final for f in stats.failures]),
