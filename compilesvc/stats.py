@@ -283,7 +283,9 @@ def queue_wait(session: Session, span: Window) -> QueueWait:
     started = (
         select(_bin_of(BucketCompile.started_at, span).label("bin"),
                _seconds_between(session, BucketCompile.queued_at, BucketCompile.started_at).label("wait"))
-        .where(_inside(BucketCompile.started_at, span))
+        # A requeue stamps a new queued_at and leaves the last attempt's started_at: until the compile starts
+        # again, the wait of that attempt is unknown, and the compile is not one started in the window.
+        .where(_inside(BucketCompile.started_at, span), BucketCompile.started_at >= BucketCompile.queued_at)
         .subquery()
     )
     ranked = select(

@@ -190,6 +190,8 @@ def test_queue_wait_overall_and_per_bin(sessions: sessionmaker[Session]) -> None
         _compile(session, artifact, origin=None, queued_at=DAY.bins[-1], started_at=DAY.stop)
         _compile(session, artifact, origin=None, queued_at=DAY.start - 2 * H, started_at=DAY.start - H)
         _compile(session, artifact, origin=None, queued_at=DAY.start, state="queued")  # not started yet
+        # Requeued after its attempt started in the window, and not started again: no wait to count.
+        _compile(session, artifact, origin=None, queued_at=DAY.bins[3], started_at=DAY.bins[2], state="queued")
     with sessions() as session:
         found = queue_wait(session, DAY)
     # All five: sorted 0.5, 2, 30, 90, 600; p50 rank 3, p95 rank 5.
