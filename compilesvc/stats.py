@@ -23,7 +23,6 @@ ten times the query itself.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -204,7 +203,8 @@ def _pick(values: list[float]) -> Percentiles:
         return Percentiles()
     values.sort()
     n = len(values)
-    return _as_percentiles(n, values[math.ceil(n * 0.50) - 1], values[math.ceil(n * 0.95) - 1])
+    # ⌈n·p/100⌉ in integers, so that no rank depends on floating-point rounding.
+    return _as_percentiles(n, values[(n * 50 + 99) // 100 - 1], values[(n * 95 + 99) // 100 - 1])
 
 
 def _as_percentiles(count: int, p50: float | None, p95: float | None) -> Percentiles:

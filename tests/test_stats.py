@@ -227,3 +227,14 @@ def test_collect_reads_every_part_of_one_window(sessions: sessionmaker[Session])
     }
     with sessions() as session, pytest.raises(UnknownWindow):
         collect(session, "year", NOW)
+
+
+def test_percentiles_of_a_hundred_are_the_50th_and_95th(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session, session.begin():
+        artifact = _artifact(session, "cpu")
+        build = _build(session, artifact, DAY.start, model_name="hundred")
+        for seconds in range(100, 0, -1):
+            _compile(session, artifact, origin=build, queued_at=DAY.start, finished_at=DAY.start + H,
+                     seconds=float(seconds))
+    with sessions() as session:
+        assert compile_times(session, DAY) == [CompileTimes("hundred", "cpu", Percentiles(100, 50.0, 95.0))]
