@@ -10,10 +10,11 @@ the ledger; ``python -m bench.history_scale`` times them and checks their plans 
 The same SQL runs on Postgres and SQLite:
 
 - bins are a ``CASE`` over the bins' bound timestamps, not a dialect's date functions;
-- percentiles are nearest-rank (the value at rank ⌈p·n⌉ in ascending order), picked here from the window's
-  values (SQLite has no ``percentile_cont``). Ranking in SQL instead (``row_number()`` and ``count()``
-  window functions, two rows per group returned) measured slower on Postgres: its window aggregates and
-  sorts cost more than sending a week's ~10,000 numbers and sorting them here;
+- percentiles are nearest-rank (the value at rank ⌈p·n⌉ in ascending order), picked in SQL with
+  ``row_number()`` and ``count()`` window functions (SQLite has no ``percentile_cont``), so that only the
+  rows at those ranks leave the database. Sending a week's ~10,000 values to sort them here was as fast at
+  the median, but the objects they make set off Python's cyclic garbage collector, whose pauses tripled
+  the p95 and p99 (measured with ``bench.history_scale``);
 - the one dialect difference, a duration between two timestamps in seconds, is :func:`_seconds_between`.
 
 On Postgres each read turns JIT compilation off for its transaction (:func:`_without_jit`): the planner
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, and_, case, func, literal, select, text
+from sqlalchemy import ColumnElement, Float, Select, and_, case, func, literal, select, text
 from sqlalchemy.orm import Session, aliased
 
 from compilesvc.ledger.models import ArtifactBucket, BucketCompile, BucketFailure, Build
@@ -197,14 +198,32 @@ def outcomes(session: Session, span: Window) -> list[OutcomeBin]:
     return [OutcomeBin(start, **counts[i]) for i, start in enumerate(span.bins)]
 
 
-def _pick(values: list[float]) -> Percentiles:
-    """Nearest-rank p50 and p95 of ``values`` (sorted in place)."""
-    if not values:
-        return Percentiles()
-    values.sort()
-    n = len(values)
-    # ⌈n·p/100⌉ in integers, so that no rank depends on floating-point rounding.
-    return _as_percentiles(n, values[(n * 50 + 99) // 100 - 1], values[(n * 95 + 99) // 100 - 1])
+def _percentiles(session: Session, source: Select[*tuple[Any, ...]], groups: int) -> list[tuple[Any, ...]]:
+    """``(group values…, count, p50, p95)`` per group of ``source``, whose columns are ``groups`` group
+    columns and then the value; only the rows at the two ranks are aggregated."""
+    inner = source.subquery()
+    keys = list(inner.columns)[:groups]
+    value = list(inner.columns)[groups]
+    ranked = select(
+        *keys, value.label("v"),
+        func.row_number().over(partition_by=keys, order_by=value).label("rn"),
+        func.count().over(partition_by=keys).label("n"),
+    ).subquery()
+    group_keys = list(ranked.columns)[:groups]
+    rank50, rank95 = _rank(ranked.c.n, 50), _rank(ranked.c.n, 95)
+    statement = (
+        select(*group_keys, func.max(ranked.c.n),
+               func.max(case((ranked.c.rn == rank50, ranked.c.v))),
+               func.max(case((ranked.c.rn == rank95, ranked.c.v))))
+        .where((ranked.c.rn == rank50) | (ranked.c.rn == rank95))
+        .group_by(*group_keys)
+    )
+    return [tuple(row) for row in session.connection().execute(statement).all()]
+
+
+def _rank(count: Any, percent: int) -> Any:
+    """⌈count·percent/100⌉ in integer arithmetic (SQLite has no ceil everywhere, and floats would round)."""
+    return (count * percent + 99) // 100
 
 
 def _as_percentiles(count: int, p50: float | None, p95: float | None) -> Percentiles:
@@ -236,12 +255,8 @@ def compile_times(session: Session, span: Window) -> list[CompileTimes]:
         .where(_inside(BucketCompile.finished_at, span), BucketCompile.state == BucketState.SUCCEEDED,
                BucketCompile.compile_seconds.is_not(None))
     )
-    groups: dict[tuple[str | None, str], list[float]] = {}
-    # Core rows, fetched at once: for a week's ~10,000 values the ORM's per-row result handling and
-    # row-by-row fetching cost as much as the query.
-    for model, target, seconds in session.connection().execute(source).all():
-        groups.setdefault((model, target), []).append(seconds)
-    found = [CompileTimes(model, target, _pick(values)) for (model, target), values in groups.items()]
+    found = [CompileTimes(model, target, _as_percentiles(n, p50, p95))
+             for model, target, n, p50, p95 in _percentiles(session, source, 2)]
     return sorted(found, key=lambda c: (-(c.seconds.p95 or 0.0), c.model_name or "", c.target))
 
 
@@ -268,17 +283,36 @@ def _seconds_between(session: Session, earlier: Any, later: Any) -> ColumnElemen
 
 
 def queue_wait(session: Session, span: Window) -> QueueWait:
-    """How long compiles started in the window waited after being queued: overall and per bin."""
+    """How long compiles started in the window waited after being queued: overall and per bin, ranked in
+    one statement (two window orders over the same rows)."""
     _without_jit(session)
-    rows = session.connection().execute(
-        select(_bin_of(BucketCompile.started_at, span),
-               _seconds_between(session, BucketCompile.queued_at, BucketCompile.started_at))
+    started = (
+        select(_bin_of(BucketCompile.started_at, span).label("bin"),
+               _seconds_between(session, BucketCompile.queued_at, BucketCompile.started_at).label("wait"))
         # A requeue stamps a new queued_at and leaves the last attempt's started_at: until the compile starts
         # again, the wait of that attempt is unknown, and the compile is not one started in the window.
         .where(_inside(BucketCompile.started_at, span), BucketCompile.started_at >= BucketCompile.queued_at)
+        .subquery()
+    )
+    ranked = select(
+        started.c.bin, started.c.wait,
+        func.row_number().over(partition_by=started.c.bin, order_by=started.c.wait).label("rn"),
+        func.count().over(partition_by=started.c.bin).label("n"),
+        func.row_number().over(order_by=started.c.wait).label("rn_all"),
+        func.count().over().label("n_all"),
+    ).subquery()
+    r = ranked.c
+    bin50, bin95, all50, all95 = _rank(r.n, 50), _rank(r.n, 95), _rank(r.n_all, 50), _rank(r.n_all, 95)
+    rows = session.connection().execute(
+        select(r.bin, func.max(r.n), func.max(case((r.rn == bin50, r.wait))), func.max(case((r.rn == bin95, r.wait))),
+               func.max(r.n_all), func.max(case((r.rn_all == all50, r.wait))),
+               func.max(case((r.rn_all == all95, r.wait))))
+        .where((r.rn == bin50) | (r.rn == bin95) | (r.rn_all == all50) | (r.rn_all == all95))
+        .group_by(r.bin)
     ).all()
-    per_bin: list[list[float]] = [[] for _ in range(span.count)]
-    for index, wait in rows:
-        per_bin[index].append(wait)
-    return QueueWait(_pick([wait for _, wait in rows]),
-                     [(start, _pick(waits)) for start, waits in zip(span.bins, per_bin, strict=True)])
+    per_bin = {row[0]: _as_percentiles(*row[1:4]) for row in rows}
+    overall = Percentiles()
+    if rows:  # each overall rank is in one bin's row, NULL in the others
+        overall = _as_percentiles(rows[0][4], max((row[5] for row in rows if row[5] is not None), default=None),
+                                  max((row[6] for row in rows if row[6] is not None), default=None))
+    return QueueWait(overall, [(start, per_bin.get(i, Percentiles())) for i, start in enumerate(span.bins)])
