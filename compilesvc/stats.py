@@ -17,6 +17,12 @@ The same SQL runs on Postgres and SQLite:
   the p95 and p99 (measured with ``bench.history_scale``);
 - the one dialect difference, a duration between two timestamps in seconds, is :func:`_seconds_between`.
 
+Known cost limit: a compile's model name is on the build that queued it, so :func:`compile_times` makes one
+primary-key lookup of ``builds`` per compile in the window, then sorts them by name. A week of a busy
+service (~10,000 compiles) is ~35-50 ms of Postgres time, the costliest read here (the bench's p99 at a
+million builds goes past 100 ms on a shared 2-core host); should that matter, record the name on the
+compile when it is queued (beside ``origin_build_id``) and the lookups go.
+
 On Postgres each read turns JIT compilation off for its transaction (:func:`_without_jit`): the planner
 prices a window's per-row primary-key lookups high enough to JIT-compile the statement, which then costs
 ten times the query itself.
