@@ -154,6 +154,11 @@ LOAD_SQL: list[tuple[str, str]] = [
     ),
     (
         "bucket_compiles",
+        # As submit records it: the model name of the build that queued the compile.
+        "UPDATE bucket_compiles c SET model_name = b.model_name FROM builds b WHERE b.id = c.origin_build_id",
+    ),
+    (
+        "bucket_compiles",
         "INSERT INTO artifact_buckets (artifact_id, bucket_compile_id, position) "
         "SELECT (b + 1) / 2, b, (b + 1) % 2 FROM generate_series(1, 2 * :artifacts) AS b",
     ),

@@ -4,7 +4,8 @@ from an earlier build's compile, a failure remembered from an earlier build, or 
 A bucket compile is shared by every set that contains its key, so its log, worker and timings belong to
 the build that made it compile, not to each build that later reuses it. Two records keep this straight:
 
-- ``bucket_compiles.origin_build_id``: the build whose submit (or retry) last queued the compile;
+- ``bucket_compiles.origin_build_id``: the build whose submit (or retry) last queued the compile (and
+  ``model_name``, that build's, which the statistics group compile times by);
 - ``builds.provenance``: what each bucket was *for this build* when it was submitted, as
   ``{"<bucket compile id>": {"how": ..., "from_build": id | null}}``, and ``builds.buckets_reused``, how
   many it found compiled already (the history's "partly reused" and the statistics' saved compiles).
@@ -76,16 +77,18 @@ def reused_count(provenance: dict[str, dict[str, Any]]) -> int:
     return sum(1 for entry in provenance.values() if entry["how"] in (How.REUSED, How.IMPORTED))
 
 
-def record_origin(session: Session, build_id: int, bucket_ids: Sequence[int]) -> None:
-    """Make ``build_id`` the origin of the compiles it just queued (in its submit's or retry's transaction)."""
+def record_origin(session: Session, build_id: int, model_name: str | None, bucket_ids: Sequence[int]) -> None:
+    """Make ``build_id`` (of the model named ``model_name``) the origin of the compiles it just queued, in its
+    submit's or retry's transaction."""
     if bucket_ids:
         session.execute(update(BucketCompile).where(BucketCompile.id.in_(bucket_ids))
-                        .values(origin_build_id=build_id).execution_options(synchronize_session=False))
+                        .values(origin_build_id=build_id, model_name=model_name)
+                        .execution_options(synchronize_session=False))
 
 
 def mark_compiled(session: Session, build: Build, bucket_ids: Sequence[int]) -> None:
     """A retry of ``build`` requeued ``bucket_ids``: they are its own compiles from now on."""
-    record_origin(session, build.id, bucket_ids)
+    record_origin(session, build.id, build.model_name, bucket_ids)
     if build.provenance is None:
         return
     provenance = {key: dict(entry) for key, entry in build.provenance.items()}

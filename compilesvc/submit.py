@@ -274,7 +274,7 @@ class Submitter:
                 session, ctx, ctx.build_record(artifact.id, artifact.key, artifact.state, outcome, provenance=got))
             if build_id is None:
                 raise _IdempotencyRace  # rolls the whole transaction back
-            provenance.record_origin(session, build_id, sorted(queued))
+            provenance.record_origin(session, build_id, ctx.spec.model.name, sorted(queued))
             result = SubmitResult(build_id=build_id, outcome=outcome, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
                                   artifact_key=artifact.key, artifact_state=artifact.state,
                                   # States only (for `finalize`): the answer is read again after commit.

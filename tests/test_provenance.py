@@ -46,8 +46,8 @@ def test_each_outcome_records_where_its_buckets_came_from(services: Services) ->
     build, got, ids = read(services, first.build_id)
     assert [got[i] for i in ids] == [Origin(How.COMPILED, None)] * 3 and build.buckets_reused == 0
     with services.sessions() as session:  # the compiles remember who queued them
-        assert set(session.scalars(select(BucketCompile.origin_build_id).where(BucketCompile.id.in_(ids)))) == \
-            {first.build_id}
+        assert set(session.execute(select(BucketCompile.origin_build_id, BucketCompile.model_name)
+                                   .where(BucketCompile.id.in_(ids)))) == {(first.build_id, "tiny")}
 
     joined = submitter.submit(parse_spec(spec_doc(uri)))
     _, got, ids = read(services, joined.build_id)

@@ -83,7 +83,8 @@ def _compile(session: Session, artifact: Artifact, *, origin: Build | None, queu
     compile_ = BucketCompile(key=f"b{next(_keys)}".ljust(64, "0"), state=state, target=artifact.target,
                              sdk=artifact.sdk, backend="trace", queue="q", model={}, material={}, inputs=[],
                              queued_at=queued_at, started_at=started_at, finished_at=finished_at,
-                             compile_seconds=seconds, origin_build_id=origin.id if origin else None)
+                             compile_seconds=seconds, origin_build_id=origin.id if origin else None,
+                             model_name=origin.model_name if origin else None)  # as submit records them
     session.add(compile_)
     session.flush()
     session.add(ArtifactBucket(artifact_id=artifact.id, bucket_compile_id=compile_.id, position=0))

@@ -147,6 +147,8 @@ class BucketCompile(Base):
     deleted_at: Mapped[datetime | None] = mapped_column(doc="When retention marked its files deleted.")
     origin_build_id: Mapped[int | None] = mapped_column(
         BigInteger, doc="The build whose submit or retry last queued it (compilesvc.provenance).")
+    model_name: Mapped[str | None] = mapped_column(
+        String(200), doc="That build's model name (the statistics group compile times by it).")
 
     __table_args__ = (
         # The reaper's scan: running compiles whose lease ran out.

@@ -1,4 +1,4 @@
-"""provenance: which build queued each bucket compile, and per build how it got each bucket (compiled,
+"""provenance: which build queued each bucket compile (and its model name), and per build how it got each bucket (compiled,
 joined, reused, a remembered failure, imported) and how many it reused; each failed attempt's archived log
 
 Revision ID: 0013_provenance
@@ -20,6 +20,7 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table('bucket_compiles', schema=None) as batch_op:
         batch_op.add_column(sa.Column('origin_build_id', sa.BigInteger(), nullable=True))
+        batch_op.add_column(sa.Column('model_name', sa.String(length=200), nullable=True))
     with op.batch_alter_table('bucket_failures', schema=None) as batch_op:
         batch_op.add_column(sa.Column('log_sha256', sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column('log_size', sa.BigInteger(), nullable=True))
@@ -36,4 +37,5 @@ def downgrade() -> None:
         batch_op.drop_column('provenance')
         batch_op.drop_column('buckets_reused')
     with op.batch_alter_table('bucket_compiles', schema=None) as batch_op:
+        batch_op.drop_column('model_name')
         batch_op.drop_column('origin_build_id')
