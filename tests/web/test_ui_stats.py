@@ -80,6 +80,8 @@ def test_stats_page_shows_the_windows_numbers(env: Env, window: str) -> None:
     assert len(outcomes) == (24 if window == "day" else 7)
     # hit, joined, partly reused, built, total (the failing trn1 build is built too).
     assert column_sums(outcomes, 1, 5) == [1, 1, 1, 2, 5]
+    assert "5 submits in this window: 1 answered from the cache (20%), 1 joined a build in flight, 1 reused" \
+        in " ".join(html.split())
     # tiny-bert on cpu compiled three buckets: 12.5, 12.5, 40 s; p50 is rank 2, p95 rank 3.
     assert compile_times == [["tiny-bert", "cpu", "3", "12 s", "40 s"]]
     assert 'title="12.5 s"' in html and 'title="40.0 s"' in html
