@@ -63,6 +63,7 @@ def test_history_shows_cache_outcome_duration_and_error(make_env: EnvFactory, sq
     assert " hit " in f" {row_of(html, ids['hit'])} "
     failed = row_of(html, ids["failed"])
     assert "compile CPU_TRACE_ERROR" in failed and "aten::foo has no lowering" in failed
+    assert "joined a remembered failure" in row_of(html, ids["remembered"])
     assert re.search(r"\d+(\.\d)? s", row_of(html, ids["built"]))  # a duration
     # Inputs and other tokens never break inside: each input is one unbreakable span.
     build_html = page(env, f"/builds/{ids['built']}")

@@ -51,7 +51,7 @@ def cache_outcome(build: dict[str, Any]) -> str:
     if build["outcome"] == Outcome.HIT:
         return "hit"
     if build["outcome"] == Outcome.JOIN:
-        return "joined"
+        return "joined a remembered failure" if build.get("remembered_failure") else "joined"
     reused, total = build.get("buckets_reused") or 0, build.get("buckets_total")
     if reused:
         return f"partly reused ({reused} of {total})" if total else f"partly reused ({reused})"
@@ -87,6 +87,8 @@ def history() -> tuple[str, int]:
             for build in page.items:
                 item = summary_json(ctx, build)
                 item["buckets_total"] = len(build.provenance) if build.provenance else None
+                item["remembered_failure"] = any(entry["how"] == How.FAILED
+                                                 for entry in (build.provenance or {}).values())
                 item["cache"] = cache_outcome(item)
                 item["failure"] = failed.get(build.artifact_id)
                 items.append(item)
