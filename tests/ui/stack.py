@@ -1,7 +1,8 @@
 """A real service for the browser suite and the README's screenshots: ``compilesvc dev --demo`` (API,
 worker and relay processes on SQLite, a local artifact directory and the filesystem broker, the real
 TorchScript compiler), then a handful of real builds a person would want to look at: a miss caused by one
-changed flag, a partly reused set, a hit, a compile error and a build that joined it.
+changed flag, a partly reused set, a hit, a compile error and a build that joined it, and a build for a
+target no worker here serves (it stays queued).
 
 Also finds Chromium for Playwright: Playwright cannot download its own browser here, so the suite drives
 Debian's ``chromium`` (installed by ``.ci/test-tools`` where missing).
@@ -61,8 +62,9 @@ class UiStack:
         assert response.status_code in expect, f"{method} {path}: {response.status_code} {response.text[:500]}"
         return response.json()
 
-    def submit(self, spec: dict[str, Any]) -> int:
-        return int(self.call("POST", "/v1/builds", spec)["build_id"])
+    def submit(self, spec: dict[str, Any], *, queue_anyway: bool = False) -> int:
+        path = "/v1/builds?queue_anyway=true" if queue_anyway else "/v1/builds"
+        return int(self.call("POST", path, spec)["build_id"])
 
     def wait(self, build_id: int, timeout: float = 180) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -139,4 +141,7 @@ def seed(stack: UiStack) -> dict[str, int]:
     stack.builds["failed"] = stack.submit(broken)
     stack.wait(stack.builds["failed"])
     stack.builds["joined_failure"] = stack.submit(broken)
+    # For inf2, which no worker here compiles: queued until cancelled (the workers page warns about it).
+    stack.builds["unserved"] = stack.submit(stack.demo_spec(target="inf2", sdk="2.20.0", compiler={}),
+                                            queue_anyway=True)
     return stack.builds

@@ -122,6 +122,9 @@ def test_workers_and_stats(page: Any, stack: UiStack) -> None:
     workers = page.locator("table.workers").inner_text()
     assert "live" in workers and "cpu 2.13.0" in workers
     assert "compile.cpu.2.13.0" in page.locator("table.queues").inner_text()
+    warning = page.get_by_role("alert").inner_text()
+    # Its three buckets, a compile each.
+    assert "No live worker serves the queue compile.inf2" in warning and "3 compiles wait on it" in warning
     shoot(page, "workers")
     page.get_by_role("link", name="Stats").click()
     page.wait_for_url(re.compile(r"/stats"))
@@ -131,13 +134,20 @@ def test_workers_and_stats(page: Any, stack: UiStack) -> None:
 
 def test_a_read_token_sees_no_buttons(page: Any, stack: UiStack) -> None:
     reader = stack.token_for("read", owner="reader")
-    sign_in(page, stack, reader, path=f"/builds/{stack.builds['failed']}")
-    assert page.get_by_role("button", name="Retry").count() == 0
+    sign_in(page, stack, reader, path=f"/builds/{stack.builds['unserved']}")
+    assert page.locator("#build-state").inner_text() == "building"
     assert page.get_by_role("button", name="Cancel build").count() == 0
+    page.goto(f"{stack.base}/builds/{stack.builds['failed']}")
+    assert page.get_by_role("button", name="Retry").count() == 0
     shoot(page, "read-token-failed-build")
     page.get_by_role("button", name="Log out").click()
+
     sign_in(page, stack, path=f"/builds/{stack.builds['failed']}")
     assert page.get_by_role("button", name="Retry").count() == 1  # the admin may
+    page.goto(f"{stack.base}/builds/{stack.builds['unserved']}")
+    page.get_by_role("button", name="Cancel build").click()
+    page.locator("#build-state", has_text="cancelled").wait_for()
+    assert page.get_by_role("button", name="Retry").count() == 1
 
 
 def test_the_keyboard_reaches_everything(page: Any, stack: UiStack) -> None:
