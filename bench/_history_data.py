@@ -73,7 +73,7 @@ LOAD_SQL: list[tuple[str, str]] = [
         """
     INSERT INTO builds (id, artifact_id, artifact_key, state, outcome, submitted_by, labels, spec, model_name,
                         model_sha256, target, sdk, backend, idempotency_key, request_hash, created_at,
-                        finished_at, buckets_reused)
+                        finished_at, buckets_reused, buckets_compiled)
     SELECT g.id, a.id, a.key,
            CASE WHEN g.id > :n - 500 AND g.r1 < 0.6 THEN 'building' WHEN g.r1 < 0.88 THEN 'succeeded'
                 WHEN g.r1 < 0.97 THEN 'failed' ELSE 'cancelled' END,
@@ -97,7 +97,8 @@ LOAD_SQL: list[tuple[str, str]] = [
            now() - make_interval(secs => (:n - g.id) * 30),
            CASE WHEN g.id <= :n - 500 THEN now() - make_interval(secs => (:n - g.id) * 30 - 300) END,
            -- A hit reuses both buckets; 30% of new builds find one of the two compiled already.
-           CASE WHEN g.r2 < 0.7 THEN 2 WHEN g.r2 < 0.8 THEN 0 WHEN g.r2 < 0.86 THEN 1 ELSE 0 END
+           CASE WHEN g.r2 < 0.7 THEN 2 WHEN g.r2 < 0.8 THEN 0 WHEN g.r2 < 0.86 THEN 1 ELSE 0 END,
+           CASE WHEN g.r2 < 0.8 THEN 0 WHEN g.r2 < 0.86 THEN 1 ELSE 2 END
     FROM (SELECT id,
                  -- 80% reuse or create an artifact of about their own time (the newest 2%, never before
                  -- artifact 1, so no artifact is favoured), 20% hit an artifact from the newer half of the

@@ -71,14 +71,15 @@ def tail_after(session: Session, build_id: int, lines: int) -> int:
     return found or 0
 
 
-def bucket_tail(session: Session, bucket_compile_id: int, attempt: int, limit: int,
-                stream: str = "compiler") -> list[str]:
-    """The last ``limit`` lines one attempt of a compile printed on ``stream``, oldest first (a failure's
-    compiler output, beside the one-line message that was kept)."""
-    rows = session.scalars(
-        select(LogLine.line)
-        .where(LogLine.bucket_compile_id == bucket_compile_id, LogLine.attempt == attempt, LogLine.stream == stream)
-        .order_by(LogLine.id.desc())
-        .limit(limit)
-    ).all()
+def bucket_tail(session: Session, bucket_compile_id: int, attempt: int, limit: int, *,
+                after: datetime | None = None, until: datetime | None = None, stream: str = "compiler") -> list[str]:
+    """The last ``limit`` lines one attempt of a compile printed on ``stream`` (between ``after`` and
+    ``until`` when given: attempt numbers start again at a retry), oldest first: a failure's compiler
+    output, beside the message that was kept."""
+    conditions = [LogLine.bucket_compile_id == bucket_compile_id, LogLine.attempt == attempt, LogLine.stream == stream]
+    if after is not None:
+        conditions.append(LogLine.at > after)
+    if until is not None:
+        conditions.append(LogLine.at <= until)
+    rows = session.scalars(select(LogLine.line).where(*conditions).order_by(LogLine.id.desc()).limit(limit)).all()
     return list(reversed(rows))

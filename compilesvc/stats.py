@@ -186,21 +186,24 @@ def _inside(column: Any, span: Window) -> ColumnElement[bool]:
 def outcomes(session: Session, span: Window) -> list[OutcomeBin]:
     """Builds created in the window, per bin and outcome (every bin, empty ones too)."""
     _without_jit(session)
-    reused = case((Build.buckets_reused > 0, 1), else_=0)
+    # What the cache did, as compilesvc.provenance.cache_outcome says it from the build's counts: a build
+    # that compiled nothing joined (or reused everything); one that compiled some and reused some partly
+    # reused. Builds from before the counts were recorded (NULL) go by their outcome.
+    kind = case(
+        (Build.outcome == Outcome.HIT, literal("hit")),
+        (Build.buckets_compiled == 0, literal("joined")),
+        (and_(Build.buckets_compiled.is_(None), Build.outcome == Outcome.JOIN), literal("joined")),
+        (Build.buckets_reused > 0, literal("partly_reused")),
+        else_=literal("built"),
+    )
     rows = session.execute(
-        select(_bin_of(Build.created_at, span).label("bin"), Build.outcome, reused.label("reused"), func.count())
+        select(_bin_of(Build.created_at, span).label("bin"), kind.label("kind"), func.count())
         .where(_inside(Build.created_at, span))
-        .group_by("bin", Build.outcome, "reused")
+        .group_by("bin", "kind")
     ).all()
     counts: list[dict[str, int]] = [{} for _ in range(span.count)]
-    for index, outcome, partly, count in rows:
-        if outcome == Outcome.HIT:
-            kind = "hit"
-        elif outcome == Outcome.JOIN:
-            kind = "joined"
-        else:
-            kind = "partly_reused" if partly else "built"
-        counts[index][kind] = counts[index].get(kind, 0) + count
+    for index, name, count in rows:
+        counts[index][name] = counts[index].get(name, 0) + count
     return [OutcomeBin(start, **counts[i]) for i, start in enumerate(span.bins)]
 
 
@@ -257,8 +260,9 @@ def compile_times(session: Session, span: Window) -> list[CompileTimes]:
     source = (
         select(func.coalesce(BucketCompile.model_name, fallback).label("model_name"), BucketCompile.target,
                BucketCompile.compile_seconds)
+        # started_at: an imported compile ran on another ledger's worker, whenever; it never started here.
         .where(_inside(BucketCompile.finished_at, span), BucketCompile.state == BucketState.SUCCEEDED,
-               BucketCompile.compile_seconds.is_not(None))
+               BucketCompile.compile_seconds.is_not(None), BucketCompile.started_at.is_not(None))
     )
     found = [CompileTimes(model, target, _as_percentiles(n, p50, p95))
              for model, target, n, p50, p95 in _percentiles(session, source, 2)]

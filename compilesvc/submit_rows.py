@@ -13,7 +13,7 @@ from compilesvc.keys import KeySet
 from compilesvc.ledger.models import utcnow
 from compilesvc.manifest import BucketManifest
 from compilesvc.model_pins import PinnedModel
-from compilesvc.provenance import reused_count
+from compilesvc.provenance import counts
 from compilesvc.spec import CompileSpec
 from compilesvc.states import BUILD_STATE_FOR_ARTIFACT, ArtifactState, BucketState
 from compilesvc.tokens import Principal
@@ -84,6 +84,7 @@ class SubmitContext:
             "request_hash": self.request_hash, "created_at": now,
             "finished_at": now if artifact_state != ArtifactState.BUILDING else None,
             "provenance": provenance,
-            "buckets_reused": len(self.keys.bucket_keys) if provenance is None else reused_count(provenance),
         }
+        row["buckets_reused"], row["buckets_compiled"] = (
+            (len(self.keys.bucket_keys), 0) if provenance is None else counts(provenance))
         return BuildRecord(row=row, labels=dict(self.spec.labels), detail={"outcome": outcome})

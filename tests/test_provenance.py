@@ -4,15 +4,17 @@ recorded by real submits on both ledgers and read back as the build page reads i
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
 from compilesvc.bucket_compiles import positioned_buckets
-from compilesvc.control import retry_build
+from compilesvc.control import cancel_build, retry_build
 from compilesvc.ledger.models import BucketCompile, Build
-from compilesvc.provenance import How, Origin, origins
+from compilesvc.provenance import How, Origin, at_submit, cache_outcome, counts, origins
 from compilesvc.services import Services
 from compilesvc.spec_parsing import parse_spec
 from compilesvc.submit import Submitter
@@ -84,9 +86,9 @@ def test_a_remembered_failure_names_its_build_and_a_retry_makes_the_compile_its_
     assert got[ids[0]] == Origin(How.COMPILED, None)  # this build's compile now, not the first's
     with services.sessions() as session:
         assert session.get_one(BucketCompile, ids[0]).origin_build_id == again.build_id
-    # The first build's record is unchanged: it compiled the failure that was remembered.
+    # The first build compiled the failure that was remembered; its page says who compiled it again.
     _, got, _ = read(services, first.build_id)
-    assert got[ids[0]] == Origin(How.COMPILED, None)
+    assert got[ids[0]] == Origin(How.COMPILED, None, again_by=again.build_id)
 
 
 def test_a_hit_on_an_artifact_imported_from_the_store_says_so(services: Services, tmp_path: Path,
@@ -109,3 +111,76 @@ def test_a_hit_on_an_artifact_imported_from_the_store_says_so(services: Services
         assert [got[i].how for i in ids] == [How.IMPORTED] * 3
     finally:
         other.close()
+
+
+def outcome_of(services: Services, build_id: int) -> str:
+    with services.sessions() as session:
+        build = session.get_one(Build, build_id)
+        return cache_outcome(build.outcome, build.provenance)
+
+
+def test_what_the_cache_did_comes_from_the_record_not_the_outcome_alone(services: Services) -> None:
+    submitter = Submitter(services)
+    uri = upload_model(services)
+    first = submitter.submit(parse_spec(spec_doc(uri)))
+    assert outcome_of(services, first.build_id) == "built"
+    assert outcome_of(services, submitter.submit(parse_spec(spec_doc(uri))).build_id) == "joined"
+    cancel_build(services, first.build_id)
+    cancel_build(services, 2)
+    # A resubmit of the cancelled set is a join by outcome, and compiles every bucket again itself.
+    reopened = submitter.submit(parse_spec(spec_doc(uri)))
+    assert reopened.outcome == "join" and outcome_of(services, reopened.build_id) == "built"
+    for key in keys_of(reopened):
+        complete_bucket(services, key)
+    # A new set made only of compiled buckets compiles nothing.
+    subset = submitter.submit(parse_spec(spec_doc(uri, BUCKETS[:2])))
+    assert subset.outcome == "new" and outcome_of(services, subset.build_id) == "reused every bucket"
+    with services.sessions() as session:
+        build = session.get_one(Build, subset.build_id)
+        assert (build.buckets_reused, build.buckets_compiled) == (2, 0)
+    more = submitter.submit(parse_spec(spec_doc(uri, [*BUCKETS, {"batch_size": 9, "seq_len": 9}])))
+    assert outcome_of(services, more.build_id) == "partly reused (3 of 4)"
+    assert outcome_of(services, submitter.submit(parse_spec(spec_doc(uri))).build_id) == "hit"
+
+
+def test_a_bucket_its_failed_set_never_compiled_is_not_called_joined(services: Services) -> None:
+    submitter = Submitter(services)
+    uri = upload_model(services, b"half of it fails")
+    first = submitter.submit(parse_spec(spec_doc(uri)))
+    keys = keys_of(first)
+    complete_bucket(services, keys[0], state="failed", error_class="compile", error_code="NCC_E001")
+    again = submitter.submit(parse_spec(spec_doc(uri)))
+    _, got, ids = read(services, again.build_id)
+    assert got[ids[0]] == Origin(How.FAILED, first.build_id)
+    assert {got[i].how for i in ids[1:]} <= {How.NOT_COMPILED, How.JOINED}
+    with services.sessions() as session:
+        states = {b.id: b.state for b in session.scalars(select(BucketCompile).where(BucketCompile.id.in_(ids)))}
+    for bucket_id in ids[1:]:  # joined only what is in flight
+        assert (got[bucket_id].how == How.JOINED) == (states[bucket_id] in ("queued", "running"))
+    # A new set holding the remembered failure and one new bucket compiles that bucket, and fails.
+    wider = submitter.submit(parse_spec(spec_doc(uri, [BUCKETS[0], {"batch_size": 7, "seq_len": 7}])))
+    _, got, ids = read(services, wider.build_id)
+    assert [got[i].how for i in ids] == [How.FAILED, How.COMPILED]
+    assert wider.state == "failed" and outcome_of(services, wider.build_id) == "built"
+
+
+@dataclass
+class Row:
+    """The fields of a bucket compile that decide its provenance."""
+
+    id: int
+    state: str
+    error_class: str | None = None
+    started_at: datetime | None = datetime(2026, 1, 1, tzinfo=UTC)
+    origin_build_id: int | None = 7
+
+
+def test_each_state_of_a_compile_reads_as_one_provenance() -> None:
+    rows = [Row(1, "queued"), Row(2, "running"), Row(3, "succeeded"), Row(4, "succeeded", started_at=None),
+            Row(5, "failed", "compile"), Row(6, "failed", "infra"), Row(7, "cancelled"), Row(8, "deleted"),
+            Row(9, "queued")]
+    recorded = at_submit(rows, queued_now={9})
+    assert {int(k): (v["how"], v["from_build"]) for k, v in recorded.items()} == {
+        1: ("joined", 7), 2: ("joined", 7), 3: ("reused", 7), 4: ("imported", None), 5: ("failed", 7),
+        6: ("not-compiled", 7), 7: ("not-compiled", 7), 8: ("not-compiled", 7), 9: ("compiled", None)}
+    assert counts(recorded) == (2, 1)

@@ -71,7 +71,9 @@ def _build(session: Session, artifact: Artifact, created_at: datetime, outcome: 
     build = Build(artifact_id=artifact.id, artifact_key=artifact.key, state="succeeded", outcome=outcome,
                   labels={}, spec={}, model_name=model_name, model_sha256=artifact.model_sha256,
                   target=artifact.target, sdk=artifact.sdk, backend=artifact.backend, created_at=created_at,
-                  buckets_reused=reused)
+                  buckets_reused=reused,
+                  # As submit records it: a hit or a join compiles nothing, a new build here one bucket.
+                  buckets_compiled=None if reused is None else (1 if outcome == "new" else 0))
     session.add(build)
     session.flush()
     return build
@@ -79,7 +81,9 @@ def _build(session: Session, artifact: Artifact, created_at: datetime, outcome: 
 
 def _compile(session: Session, artifact: Artifact, *, origin: Build | None, queued_at: datetime,
              started_at: datetime | None = None, finished_at: datetime | None = None,
-             seconds: float | None = None, state: str = "succeeded") -> BucketCompile:
+             seconds: float | None = None, state: str = "succeeded", imported: bool = False) -> BucketCompile:
+    if started_at is None and finished_at is not None and not imported:
+        started_at = queued_at  # it ran here (an imported compile never started on this ledger's workers)
     compile_ = BucketCompile(key=f"b{next(_keys)}".ljust(64, "0"), state=state, target=artifact.target,
                              sdk=artifact.sdk, backend="trace", queue="q", model={}, material={}, inputs=[],
                              queued_at=queued_at, started_at=started_at, finished_at=finished_at,
@@ -142,6 +146,8 @@ def test_compile_seconds_percentiles_by_model_and_target(sessions: sessionmaker[
         _compile(session, cpu, origin=bert_cpu, queued_at=inside, finished_at=inside, seconds=None)
         _compile(session, cpu, origin=bert_cpu, queued_at=inside, finished_at=DAY.stop, seconds=999.0)
         _compile(session, cpu, origin=bert_cpu, queued_at=inside, finished_at=DAY.start - H, seconds=999.0)
+        # Imported from the store: compiled by another ledger, at another time; not this window's compile.
+        _compile(session, inf2, origin=None, queued_at=inside, finished_at=inside, seconds=999.0, imported=True)
         orphan = _artifact(session, "trn1")  # no named build at all
         _compile(session, orphan, origin=None, queued_at=inside, finished_at=inside, seconds=5.0)
     with sessions() as session:

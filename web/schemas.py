@@ -60,8 +60,11 @@ class BucketFailureOut(_Out):
 class BucketOriginOut(_Out):
     how: str = Field(description="compiled (this build queued it) | joined (another build's compile was in "
                                  "flight) | reused (compiled before this build) | failed (a failure remembered "
-                                 "from an earlier build) | imported (from the store) | unrecorded (older builds)")
+                                 "from an earlier build) | imported (from the store) | not-compiled (its set "
+                                 "had failed or was cancelled first) | unrecorded (older builds)")
     from_build: int | None = Field(description="The build whose compile it is, when not this build's own.")
+    again_by: int | None = Field(default=None, description="A later build that compiled it again (a retry, or "
+                                                         "a resubmit after retention): its state is that one's.")
 
 
 class BucketOut(_Out):

@@ -109,7 +109,10 @@ class Artifact(Base):
     last_fetched_at: Mapped[datetime | None] = mapped_column(doc="Last lookup by key (recorded in batches).")
     fetch_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
-    __table_args__ = (check_constraint("state", ArtifactState, "state"),)
+    __table_args__ = (
+        Index("ix_artifacts_model_sha256", "model_sha256"),  # a model's artifacts (the artifacts page)
+        check_constraint("state", ArtifactState, "state"),
+    )
 
 
 class BucketCompile(Base):
@@ -197,6 +200,8 @@ class Build(Base):
     finished_at: Mapped[datetime | None]
     buckets_reused: Mapped[int | None] = mapped_column(
         Integer, doc="How many of its buckets were compiled before it was submitted (all, for a hit).")
+    buckets_compiled: Mapped[int | None] = mapped_column(
+        Integer, doc="How many of its buckets it queued itself (none, for a hit or a join).")
     provenance: Mapped[dict[str, Any] | None] = mapped_column(
         Json, doc="Per bucket compile id: how this build got it and from which build (compilesvc.provenance).")
 
@@ -212,9 +217,10 @@ class Build(Base):
         Index("ix_builds_token_id_state", "token_id", "state"),
         # The two filters the history UI shows side by side; SDK releases follow time (see 0003).
         Index("ix_builds_target_sdk_id", "target", "sdk", "id"),
-        Index("ix_builds_artifact_id", "artifact_id"),
+        # An artifact's builds, newest first (its newest build and name on the artifacts page; cancel).
+        Index("ix_builds_artifact_id_id", "artifact_id", "id"),
         # The statistics' outcomes over a window (compilesvc.stats), read from the index alone.
-        Index("ix_builds_created_at_outcome_buckets_reused", "created_at", "outcome", "buckets_reused"),
+        Index("ix_builds_created_at_outcome_reuse", "created_at", "outcome", "buckets_reused", "buckets_compiled"),
         check_constraint("state", BuildState, "state"),
         check_constraint("outcome", Outcome, "outcome"),
     )

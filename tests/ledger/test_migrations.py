@@ -317,3 +317,39 @@ def test_the_toolchain_queue_migration_moves_stored_queues_and_unsent_messages(e
         assert state() == ({new}, [new, new])
     finally:
         engine.dispose()
+
+
+def test_the_provenance_migration_gives_existing_compiles_the_build_that_made_them(empty_url: str,
+                                                                                   tmp_path: Path) -> None:
+    """0013: compiles that ran before it get the first new build of a set containing them as their origin
+    (and its model name), so later builds that reuse them say from where; compiles that never ran here
+    (imported) get none."""
+    from compilesvc import leases
+    from compilesvc.db import transaction
+    from compilesvc.services import Services
+    from tests.test_leases import make_settings, submit
+
+    upgrade(empty_url)
+    services = Services.from_settings(make_settings(tmp_path, empty_url))
+    try:
+        first = submit(services, buckets=2)
+        submit(services, buckets=2)  # a join of the same set: not the origin
+        with transaction(services.sessions) as session:
+            ran = session.execute(text("SELECT id FROM bucket_compiles WHERE key = :k"),
+                                  {"k": first.buckets[0].key}).scalar_one()
+            assert leases.claim(session, ran, "w", 60) is not None
+    finally:
+        services.close()
+    engine = make_engine(empty_url, poolclass=pool.NullPool)
+    try:
+        downgrade(empty_url, "0012_event_subscriptions")
+        upgrade(empty_url)
+        with engine.connect() as conn:
+            rows = dict(conn.execute(text("SELECT id, origin_build_id FROM bucket_compiles")).all())
+            names = set(conn.execute(text("SELECT model_name FROM bucket_compiles WHERE id = :i"),
+                                     {"i": ran}).scalars())
+    finally:
+        engine.dispose()
+    assert rows[ran] == first.build_id and len(rows) == 2
+    assert [origin for bucket_id, origin in rows.items() if bucket_id != ran] == [None]  # never started here
+    assert names == {None}  # the spec gave the model no name

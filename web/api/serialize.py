@@ -26,7 +26,8 @@ def bucket_json(bucket: BucketView, origin: Origin | None = None) -> dict[str, A
         "error_message": bucket.error_message, "worker_id": bucket.worker_id,
         "started_at": iso(bucket.started_at), "finished_at": iso(bucket.finished_at),
         "compile_seconds": bucket.compile_seconds, "queued_at": iso(bucket.queued_at),
-        "origin": None if origin is None else {"how": str(origin.how), "from_build": origin.from_build},
+        "origin": None if origin is None else {"how": str(origin.how), "from_build": origin.from_build,
+                                               "again_by": origin.again_by},
         "errors": [{**failure.as_dict(), "at": iso(failure.at)} for failure in bucket.failures],
     }
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from flask import Response, current_app, redirect, render_template, request, stream_with_context, url_for
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from werkzeug.wrappers import Response as WerkzeugResponse
 
@@ -27,7 +27,7 @@ from compilesvc.history import (
 )
 from compilesvc.ledger.models import Artifact, Build
 from compilesvc.logs import bucket_tail, read_build_logs, tail_after
-from compilesvc.provenance import How
+from compilesvc.provenance import How, cache_outcome
 from compilesvc.services import Services
 from compilesvc.spec_parsing import validation_errors
 from compilesvc.states import Outcome
@@ -44,18 +44,6 @@ TARGETS = ("inf2", "trn1", "trn2", "cpu")
 LOG_TAIL = 500
 #: Compiler lines shown under a failed bucket's message.
 ERROR_LINES = 30
-
-
-def cache_outcome(build: dict[str, Any]) -> str:
-    """hit / joined / built / partly reused (k of n): what the cache did for a build."""
-    if build["outcome"] == Outcome.HIT:
-        return "hit"
-    if build["outcome"] == Outcome.JOIN:
-        return "joined a remembered failure" if build.get("remembered_failure") else "joined"
-    reused, total = build.get("buckets_reused") or 0, build.get("buckets_total")
-    if reused:
-        return f"partly reused ({reused} of {total})" if total else f"partly reused ({reused})"
-    return "built"
 
 
 def _page_size() -> int:
@@ -86,10 +74,7 @@ def history() -> tuple[str, int]:
             failed = failure_of_artifacts(session, [b.artifact_id for b in page.items if b.state == "failed"])
             for build in page.items:
                 item = summary_json(ctx, build)
-                item["buckets_total"] = len(build.provenance) if build.provenance else None
-                item["remembered_failure"] = any(entry["how"] == How.FAILED
-                                                 for entry in (build.provenance or {}).values())
-                item["cache"] = cache_outcome(item)
+                item["cache"] = cache_outcome(build.outcome, build.provenance)
                 item["failure"] = failed.get(build.artifact_id)
                 items.append(item)
             counts = count_by_state(session)
@@ -108,14 +93,17 @@ def history() -> tuple[str, int]:
 
 def _error_lines(session: Session, buckets: list[dict[str, Any]]) -> dict[str, list[str]]:
     """The compiler's last lines of each failed bucket's failing attempt (this build's own compile or the
-    remembered failure it joined), by bucket key."""
+    remembered failure it joined), by bucket key. Attempt numbers start again at a retry, so the lines are
+    also bounded by time: after the failure before it, up to the failure itself."""
     found = {}
     for bucket in buckets:
-        if bucket["state"] != "failed" or bucket.get("compile_id") is None:
+        failed = [e for e in bucket["errors"] if e["phase"] == "compile"]
+        if bucket["state"] != "failed" or bucket.get("compile_id") is None or not failed:
             continue
-        attempts = [e["attempt"] for e in bucket["errors"] if e["phase"] == "compile"]
-        attempt = attempts[-1] if attempts else bucket["attempts"]
-        found[bucket["key"]] = bucket_tail(session, bucket["compile_id"], attempt, ERROR_LINES)
+        last = failed[-1]
+        earlier = [e["at"] for e in bucket["errors"] if e["at"] < last["at"]]
+        found[bucket["key"]] = bucket_tail(session, bucket["compile_id"], last["attempt"], ERROR_LINES,
+                                           after=_at(earlier[-1]) if earlier else None, until=_at(last["at"]))
     return found
 
 
@@ -124,7 +112,8 @@ def _error_lines(session: Session, buckets: list[dict[str, Any]]) -> dict[str, l
 def build_page(build_id: int) -> str:
     ctx = web()
     build = build_document(ctx, build_id)
-    miss = miss_document(ctx, build_id)
+    # Only a new build's key missed; a join's key is its artifact's, made by the artifact's first build.
+    miss = miss_document(ctx, build_id) if build["outcome"] == Outcome.NEW else None
     with ctx.services.sessions() as session:
         artifact = session.scalars(select(Artifact).where(Artifact.key == build["artifact_key"])).one()
         compile_ids = {view.key: view.compile_id for view in bucket_views(session, artifact.id, history=False)}
@@ -132,15 +121,18 @@ def build_page(build_id: int) -> str:
             bucket["compile_id"] = compile_ids.get(bucket["key"])
         error_lines = _error_lines(session, build["buckets"])
         tail = tail_after(session, build_id, LOG_TAIL)
+        key_owner = session.scalar(select(func.min(Build.id)).where(Build.artifact_id == artifact.id))
+        team = session.scalar(select(Build.team).where(Build.id == build_id))
     _sign_failure_logs(ctx, build)
     # Buckets compile at once and their log lines interleave: each line is labelled with its bucket.
     positions = {bucket["key"]: bucket["position"] for bucket in build["buckets"]}
-    remembered = [b for b in build["buckets"] if (b.get("origin") or {}).get("how") == How.FAILED]
+    hows = [(bucket.get("origin") or {}).get("how") for bucket in build["buckets"]]
+    remembered = [b for b, how in zip(build["buckets"], hows, strict=True) if how == How.FAILED]
     who = auth.signed_in()
-    may_control = who is not None and who.may_control(_team_of(ctx, build_id))
     return render_template("build.html", build=build, positions=positions, miss=miss, error_lines=error_lines,
                            components=artifact.components, material=artifact.material, log_after=tail,
-                           log_tail=LOG_TAIL, remembered=remembered, may_control=may_control,
+                           log_tail=LOG_TAIL, remembered=remembered, compiled_any=How.COMPILED in hows,
+                           may_control=who is not None and who.may_control(team), key_owner=key_owner,
                            timeline=timeline(build))
 
 
@@ -155,11 +147,6 @@ def _sign_failure_logs(ctx: Any, build: dict[str, Any]) -> None:
                 error["log_url"] = ctx.services.store.blob_url(error["log_sha256"], expires_in=ttl, filename=name)
 
 
-def _team_of(ctx: Any, build_id: int) -> str | None:
-    with ctx.services.sessions() as session:
-        return session.scalar(select(Build.team).where(Build.id == build_id))
-
-
 def timeline(build: dict[str, Any]) -> dict[str, Any]:
     """Where each of this build's own compiles waited and ran, as percentages of the build's span (a bar
     per bucket: queued → started → finished); reused buckets ran before the build and are not drawn."""
@@ -170,7 +157,8 @@ def timeline(build: dict[str, Any]) -> dict[str, Any]:
     span = max((end - start).total_seconds(), 0.001)
     bars = {}
     for bucket in build["buckets"]:
-        if (bucket.get("origin") or {}).get("how") not in (How.COMPILED, How.JOINED):
+        origin = bucket.get("origin") or {}
+        if origin.get("how") not in (How.COMPILED, How.JOINED, How.UNRECORDED) or origin.get("again_by"):
             continue
         queued = max(_at(bucket["queued_at"]), start) if bucket["queued_at"] else start
         started = _at(bucket["started_at"]) if bucket["started_at"] else None
