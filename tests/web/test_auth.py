@@ -266,6 +266,19 @@ def test_the_ui_logs_in_with_a_token_and_its_forms_carry_csrf_tokens(env: Env) -
     assert 'value="/"' in browser.get("/login?next=//evil.example").get_data(as_text=True)  # no open redirect
 
 
+@pytest.mark.parametrize("target", ["//evil.example", "/\t/evil.example", "/\n/evil.example", "/\\evil.example",
+                                    "/ /evil.example", "https://evil.example/", "/\x7f/x", "javascript:alert(1)"])
+def test_login_never_sends_the_browser_off_the_site(sqlite_env: Env, target: str) -> None:
+    browser = sqlite_env.app.test_client()
+    done = login(browser, sqlite_env.token, target)
+    assert done.status_code == 303 and done.headers["Location"] == "/", done.headers.get("Location")
+
+
+def test_login_returns_to_a_page_of_the_site_with_its_query(sqlite_env: Env) -> None:
+    done = login(sqlite_env.app.test_client(), sqlite_env.token, "/builds/7?x=1")
+    assert done.status_code == 303 and done.headers["Location"] == "/builds/7?x=1"
+
+
 def test_open_reads_and_private_metrics(make_env: EnvFactory, sqlite_url: str) -> None:
     open_env = make_env(sqlite_url, open_reads=True)
     anonymous = open_env.app.test_client()

@@ -3,6 +3,8 @@ and re-checks it); login itself is CSRF-protected, and ``next`` is never an open
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from flask import redirect, render_template, request, session, url_for
 from werkzeug.wrappers import Response as WerkzeugResponse
 
@@ -13,10 +15,17 @@ from web.ui import bp
 
 
 def _local_path(target: str | None) -> str:
-    """Where to go after logging in: a path on this site only (never an open redirect)."""
-    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target
-    return url_for("ui.history")
+    """Where to go after logging in: a path on this site only (never an open redirect). Browsers drop tabs
+    and newlines from URLs and read a backslash as a slash, so ``/\t/evil.example`` would leave the site:
+    no control character, space or backslash is accepted, and what remains must parse as a bare path."""
+    if not target or not target.startswith("/") or target.startswith("//"):
+        return url_for("ui.history")
+    if any(ord(c) <= 0x20 or ord(c) == 0x7F or c == "\\" for c in target):
+        return url_for("ui.history")
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc:
+        return url_for("ui.history")
+    return target
 
 
 @bp.route("/login", methods=["GET", "POST"])
