@@ -2,8 +2,10 @@
 model name its builds gave, its bucket count, size, fetches and whether a retention pin holds it.
 
 Pages are keyset-paginated on the artifact id (``before``), like the build history. Per-row facts (the
-model name, the bucket count, the pin, the newest build) are correlated subqueries over indexed columns,
-run for the page's rows only.
+model name, the bucket count, the pin, the newest build) are correlated subqueries over indexed columns
+(``ix_builds_artifact_id_id`` walks an artifact's builds newest first), run for the page's rows only. A
+model filter collects the model's artifact ids from two indexes (artifacts by sha256, builds by name)
+first: its cost grows with that model's builds, not with the table.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import exists, func, or_, select
+from sqlalchemy import ColumnElement, func, select, union
 from sqlalchemy.orm import Session
 
 from compilesvc.ledger.models import Artifact, ArtifactBucket, Build
@@ -76,10 +78,12 @@ def list_artifacts(session: Session, filters: ArtifactFilter, *, limit: int = 50
                .scalar_subquery())
     query = select(Artifact, model_name.label("model_name"), buckets.label("buckets"),
                    pinned().label("pinned"), newest_build.label("newest_build"))
-    conditions = []
+    conditions: list[ColumnElement[bool]] = []
     if filters.model is not None:
-        named = exists().where(Build.artifact_id == Artifact.id, Build.model_name == filters.model)
-        conditions.append(or_(Artifact.model_sha256 == filters.model, named))
+        # Two index walks (artifacts by sha256, builds by model name), not a test of every artifact.
+        ids = union(select(Artifact.id).where(Artifact.model_sha256 == filters.model),
+                    select(Build.artifact_id).where(Build.model_name == filters.model))
+        conditions.append(Artifact.id.in_(select(ids.subquery().c.id)))
     for column in ("target", "sdk", "state"):
         value = getattr(filters, column)
         if value is not None:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from compilesvc.follow import shape_text
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build
+from compilesvc.states import Outcome
 
 __all__ = ["CANDIDATES", "Change", "Comparison", "changes", "explain_miss"]
 
@@ -56,17 +57,33 @@ def _short(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
-def _flag_changes(before: list[str], after: list[str]) -> list[Change]:
-    """Canonical flags are ``name`` or ``name=value`` (one per option, sorted): a changed value reads as
-    ``-O2 → -O3``, the rest as added or removed."""
-    def name(flag: str) -> str:
-        return "-O" if flag.startswith("-O") and flag[2:].isdigit() else flag.partition("=")[0]
+def _flag_groups(flags: list[str]) -> dict[str, str]:
+    """Canonical flags by name: an option with the values that follow it (``--pipeline compile SaveTemps``,
+    as canonical_flags writes several values) is one group; leading positionals are one group."""
+    groups: list[list[str]] = []
+    for token in flags:
+        if token.startswith("-") or not groups:
+            groups.append([token])
+        else:
+            groups[-1].append(token)
+    found: dict[str, str] = {}
+    for group in groups:
+        head = group[0]
+        name = "-O" if head.startswith("-O") and head[2:].isdigit() else head.partition("=")[0]
+        if not head.startswith("-"):
+            name = "(positional)"
+        found[name] = " ".join(group) if name not in found else f"{found[name]} {' '.join(group)}"
+    return found
 
-    old = {name(f): f for f in before}
-    new = {name(f): f for f in after}
+
+def _flag_changes(before: list[str], after: list[str]) -> list[Change]:
+    """Canonical flags are ``name``, ``name=value`` or ``name value…`` (one per option, sorted): a changed
+    value reads as ``-O2 → -O3``, the rest as added or removed. Should that find nothing where the lists
+    differ (an order the key sees and the names do not), both lists are shown whole."""
+    old, new = _flag_groups(before), _flag_groups(after)
     found = []
-    for flag_name in sorted(old.keys() | new.keys()):
-        was, now = old.get(flag_name), new.get(flag_name)
+    for name in sorted(old.keys() | new.keys()):
+        was, now = old.get(name), new.get(name)
         if was == now:
             continue
         if was is None:
@@ -75,6 +92,8 @@ def _flag_changes(before: list[str], after: list[str]) -> list[Change]:
             found.append(Change("flags", f"flag {was} removed"))
         else:
             found.append(Change("flags", f"flag {was} → {now}"))
+    if not found and before != after:
+        found.append(Change("flags", f"flags {' '.join(before) or '(none)'} → {' '.join(after) or '(none)'}"))
     return found
 
 
@@ -106,7 +125,8 @@ def changes(before: dict[str, Any], before_buckets: list[list[dict[str, Any]]], 
         found.append(Change("salt", "the service's key salt changed (an operator disowned earlier artifacts)"))
     found.extend(_mapping_changes("model", "model ", before.get("model", {}), after.get("model", {})))
     old_tools, new_tools = dict(before.get("toolchain", {})), dict(after.get("toolchain", {}))
-    if before_sdk != after_sdk and old_tools != new_tools:
+    # The cpu target's toolchain holds its sdk (the torch release) and says it below.
+    if before_sdk != after_sdk and old_tools != new_tools and "sdk" not in new_tools:
         # The release label is not in the key (releases shipping one toolchain share artifacts), but it is
         # what the user changed: name it, then the packages it brought.
         found.append(Change("toolchain", f"sdk {before_sdk} → {after_sdk}"))
@@ -137,11 +157,14 @@ def explain_miss(session: Session, build: Build) -> Comparison | None:
     when no earlier build of this model asked for another artifact (a first build of a model)."""
     same_model = (Build.model_name == build.model_name) if build.model_name else \
         (Build.model_sha256 == build.model_sha256)
+    # Hits are most of a model's builds and ask for the artifacts it has already: walking the builds that
+    # made or joined an artifact finds the model's distinct artifacts in far fewer rows (an artifact only
+    # ever imported from the store has hits alone, and is not a candidate).
     earlier = session.execute(
         select(Build.artifact_id, Build.id)
-        .where(same_model, Build.id < build.id, Build.artifact_id != build.artifact_id)
+        .where(same_model, Build.id < build.id, Build.artifact_id != build.artifact_id, Build.outcome != Outcome.HIT)
         .order_by(Build.id.desc())
-        .limit(CANDIDATES * 4)  # several builds per artifact is common (hits); the index walk stays short
+        .limit(CANDIDATES * 4)  # a few joins per artifact; the walk stays short
     ).all()
     newest_build: dict[int, int] = {}
     for artifact_id, build_id in earlier:

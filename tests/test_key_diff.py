@@ -91,3 +91,20 @@ def test_changes_reads_each_component() -> None:
     ]
     # The release label alone (same toolchain) changes no key, so it is not reported.
     assert changes(before, one, "2.27.0", before, one, "2.27.1") == []
+
+
+def test_a_cpu_release_is_said_once_and_options_with_several_values_are_one_flag() -> None:
+    base = {"schema": "compilesvc-key/3", "salt": "", "model": {"sha256": "a" * 64, "format": "torchscript"},
+            "toolchain": {"target": "cpu", "backend": "torchscript", "tp_degree": 1, "sdk": "2.12.0"},
+            "flags": ["--freeze"]}
+    newer = {**base, "toolchain": {**base["toolchain"], "sdk": "2.13.0"}}
+    assert [c.text for c in changes(base, [], "2.12.0", newer, [], "2.13.0")] == ["sdk 2.12.0 → 2.13.0"]
+
+    pipeline = {**base, "flags": ["--pipeline", "compile", "SaveTemps", "-O2"]}
+    more = {**base, "flags": ["--pipeline", "compile", "SaveTemps", "Verify", "-O2"]}
+    assert [c.text for c in changes(pipeline, [], "2.13.0", more, [], "2.13.0")] == [
+        "flag --pipeline compile SaveTemps → --pipeline compile SaveTemps Verify"]
+    # Values reordered: the key differs, so the change is shown, whole.
+    swapped = {**base, "flags": ["--pipeline", "SaveTemps", "compile", "-O2"]}
+    assert [c.text for c in changes(pipeline, [], "2.13.0", swapped, [], "2.13.0")] == [
+        "flag --pipeline compile SaveTemps → --pipeline SaveTemps compile"]

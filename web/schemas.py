@@ -181,7 +181,7 @@ class KeyChangeOut(_Out):
 class ComparedOut(_Out):
     artifact_key: str
     artifact_state: ArtifactState
-    build_id: int = Field(description="The newest earlier build that asked for that artifact.")
+    build_id: int = Field(description="The newest earlier build that made or joined that artifact.")
     sdk: str
 
 

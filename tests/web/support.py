@@ -77,7 +77,7 @@ def spec_for(uri: str, *, buckets: tuple[tuple[int, int], ...] = ((1, 8), (2, 8)
     }
 
 
-def _queued_buckets(services: Services, build_id: int) -> list[int]:
+def queued_buckets(services: Services, build_id: int) -> list[int]:
     with services.sessions() as session:
         artifact_id = session.scalar(select(Build.artifact_id).where(Build.id == build_id))
         return list(session.scalars(
@@ -95,7 +95,7 @@ def complete_build(services: Services, build_id: int, *, log_lines: tuple[str, .
     model file is ``payload(bucket key)`` (default: a few bytes naming the key); ``versions`` are what the
     manifests record."""
     store = services.store
-    for bucket_id in _queued_buckets(services, build_id):
+    for bucket_id in queued_buckets(services, build_id):
         with transaction(services.sessions) as session:
             claim = leases.claim(session, bucket_id, WORKER, lease_seconds=60)
         assert claim is not None
@@ -123,7 +123,7 @@ def fail_build(services: Services, build_id: int, *, error_class: str = "compile
                message: str = "unsupported operator aten::foo", log_lines: tuple[str, ...] = ("error: boom",)) -> None:
     """Fail the build's first queued compile (a compile error fails the whole set), archiving its log as the
     worker does."""
-    bucket_id = _queued_buckets(services, build_id)[0]
+    bucket_id = queued_buckets(services, build_id)[0]
     with transaction(services.sessions) as session:
         claim = leases.claim(session, bucket_id, WORKER, lease_seconds=60)
         assert claim is not None

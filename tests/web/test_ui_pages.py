@@ -7,11 +7,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from compilesvc import leases
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Build
 from compilesvc.registry import register
 from tests.fixtures.tokens import bearer, make_token
-from tests.web.support import Env, complete_build, fail_build, spec_for
+from tests.web.support import Env, complete_build, fail_build, queued_buckets, spec_for
 from web.schemas import MissOut
 
 EnvFactory = Any
@@ -149,7 +150,9 @@ def test_artifacts_page_groups_by_model_with_usage_and_pins(make_env: EnvFactory
     assert "published" in cells and "pinned" in cells and " 3 " in f" {cells} " and "never" not in cells
     only_bert = text_of(page(env, "/artifacts?model=bert"))
     assert "broken" not in only_bert and "bert" in only_bert
-    assert "failed" in text_of(page(env, "/artifacts?state=failed"))
+    failed_only = page(env, "/artifacts?state=failed")
+    states = re.findall(r'<span class="badge state-(\w+)">', failed_only.split("<table", 1)[1])
+    assert states == ["failed"]  # the broken model's artifact, alone
     assert page(env, "/artifacts?state=nonsense", 400)
     assert page(env, "/artifacts?before=x", 400)
 
@@ -171,12 +174,7 @@ def test_workers_page_shows_capabilities_running_work_and_unserved_queues(make_e
     assert "No live worker serves the queue" in words and "2 compiles wait on it" in words, words
     assert f"build {build_id}" not in words  # nothing runs yet
 
-    with env.services.sessions() as session:
-        queue = session.get_one(Build, build_id).artifact_id
-    assert queue
-    from compilesvc import leases
-    from tests.web.support import _queued_buckets
     with transaction(env.services.sessions) as session:
-        assert leases.claim(session, _queued_buckets(env.services, build_id)[0], "trn2-host-1",
+        assert leases.claim(session, queued_buckets(env.services, build_id)[0], "trn2-host-1",
                             lease_seconds=60) is not None
     assert f"build {build_id}" in text_of(page(env, "/workers"))

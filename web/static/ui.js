@@ -19,9 +19,14 @@
     });
   }
 
+  // Every 3 s at first, slower the longer rows stay running (up to 30 s); not while the tab is hidden; and
+  // never for a row the fresh page no longer has (it moved off this page): no tab polls for ever.
+  var delay = 3000;
   function refreshRunningRows() {
-    var running = document.querySelectorAll("tr[data-live]");
+    var running = Array.prototype.filter.call(document.querySelectorAll("tr[data-live]"),
+                                              function (row) { return !row.dataset.gone; });
     if (!running.length) { return; }
+    if (document.hidden) { setTimeout(refreshRunningRows, delay); return; }
     fetch(window.location.href, { headers: { "Accept": "text/html" }, credentials: "same-origin" })
       .then(function (response) { return response.ok ? response.text() : null; })
       .then(function (html) {
@@ -30,12 +35,14 @@
           running.forEach(function (row) {
             var replacement = fresh.getElementById(row.id);
             if (replacement) { row.replaceWith(document.importNode(replacement, true)); }
+            else { row.dataset.gone = "1"; }
           });
           refreshHints();
         }
-        setTimeout(refreshRunningRows, 3000);
+        delay = Math.min(delay * 1.25, 30000);
+        setTimeout(refreshRunningRows, delay);
       })
-      .catch(function () { setTimeout(refreshRunningRows, 10000); });
+      .catch(function () { setTimeout(refreshRunningRows, 30000); });
   }
 
   refreshHints();
