@@ -17,13 +17,12 @@ from compilesvc.hostinfo import host_isa
 from compilesvc.spec_parsing import parse_spec
 from tests.workers import DEMO_MODEL, ChildRun, run_child, run_children, text_inputs
 from workers.backends.base import CompileFailure, InfraError, InputDesc
-from workers.backends.cpu import (
+from workers.backends.cpu import _inductor_failure, trace_bucket
+from workers.backends.cpu_warnings import (
     GUARDS_TRACER_WARNING,
     TRACER_WARNING_EXPLAINED,
-    _inductor_failure,
     kept_tracer_warnings,
     silenced,
-    trace_bucket,
 )
 from workers.classify import classify
 from workers.model_loading import example_inputs, load_model, order_inputs, safe_extract
