@@ -7,7 +7,6 @@ import io
 import os
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.config import Settings
-from compilesvc.db import make_engine, make_sessionmaker, transaction
+from compilesvc.db import transaction
 from compilesvc.ledger.models import ModelPin
 from compilesvc.model_identity import ModelResolver, content_sha256_for_key
 from compilesvc.model_pins import ModelChangedError, ModelRefError, PinnedModel
@@ -50,15 +49,6 @@ def bucket(s3_server: S3Server) -> str:
 @pytest.fixture
 def keyp() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def sessions(ledger_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(ledger_url)
-    try:
-        yield make_sessionmaker(engine)
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from the queuing build or the artifact's builds), failures per class, queue wait
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -13,7 +12,6 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from compilesvc.db import make_engine, make_sessionmaker
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, BucketFailure, Build
 from compilesvc.stats import (
     CompileTimes,
@@ -47,15 +45,6 @@ def test_windows_are_clock_aligned_bins_ending_with_the_current_one() -> None:
     assert window("day", paris).bins[-1] == datetime(2026, 3, 10, 16, tzinfo=UTC)
     with pytest.raises(UnknownWindow):
         window("month", NOW)
-
-
-@pytest.fixture
-def sessions(ledger_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(ledger_url)
-    try:
-        yield make_sessionmaker(engine)
-    finally:
-        engine.dispose()
 
 
 def _artifact(session: Session, target: str = "inf2") -> Artifact:

@@ -99,11 +99,7 @@ def column_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bo
                  fmt: Callable[[float], str] = _count, axis: Callable[[float], str] | None = None) -> Chart:
     """Vertical bars per category (the time bins): stacked, or side by side."""
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    if stacked:
-        peak = max((sum(s.values[i] or 0 for s in series) for i in range(len(labels))), default=0.0)
-    else:
-        peak = max((v or 0 for s in series for v in s.values), default=0.0)
-    top = nice_ceiling(peak, durations=axis is axis_seconds)
+    top = nice_ceiling(_peak(series, len(labels), stacked), durations=axis is axis_seconds)
     slot = plot_w / max(len(labels), 1)
     gap = slot * 0.15
     bars: list[Bar] = []
@@ -128,17 +124,20 @@ def column_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bo
     return Chart(WIDTH, HEIGHT, bars, values, categories, list(series), (LEFT, TOP, plot_w, plot_h))
 
 
+def _peak(series: Sequence[Series], categories: int, stacked: bool) -> float:
+    """The largest bar: a category's sum when stacked, else the largest single value."""
+    if stacked:
+        return max((sum(s.values[i] or 0 for s in series) for i in range(categories)), default=0.0)
+    return max((v or 0 for s in series for v in s.values), default=0.0)
+
+
 def bar_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bool,
               fmt: Callable[[float], str] = _count, axis: Callable[[float], str] | None = None) -> Chart:
     """Horizontal bars per category (models and targets, error classes): stacked, or one under another."""
     lanes = 1 if stacked else len(series)
     height = TOP + BOTTOM + ROW * lanes * max(len(labels), 1)
     plot_w, plot_h = WIDTH - LABEL_WIDTH - RIGHT, height - TOP - BOTTOM
-    if stacked:
-        peak = max((sum(s.values[i] or 0 for s in series) for i in range(len(labels))), default=0.0)
-    else:
-        peak = max((v or 0 for s in series for v in s.values), default=0.0)
-    top = nice_ceiling(peak, durations=axis is axis_seconds)
+    top = nice_ceiling(_peak(series, len(labels), stacked), durations=axis is axis_seconds)
     bars: list[Bar] = []
     for i, label in enumerate(labels):
         base = 0.0
