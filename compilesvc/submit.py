@@ -268,8 +268,9 @@ class Submitter:
                 outcome = Outcome.JOIN
                 outbox_ids = self._reopen(session, artifact, ctx, queued)
             self._settle(session, artifact)
-            got = provenance.at_submit(
-                (bucket for bucket, _ in positioned_buckets(session, artifact.id)), queued)
+            # Read once: what this build got of each bucket, and the states `finalize` looks at.
+            positioned = positioned_buckets(session, artifact.id)
+            got = provenance.at_submit((bucket for bucket, _ in positioned), queued)
             build_id = self._add_build(
                 session, ctx, ctx.build_record(artifact.id, artifact.key, artifact.state, outcome, provenance=got))
             if build_id is None:
@@ -278,7 +279,7 @@ class Submitter:
             result = SubmitResult(build_id=build_id, outcome=outcome, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
                                   artifact_key=artifact.key, artifact_state=artifact.state,
                                   # States only (for `finalize`): the answer is read again after commit.
-                                  buckets=bucket_views(session, artifact.id, history=False))
+                                  buckets=[BucketView.of(bucket, position) for bucket, position in positioned])
             finalize = artifact.state == ArtifactState.BUILDING and all(b.state == BucketState.SUCCEEDED
                                                                        for b in result.buckets)
         return result, outbox_ids, finalize

@@ -113,6 +113,7 @@ def test_build_page_says_where_each_bucket_came_from(make_env: EnvFactory, sqlit
     log = env.client.get(f"/builds/{ids['built']}/log.txt")
     assert log.status_code == 200 and log.mimetype == "text/plain"
     assert re.search(r"^\d\d:\d\d:\d\d \[0\] #1 tracing bert$", log.get_data(as_text=True), re.M)
+    assert env.client.get("/builds/999999/log.txt").status_code == 404
 
     miss = env.client.get(f"/v1/builds/{ids['bigger']}/miss")
     assert miss.status_code == 200

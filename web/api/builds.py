@@ -20,9 +20,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from compilesvc import key_diff, provenance
 from compilesvc.admission import QuotaExceeded
-from compilesvc.bucket_compiles import bucket_views
+from compilesvc.bucket_compiles import BucketView, bucket_views
 from compilesvc.control import BuildNotFound, cancel_build, retry_build
-from compilesvc.history import InvalidCursor, InvalidLimit, get_build_detail, list_builds
+from compilesvc.history import BuildDetail, InvalidCursor, InvalidLimit, get_build_detail, list_builds
 from compilesvc.ledger.models import Artifact, Build
 from compilesvc.logs import read_build_logs
 from compilesvc.model_pins import ModelRefError
@@ -167,13 +167,17 @@ def list_history(query: BuildListQuery) -> Response:
     return respond(BuildList, {"items": items, "next_cursor": page.next_cursor, "next": next_url}, 200, headers)
 
 
-def build_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
-    """GET /v1/builds/{id}'s body (also rendered by the UI)."""
+def load_build(ctx: WebContext, build_id: int) -> tuple[BuildDetail, list[BucketView]]:
+    """The build with its artifact and events, and its bucket compiles with their failures; 404 if none."""
     with ctx.services.sessions() as session:
         detail = get_build_detail(session, build_id)
         if detail is None:
             raise Problem("build-not-found", f"no build {build_id}")
-        buckets = bucket_views(session, detail.artifact.id)
+        return detail, bucket_views(session, detail.artifact.id)
+
+
+def document_of(ctx: WebContext, detail: BuildDetail, buckets: list[BucketView]) -> dict[str, Any]:
+    """A loaded build (:func:`load_build`) as GET /v1/builds/{id} answers it (the UI renders the same)."""
     build, artifact = detail.build, detail.artifact
     origins = provenance.origins(build, buckets)
     described = None
@@ -228,7 +232,8 @@ def miss(build_id: int) -> Response:
            responses={200: BuildOut}, problems=(404,))
 def get_build(build_id: int) -> Response:
     g.build_id = build_id
-    return respond(BuildOut, build_document(web(), build_id))
+    ctx = web()
+    return respond(BuildOut, document_of(ctx, *load_build(ctx, build_id)))
 
 
 def run_control(build_id: int, action: Callable[[Services, int, Principal | None], object]) -> WebContext:

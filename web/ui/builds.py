@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from compilesvc.bucket_compiles import bucket_views
+from compilesvc.bucket_compiles import positioned_buckets
 from compilesvc.control import cancel_build, retry_build
 from compilesvc.history import (
     BUILD_STATES,
@@ -25,7 +25,7 @@ from compilesvc.history import (
     failure_of_artifacts,
     list_builds,
 )
-from compilesvc.ledger.models import Artifact, Build
+from compilesvc.ledger.models import Build
 from compilesvc.logs import bucket_tail, read_build_logs, tail_after
 from compilesvc.provenance import How, cache_outcome
 from compilesvc.services import Services
@@ -33,10 +33,11 @@ from compilesvc.spec_parsing import validation_errors
 from compilesvc.states import Outcome
 from compilesvc.tokens import Permission, Principal
 from web import auth
-from web.api.builds import build_document, miss_document, run_control
+from web.api.builds import document_of, load_build, miss_document, run_control
 from web.api.serialize import summary_json
 from web.context import web
 from web.inputs import FILTERS
+from web.problems import Problem
 from web.ui import bp
 
 TARGETS = ("inf2", "trn1", "trn2", "cpu")
@@ -111,18 +112,17 @@ def _error_lines(session: Session, buckets: list[dict[str, Any]]) -> dict[str, l
 @auth.access(Permission.READ)
 def build_page(build_id: int) -> str:
     ctx = web()
-    build = build_document(ctx, build_id)
+    detail, views = load_build(ctx, build_id)
+    build, artifact = document_of(ctx, detail, views), detail.artifact
+    for bucket, view in zip(build["buckets"], views, strict=True):
+        bucket["compile_id"] = view.compile_id
     # Only a new build's key missed; a join's key is its artifact's, made by the artifact's first build.
     miss = miss_document(ctx, build_id) if build["outcome"] == Outcome.NEW else None
     with ctx.services.sessions() as session:
-        artifact = session.scalars(select(Artifact).where(Artifact.key == build["artifact_key"])).one()
-        compile_ids = {view.key: view.compile_id for view in bucket_views(session, artifact.id, history=False)}
-        for bucket in build["buckets"]:
-            bucket["compile_id"] = compile_ids.get(bucket["key"])
         error_lines = _error_lines(session, build["buckets"])
         tail = tail_after(session, build_id, LOG_TAIL)
         key_owner = session.scalar(select(func.min(Build.id)).where(Build.artifact_id == artifact.id))
-        team = session.scalar(select(Build.team).where(Build.id == build_id))
+    team = detail.build.team
     _sign_failure_logs(ctx, build)
     # Buckets compile at once and their log lines interleave: each line is labelled with its bucket.
     positions = {bucket["key"]: bucket["position"] for bucket in build["buckets"]}
@@ -187,8 +187,11 @@ def _at(value: str) -> datetime:
 def full_log(build_id: int) -> Response:
     """The whole central log of a build as text, every line labelled with its bucket and attempt."""
     ctx = web()
-    document = build_document(ctx, build_id)
-    positions = {bucket["key"]: bucket["position"] for bucket in document["buckets"]}
+    with ctx.services.sessions() as session:
+        artifact_id = session.scalar(select(Build.artifact_id).where(Build.id == build_id))
+        if artifact_id is None:
+            raise Problem("build-not-found", f"no build {build_id}")
+        positions = {bucket.key: position for bucket, position in positioned_buckets(session, artifact_id)}
 
     def lines() -> Iterator[str]:
         after = 0
