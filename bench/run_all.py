@@ -2,7 +2,8 @@
 
 Each bench module runs as its own subprocess (``python -m bench.<name>``, from the repository root, with this
 interpreter), its output streamed as it comes; then one summary line per bench: PASS/FAIL, exit code and
-wall time. Exit status 1 if any bench failed (130 when interrupted).
+wall time, and the one table of every figure the benches recorded (:mod:`bench._table`), with its target,
+its baseline and the host's cores and load. Exit status 1 if any bench failed (130 when interrupted).
 
 Defaults are each bench's own, which suit a 2-core host: api_throughput ~1 min, pipeline ~5 min, stream_memory
 (1 GiB blob) ~1 min, fleet_fetch (256 MiB) ~1 min, history_scale (1,000,000 builds) several minutes.
@@ -19,9 +20,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import FrameType
+
+from bench import _table
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ("api_throughput", "pipeline", "stream_memory", "fleet_fetch", "history_scale", "db_preping")
@@ -67,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     names = [name for name in BENCHES if not args.only or name in args.only]
+    host = _table.machine()  # before the benches load the host
+    results_file = Path(tempfile.mkstemp(prefix="compilesvc-bench-", suffix=".jsonl")[1])
+    os.environ[_table.RESULTS_ENV] = str(results_file)
     results: list[tuple[str, list[str], int, float]] = []
     interrupted = False
     for name in names:
@@ -87,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<16} {status:<4}  exit {code:>3}  {seconds:>6.0f} s  {' '.join(bench_args)}".rstrip())
     for name in names[len(results):]:
         print(f"{name:<16} not run (interrupted)")
+    figures = _table.load(results_file)
+    results_file.unlink(missing_ok=True)
+    print(f"\n=== every figure{' (--quick: smaller sizes than the targets assume)' if args.quick else ''}\n")
+    print(_table.render(figures, host))
+    for figure in _table.missed(figures):
+        print(f"MISSED: {figure.bench} {figure.name}: {figure.note or 'no explanation recorded'}")
     if interrupted:
         return 130
     return 1 if any(code != 0 for _, _, code, _ in results) else 0
