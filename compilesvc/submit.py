@@ -100,7 +100,9 @@ class Submitter:
 
     def __init__(self, services: Services, *, manifests: PublishedManifests | None = None):
         self.services = services
-        self.manifests = manifests or StoreManifests(services.store)
+        # Not `manifests or ...`: an empty cache has a length of 0, and a cache that is empty at start is
+        # the normal case.
+        self.manifests = manifests if manifests is not None else StoreManifests(services.store)
         self.settings = services.settings
         # An artifact seen published stays so until retention deletes it, so its id is trusted for
         # PUBLISHED_TRUST_SECONDS: a cache-hit submit is then one write transaction. Bounded by clearing,

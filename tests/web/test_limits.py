@@ -4,6 +4,8 @@ the concurrent-compile quota, and upload sizes per scope. A refusal writes nothi
 from __future__ import annotations
 
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -16,6 +18,7 @@ from tests.fixtures.tokens import bearer, make_token
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, spec_for
 from tests.web.test_submit import assert_problem
+from web import ratelimit
 
 REDIS_URL = os.environ.get("COMPILESVC_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
@@ -109,3 +112,36 @@ def test_uploads_are_limited_per_scope(make_env: EnvFactory, sqlite_url: str) ->
     reader = make_token(env.services.sessions, "read", owner="r")
     assert_problem(env.client.post("/v1/models", data=b"x", content_type="application/octet-stream",
                                    headers=bearer(reader)), 403, "forbidden")
+
+
+def _threads_created() -> int:
+    """How many unnamed threads this process has created so far (each takes the next "Thread-N")."""
+    probe = threading.Thread(target=lambda: None)
+    return int(probe.name.split("-")[1].split(" ")[0])
+
+
+def test_counting_in_memory_starts_no_thread_per_submit(make_env: EnvFactory, sqlite_url: str) -> None:
+    # Found by profiling cache-hit submits (issue 12): limits' MemoryStorage starts a 10 ms Timer thread
+    # whenever the last one has finished, i.e. about one new thread per submit under a steady load.
+    env = make_env(sqlite_url, submit_rate_limit="1000000/minute")
+    limiter = env.app.extensions["compilesvc"].submit_limiter
+    principal = env.app.extensions["compilesvc"].tokens.by_secret(env.token)
+    before = _threads_created()
+    for _ in range(20):
+        limiter.check(principal)
+        time.sleep(0.015)  # past the library's 10 ms timer, which would then start another
+    assert _threads_created() - before <= 1  # the probe itself
+
+
+def test_expired_counts_are_swept_from_memory(make_env: EnvFactory, sqlite_url: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ratelimit, "SWEEP_SECONDS", 0.05)
+    env = make_env(sqlite_url, submit_rate_limit="2/second")
+    storage = env.app.extensions["compilesvc"].submit_limiter.strategy.storage
+    spec = spec_for(env.upload())
+    assert env.submit(spec).status_code == 202
+    assert storage.storage  # counted
+    deadline = time.monotonic() + 10
+    while storage.storage and time.monotonic() < deadline:  # both windows (2 s) expire, then a sweep
+        time.sleep(0.1)
+    assert not storage.storage

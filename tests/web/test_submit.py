@@ -15,6 +15,8 @@ from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
 from compilesvc.ledger.models import Build
+from compilesvc.spec_parsing import parse_for_service
+from compilesvc.store.base import artifact_manifest_name
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import PUBLIC_URL, Env, complete_build, spec_for
 from web.schemas import ArtifactOut, BuildAccepted, BuildOut, ProblemDetails
@@ -238,3 +240,24 @@ def test_numbers_python_cannot_convert_are_named(env: Env) -> None:
     problem = assert_problem(env.client.post("/v1/builds", data=body, content_type="application/json"), 400,
                              "invalid-json")
     assert "more than 4300 digits" in problem["detail"]
+
+
+def test_a_hit_reads_the_manifest_from_the_process_cache_not_the_store(sqlite_env: Env) -> None:
+    # Found by profiling cache-hit submits (issue 12): the submitter was given the process's manifest cache
+    # but, the cache being empty (len 0, falsy) when the app started, read every hit's manifest from the
+    # store instead. A hit must cost no store read once its manifest is cached: shown here by taking the
+    # manifest document away from the store after the first hit.
+    env = sqlite_env
+    spec = spec_for(env.upload(), buckets=((1, 4),))
+    build = env.submit(spec).json
+    complete_build(env.services, build["build_id"])
+    assert env.submit(spec).status_code == 200  # the first hit caches the manifest
+    ctx = env.app.extensions["compilesvc"]
+    assert ctx.submitter.manifests is ctx.manifests
+    manifest_path = env.services.store._document_path(artifact_manifest_name(build["artifact_key"]))
+    manifest_path.unlink()
+    with env.app.test_request_context():
+        prepared = ctx.submitter.prepare(parse_for_service(spec, env.services.settings))
+    result = ctx.submitter.submit(prepared, principal=None, idempotency_key=None, queue_anyway=False)
+    assert result.outcome == "hit"
+    assert result.manifest is not None and result.manifest.key == build["artifact_key"]
