@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from compilesvc import events, idempotency, provenance
+from compilesvc import events, failures, idempotency, provenance
 from compilesvc.admission import admit, will_compile
 from compilesvc.artifacts import (
     PublishedManifests,
@@ -145,24 +145,30 @@ class Submitter:
         context = SubmitContext(prepared.spec, prepared.pinned, keys, principal, idempotency_key, request_hash,
                                 tuple(dict.fromkeys([*prepared.spec.callbacks, *team_urls])))
 
+        in_flight = False
         try:
-            hit = self._published_hit(context)
+            hit, in_flight = self._published_hit(context)
         except _IdempotencyRace:
             hit = self._replay(principal, idempotency_key or "", request_hash)
         if hit is not None:
             return hit
-        imported = self._importable_buckets(keys)
-        with self.services.sessions() as session:
-            admit(session, self.settings, context, set(imported), queue_anyway)
+        # A set in flight has every bucket in the ledger, and joining it queues nothing: neither the store
+        # nor admission has a say. Should it turn out to need either, the join is run again admitted.
+        imported = None if in_flight else self._admitted(context, queue_anyway)
         try:
-            result, outbox_ids, finalize = self._create_or_join(context, imported)
+            try:
+                result, outbox_ids, finalize = self._create_or_join(context, imported, exclusive=False)
+            except _NeedsExclusive:
+                imported = imported if imported is not None else self._admitted(context, queue_anyway)
+                result, outbox_ids, finalize = self._create_or_join(context, imported, exclusive=True)
         except _IdempotencyRace:  # an identical request with the same key committed first
             replay = self._replay(principal, idempotency_key or "", request_hash)
             if replay is None:
                 raise RuntimeError("idempotency key vanished after a conflict") from None
             return replay
         self._after_commit(outbox_ids, finalize, result)
-        return self._reload(result)
+        # A join's answer was read under the set's lock and is current; a new set's compiles may have moved.
+        return result if result.outcome != Outcome.NEW and not finalize else self._reload(result)
 
     # -- steps --------------------------------------------------------------------------------------
 
@@ -182,10 +188,17 @@ class Submitter:
                                 buckets=bucket_views(session, artifact.id), replayed=True,
                                 manifest=self._manifest(artifact), first_status=first.status)
 
-    def _published_hit(self, ctx: SubmitContext) -> SubmitResult | None:
+    def _admitted(self, ctx: SubmitContext, queue_anyway: bool) -> dict[str, BucketManifest]:
+        """The buckets the store has (:meth:`_importable_buckets`), once the submit is admitted."""
+        imported = self._importable_buckets(ctx.keys)
+        with self.services.sessions() as session:
+            admit(session, self.settings, ctx, set(imported), queue_anyway)
+        return imported
+
+    def _published_hit(self, ctx: SubmitContext) -> tuple[SubmitResult | None, bool]:
         """The fast path: no read once an artifact was seen published, and the build is group-committed
         with concurrent submits (:mod:`compilesvc.build_records`). Falls back to importing a manifest
-        found in the store."""
+        found in the store. Also says whether the ledger has the set in flight (building)."""
         key = ctx.keys.key
         if time.monotonic() > self._published_ids_until:
             self._published_ids.clear()
@@ -196,9 +209,9 @@ class Submitter:
                 found = session.execute(select(Artifact.id, Artifact.state).where(Artifact.key == key)).one_or_none()
             if found is None:
                 manifest = read_manifest(self.services.store, key)
-                return self._import_artifact(ctx, manifest) if manifest is not None else None
+                return (self._import_artifact(ctx, manifest) if manifest is not None else None), False
             if found.state != ArtifactState.PUBLISHED:
-                return None
+                return None, found.state == ArtifactState.BUILDING
             artifact_id = found.id
             if len(self._published_ids) >= _PUBLISHED_IDS_MAX:
                 self._published_ids.clear()
@@ -211,7 +224,7 @@ class Submitter:
             build_id = self.services.build_recorder.record(record)
         return SubmitResult(build_id=build_id, outcome=Outcome.HIT, state=record.row["state"], artifact_key=key,
                             artifact_state=ArtifactState.PUBLISHED, buckets=[],
-                            manifest=self.manifests.published_manifest(key))
+                            manifest=self.manifests.published_manifest(key)), False
 
     def _import_artifact(self, ctx: SubmitContext, manifest: ArtifactManifest) -> SubmitResult:
         """A manifest in the store but not in the ledger (another region, a rebuilt ledger): record it."""
@@ -250,18 +263,32 @@ class Submitter:
                 found[key] = parse_bucket_manifest(raw, key)
         return found
 
-    def _create_or_join(self, ctx: SubmitContext, imported: dict[str, BucketManifest]
+    def _create_or_join(self, ctx: SubmitContext, imported: dict[str, BucketManifest] | None, *, exclusive: bool
                         ) -> tuple[SubmitResult, list[int], bool]:
+        """Create the set or join it, in one transaction holding the artifact row's lock: exclusively when
+        this submit creates or changes the set (a reopen, a set failing for a remembered failure), shared
+        when it only adds a build to it (a join, a hit), so that a burst of identical submits joins in
+        parallel rather than one by one. Finishing workers, cancels and reopening submits lock the row
+        exclusively: they wait for the joins in progress and see their builds. A submit that holds the
+        shared lock and finds it must change the set raises :class:`_NeedsExclusive` (its transaction is
+        rolled back) and is run again with ``exclusive``: upgrading a shared lock in place would deadlock
+        with another submit doing the same. So does a submit not admitted (``imported`` None: it expected a
+        set in flight) that finds it must create the set."""
         outbox_ids: list[int] = []
         with transaction(self.services.sessions) as session:
             artifact_id = insert_ignore(session, Artifact, ctx.artifact_row(ArtifactState.BUILDING), ["key"])
-            # Lock the row: finishing workers, cancels and other submits serialize on it.
-            artifact = session.scalars(select(Artifact).where(Artifact.key == ctx.keys.key).with_for_update()).one()
+            if imported is None and artifact_id is not None:
+                raise _NeedsExclusive
+            shared = artifact_id is None and not exclusive
+            artifact = session.scalars(select(Artifact).where(Artifact.key == ctx.keys.key)
+                                       .with_for_update(read=shared)).one()
+            if shared and artifact.state not in (ArtifactState.BUILDING, ArtifactState.PUBLISHED):
+                raise _NeedsExclusive
             queued: set[int] = set()  # the compiles this submit queues: this build's own
             if artifact_id is not None:
                 outcome = Outcome.NEW
                 events.record(session, "artifact", artifact.id, None, ArtifactState.BUILDING)
-                outbox_ids = self._link_buckets(session, ctx, artifact, imported, queued)
+                outbox_ids = self._link_buckets(session, ctx, artifact, imported or {}, queued)
             elif artifact.state == ArtifactState.PUBLISHED:
                 outcome = Outcome.HIT
             elif artifact.state == ArtifactState.BUILDING:
@@ -269,19 +296,28 @@ class Submitter:
             else:  # failed, cancelled or deleted: reopen unless a bucket failed for good (negative cache)
                 outcome = Outcome.JOIN
                 outbox_ids = self._reopen(session, artifact, ctx, queued)
-            self._settle(session, artifact)
+            if not shared:
+                self._settle(session, artifact)
             # Read once: what this build got of each bucket, and the states `finalize` looks at.
             positioned = positioned_buckets(session, artifact.id)
+            if shared and artifact.state == ArtifactState.BUILDING and any(
+                    bucket.state == BucketState.FAILED and bucket.error_class in NEGATIVELY_CACHED
+                    for bucket, _ in positioned):
+                raise _NeedsExclusive  # the set fails for it (_settle), which changes the set
             got = provenance.at_submit((bucket for bucket, _ in positioned), queued)
             build_id = self._add_build(
                 session, ctx, ctx.build_record(artifact.id, artifact.key, artifact.state, outcome, provenance=got))
             if build_id is None:
                 raise _IdempotencyRace  # rolls the whole transaction back
             provenance.record_origin(session, build_id, ctx.spec.model.name, sorted(queued))
+            # A new set's answer is read again after commit (states only here, for `finalize`); a join's is
+            # this one, with each bucket's failures.
+            history = failures.of_buckets(session, [] if outcome == Outcome.NEW else [b.id for b, _ in positioned])
             result = SubmitResult(build_id=build_id, outcome=outcome, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
                                   artifact_key=artifact.key, artifact_state=artifact.state,
-                                  # States only (for `finalize`): the answer is read again after commit.
-                                  buckets=[BucketView.of(bucket, position) for bucket, position in positioned])
+                                  buckets=[BucketView.of(bucket, position, history.get(bucket.id, ()))
+                                           for bucket, position in positioned],
+                                  manifest=self._manifest(artifact))
             finalize = artifact.state == ArtifactState.BUILDING and all(b.state == BucketState.SUCCEEDED
                                                                        for b in result.buckets)
         return result, outbox_ids, finalize
@@ -392,5 +428,9 @@ class Submitter:
 
 class _IdempotencyRace(Exception):
     """Another request with the same Idempotency-Key committed between our check and our insert."""
+
+
+class _NeedsExclusive(Exception):
+    """A submit holding the set's shared lock found it must change the set (see ``_create_or_join``)."""
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 
 from compilesvc import idempotency, leases
 from compilesvc.config import Settings
@@ -386,6 +388,57 @@ def test_concurrent_identical_submits_create_one_build_row_set(tmp_path: Path, p
             Event.entity == "artifact", Event.to_state == "building")) == 1
     sent = list((settings.broker_folder / "queue").iterdir())
     assert len(sent) == 3  # exactly one dispatch per bucket reached the broker
+    services.close()
+
+
+@pytest.mark.slow
+def test_joins_racing_the_last_compile_leave_no_build_behind(tmp_path: Path, pg_url: str) -> None:
+    # Joins share the set's lock (a burst of identical submits joins in parallel); the worker that publishes
+    # the set takes it exclusively. Whatever the interleaving, no join may be left building once the set
+    # is published: each either joined before the publish (and was moved on with the set) or found it
+    # published (a hit).
+    services = Services.from_settings(make_settings(tmp_path, pg_url))
+    joiners = Services.from_settings(make_settings(tmp_path, pg_url))
+    submitter = Submitter(joiners)
+
+    # Widen the race: each join dawdles between reading the set's compiles and adding its build, the window
+    # in which an unlocked join would miss the publish (and, having seen a compile unfinished, not publish
+    # the set itself afterwards).
+    def dawdle(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "JOIN artifact_buckets" in statement:
+            time.sleep(0.02)
+
+    event.listen(joiners.engine, "after_cursor_execute", dawdle)
+    spec = parse_spec(spec_doc(upload_model(services, b"race")))
+    first = submitter.submit(spec, queue_anyway=True)
+    keys = [bucket.key for bucket in first.buckets]
+    for key in keys[:-1]:
+        complete_bucket(services, key)
+    start = threading.Barrier(7)
+    outcomes: list[str] = []
+    errors: list[BaseException] = []
+
+    def join_repeatedly() -> None:
+        start.wait()
+        try:
+            for _ in range(25):
+                outcomes.append(submitter.submit(spec, queue_anyway=True).outcome)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join_repeatedly) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    complete_bucket(services, keys[-1])  # publishes the set while the joins run
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert len(outcomes) == 150 and set(outcomes) <= {"join", "hit"}
+    with services.sessions() as session:
+        states = session.execute(select(Build.state, func.count()).group_by(Build.state)).all()
+    assert dict(states) == {"succeeded": 151}
+    joiners.close()
     services.close()
 
 
