@@ -5,8 +5,10 @@ load (:mod:`tests.soak.load`) with a process sample after the warm-up and anothe
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import requests
@@ -27,6 +29,7 @@ class SoakResult:
     drained: Drained
     growth: list[Growth]
     samples: dict[str, Sample] = field(default_factory=dict)
+    series: list[tuple[float, Sample]] = field(default_factory=list)  # (second of the load, sample), in order
     children_at_start: dict[str, int] = field(default_factory=dict)
     children_after: dict[str, int] = field(default_factory=dict)  # each worker's live descendants, drained
     logged_errors: list[str] = field(default_factory=list)  # ERROR/CRITICAL records of the service's logs
@@ -68,20 +71,28 @@ def upload_model(base: str) -> str:
 
 
 def soak(stack: SoakStack, seconds: float, *, clients: int = 6, warmup: float | None = None,
-         drain_timeout: float = 60.0) -> SoakResult:
+         every: float | None = None, drain_timeout: float = 60.0) -> SoakResult:
     """``seconds`` of the day's mix through ``stack``'s proxy. Processes are sampled at ``warmup`` (default:
-    a quarter of the run, at most 60 s: imports done, pools and caches filled) and as the load ends."""
+    a quarter of the run, at most 60 s: imports done, pools and caches filled), as the load ends and, with
+    ``every``, every so many seconds between (the series shows a plateau from a steady climb)."""
     warmup = min(seconds / 4, 60.0) if warmup is None else warmup
     tally = Tally()
     day = Day(stack.base, upload_model(stack.base), tally)
     samples: dict[str, Sample] = {}
+    series: list[tuple[float, Sample]] = []
     children: dict[str, dict[str, int]] = {}
 
-    def take(name: str) -> None:
-        samples[name], children[name] = sample(stack)
+    def take(name: str, at: float) -> Callable[[], None]:
+        def action() -> None:
+            samples[name], children[name] = sample(stack)
+            series.append((at, samples[name]))
+        return action
 
-    ran = run_clients(day, stack.make_tokens(clients), seconds,
-                      checkpoints={warmup: lambda: take("start"), seconds: lambda: take("end")})
+    points = {warmup: take("start", warmup), seconds: take("end", seconds)}
+    if every:
+        points.update({at: take(f"at {at:g}", at) for at in itertools.takewhile(
+            lambda t: t < seconds, itertools.count(warmup + every, every))})
+    ran = run_clients(day, stack.make_tokens(clients), seconds, checkpoints=points)
     admin = requests.Session()
     admin.headers.update(bearer(BOOTSTRAP_TOKEN))
     drained = day.drain(admin, drain_timeout)
@@ -96,5 +107,5 @@ def soak(stack: SoakStack, seconds: float, *, clients: int = 6, warmup: float | 
     logged = [f"{p.name}: {json.dumps(r)[:400]}" for p in stack.cluster.processes for r in p.records()
               if r.get("level") in ("ERROR", "CRITICAL")]
     return SoakResult(seconds=ran, warmup=warmup, clients=clients, tally=tally, drained=drained,
-                      growth=growth(samples.get("start", {}), samples.get("end", {})), samples=samples,
+                      growth=growth(samples.get("start", {}), samples.get("end", {})), samples=samples, series=series,
                       children_at_start=children.get("start", {}), children_after=after, logged_errors=logged)
