@@ -34,10 +34,10 @@ LATENCY_KINDS = ("lookup", "hit", "download", "poll", "ui", "new", "join")
 def series_table(result: SoakResult) -> str:
     """RSS (MiB) / open fds of each process at each sample of the load."""
     names = [g.name for g in result.growth]
-    lines = ["second  " + "  ".join(f"{name:>16}" for name in names)]
+    lines = ["second  " + "  ".join(f"{name:>18}" for name in names)]
     for at, found in result.series:
         cells = [f"{found[n].rss_kib / 1024:>9.1f}M/{found[n].fds:<5}" if n in found else f"{'-':>16}" for n in names]
-        lines.append(f"{at:>6.0f}  " + "  ".join(f"{c:>16}" for c in cells))
+        lines.append(f"{at:>6.0f}  " + "  ".join(f"{c:>18}" for c in cells))
     return "\n".join(lines)
 
 
@@ -73,7 +73,8 @@ def report(result: SoakResult) -> None:
     for name, rows in by_kind(result.growth).items():
         same = [r for r in rows if r.same_process]
         if len(same) != len(rows):
-            record(BENCH, f"{name}: replaced during the load", len(rows) - len(same), "processes", at_most=0)
+            record(BENCH, f"{name}: gone or replaced during the load", sum(r.end is None for r in rows), "processes",
+                   at_most=0)
         if not same:
             continue
         rss = max(same, key=lambda r: r.rss_kib)
