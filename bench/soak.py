@@ -57,6 +57,9 @@ def report(result: SoakResult) -> None:
            note="2 API processes behind nginx; the clients share the host")
     record(BENCH, "errors", result.errors, "errors", at_most=0,
            note=f"{t.error_count} failed requests, {len(result.logged_errors)} ERROR records logged")
+    record(BENCH, "recoveries by the reaper", len(result.recoveries), "events", at_most=0,
+           note="leases expired, compiles requeued/failed/cancelled, messages resent")
+    record(BENCH, "warnings logged", result.logged_warnings, "records")
     record(BENCH, "submit 503s retried", t.retried_503, "submits", note="503 + Retry-After, waited out")
     record(BENCH, "builds accepted", d.accepted, "builds",
            note=", ".join(f"{k} {n}" for k, n in sorted(t.outcomes.items())))

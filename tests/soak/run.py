@@ -33,6 +33,8 @@ class SoakResult:
     children_at_start: dict[str, int] = field(default_factory=dict)
     children_after: dict[str, int] = field(default_factory=dict)  # each worker's live descendants, drained
     logged_errors: list[str] = field(default_factory=list)  # ERROR/CRITICAL records of the service's logs
+    logged_warnings: int = 0  # WARNING records, Python's own warnings (celery's "running as root") aside
+    recoveries: list[str] = field(default_factory=list)  # the reaper rescuing compiles: none on a healthy day
 
     @property
     def errors(self) -> int:
@@ -46,7 +48,8 @@ class SoakResult:
     def summary(self) -> str:
         t, d = self.tally, self.drained
         lines = [f"soak: {t.total} requests in {self.seconds:.0f} s ({t.total / self.seconds:.1f}/s) from "
-                 f"{self.clients} clients, {t.error_count} failed requests, {len(self.logged_errors)} errors logged, "
+                 f"{self.clients} clients, {t.error_count} failed requests, {len(self.logged_errors)} errors logged "
+                 f"({self.logged_warnings} warnings), {len(self.recoveries)} recoveries by the reaper, "
                  f"{t.retried_503} submit 503s retried",
                  "  by kind: " + ", ".join(f"{k} {n} (p50 {t.percentile(k, 0.5) * 1000:.0f} ms, "
                                            f"p99 {t.percentile(k, 0.99) * 1000:.0f} ms)"
@@ -57,6 +60,7 @@ class SoakResult:
                  f"  compile children left after the drain: {self.children_after}"]
         lines += [f"  error: {m}" for m in t.messages[:20]]
         lines += [f"  logged: {m}" for m in self.logged_errors[:20]]
+        lines += [f"  recovery: {m}" for m in self.recoveries[:20]]
         lines += [f"  lost: build {b} ({state})" for b, state in list(d.lost.items())[:20]]
         lines += [f"  unpublished: {u}" for u in d.unpublished[:20]]
         return "\n".join(lines)
@@ -104,8 +108,17 @@ def soak(stack: SoakStack, seconds: float, *, clients: int = 6, warmup: float | 
         if not any(after.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    logged = [f"{p.name}: {json.dumps(r)[:400]}" for p in stack.cluster.processes for r in p.records()
-              if r.get("level") in ("ERROR", "CRITICAL")]
+    records = [(p.name, r) for p in stack.cluster.processes for r in p.records()]
+    logged = [f"{name}: {json.dumps(r)[:400]}" for name, r in records if r.get("level") in ("ERROR", "CRITICAL")]
+    warnings = sum(r.get("level") == "WARNING" and r.get("logger") != "py.warnings" for _, r in records)
+    # A lease that ran out, a compile requeued, failed or cancelled by the reaper, a message sent again: each
+    # is the recovery machinery at work, which a day without faults must not need. (A set the reaper
+    # publishes is not one: it races the worker finishing the set's last compile, and either may win.)
+    recoveries = [f"{name}: {json.dumps(r)[:400]}" for name, r in records
+                  if r.get("msg") == "lease expired"
+                  or (r.get("msg") == "reaper pass" and any(r.get(k) for k in ("requeued", "failed", "cancelled",
+                                                                               "resent")))]
     return SoakResult(seconds=ran, warmup=warmup, clients=clients, tally=tally, drained=drained,
                       growth=growth(samples.get("start", {}), samples.get("end", {})), samples=samples, series=series,
-                      children_at_start=children.get("start", {}), children_after=after, logged_errors=logged)
+                      children_at_start=children.get("start", {}), children_after=after, logged_errors=logged,
+                      logged_warnings=warnings, recoveries=recoveries)

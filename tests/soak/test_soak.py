@@ -48,6 +48,7 @@ def test_soak(tmp_path: Path) -> None:
         and result.tally.outcomes["join->join"] > 0, f"a kind of submit never happened: {result.tally.outcomes}"
     assert result.errors == 0, result.summary()
     assert result.lost == 0, result.summary()
+    assert not result.recoveries, result.summary()
     assert result.drained.states == {"succeeded": result.drained.accepted}, result.summary()
     assert not any(result.children_after.values()), f"compile processes left running: {result.children_after}"
     replaced = [g.name for g in result.growth if not g.same_process]
