@@ -26,8 +26,9 @@ CLIENTS = int(os.environ.get("COMPILESVC_SOAK_CLIENTS", "6"))
 #: Open files a process may gain between the samples before the test calls it a leak. What may grow
 #: legitimately is bounded by pools: an API worker's SQLAlchemy pool (5 + 10 overflow), its Redis pool and
 #: the connections nginx keeps alive to it (32 per nginx worker, 2 workers: 64), about 90 in all; any other
-#: process has only the first two, about 25 (a soak run sees a few: +0 to +4). One fd per request would be
-#: thousands in a minute, one per compile some 30 per worker: both over these.
+#: process has only the first two, and a compile worker a few per compile running at the sample (its output
+#: pipe, its log): about 25. Runs see -4 to +7. One fd per request would be thousands in a minute, one per
+#: compile some 30 per worker: both over these.
 GROSS_FDS = {"api worker": 100}
 GROSS_FDS_OTHER = 25
 #: Resident memory a process may gain between the samples, warm (a run sees +0 to +3 MiB). 15 KiB held per
