@@ -128,17 +128,20 @@ def build_artifact_manifest(store: ArtifactStore, artifact: Artifact,
                             buckets=entries, size_bytes=size, created_at=datetime.now(UTC).isoformat())
 
 
-def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], artifact_id: int) -> str:
-    """Publish the artifact if every bucket succeeded; returns the artifact's state afterwards."""
+def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], artifact_id: int) -> bool:
+    """Publish the artifact if every bucket succeeded. True when this call published it; False when it is not
+    complete yet or no longer building. Workers, submits and the reaper all call this, and two of them often
+    race for the same complete set (a worker finishing the last bucket while the reaper scans): only the one
+    whose update claims the row published it, so only that one may say so."""
     with sessions() as session:
         artifact = session.get(Artifact, artifact_id)
         if artifact is None:
             raise LookupError(f"no artifact {artifact_id}")
         if artifact.state != ArtifactState.BUILDING:
-            return artifact.state
+            return False
         buckets = positioned_buckets(session, artifact_id)
         if not buckets or any(b.state != BucketState.SUCCEEDED for b, _ in buckets):
-            return artifact.state
+            return False
     name = artifact_manifest_name(artifact.key)
     manifest = create_or_read(store, name, build_artifact_manifest(store, artifact, buckets),
                               parse_artifact_manifest)
@@ -150,11 +153,12 @@ def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], a
                     published_at=utcnow())
             .returning(Artifact.id)
         ).scalar_one_or_none()
+        if claimed is None:
+            return False
         artifact = session.get_one(Artifact, artifact_id)
-        if claimed is not None:
-            set_artifact_state(session, artifact, ArtifactState.PUBLISHED)
-            log.info("artifact published", extra={"artifact_key": artifact.key})
-        return artifact.state
+        set_artifact_state(session, artifact, ArtifactState.PUBLISHED)
+        log.info("artifact published", extra={"artifact_key": artifact.key})
+        return True
 
 
 def publish_ready_artifacts(store: ArtifactStore, sessions: sessionmaker[Session], bucket_id: int) -> None:

@@ -104,11 +104,12 @@ def reap(services: Services, *, relay: OutboxRelay | None = None, reconciler: Re
         stuck = complete_unpublished(session, limit)
     for artifact_id in stuck:
         try:
-            state = publish_if_complete(services.store, services.sessions, artifact_id)
+            published = publish_if_complete(services.store, services.sessions, artifact_id)
         except StoreError as exc:  # the store is down or a manifest is missing: try again next pass
             log.warning("artifact repair failed", extra={"artifact_id": artifact_id, "error": str(exc)})
             continue
-        if state == ArtifactState.PUBLISHED:
+        # Not when the worker that finished the last compile published it meanwhile (the usual race).
+        if published:
             log.info("artifact published by the reaper", extra={"artifact_id": artifact_id})
             report.published.append(artifact_id)
 

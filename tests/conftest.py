@@ -21,6 +21,7 @@ SLOW_FIXTURES = frozenset({
 #: Modules whose every test runs a compiler child, a worker, a CLI or a server process.
 SLOW_MODULES = (
     "tests/faults/",
+    "tests/soak/",
     "tests/workers/test_backends_cpu.py",
     "tests/workers/test_backends_neuron.py",
     "tests/workers/test_doctor.py",
