@@ -80,6 +80,8 @@ def machine() -> str:
 def _format(value: float, unit: str) -> str:
     if unit == "x":
         return f"{value:.2f}x"
+    if value == int(value) and abs(value) < 1e15:  # a count (errors, builds, compiles) is a whole number
+        return f"{int(value)} {unit}".rstrip()
     magnitude = abs(value)
     digits = 0 if magnitude >= 100 else 1 if magnitude >= 10 else 2 if magnitude >= 0.1 or magnitude == 0 else 3
     return f"{value:.{digits}f} {unit}".rstrip()
