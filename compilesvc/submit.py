@@ -23,25 +23,22 @@ from dataclasses import dataclass
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from compilesvc import events, failures, idempotency, provenance
-from compilesvc.admission import admit, will_compile
+from compilesvc import events, failures, idempotency, provenance, set_changes
+from compilesvc.admission import admit
 from compilesvc.artifacts import (
     PublishedManifests,
     StoreManifests,
-    fail_artifacts_of_bucket,
     read_manifest,
-    set_artifact_state,
 )
-from compilesvc.bucket_compiles import BucketView, bucket_views, linked_buckets, positioned_buckets, requeue_bucket
+from compilesvc.bucket_compiles import BucketView, bucket_views, positioned_buckets
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
 from compilesvc.keys import KeySet, compute_keys, digest
-from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, utcnow
+from compilesvc.ledger.models import Artifact, BucketCompile, Build, utcnow
 from compilesvc.ledger.sql import insert_ignore
 from compilesvc.ledger.webhooks import Webhook
 from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_manifest
 from compilesvc.model_pins import PinnedModel
-from compilesvc.outbox import enqueue_compile
 from compilesvc.publishing import publish_if_complete
 from compilesvc.services import Services
 from compilesvc.spec import CompileSpec
@@ -242,7 +239,8 @@ class Submitter:
                 artifact.size_bytes = manifest.size_bytes
                 artifact.published_at = utcnow()
                 events.record(session, "artifact", artifact.id, None, ArtifactState.PUBLISHED, source="store")
-                self._link_buckets(session, ctx, artifact, imported, set())
+                set_changes.link_buckets(session, self.services.store, self.settings.max_attempts, ctx, artifact,
+                                         imported, set())
             build_id = self._require_build(self._add_build(
                 session, ctx, ctx.build_record(artifact.id, artifact.key, artifact.state, Outcome.HIT)))
             return SubmitResult(build_id=build_id, outcome=Outcome.HIT, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
@@ -288,16 +286,17 @@ class Submitter:
             if artifact_id is not None:
                 outcome = Outcome.NEW
                 events.record(session, "artifact", artifact.id, None, ArtifactState.BUILDING)
-                outbox_ids = self._link_buckets(session, ctx, artifact, imported or {}, queued)
+                outbox_ids = set_changes.link_buckets(session, self.services.store, self.settings.max_attempts,
+                                                      ctx, artifact, imported or {}, queued)
             elif artifact.state == ArtifactState.PUBLISHED:
                 outcome = Outcome.HIT
             elif artifact.state == ArtifactState.BUILDING:
                 outcome = Outcome.JOIN
             else:  # failed, cancelled or deleted: reopen unless a bucket failed for good (negative cache)
                 outcome = Outcome.JOIN
-                outbox_ids = self._reopen(session, artifact, ctx, queued)
+                outbox_ids = set_changes.reopen(session, artifact, ctx, queued)
             if not shared:
-                self._settle(session, artifact)
+                set_changes.settle(session, artifact)
             # Read once: what this build got of each bucket, and the states `finalize` looks at.
             positioned = positioned_buckets(session, artifact.id)
             if shared and artifact.state == ArtifactState.BUILDING and any(
@@ -321,65 +320,6 @@ class Submitter:
             finalize = artifact.state == ArtifactState.BUILDING and all(b.state == BucketState.SUCCEEDED
                                                                        for b in result.buckets)
         return result, outbox_ids, finalize
-
-    def _link_buckets(self, session: Session, ctx: SubmitContext, artifact: Artifact,
-                      imported: dict[str, BucketManifest], queued: set[int]) -> list[int]:
-        """Create (or reuse) one bucket compile per unique bucket key and link it to the artifact."""
-        outbox_ids = []
-        positions: dict[str, int] = {}
-        for bucket_key in ctx.keys.buckets:
-            positions.setdefault(bucket_key.key, bucket_key.position)
-        inputs = {b.key: b.inputs for b in ctx.keys.buckets}
-        for key in sorted(positions):  # sorted: concurrent submits take unique-index locks in one order
-            manifest = imported.get(key)
-            location = self.services.store.document_location(bucket_manifest_name(key)) if manifest else None
-            row = ctx.bucket_row(key, inputs[key], max_attempts=self.settings.max_attempts, manifest=manifest,
-                                 manifest_uri=location)
-            bucket_id = insert_ignore(session, BucketCompile, row, ["key"])
-            bucket = session.scalars(select(BucketCompile).where(BucketCompile.key == key).with_for_update()).one()
-            if bucket_id is not None:
-                events.record(session, "bucket", bucket.id, None, bucket.state,
-                              source="store" if manifest else "submit")
-                if bucket.state == BucketState.QUEUED:
-                    outbox_ids.append(enqueue_compile(session, bucket).id)
-                    queued.add(bucket.id)
-            elif will_compile(bucket.state, bucket.error_class):
-                outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True,
-                                                 model=ctx.model_row))
-                queued.add(bucket.id)
-            session.add(ArtifactBucket(artifact_id=artifact.id, bucket_compile_id=bucket.id,
-                                       position=positions[key]))
-        session.flush()
-        return outbox_ids
-
-    def _reopen(self, session: Session, artifact: Artifact, ctx: SubmitContext, queued: set[int]) -> list[int]:
-        buckets = linked_buckets(session, artifact.id)
-        failed = [b for b in buckets if b.state == BucketState.FAILED and b.error_class in NEGATIVELY_CACHED]
-        if failed:
-            # The negative cache: the set stays failed until an explicit retry. One that was cancelled meanwhile
-            # (a bucket it shares with another set failed there) is failed now, so the new build says why.
-            if artifact.state == ArtifactState.CANCELLED:
-                fail_artifacts_of_bucket(session, failed[0], also_cancelled=True)
-            return []
-        outbox_ids = []
-        for bucket in buckets:
-            if will_compile(bucket.state, bucket.error_class):
-                outbox_ids.append(requeue_bucket(session, bucket, "resubmitted", reset_attempts=True,
-                                                 model=ctx.model_row))
-                queued.add(bucket.id)
-            elif bucket.state == BucketState.RUNNING and bucket.cancel_requested:
-                bucket.cancel_requested = False  # still running: let it finish for the new build
-        set_artifact_state(session, artifact, ArtifactState.BUILDING, reason="resubmitted")
-        return outbox_ids
-
-    def _settle(self, session: Session, artifact: Artifact) -> None:
-        """A set containing a bucket that already failed for good (a compile error, a rejected flag) fails at once."""
-        if artifact.state != ArtifactState.BUILDING:
-            return
-        for bucket in linked_buckets(session, artifact.id):
-            if bucket.state == BucketState.FAILED and bucket.error_class in NEGATIVELY_CACHED:
-                fail_artifacts_of_bucket(session, bucket)
-                return
 
     def _after_commit(self, outbox_ids: list[int], finalize: bool, result: SubmitResult) -> None:
         self.services.relay.after_commit(outbox_ids, build_id=result.build_id)
