@@ -38,6 +38,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._table import record  # noqa: E402  (after the path, so it runs from anywhere)
+
 
 def _median(fn: Callable[[], Any], rounds: int) -> float:
     times = []
@@ -53,6 +55,8 @@ def _row(name: str, value: float, baseline_name: str, baseline: float, target: f
     ok = ratio <= target
     print(f"{name:<34} {value * 1000:9.1f} ms   {baseline_name:<34} {baseline * 1000:9.1f} ms   "
           f"ratio {ratio:5.2f} (target <= {target:.2f}) {'ok' if ok else 'MISSED'}", flush=True)
+    record("fleet_fetch", name, ratio, "x", at_most=target, vs=baseline_name,
+           note=f"{value * 1000:.0f} ms vs {baseline * 1000:.0f} ms")
     return ok
 
 

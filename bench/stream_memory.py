@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._table import record
+
 MB = 1000 * 1000
 OPERATIONS = ("put_file", "put_stream", "download_blob")
 
@@ -178,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         for kind, op, row in rows:
             ok = row["extra_bytes"] < limit and row["sha256"] == rows[0][2]["sha256"]
             failed |= not ok
+            record("stream_memory", f"{kind} {op}: extra peak RSS, {args.size_mib} MiB", row["extra_bytes"] / MB,
+                   "MB", at_most=args.limit_mb, vs="the process's RSS just before the operation",
+                   note=f"{size / MB / row['seconds']:.0f} MB/s" + ("" if row["sha256"] == rows[0][2]["sha256"]
+                                                                   else "; sha256 MISMATCH"))
             print(
                 f"{kind:<6} {op:<14} {row['seconds']:>8.1f} {size / MB / row['seconds']:>8.0f} "
                 f"{row['extra_bytes'] / MB:>12.1f} MB  {'PASS' if ok else 'FAIL'}"
