@@ -80,6 +80,8 @@ def machine() -> str:
 def _format(value: float, unit: str) -> str:
     if unit == "x":
         return f"{value:.2f}x"
+    if not unit and float(value).is_integer():  # a count (compiles, builds, plans): no decimals
+        return f"{value:.0f}"
     magnitude = abs(value)
     digits = 0 if magnitude >= 100 else 1 if magnitude >= 10 else 2 if magnitude >= 0.1 or magnitude == 0 else 3
     return f"{value:.{digits}f} {unit}".rstrip()
