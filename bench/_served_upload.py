@@ -8,6 +8,10 @@ defaults. Both are timed from outside, interpreter start included on both sides,
 bytes to the same server. Before the upload every process of the server's process group has its peak-RSS
 counter reset (``/proc/PID/clear_refs``); afterwards each one's ``VmHWM`` minus its RSS before is its extra
 peak, and the figure is their sum (the worker that took the upload holds nearly all of it).
+
+What to expect: the API spools the body to local disk while hashing it (a blob is named by its sha256, and
+S3's parallel parts and retries need a seekable source: ``S3Store._put_stream``), and only then uploads, so
+its time is about the spool plus an upload like boto3's; the ratio shows what that design costs.
 """
 
 from __future__ import annotations
