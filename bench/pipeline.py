@@ -63,7 +63,7 @@ from pathlib import Path
 
 from bench._cluster import Stack, running_stack
 from bench._direct_compile import time_direct
-from bench._pipeline_dedupe import dedupe, print_dedupe
+from bench._pipeline_dedupe import Dedupe, dedupe, print_dedupe
 from bench._pipeline_runs import (
     BREAKDOWN,
     FIFTH_BATCH,
@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parallel: dict[str, Run] = {}
     serial: dict[str, Run] = {}
     fifth: Run | None = None
+    dedupe_result: Dedupe | None = None
     results: list[bool] = []
     # One token plays every client here: its submit rate limit (120/minute by default) would answer c.'s
     # submits 429 instead of deduplicating them.
@@ -278,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
             dedupe_spec = cpu_spec(uri, "torchscript", [(b, seq) for b in PARALLEL_BATCHES[:3]])
             dedupe_result = dedupe(stack, dedupe_spec, args.submits, api_workers=args.api_workers,
                                    client_processes=args.client_processes, poll=args.poll, timeout=args.timeout)
-            results.append(print_dedupe(dedupe_result))
         for compiler in parallel_compilers:
             step(f"b. 4-bucket build, 2 slots, {compiler}")
             parallel[compiler] = build(compiler, 2, PARALLEL_BATCHES, args.parallel_poll)
@@ -298,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             results += print_overhead(stack, overhead_runs, direct)
         if compilers:
             results += print_parallel([(c, parallel[c], serial[c]) for c in compilers])
+        if dedupe_result is not None:
+            results.append(print_dedupe(dedupe_result))
         if fifth_compiler and fifth is not None:
             results += print_fifth(parallel[fifth_compiler], fifth)
 
