@@ -35,6 +35,7 @@ from compilesvc.config import Settings
 from compilesvc.migrate import upgrade
 from compilesvc.services import Services
 from tests.doubles import neuron_double_env
+from tests.doubles.compiler_flags import DOUBLE_FLAGS_SETTING
 from tests.fixtures.ledger import create_pg_database, drop_pg_database
 from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 from tests.workers.conftest import (
@@ -203,6 +204,8 @@ def running_stack(*, api_workers: int = 2, api_threads: int = 8, keep: bool = Fa
                 "secret_key": f"bench-{uuid.uuid4().hex}",
                 "bootstrap_token": BOOTSTRAP_TOKEN,
                 "public_url": base,
+                # the API accepts the Neuron test double's --double-behaviour (bench.pipeline b. and d.)
+                "extra_compiler_flags": DOUBLE_FLAGS_SETTING,
             }
             metrics = workdir / "metrics"  # gunicorn's multiprocess metrics, removed with the work directory
             metrics.mkdir()

@@ -12,9 +12,17 @@ real app, SQLite ledger, in this process) hands out its manifest. Each figure is
   at most 1.5x: the rest is the Python process and the manifest check);
 * 8 processes booting at once into one empty cache vs 8 each into its own (what a shared volume would see
   without the cache's per-file locks; target: no slower, with an eighth of the bytes on the network);
-* a lookup of a key nobody built (404) vs a lookup of a published one (target: at most 1.5x).
+* a lookup of a key nobody built (404) vs a lookup of a published one (target: at most 1.5x);
+* **the lookup vs the S3 server itself**: GET /v1/artifacts/{key} through the production server
+  (``compilesvc serve``, gunicorn with ``--api-workers`` processes, on the same ledger and S3 store) vs a
+  presigned GET of the same artifact's manifest object straight from ``weed``, which is what a fleet would do
+  without the service (a URL handed out by hand, nothing checked). Both under the same load: ``wrk``
+  (``--lookup-seconds`` each, ``--lookup-connections`` connections), time per request compared. Target: at
+  most 1.5x. Why 1.5x: the lookup reads the same manifest (cached) and adds what the bare GET does not have:
+  authorizing the token against the ledger and presigning a URL per file; at 1.5x the service costs a fleet
+  half of one small S3 GET per boot, against downloads of hundreds of MiB.
 
-Exit status 1 if a target is missed.
+Every figure also goes to the one table (:mod:`bench._table`). Exit status 1 if a target is missed.
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._table import record  # noqa: E402  (after the path, so it runs from anywhere)
+from bench._wrk import run_wrk  # noqa: E402
+from compilesvc.store.base import artifact_manifest_name  # noqa: E402
+
 
 def _median(fn: Callable[[], Any], rounds: int) -> float:
     times = []
@@ -53,6 +65,40 @@ def _row(name: str, value: float, baseline_name: str, baseline: float, target: f
     ok = ratio <= target
     print(f"{name:<34} {value * 1000:9.1f} ms   {baseline_name:<34} {baseline * 1000:9.1f} ms   "
           f"ratio {ratio:5.2f} (target <= {target:.2f}) {'ok' if ok else 'MISSED'}", flush=True)
+    record("fleet_fetch", name, ratio, "x", at_most=target, vs=baseline_name,
+           note=f"{value * 1000:.0f} ms vs {baseline * 1000:.0f} ms")
+    return ok
+
+
+def lookup_vs_presigned(workdir: Path, args: argparse.Namespace, s3: Any, database: str, key: str, token: str,
+                        manifest_location: str) -> bool:
+    """GET /v1/artifacts/{key} on ``compilesvc serve`` vs a presigned GET of the manifest from the S3 server."""
+    from tests.fixtures.serve import compilesvc_serve
+
+    bucket, _, object_key = manifest_location.removeprefix("s3://").partition("/")
+    presigned = s3.client().generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": object_key},
+                                                   ExpiresIn=3600)
+    env = {**s3.env(), "COMPILESVC_DATABASE_URL": database, "COMPILESVC_STORE_URL": f"s3://{bucket}/artifacts",
+           "COMPILESVC_BROKER_URL": "filesystem://"}
+    load = {"seconds": args.lookup_seconds, "connections": args.lookup_connections}
+    with compilesvc_serve(workdir, workers=args.api_workers, env=env) as served:
+        answer = urllib.request.urlopen(urllib.request.Request(f"{served.base}/v1/artifacts/{key}",
+                                                               headers={"Authorization": f"Bearer {token}"}))
+        assert answer.status == 200, answer.status
+        lookup = run_wrk(f"{served.base}/v1/artifacts/{key}", headers={"Authorization": f"Bearer {token}"}, **load)
+    with urllib.request.urlopen(presigned) as direct:
+        assert direct.status == 200, direct.status
+    bare = run_wrk(presigned, **load)
+    ratio = lookup.seconds_per_request / bare.seconds_per_request
+    ok = ratio <= 1.5 and lookup.errors == 0 and bare.errors == 0
+    print(f"{'lookup, compilesvc serve':<34} {lookup.rps:9.0f} /s   {'presigned GET of the manifest':<34} "
+          f"{bare.rps:9.0f} /s   ratio {ratio:5.2f} (target <= 1.50) {'ok' if ok else 'MISSED'}; p50/p99 "
+          f"{lookup.p50}/{lookup.p99} vs {bare.p50}/{bare.p99}; errors {lookup.errors} and {bare.errors}", flush=True)
+    record("fleet_fetch", "artifact lookup (compilesvc serve) / presigned GET of its manifest, time per request",
+           ratio, "x", at_most=1.5, vs="the manifest object GET straight from the S3 server (weed), presigned",
+           note=f"{lookup.rps:.0f} vs {bare.rps:.0f} requests/s, {args.lookup_connections} connections each; "
+                f"{args.api_workers} API processes" + (f"; errors {lookup.errors}/{bare.errors}"
+                                                       if lookup.errors or bare.errors else ""))
     return ok
 
 
@@ -60,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fleet_fetch", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lookup-seconds", type=float, default=10, help="wrk's duration for each side")
+    parser.add_argument("--lookup-connections", type=int, default=8)
+    parser.add_argument("--api-workers", type=int, default=2, help="gunicorn processes of the served API")
     args = parser.parse_args(argv)
 
     import logging
@@ -179,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                             "200 lookups of a published key", _median(lookups(key), args.rounds), 1.5))
         server.shutdown()
         app.extensions["compilesvc"].fetches.close()
+        manifest_location = services.store.document_location(artifact_manifest_name(key))
+        results.append(lookup_vs_presigned(workdir, args, s3, database, key, fleet, manifest_location))
         return 0 if all(results) else 1
     finally:
         if services is not None:

@@ -5,8 +5,9 @@ interpreter), its output streamed as it comes; then one summary line per bench: 
 wall time, and the one table of every figure the benches recorded (:mod:`bench._table`), with its target,
 its baseline and the host's cores and load. Exit status 1 if any bench failed (130 when interrupted).
 
-Defaults are each bench's own, which suit a 2-core host: api_throughput ~1 min, pipeline ~5 min, stream_memory
-(1 GiB blob) ~1 min, fleet_fetch (256 MiB) ~1 min, history_scale (1,000,000 builds) several minutes, soak 10 min.
+Defaults are each bench's own, which suit a 2-core host: api_throughput ~1 min, pipeline ~7 min (two direct
+compiles beside the service's, 500 concurrent submits), stream_memory (1 GiB blob, then a served upload) ~2 min,
+fleet_fetch (256 MiB, then 2 x 10 s of wrk) ~2 min, history_scale (1,000,000 builds) several minutes, soak 10 min.
 ``--quick`` passes smaller sizes (:data:`QUICK`) for a smoke run of a few minutes in all.
 
 Ctrl-C or SIGTERM is passed on to the running bench once (each bench runs in its own process group, so it is
@@ -31,9 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ("api_throughput", "pipeline", "stream_memory", "fleet_fetch", "history_scale", "db_preping", "soak")
 QUICK: dict[str, list[str]] = {
     "api_throughput": ["--duration", "2", "--rounds", "1"],
-    "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "5", "--submits", "16"],
+    "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "5", "--submits", "50", "--client-processes",
+                 "2"],
     "stream_memory": ["--size-mib", "128"],
-    "fleet_fetch": ["--size-mib", "64", "--rounds", "1"],
+    "fleet_fetch": ["--size-mib", "64", "--rounds", "1", "--lookup-seconds", "3"],
     "history_scale": ["--rows", "100000", "--reps", "50"],
     "db_preping": ["--transactions", "300", "--rounds", "3"],
     "soak": ["--seconds", "60", "--every", "15"],

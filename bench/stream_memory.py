@@ -6,7 +6,15 @@ It starts a real S3 server (``weed mini``, as the tests do), writes a random fil
 operation on LocalStore and S3Store in a fresh child process: the child builds the store, records its
 RSS, resets the kernel's peak-RSS counter (``/proc/self/clear_refs``), runs the one operation and reads
 ``VmHWM``. The difference is the operation's extra peak memory, unmixed with imports or other runs.
-Exit status 1 if any operation needs more than the limit.
+
+Then the same file is uploaded the way a user does, ``compilesvc upload`` to a served API (``compilesvc
+serve``) whose store is that S3 server, against boto3's ``upload_file`` of the file to the same server
+(:mod:`bench._served_upload`): the time ratio (target: at most :data:`UPLOAD_RATIO_TARGET`, the streaming
+hash and the API hop costing under a third of a raw upload) and the API processes' extra peak RSS during
+the upload (target: under ``--limit-mb``). ``--no-served`` skips it.
+
+Every figure also goes to the one table (:mod:`bench._table`). Exit status 1 if any operation needs more
+than the limit or a target is missed.
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._table import record
+
 MB = 1000 * 1000
+UPLOAD_RATIO_TARGET = 1.3  # compilesvc upload through the served API / boto3 upload_file, wall time
 OPERATIONS = ("put_file", "put_stream", "download_blob")
 
 
@@ -110,10 +121,34 @@ def _write_random_file(path: Path, size: int) -> None:
             remaining -= n
 
 
+def _served(workdir: Path, source: Path, bucket: str, server: Any, size: int, limit: float,
+            args: argparse.Namespace) -> bool:
+    from bench._served_upload import compare
+
+    print(f"\nuploading the {args.size_mib} MiB file with compilesvc upload to compilesvc serve (S3 store) and with "
+          f"boto3 upload_file to the same S3 server ...", flush=True)
+    found = compare(workdir, source, bucket, server.env(), server.endpoint_url)
+    ratio = found.api_seconds / found.boto3_seconds
+    print(f"compilesvc upload via the API {found.api_seconds:.1f} s ({size / MB / found.api_seconds:.0f} MB/s), "
+          f"boto3 upload_file {found.boto3_seconds:.1f} s ({size / MB / found.boto3_seconds:.0f} MB/s): "
+          f"{ratio:.2f}x (target <= {UPLOAD_RATIO_TARGET}); the API's {found.processes} processes' extra peak RSS "
+          f"{found.api_extra_bytes / MB:.1f} MB (target < {limit / MB:g} MB)")
+    timed = record("stream_memory", f"{args.size_mib} MiB upload: compilesvc upload via the API / boto3 upload_file",
+                   ratio, "x", at_most=UPLOAD_RATIO_TARGET, vs="boto3 upload_file to the same S3 server",
+                   note=f"{found.api_seconds:.1f} s vs {found.boto3_seconds:.1f} s")
+    memory = record("stream_memory", f"{args.size_mib} MiB upload: the API processes' extra peak RSS",
+                    found.api_extra_bytes / MB, "MB", at_most=limit / MB,
+                    vs="their RSS before the upload (VmHWM reset)",
+                    note=f"sum over the {found.processes} processes of compilesvc serve")
+    return timed.met is not False and memory.met is not False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--limit-mb", type=float, default=100.0)
+    parser.add_argument("--no-served", action="store_true",
+                        help="skip the upload through compilesvc serve vs boto3 upload_file")
     parser.add_argument("--workdir", help="scratch directory (default: a new temp dir, removed afterwards)")
     parser.add_argument("--measure", choices=OPERATIONS, help=argparse.SUPPRESS)
     parser.add_argument("--store-url", help=argparse.SUPPRESS)
@@ -178,10 +213,16 @@ def main(argv: list[str] | None = None) -> int:
         for kind, op, row in rows:
             ok = row["extra_bytes"] < limit and row["sha256"] == rows[0][2]["sha256"]
             failed |= not ok
+            record("stream_memory", f"{kind} {op}: extra peak RSS, {args.size_mib} MiB", row["extra_bytes"] / MB,
+                   "MB", at_most=args.limit_mb, vs="the process's RSS just before the operation",
+                   note=f"{size / MB / row['seconds']:.0f} MB/s" + ("" if row["sha256"] == rows[0][2]["sha256"]
+                                                                   else "; sha256 MISMATCH"))
             print(
                 f"{kind:<6} {op:<14} {row['seconds']:>8.1f} {size / MB / row['seconds']:>8.0f} "
                 f"{row['extra_bytes'] / MB:>12.1f} MB  {'PASS' if ok else 'FAIL'}"
             )
+        if not args.no_served:
+            failed |= not _served(workdir, source, bucket, server, size, limit, args)
         print(f"\nsha256 {rows[0][2]['sha256']}; overall: {'FAIL' if failed else 'PASS'}")
         return 1 if failed else 0
     finally:
