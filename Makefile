@@ -30,7 +30,7 @@ test-quick: install
 	$(BIN)/pytest -m "not slow" -q
 
 # `make bench BENCH_ARGS=--quick` for a smoke run; `BENCH_ARGS="--only pipeline"` for one bench.
-bench: install
+bench: install test-tools
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
 # The README's screenshots (docs/screenshots), from a real service and real builds in Chromium.

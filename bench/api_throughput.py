@@ -1,28 +1,34 @@
-"""API throughput: the serving fleet's artifact lookup and a cache-hit submit, against static JSON.
+"""API throughput: the serving fleet's artifact lookup, a cache-hit submit and a new spec's submit, against
+static JSON, on both ledgers.
 
-``python -m bench.api_throughput [--ledger sqlite|postgres] [--workers 2] [--duration 10]``
+``python -m bench.api_throughput [--ledger sqlite|postgres|both] [--workers 2] [--connections 32]``
 
-It builds a ledger (SQLite file, or a fresh Postgres database) and a local store with one published
-artifact, serves the app with ``compilesvc serve`` (gunicorn, the same worker count for every endpoint),
-and loads it from separate processes: ``wrk`` when installed, else a multi-process keep-alive Python
-client. Three endpoints are measured, one after the other:
+For each ledger it builds a ledger (SQLite file, or a fresh Postgres database) and a local store with one
+published artifact, serves the app with ``compilesvc serve`` (gunicorn, the same workers for every endpoint)
+and loads it from separate processes: ``wrk`` when installed (``make test-tools`` installs it), else a
+multi-process keep-alive Python client. Measured, in interleaved rounds:
 
 - ``GET /healthz``: static JSON, the ceiling of the stack (gunicorn + Flask + request logging);
 - ``GET /v1/artifacts/{key}``: a cached published manifest, fresh signed URLs per request;
-- ``POST /v1/builds`` of the published spec: a cache hit (one build row written per request).
+- ``POST /v1/builds`` of the published spec: a cache hit (one build row written, and committed, per request);
 
-Targets: lookup >= 0.70 x static, cache-hit submit >= 0.50 x static. Exit status 1 when one is missed.
-The artifact is published without a compiler through the worker's ledger paths
-(:func:`tests.web.support.complete_build`), so run this from the repository root.
+each at ``--connections`` keep-alive connections (32: the issue's clients), with p50/p99. Then the submits
+that write more: **bursts** of ``--connections`` identical submits of a spec never built, released together
+(one creates the set, the rest join it: a CI fan-out), ``--bursts`` of them, each with its own new spec; and
+``--connections`` clients each submitting distinct new specs back to back for ``--duration`` seconds.
+
+Targets: lookup >= 0.70x static, cache-hit submit >= 0.50x static (best round against best round: see
+:func:`report`), a new spec's burst submits p99 <= 100 ms. Every figure goes to the one table
+(:mod:`bench._table`); exit status 1 when one is missed. The artifact is published without a compiler
+through the worker's ledger paths (:func:`tests.web.support.complete_build`), so run this from the
+repository root.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
-import re
 import shutil
 import signal
 import socket
@@ -35,35 +41,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench._load import Endpoint, Result, Timing, burst, percentile, run_python_client, run_wrk, stream
 from bench._proc import cpu_seconds
+from bench._table import record
 from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 
 TARGETS = {"artifact lookup": 0.70, "cache-hit submit": 0.50}
+#: p99 of a new spec's submits, in a burst of --connections identical ones (ms).
+NEW_SPEC_P99_MS = 100.0
 
 
 #: Every request carries the admin token, /healthz too (which ignores it): requests of one size.
 AUTH = bearer(BOOTSTRAP_TOKEN)
-
-@dataclass(frozen=True)
-class Endpoint:
-    name: str
-    method: str
-    path: str
-    body: bytes | None = None
-
-
-@dataclass(frozen=True)
-class Result:
-    name: str
-    requests_per_second: float
-    errors: int
-    latency: str
-    requests: int = 0
-    server_cpu_seconds: float = 0.0
-
-    @property
-    def cpu_us_per_request(self) -> float:
-        return self.server_cpu_seconds / self.requests * 1e6 if self.requests else float("nan")
 
 
 def server_cpu_seconds(master_pid: int) -> float:
@@ -173,131 +162,130 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-# -- load generators ---------------------------------------------------------------------------------
+
+# -- measuring ---------------------------------------------------------------------------------------
 
 
-def run_wrk(base: str, endpoint: Endpoint, duration: float, connections: int, threads: int, workdir: Path) -> Result:
-    script = workdir / f"{endpoint.name.replace(' ', '_')}.lua"
-    lines = [f'wrk.method = "{endpoint.method}"', f'wrk.headers["Authorization"] = "{AUTH["Authorization"]}"']
-    if endpoint.body is not None:
-        lines.append(f"wrk.body = {json.dumps(endpoint.body.decode())}")
-        lines.append('wrk.headers["Content-Type"] = "application/json"')
-    script.write_text("\n".join(lines) + "\n")
-    out = subprocess.run(
-        [
-            "wrk",
-            f"-t{threads}",
-            f"-c{connections}",
-            f"-d{int(duration)}s",
-            "--latency",
-            "-s",
-            str(script),
-            base + endpoint.path,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    errors = int(non2xx.group(1)) if non2xx else 0
-    socket_errors = re.search(r"Socket errors: (.*)", out)
-    if socket_errors:
-        errors += sum(int(n) for n in re.findall(r"\d+", socket_errors.group(1)))
-    p50 = re.search(r"^\s+50%\s+(\S+)", out, re.M)
-    p99 = re.search(r"^\s+99%\s+(\S+)", out, re.M)
-    latency = f"p50 {p50.group(1) if p50 else '?'}, p99 {p99.group(1) if p99 else '?'}"
-    return Result(endpoint.name, rps, errors, latency, requests)
+@dataclass(frozen=True)
+class Options:
+    workers: int
+    threads: int
+    duration: float
+    rounds: int
+    connections: int
+    load_threads: int
+    bursts: int
+    use_wrk: bool
 
 
-def _client(args: tuple[str, int, Endpoint, float]) -> tuple[int, int]:
-    import http.client
-
-    host, port, endpoint, deadline = args
-    conn = http.client.HTTPConnection(host, port, timeout=30)
-    headers = {**AUTH, **({"Content-Type": "application/json"} if endpoint.body is not None else {})}
-    done = errors = 0
-    while time.monotonic() < deadline:
-        conn.request(endpoint.method, endpoint.path, body=endpoint.body, headers=headers)
-        response = conn.getresponse()
-        response.read()
-        if response.status >= 300:
-            errors += 1
-        done += 1
-    conn.close()
-    return done, errors
+def warm(base: str, endpoints: list[Endpoint], times: int) -> None:
+    """Fill every worker's caches and connection pools before anything is timed."""
+    for endpoint in endpoints:
+        for _ in range(times):
+            request = urllib.request.Request(base + endpoint.path, data=endpoint.body, method=endpoint.method,
+                                             headers={"Content-Type": "application/json", **AUTH})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                response.read()
 
 
-def run_python_client(base: str, endpoint: Endpoint, duration: float, connections: int) -> Result:
-    """Fallback without wrk: one keep-alive connection per process. Slower than wrk, so ratios are
-    more meaningful than absolute numbers."""
-    port = int(base.rsplit(":", 1)[1])
-    start = time.monotonic() + 0.5  # all processes start together
-    deadline = start + duration
-    with multiprocessing.get_context("spawn").Pool(connections) as pool:
-        results = pool.map(_client, [("127.0.0.1", port, endpoint, deadline)] * connections)
-    elapsed = time.monotonic() - start
-    done = sum(r[0] for r in results)
-    return Result(endpoint.name, done / elapsed, sum(r[1] for r in results), "n/a (python client)", done)
+def measure_endpoints(base: str, master_pid: int, endpoints: list[Endpoint], opts: Options) -> list[list[Result]]:
+    """Interleaved rounds: each round loads every endpoint once, in turn."""
+    rounds: list[list[Result]] = []
+    for _ in range(opts.rounds):
+        results = []
+        for endpoint in endpoints:
+            cpu_before = server_cpu_seconds(master_pid)
+            if opts.use_wrk:
+                result = run_wrk(base, endpoint, AUTH, opts.duration, opts.connections, opts.load_threads)
+            else:
+                result = run_python_client(base, endpoint, AUTH, opts.duration, opts.connections)
+            results.append(replace(result, server_cpu_seconds=server_cpu_seconds(master_pid) - cpu_before))
+        rounds.append(results)
+    return rounds
 
 
-# -- main --------------------------------------------------------------------------------------------
+def spec_with_shape(spec: dict[str, Any], index: int) -> bytes:
+    """``spec`` with one bucket of a shape numbered ``index``: a spec nobody built, for each index."""
+    batch, seq = divmod(index, 1000)
+    return json.dumps({**spec, "buckets": [{"batch_size": 16 + batch % 48, "seq_len": 1 + seq}]}).encode()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ledger", choices=("sqlite", "postgres"), default="sqlite")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (all endpoints)")
-    parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker")
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per endpoint per round")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=4,
-        help="interleaved rounds; each endpoint's best round counts (robust to a busy host)",
-    )
-    parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--load-threads", type=int, default=1, help="wrk threads")
-    parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
-    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, ledger)")
-    args = parser.parse_args(argv)
+def measure_new_specs(port: int, spec: dict[str, Any], opts: Options) -> tuple[list[Timing], list[Timing]]:
+    """Bursts of identical new specs (one creates, the rest join), then a stream of distinct new specs."""
+    path = "/v1/builds?queue_anyway=true"  # no worker runs here; the compiles stay queued
+    bursts: list[Timing] = []
+    for index in range(opts.bursts):
+        bursts += burst(port, path, spec_with_shape(spec, index), AUTH, opts.connections)
+    shapes = iter(range(opts.bursts, 10**6))
+    distinct = stream(port, path, lambda: spec_with_shape(spec, next(shapes)), AUTH, opts.connections,
+                      opts.duration)
+    return bursts, distinct
 
-    use_wrk = args.client == "wrk" or (args.client == "auto" and shutil.which("wrk") is not None)
+
+def report(ledger: str, endpoints: list[Endpoint], rounds: list[list[Result]], bursts: list[Timing],
+           distinct: list[Timing], opts: Options) -> bool:
+    """Print the ledger's table and record its figures; True when every target is met."""
+    client = "wrk" if opts.use_wrk else "python keep-alive client"
+    print(f"\n{ledger} ledger: gunicorn {opts.workers} workers x {opts.threads} threads, {client}, "
+          f"{opts.connections} connections, {opts.rounds} interleaved rounds x {opts.duration:.0f} s per endpoint")
+    print(f"{'endpoint':<17} {'req/s (each round)':>20} {'x static':>8} {'CPU us/req':>10} {'CPU x static':>12} "
+          f"{'errors':>6}  latency (best round)")
+    ok = True
+    for index, endpoint in enumerate(endpoints):
+        per_round = [results[index] for results in rounds]
+        # Each endpoint's capacity is its best round: how wrk's keep-alive connections happen to be split
+        # between gunicorn's workers is fixed for a round, and a round where one worker got most of them
+        # runs on one core. Comparing bests compares capacities; the rounds interleave, so a burst of
+        # load from elsewhere on the host cannot favour one endpoint.
+        best = max(per_round, key=lambda r: r.requests_per_second)
+        ratio = best.requests_per_second / max(r[0].requests_per_second for r in rounds)
+        cpu = min(r.cpu_us_per_request for r in per_round)
+        cpu_ratio = min(r[0].cpu_us_per_request for r in rounds) / cpu
+        errors = sum(r.errors for r in per_round)
+        rates = " ".join(f"{r.requests_per_second:.0f}" for r in per_round)
+        print(f"{endpoint.name:<17} {rates:>20} {ratio:>8.2f} {cpu:>10.0f} {cpu_ratio:>12.2f} {errors:>6}  "
+              f"{best.latency}")
+        latency = f"{best.latency} at {opts.connections} connections"
+        if endpoint.name in TARGETS:
+            figure = record("api_throughput", f"{endpoint.name} ({ledger})", ratio, "x",
+                            at_least=TARGETS[endpoint.name], vs="static JSON on the same server",
+                            note=f"{latency}; by server CPU per request {cpu_ratio:.2f}x")
+            ok &= bool(figure.met)
+        elif best.p99_ms is not None:
+            record("api_throughput", f"static JSON p99 ({ledger})", best.p99_ms, "ms",
+                   note=f"{best.requests_per_second:.0f} req/s, {latency}")
+        ok &= errors == 0
+    for name, timings, target in (("new spec, bursts of identical submits", bursts, NEW_SPEC_P99_MS),
+                                  ("new specs, distinct, back to back", distinct, None)):
+        ms = [seconds * 1000 for seconds, _ in timings]
+        failed = sum(1 for _, status in timings if status != 202)
+        p50, p99 = percentile(ms, 50), percentile(ms, 99)
+        print(f"{name:<40} {len(ms):>6} submits  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  not 202: {failed}")
+        shape = (f"{opts.bursts} bursts of {opts.connections}" if target else
+                 f"{opts.connections} clients for {opts.duration:.0f} s")
+        figure = record("api_throughput", f"{name} p99 ({ledger})", p99, "ms", at_most=target,
+                        note=f"{shape}: p50 {p50:.1f} ms, {len(ms)} submits, {failed} not 202")
+        ok &= figure.met is not False and failed == 0
+    return ok
+
+
+def run_ledger(ledger: str, opts: Options, keep: bool) -> bool:
     workdir = Path(tempfile.mkdtemp(prefix="compilesvc-bench-"))
     pg_url = None
     proc = None
     try:
-        server_env, spec, key, pg_url = prepare(workdir, args.ledger)
+        server_env, spec, key, pg_url = prepare(workdir, ledger)
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        proc = serve(workdir, server_env, port, args.workers, args.threads)
+        proc = serve(workdir, server_env, port, opts.workers, opts.threads)
         endpoints = [
             Endpoint("static json", "GET", "/healthz"),
             Endpoint("artifact lookup", "GET", f"/v1/artifacts/{key}"),
             Endpoint("cache-hit submit", "POST", "/v1/builds", json.dumps(spec).encode()),
         ]
-        for endpoint in endpoints:  # warm every worker's caches and connection pools
-            for _ in range(20 * args.workers):
-                request = urllib.request.Request(
-                    base + endpoint.path,
-                    data=endpoint.body,
-                    method=endpoint.method,
-                    headers={"Content-Type": "application/json", **AUTH},
-                )
-                with urllib.request.urlopen(request, timeout=10) as response:
-                    response.read()
-        rounds: list[list[Result]] = []
-        for _ in range(args.rounds):
-            results = []
-            for endpoint in endpoints:
-                cpu_before = server_cpu_seconds(proc.pid)
-                if use_wrk:
-                    result = run_wrk(base, endpoint, args.duration, args.connections, args.load_threads, workdir)
-                else:
-                    result = run_python_client(base, endpoint, args.duration, args.connections)
-                results.append(replace(result, server_cpu_seconds=server_cpu_seconds(proc.pid) - cpu_before))
-            rounds.append(results)
+        warm(base, endpoints, 20 * opts.workers)
+        rounds = measure_endpoints(base, proc.pid, endpoints, opts)
+        bursts, distinct = measure_new_specs(port, spec, opts)
     finally:
         if proc is not None:
             stop(proc)
@@ -305,45 +293,37 @@ def main(argv: list[str] | None = None) -> int:
             from tests.fixtures.ledger import drop_pg_database
 
             drop_pg_database(pg_url)
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-    client = "wrk" if use_wrk else "python keep-alive client"
-    print(
-        f"compilesvc API throughput: {args.ledger} ledger, local store, gunicorn {args.workers} workers x "
-        f"{args.threads} threads, {client}, {args.connections} connections, {args.rounds} interleaved rounds x "
-        f"{args.duration:.0f} s per endpoint, {os.cpu_count()} CPUs shared with the load generator"
-    )
-    print(f"{'endpoint':<17} {'req/s (each round)':>20} {'x static':>8} {'target':>6}        {'CPU us/req':>10} "
-          f"{'CPU x static':>12} {'errors':>6}  latency (last round)")
-    failed = False
-    for index, endpoint in enumerate(endpoints):
-        per_round = [results[index] for results in rounds]
-        # Each endpoint's capacity is its best round: how wrk's keep-alive connections happen to be split
-        # between gunicorn's workers is fixed for a round, and a round where one worker got most of them
-        # runs on one core. Comparing bests compares capacities; the rounds interleave, so a burst of
-        # load from elsewhere on the host cannot favour one endpoint.
-        ratio = max(r.requests_per_second for r in per_round) / max(r[0].requests_per_second for r in rounds)
-        cpu = min(r.cpu_us_per_request for r in per_round)
-        cpu_ratio = min(r[0].cpu_us_per_request for r in rounds) / cpu
-        target = TARGETS.get(endpoint.name)
-        if target is not None:
-            ok = ratio >= target
-            failed |= not ok
-            verdict = f"{target:>6.2f}  {'ok    ' if ok else 'MISSED'}"
+        if keep:
+            print(f"work directory kept: {workdir}")
         else:
-            verdict = f"{'':>6}  {'':6}"
-        errors = sum(r.errors for r in per_round)
-        failed |= errors > 0
-        rates = " ".join(f"{r.requests_per_second:.0f}" for r in per_round)
-        print(f"{endpoint.name:<17} {rates:>20} {ratio:>8.2f} {verdict} {cpu:>10.0f} {cpu_ratio:>12.2f} "
-              f"{errors:>6}  {per_round[-1].latency}")
-    print("x static: the endpoint's best round of req/s relative to static json's best round (the target).\n"
+            shutil.rmtree(workdir, ignore_errors=True)
+    return report(ledger, endpoints, rounds, bursts, distinct, opts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ledger", choices=("sqlite", "postgres", "both"), default="both")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (all endpoints)")
+    parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per endpoint per round")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="interleaved rounds; each endpoint's best round counts (robust to a busy host)")
+    parser.add_argument("--connections", type=int, default=32, help="concurrent clients (and burst size)")
+    parser.add_argument("--bursts", type=int, default=10, help="bursts of identical new-spec submits")
+    parser.add_argument("--load-threads", type=int, default=2, help="wrk threads")
+    parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, ledger)")
+    args = parser.parse_args(argv)
+
+    use_wrk = args.client == "wrk" or (args.client == "auto" and shutil.which("wrk") is not None)
+    opts = Options(args.workers, args.threads, args.duration, args.rounds, args.connections, args.load_threads,
+                   args.bursts, use_wrk)
+    ledgers = ["sqlite", "postgres"] if args.ledger == "both" else [args.ledger]
+    ok = all([run_ledger(ledger, opts, args.keep) for ledger in ledgers])
+    print("\nx static: the endpoint's best round of req/s relative to static json's best round (the target).\n"
           "CPU x static: the same estimated from the server's CPU time per request (each endpoint's least), "
           "which other load on the host does not distort.")
-    if args.keep:
-        print(f"work directory kept: {workdir}")
-    return 1 if failed else 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

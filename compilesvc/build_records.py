@@ -6,18 +6,26 @@ a hit that write is most of the price: a transaction of its own is a BEGIN, thre
 thread writes whatever has queued in a single transaction with multi-row ``INSERT … RETURNING``. A caller
 is answered only once the commit holding its row is done, so nothing is acknowledged before it is
 durable. Alone, a record is written at once; under load, batches form by themselves, with no timer.
+
+On Postgres a batch is one statement (:data:`_PG_WRITE`): the rows travel as one JSON document, and data-
+modifying CTEs insert the builds, their labels and their events together, in autocommit. One round trip
+instead of five (BEGIN, three inserts, COMMIT), and one statement's worth of client-side work: a profile of
+cache-hit submits on Postgres spent more CPU in the driver and SQLAlchemy for these five than in the rest
+of the request.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Table, insert
+from sqlalchemy import Connection, Engine, Table, insert, text
 from sqlalchemy.exc import OperationalError
 
 from compilesvc.ledger.models import Build, BuildLabel, Event
@@ -31,6 +39,38 @@ _BUILDS = cast(Table, Build.__table__)
 _INSERT_BUILDS = insert(_BUILDS).returning(_BUILDS.c.id, sort_by_parameter_order=True)
 _INSERT_LABELS = insert(cast(Table, BuildLabel.__table__))
 _INSERT_EVENTS = insert(cast(Table, Event.__table__))
+
+#: The builds' columns a record may set (all but the id).
+_BUILD_COLUMNS = ", ".join(column.name for column in _BUILDS.columns if column.name != "id")
+#: Python-side column defaults (created_at), which SQLAlchemy applies itself and a JSON document must carry.
+_BUILD_DEFAULTS = {column.name: column.default for column in _BUILDS.columns
+                   if column.default is not None and column.name != "id"}
+#: A batch on Postgres: the rows are ``:rows``, a JSON array of objects with the builds' columns plus
+#: ``_labels`` and ``_detail``. Ids are assigned in the order the SELECT feeds the INSERT (ORDER BY n): the
+#: same guarantee SQLAlchemy's ``sort_by_parameter_order`` relies on for Postgres, so the n-th smallest id
+#: returned is the n-th record's.
+_PG_WRITE = text(f"""
+WITH src AS (
+    SELECT doc, n FROM jsonb_array_elements(CAST(:rows AS jsonb)) WITH ORDINALITY AS t(doc, n)
+), b AS (
+    INSERT INTO builds ({_BUILD_COLUMNS})
+    SELECT {", ".join(f"r.{name.strip()}" for name in _BUILD_COLUMNS.split(","))}
+    FROM src, jsonb_populate_record(NULL::builds, src.doc) AS r
+    ORDER BY src.n
+    RETURNING id, state
+), numbered AS (
+    SELECT id, state, row_number() OVER (ORDER BY id) AS n FROM b
+), labels AS (
+    INSERT INTO build_labels (build_id, name, value)
+    SELECT numbered.id, kv.key, kv.value
+    FROM numbered JOIN src USING (n), jsonb_each_text(src.doc -> '_labels') AS kv
+), created AS (
+    INSERT INTO events (at, entity, entity_id, from_state, to_state, detail)
+    SELECT now(), 'build', numbered.id, NULL, numbered.state, src.doc -> '_detail'
+    FROM numbered JOIN src USING (n)
+)
+SELECT id FROM numbered ORDER BY n
+""")
 
 
 @dataclass
@@ -104,9 +144,12 @@ class BuildRecorder:
 
     def _write(self, batch: list[BuildRecord]) -> None:
         try:
-            with self._engine.begin() as conn:
-                build_ids = insert_builds(conn, batch)
-                insert_build_details(conn, batch, build_ids)
+            if self._engine.dialect.name == "postgresql":
+                build_ids = _write_postgres(self._engine, batch)
+            else:
+                with self._engine.begin() as conn:
+                    build_ids = insert_builds(conn, batch)
+                    insert_build_details(conn, batch, build_ids)
         except Exception as exc:
             if len(batch) > 1 and not _unavailable(exc):
                 # One bad record must not fail its neighbours: write each alone, so only it gets the error.
@@ -119,6 +162,27 @@ class BuildRecorder:
             return
         for record, build_id in zip(batch, build_ids, strict=True):
             record.done.set_result(build_id)
+
+
+def _write_postgres(engine: Engine, batch: list[BuildRecord]) -> list[int]:
+    """The batch in one statement (:data:`_PG_WRITE`), committed on its own; the builds' ids in order."""
+    for record in batch:
+        check_transition("build", None, record.row["state"])
+    rows = json.dumps([{**_defaults(record.row), **record.row, "_labels": record.labels, "_detail": record.detail}
+                       for record in batch], default=_json_default)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        return list(conn.execute(_PG_WRITE, {"rows": rows}).scalars())
+
+
+def _defaults(row: dict[str, Any]) -> dict[str, Any]:
+    return {name: default.arg(None) if default.is_callable else default.arg  # type: ignore[attr-defined]
+            for name, default in _BUILD_DEFAULTS.items() if name not in row}
+
+
+def _json_default(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()  # timezone-aware (utcnow): Postgres reads it as the same instant
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _unavailable(exc: Exception) -> bool:

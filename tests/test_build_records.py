@@ -49,22 +49,21 @@ def record(artifact_id: int, n: int) -> BuildRecord:
 
 
 def gated_writer(services: Services) -> tuple[threading.Event, threading.Event, list[int]]:
-    """Hold the recorder's first transaction until the returned gate opens (``held`` is set once it waits
-    there); count committed transactions. Everything recorded meanwhile queues up and must go into one
-    later transaction."""
-    gate, held, commits = threading.Event(), threading.Event(), [0]
+    """Hold the recorder's first write until the returned gate opens (``held`` is set once it waits there);
+    count the batches written (each inserts its creation events in one statement, on either ledger, in its
+    one transaction). Everything recorded meanwhile queues up and must go into one later batch."""
+    gate, held, batches = threading.Event(), threading.Event(), [0]
 
-    def first_waits(*_: Any) -> None:
-        if commits[0] == 0:
+    def first_waits(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "INSERT INTO events" not in statement:
+            return
+        if batches[0] == 0:
             held.set()
             gate.wait(30)
-
-    def count(*_: Any) -> None:
-        commits[0] += 1
+        batches[0] += 1
 
     event.listen(services.engine, "before_cursor_execute", first_waits)
-    event.listen(services.engine, "commit", count)
-    return gate, held, commits
+    return gate, held, batches
 
 
 def queued(recorder: BuildRecorder, count: int) -> None:
