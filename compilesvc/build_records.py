@@ -16,15 +16,14 @@ of the request.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, cast
 
+import orjson
 from sqlalchemy import Connection, Engine, Table, insert, text
 from sqlalchemy.exc import OperationalError
 
@@ -168,8 +167,11 @@ def _write_postgres(engine: Engine, batch: list[BuildRecord]) -> list[int]:
     """The batch in one statement (:data:`_PG_WRITE`), committed on its own; the builds' ids in order."""
     for record in batch:
         check_transition("build", None, record.row["state"])
-    rows = json.dumps([{**_defaults(record.row), **record.row, "_labels": record.labels, "_detail": record.detail}
-                       for record in batch], default=_json_default)
+    rows = orjson.dumps([{**_defaults(record.row), **record.row, "_labels": record.labels, "_detail": record.detail}
+                         for record in batch],
+                        # As json.dumps would: int keys (provenance's compile ids) as strings; datetimes in
+                        # RFC 3339 with their offset, which Postgres reads as the same instant.
+                        option=orjson.OPT_NON_STR_KEYS).decode()
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         return list(conn.execute(_PG_WRITE, {"rows": rows}).scalars())
 
@@ -177,12 +179,6 @@ def _write_postgres(engine: Engine, batch: list[BuildRecord]) -> list[int]:
 def _defaults(row: dict[str, Any]) -> dict[str, Any]:
     return {name: default.arg(None) if default.is_callable else default.arg  # type: ignore[attr-defined]
             for name, default in _BUILD_DEFAULTS.items() if name not in row}
-
-
-def _json_default(value: object) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()  # timezone-aware (utcnow): Postgres reads it as the same instant
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _unavailable(exc: Exception) -> bool:

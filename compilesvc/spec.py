@@ -11,6 +11,7 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -392,6 +393,12 @@ class CompileSpec(_Strict):
             raise _FieldError(("sdk",), str(exc)) from None
         except NotShipped as exc:
             raise _FieldError(("compiler", "backend"), str(exc)) from None
+
+    @cached_property
+    def document(self) -> dict[str, Any]:
+        """The spec as every build of it records it (``builds.spec``): made once per spec, since a prepared spec
+        is kept for its identical submits (and the spec is frozen). Shared: callers must not change it."""
+        return self.model_dump(mode="json", exclude_none=True)
 
     @property
     def backend(self) -> str:

@@ -78,7 +78,7 @@ class SubmitContext:
             "submitted_by": principal.owner if principal else None,
             "token_id": principal.token_id if principal else None, "team": principal.team if principal else None,
             "labels": dict(self.spec.labels),
-            "spec": self.spec.model_dump(mode="json", exclude_none=True), "model_name": self.spec.model.name,
+            "spec": self.spec.document, "model_name": self.spec.model.name,
             "model_sha256": self.pinned.sha256, "target": self.spec.target, "sdk": self.spec.sdk,
             "backend": self.spec.backend, "idempotency_key": self.idempotency_key,
             "request_hash": self.request_hash, "created_at": now,
