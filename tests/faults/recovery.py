@@ -3,9 +3,12 @@
 A fault test says when the fault healed (Redis back, Postgres back, S3 back) and which milestones follow
 it: ``/readyz`` answering 200 again, the first affected build progressing, every affected build terminal.
 A background thread polls each milestone's predicate and stamps when it first holds; the test stamps the
-ones it observes itself (:meth:`Recovery.reached`). Once the test's assertions have passed, each time is a
-figure of the bench table (:func:`bench._table.record`, bench ``faults``): appended to the file named by
-``COMPILESVC_BENCH_RESULTS`` when ``python -m bench.fault_recovery`` runs the suite, only printed otherwise.
+ones it observes itself (:meth:`Recovery.reached`). Where the service records the event's own time (an
+error's ``at``, a build's ``finished_at``, a log record's ``ts``: one host, one clock), that time is used
+instead of when the poll saw it, so polling latency does not enter the figure. Once the test's assertions
+have passed, each time is a figure of the bench table (:func:`bench._table.record`, bench ``faults``):
+appended to the file named by ``COMPILESVC_BENCH_RESULTS`` when ``python -m bench.fault_recovery`` runs the
+suite, only printed otherwise.
 
 Tests never assert these times (the machine is shared; figures go to benches). A figure's target is derived
 from the settings the fault cluster runs with (:class:`Bounds`), and each says how.
@@ -18,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import requests
 
@@ -79,10 +83,23 @@ class Bounds:
         return relay + cap + lease, f"relay interval {relay:g} s + backoff cap {cap:g} s + lease {lease:g} s"
 
 
+#: When an event happened: True (now, as observed), or its own wall-clock time (epoch seconds, datetime, ISO).
+When = bool | float | datetime | str
+
+
+def epoch(value: float | datetime | str) -> float:
+    """Epoch seconds of a wall-clock time as the API (ISO 8601) or a JSON log record (``...Z``) writes it."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()  # the ledger's times are UTC
+    return float(value)
+
+
 @dataclass
 class Milestone:
     name: str
-    predicate: Callable[[], bool] | None  # None: the test stamps it (Recovery.reached)
+    predicate: Callable[[], When | None] | None  # None: the test stamps it (Recovery.reached)
     at_most: float | None
     why: str
     at: float | None = None
@@ -107,24 +124,31 @@ class Recovery:
         self.interval = interval
         self.milestones: dict[str, Milestone] = {}
         self.healed_at: float | None = None
+        self._healed_wall = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def watch(self, name: str, predicate: Callable[[], bool] | None = None,
+    def watch(self, name: str, predicate: Callable[[], When | None] | None = None,
               bound: tuple[float | None, str] | None = None) -> None:
         at_most, why = bound if bound is not None else (None, "")
         self.milestones[name] = Milestone(name, predicate, at_most, why)
 
     def healed(self) -> None:
         """The fault has healed: times count from now, and polling starts."""
-        self.healed_at = time.monotonic()
+        self.healed_at, self._healed_wall = time.monotonic(), time.time()
         self._thread = threading.Thread(target=self._poll, name=f"recovery {self.fault}", daemon=True)
         self._thread.start()
 
-    def reached(self, name: str) -> None:
+    def reached(self, name: str, when: When = True) -> None:
+        """Stamp a milestone: now, or at the event's own wall-clock time."""
         milestone = self.milestones[name]
         if milestone.at is None:
-            milestone.at = time.monotonic()
+            milestone.at = self._monotonic(when)
+
+    def _monotonic(self, when: When) -> float:
+        if isinstance(when, bool) or self.healed_at is None:
+            return time.monotonic()
+        return self.healed_at + (epoch(when) - self._healed_wall)
 
     def _poll(self) -> None:
         while not self._stop.is_set():
@@ -133,11 +157,11 @@ class Recovery:
                 return
             for milestone in pending:
                 try:
-                    hit = milestone.predicate is not None and milestone.predicate()
+                    hit = milestone.predicate() if milestone.predicate is not None else None
                 except Exception:  # a dependency still down: not reached yet
-                    hit = False
+                    hit = None
                 if hit:
-                    milestone.at = time.monotonic()
+                    milestone.at = self._monotonic(hit)
             self._stop.wait(self.interval)
 
     def __enter__(self) -> Recovery:
@@ -163,7 +187,9 @@ class Recovery:
                 continue
             why = f"; {'target = ' if milestone.at_most is not None else ''}{milestone.why}" if milestone.why else ""
             note = f"{SCALE.name} scale{why}"
-            figures.append(_table.record(BENCH, f"{self.fault}: {milestone.name}", milestone.at - self.healed_at,
+            # Below 0: the service recovered before the test's own probe saw the dependency back.
+            seconds = max(0.0, milestone.at - self.healed_at)
+            figures.append(_table.record(BENCH, f"{self.fault}: {milestone.name}", seconds,
                                          "s", at_most=milestone.at_most, vs=f"from {self.healed_what}",
                                          note=note))
         return figures

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.faults.conftest import ApiClient, FaultCluster, summary, wait_for
-from tests.faults.recovery import Recovery, ready
+from tests.faults.recovery import Recovery, epoch, ready
 from tests.faults.scale import SCALE
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -50,10 +50,17 @@ def _lose_queued_builds(faults: FaultCluster, fault: Callable[[], None], what: s
     with Recovery(f"{what} with {QUEUED} builds queued", faults.cluster, healed) as recovery:
         probe = ApiClient(faults.api.base)  # the poller's own session: requests.Session is not thread-safe
 
-        def every_lost_compile_resent() -> bool:
-            builds = [probe.build(build_id) for build_id in queued]
-            return all(b is not None and any(e["code"] == "DISPATCH_LOST" for e in b["buckets"][0]["errors"])
-                       for b in builds)
+        def every_lost_compile_resent() -> float | None:
+            """When the last lost compile was re-sent (its DISPATCH_LOST error's time), once all were."""
+            resent = []
+            for build_id in queued:
+                build = probe.build(build_id)
+                marks = [epoch(e["at"]) for e in build["buckets"][0]["errors"] if e["code"] == "DISPATCH_LOST"] \
+                    if build is not None else []
+                if not marks:
+                    return None
+                resent.append(min(marks))
+            return max(resent)
 
         if broker_down:  # a flush leaves Redis up: nothing to be ready again
             recovery.watch("/readyz 200", lambda: ready(faults.api.base), recovery.bounds.readiness)
@@ -63,8 +70,8 @@ def _lose_queued_builds(faults: FaultCluster, fault: Callable[[], None], what: s
             "slots")))
         recovery.healed()
         builds = faults.api.wait_builds(busy + queued, timeout=BUSY_SECONDS + RECOVERY_SECONDS)
-        recovery.reached(f"all {2 + QUEUED} builds succeeded")
         assert [b["state"] for b in builds] == ["succeeded"] * (2 + QUEUED), [summary(b) for b in builds]
+        recovery.reached(f"all {2 + QUEUED} builds succeeded", max(epoch(b["finished_at"]) for b in builds))
         recovery.record()
 
 

@@ -49,10 +49,10 @@ def test_s3_outage_during_publish(faults: FaultCluster) -> None:
         recovery.watch("build succeeded", bound=recovery.bounds.retry_after_heal)
         recovery.healed()
         (build,) = faults.api.wait_builds([build_id], timeout=120)
-        recovery.reached("build succeeded")
         bucket = build["buckets"][0]
         assert build["state"] == "succeeded", (summary(build), seen)
         assert bucket["attempts"] == 1, summary(build)
+        recovery.reached("build succeeded", build["finished_at"])
 
         # The compiler ran once: one compiler banner (the double's "NeuronX Compiler version ... compiling")
         # in the central log, one "compiler started".
@@ -88,14 +88,15 @@ def test_s3_outage_while_the_model_is_fetched(faults: FaultCluster) -> None:
                   "S3 back") as recovery:
         retry, why = recovery.bounds.retry_after_heal
         recovery.watch("/readyz 200", lambda: ready(faults.api.base), recovery.bounds.readiness)
-        recovery.watch("compiler started", lambda: bool(faults.worker_records("compiler started")), (retry, why))
+        recovery.watch("compiler started",
+                       lambda: next((r["ts"] for r in faults.worker_records("compiler started")), None), (retry, why))
         # Then the compile (the double's quick path) and its publish: the same bound again.
         recovery.watch("build succeeded", bound=(2 * retry, f"2 x ({why})"))
         recovery.healed()
         (build,) = faults.api.wait_builds([build_id], timeout=120)
-        recovery.reached("build succeeded")
         bucket = build["buckets"][0]
         assert build["state"] == "succeeded" and bucket["attempts"] == 1, summary(build)
+        recovery.reached("build succeeded", build["finished_at"])
         fetches = [e for e in bucket["errors"] if e["code"] == "MODEL_FETCH_FAILED"]
         assert fetches and all(e["phase"] == "fetch" and e["retried"] and e["attempt"] == 1 for e in fetches)
         recovery.record()
