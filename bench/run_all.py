@@ -7,7 +7,7 @@ its baseline and the host's cores and load. Exit status 1 if any bench failed (1
 
 Defaults are each bench's own, which suit a 2-core host: api_throughput ~1 min, pipeline ~5 min, stream_memory
 (1 GiB blob) ~1 min, fleet_fetch (256 MiB) ~1 min, history_scale (1,000,000 builds) several minutes,
-fault_recovery (the fault suite's heavy variant: 60 s S3 outages, 12 builds lost with Redis) ~5 min.
+fault_recovery (the fault suite's heavy variant: 60 s S3 outages, 12 builds lost with Redis) ~6 min.
 ``--quick`` passes smaller sizes (:data:`QUICK`) for a smoke run of a few minutes in all.
 
 Ctrl-C or SIGTERM is passed on to the running bench once (each bench runs in its own process group, so it is
