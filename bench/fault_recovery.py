@@ -39,22 +39,30 @@ def run_suite(scale: str, results: Path, keyword: str | None) -> tuple[int, floa
     env = {**os.environ, "COMPILESVC_FAULT_SCALE": scale, _table.RESULTS_ENV: str(results),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     print(f"COMPILESVC_FAULT_SCALE={scale} {' '.join(command[2:])}", flush=True)
-    started = time.monotonic()
-    # Its own process group: a signal meant for us reaches pytest once, as SIGINT, which runs its teardown.
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, process_group=0)
     interrupted: list[int] = []
+    running: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        if not interrupted and proc.poll() is None:
+        if not interrupted:
             interrupted.append(signum)
-            os.killpg(proc.pid, signal.SIGINT)
+            if running and running[0].poll() is None:
+                os.killpg(running[0].pid, signal.SIGINT)
 
+    # Handlers first: a child inherits an ignored SIGINT (a background job's) but not a handled one, and
+    # pytest must turn SIGINT into KeyboardInterrupt to tear its private services down.
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    started = time.monotonic()
     try:
-        code = proc.wait()
+        if not interrupted:
+            # Its own process group: a signal meant for us reaches pytest once, as SIGINT.
+            running.append(subprocess.Popen(command, cwd=ROOT, env=env, process_group=0))
+            if interrupted:  # the signal came while it was starting
+                os.killpg(running[0].pid, signal.SIGINT)
+            running[0].wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    code = running[0].returncode if running else 130
     if interrupted:
         raise KeyboardInterrupt
     return code, time.monotonic() - started
