@@ -14,7 +14,6 @@ dump of each) stay in its tmp_path.
 from __future__ import annotations
 
 import io
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,14 +23,15 @@ from typing import Any
 import pytest
 import requests
 
+from tests.faults.scale import SCALE
 from tests.fixtures.ports import free_port
 from tests.fixtures.private_services import PrivatePostgres, PrivateRedis
 from tests.fixtures.s3server import WeedProcess
 from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 from tests.workers.conftest import HLO_MODEL, Cluster, ServiceProcess, cluster_factory, wait_for
 
-#: How long S3 stays down in the outage test (the issue's incident: 60 s). Smaller for a quick local run.
-OUTAGE_SECONDS = float(os.environ.get("COMPILESVC_FAULT_OUTAGE_SECONDS", "60"))
+#: How long S3 stays down in the outage tests: the run's scale (tests/faults/scale.py; CI 12 s, bench 60 s).
+OUTAGE_SECONDS = max(SCALE.outage_seconds, SCALE.fetch_outage_seconds)
 
 #: Settings of the recovery machinery, passed to every process. Settings ignores COMPILESVC_* variables it
 #: does not know, so these are harmless where the code does not read them (yet).
