@@ -121,7 +121,8 @@ class ModelPinIn(_PinIn):
 
 class LabelPinIn(_PinIn):
     kind: Literal["label"]
-    value: str = Field(pattern="^[^:]+:", max_length=1100, description="`name:value` of a build label.")
+    value: str = Field(pattern="^[^:\\u0000]+:[^\\u0000]*$", max_length=1100,
+                       description="`name:value` of a build label (text without NUL, as everywhere).")
 
 
 class PinCreate(RootModel[Annotated[ArtifactPinIn | ModelPinIn | LabelPinIn, Field(discriminator="kind")]]):

@@ -91,7 +91,8 @@ _PATH_TYPES: dict[str, dict[str, Any]] = {
 }
 
 
-def _openapi_path(rule: str) -> tuple[str, list[dict[str, Any]]]:
+def openapi_path(rule: str) -> tuple[str, list[dict[str, Any]]]:
+    """A werkzeug rule as an OpenAPI path (``/v1/builds/{build_id}``) and its path parameters."""
     params = []
     for match in _CONVERTER.finditer(rule):
         schema = _PATH_TYPES.get(match["conv"] or "", {"type": "string"})
@@ -157,8 +158,13 @@ _SUBSCHEMAS = ("anyOf", "oneOf", "allOf", "items", "additionalProperties", "prop
 def _problem_ref(status: int) -> dict[str, Any]:
     kinds: list[ProblemType] = [t for t in PROBLEM_TYPES.values() if t.status == status]
     text = "; ".join(f"`{t.code}`: {t.title}" for t in kinds) or "HTTP error"
-    return {"description": text,
-            "content": {"application/problem+json": {"schema": {"$ref": REF.format(model="ProblemDetails")}}}}
+    out: dict[str, Any] = {
+        "description": text,
+        "content": {"application/problem+json": {"schema": {"$ref": REF.format(model="ProblemDetails")}}}}
+    if status == 503:
+        out["headers"] = {"Retry-After": {"description": "Seconds to wait before trying again.",
+                                          "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
+    return out
 
 
 def build_spec(app: Flask) -> dict[str, Any]:
@@ -170,7 +176,7 @@ def build_spec(app: Flask) -> dict[str, Any]:
         op: Op | None = getattr(views.get(rule.endpoint), "_openapi", None)
         if op is None:
             continue
-        path, path_params = _openapi_path(rule.rule)
+        path, path_params = openapi_path(rule.rule)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             operations.append((path, method.lower(), op, path_params))
         if op.request is not None:
@@ -217,6 +223,10 @@ def build_spec(app: Flask) -> dict[str, Any]:
         item["security"] = _security(op)
         if item["security"] and {} not in item["security"]:
             declared |= {401, 403}
+        if (item["security"] and {} not in item["security"]) or op.access == SIGNED_URL:
+            # The token check reads the ledger and a signed URL's blob is in the store: either can be away,
+            # which is a 503 (ledger-unavailable, store-unavailable) with Retry-After, as 500 is everywhere.
+            declared.add(503)
         if op.request is not None or (method == "post" and op.request_schema is None):
             declared.add(415)  # a body must be JSON (web.auth)
         for status in sorted({*op.problems, *declared, 500}):

@@ -3,6 +3,8 @@ new release's builds end (built, hit, failed with the compiler's error), finishi
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from sqlalchemy import func, select
@@ -127,3 +129,18 @@ def test_only_what_fleets_load_pinned_or_fetched_lately(env: Env) -> None:
     assert sources(fetched_within_days=1) == {fetched["artifact_key"]}
     assert sources(pinned=True, fetched_within_days=1) == set()
     assert len(sources()) == 3
+
+
+def test_a_label_pin_holding_nul_is_refused_as_the_document_says(sqlite_env: Env) -> None:
+    """Found by the conformance fuzz (admin, positive mode): the document allowed a NUL in a label pin's
+    value, which the JSON reader refuses everywhere; now the pattern says so too. The exact request:"""
+    env = sqlite_env
+    body = '{"kind": "label", "value": "B(\\u0010*\\u00d0\\u001aY\\u001f\\u00cb\\u0000\\ud8e9\\udd2b\\u1dc4:"}'
+    response = env.client.post("/v1/pins", data=body, content_type="application/json")
+    assert assert_problem(response, 422, "pin-invalid")["errors"][0]["field"] == "value"
+    pattern = env.client.get("/openapi.json").json["components"]["schemas"]["LabelPinIn"]["properties"]["value"][
+        "pattern"]
+    value = json.loads(body)["value"]
+    assert re.search(pattern, value) is None and re.search(pattern, value.replace("\x00", " "))
+    made = env.client.post("/v1/pins", json={"kind": "label", "value": value.replace("\x00", " ")})
+    assert made.status_code == 201
