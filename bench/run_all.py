@@ -6,7 +6,8 @@ wall time, and the one table of every figure the benches recorded (:mod:`bench._
 its baseline and the host's cores and load. Exit status 1 if any bench failed (130 when interrupted).
 
 Defaults are each bench's own, which suit a 2-core host: api_throughput ~1 min, pipeline ~5 min, stream_memory
-(1 GiB blob) ~1 min, fleet_fetch (256 MiB) ~1 min, history_scale (1,000,000 builds) several minutes.
+(1 GiB blob) ~1 min, fleet_fetch (256 MiB) ~1 min, history_scale (1,000,000 builds) several minutes, fuzz
+(5,000 schemathesis cases) several minutes.
 ``--quick`` passes smaller sizes (:data:`QUICK`) for a smoke run of a few minutes in all.
 
 Ctrl-C or SIGTERM is passed on to the running bench once (each bench runs in its own process group, so it is
@@ -28,7 +29,7 @@ from types import FrameType
 from bench import _table
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("api_throughput", "pipeline", "stream_memory", "fleet_fetch", "history_scale", "db_preping")
+BENCHES = ("api_throughput", "pipeline", "stream_memory", "fleet_fetch", "history_scale", "db_preping", "fuzz")
 QUICK: dict[str, list[str]] = {
     "api_throughput": ["--duration", "2", "--rounds", "1"],
     "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "5", "--submits", "16"],
@@ -36,6 +37,7 @@ QUICK: dict[str, list[str]] = {
     "fleet_fetch": ["--size-mib", "64", "--rounds", "1"],
     "history_scale": ["--rows", "100000", "--reps", "50"],
     "db_preping": ["--transactions", "300", "--rounds", "3"],
+    "fuzz": ["--cases", "300"],
 }
 
 

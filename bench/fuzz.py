@@ -1,0 +1,133 @@
+"""The OpenAPI conformance fuzz, long: ``python -m bench.fuzz [--cases 5000] [--ledger sqlite postgres]``.
+
+The machinery of the CI test (:mod:`tests.web.conformance`: schemathesis against /openapi.json with every
+check, each case as one kind of caller: no token, fleet, read, submit, admin; positive and negative cases)
+run until at least ``--cases`` requests have been sent on each ledger. The cases counted are the ones
+actually sent (an operation without inputs has one case, whatever its budget), so passes are added until
+the count is reached; each pass draws new cases.
+
+Per ledger, scope and mode it prints the cases, the statuses answered, the distinct failures and the time;
+then each failure with schemathesis' report and curl line (the token shows as ``[Filtered]``: the scope
+named with it is the one to send). Figures (:mod:`bench._table`): cases executed (>= 5,000), 5xx answers
+(<= 0; the documented 503 with Retry-After excepted, counted in the note), failing cases (<= 0), seconds.
+Exit status 1 on any failure or 5xx.
+
+Submits are neither rate-limited nor held to a compile quota here, so the submit scope's cases reach the
+submit itself rather than the 429 a few hundred of them would earn (both limits have their own tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench import _table
+from bench._cluster import interrupt_on_signals
+from compilesvc.migrate import upgrade
+from compilesvc.services import Services
+from tests.fixtures.ledger import create_pg_database, drop_pg_database
+from tests.fixtures.tokens import bearer, make_token
+from tests.web.conformance import APP_CONFIG, MODES, SCOPES, Fuzzer, Tally, has_inputs
+from tests.web.support import Env, make_settings
+from web.app import create_app
+
+BENCH = "fuzz"
+TARGET_CASES = 5000  # issue 12
+
+
+def fuzz_env(workdir: Path, database_url: str) -> Env:
+    """The app over real services, as the web tests' ``make_env`` builds it, with an admin client."""
+    upgrade(database_url)
+    services = Services.from_settings(make_settings(
+        workdir, database_url, submit_rate_limit="1000000000/minute", max_compiles_per_token=0))
+    app = create_app(services=services, config=APP_CONFIG)
+    app.testing = True
+    token = make_token(services.sessions, "admin", owner="bench-fuzz")
+    client = app.test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = bearer(token)["Authorization"]
+    return Env(app=app, client=client, services=services, token=token)
+
+
+def run_ledger(ledger: str, database_url: str, workdir: Path, cases: int) -> list[Tally]:
+    """Passes over every scope and mode until ``cases`` requests were sent; the tallies of every pass."""
+    env = fuzz_env(workdir, database_url)
+    tallies: list[Tally] = []
+    try:
+        fuzzer = Fuzzer(env)
+        operations = len(fuzzer.operations) + sum(1 for op in fuzzer.operations if has_inputs(op))
+        sent, pass_number = 0, 0
+        while sent < cases:
+            pass_number += 1
+            # Cases per operation and mode, all scopes together; a shortfall (operations with few distinct
+            # inputs) is made up by the next pass.
+            per_operation = max(len(SCOPES), math.ceil((cases - sent) / operations * 1.1))
+            print(f"-- {ledger}: pass {pass_number}, {per_operation} cases per operation and mode", flush=True)
+            for mode in MODES:
+                for scope in SCOPES:
+                    tally = fuzzer.run(scope, mode, fuzzer.split(per_operation))
+                    tallies.append(tally)
+                    sent += tally.cases
+                    statuses = " ".join(f"{status}:{count}" for status, count in sorted(tally.statuses.items()))
+                    print(f"{ledger:<9}{scope:<8}{tally.mode:<10}{tally.cases:>6} cases {tally.seconds:>6.1f} s  "
+                          f"failures {len(tally.failures)}  statuses {statuses}", flush=True)
+    finally:
+        env.services.close()
+    return tallies
+
+
+def report(ledger: str, tallies: list[Tally], seconds: float) -> bool:
+    """Print each failure, record the ledger's figures; whether everything passed."""
+    cases = sum(t.cases for t in tallies)
+    server_errors = sum(t.server_errors for t in tallies)
+    unavailable = sum(t.statuses.get(503, 0) for t in tallies)
+    failing = sum(t.failing_cases for t in tallies)
+    found = [found for t in tallies for found in t.failures]
+    distinct = Counter((f.scope, f.mode, f.operation, f.check) for f in found)
+    for failure in found:
+        print(f"\n{failure.describe()}", flush=True)
+    statuses: Counter[int] = Counter()
+    for tally in tallies:
+        statuses.update(tally.statuses)
+    print(f"\n{ledger}: {cases} cases in {seconds:.0f} s; statuses "
+          + " ".join(f"{status}:{count}" for status, count in sorted(statuses.items())), flush=True)
+    scopes = "no token, fleet, read, submit, admin; positive and negative"
+    _table.record(BENCH, f"cases executed ({ledger})", cases, "cases", at_least=TARGET_CASES,
+                  vs=f"schemathesis, every check; {scopes}")
+    _table.record(BENCH, f"5xx answers ({ledger})", server_errors, "answers", at_most=0,
+                  note=f"documented 503s (Retry-After) not counted: {unavailable}")
+    _table.record(BENCH, f"failing cases ({ledger})", failing, "cases", at_most=0,
+                  note=f"{len(distinct)} distinct failure(s) (scope, mode, operation, check)")
+    _table.record(BENCH, f"seconds ({ledger})", seconds, "s", note=f"{cases / seconds:.0f} cases/s, in process")
+    return server_errors == 0 and failing == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=TARGET_CASES, help="requests to send per ledger (at least)")
+    parser.add_argument("--ledger", nargs="+", choices=("sqlite", "postgres"), default=["sqlite"])
+    args = parser.parse_args(argv)
+
+    ok = True
+    with interrupt_on_signals():
+        for ledger in args.ledger:
+            workdir = Path(tempfile.mkdtemp(prefix=f"compilesvc-fuzz-{ledger}-"))
+            pg_url = create_pg_database("compilesvc_bench") if ledger == "postgres" else None
+            try:
+                started = time.monotonic()
+                tallies = run_ledger(ledger, pg_url or f"sqlite:///{workdir / 'ledger.db'}", workdir, args.cases)
+                ok = report(ledger, tallies, time.monotonic() - started) and ok
+            finally:
+                if pg_url is not None:
+                    drop_pg_database(pg_url)
+                shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
