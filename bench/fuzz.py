@@ -1,4 +1,5 @@
-"""The OpenAPI conformance fuzz, long: ``python -m bench.fuzz [--cases 5000] [--ledger sqlite postgres]``.
+"""The OpenAPI conformance fuzz, long: ``python -m bench.fuzz [--cases 5000] [--ledger sqlite postgres]
+[--open-reads]``.
 
 The machinery of the CI test (:mod:`tests.web.conformance`: schemathesis against /openapi.json with every
 check, each case as one kind of caller: no token, fleet, read, submit, admin; positive and negative cases)
@@ -11,6 +12,9 @@ then each failure with schemathesis' report and curl line (the token shows as ``
 named with it is the one to send). Figures (:mod:`bench._table`): cases executed (>= 5,000), 5xx answers
 (<= 0; the documented 503 with Retry-After excepted, counted in the note), failing cases (<= 0), seconds.
 Exit status 1 on any failure or 5xx.
+
+``--open-reads`` runs under the settings that change who needs a token (``open_reads`` on,
+``public_metrics`` off): the document must then say so (web.openapi follows the settings).
 
 Submits are neither rate-limited nor held to a compile quota here, so the submit scope's cases reach the
 submit itself rather than the 429 a few hundred of them would earn (both limits have their own tests).
@@ -26,6 +30,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from bench import _table
 from bench._cluster import interrupt_on_signals
@@ -41,11 +46,11 @@ BENCH = "fuzz"
 TARGET_CASES = 5000  # issue 12
 
 
-def fuzz_env(workdir: Path, database_url: str) -> Env:
+def fuzz_env(workdir: Path, database_url: str, **overrides: Any) -> Env:
     """The app over real services, as the web tests' ``make_env`` builds it, with an admin client."""
     upgrade(database_url)
     services = Services.from_settings(make_settings(
-        workdir, database_url, submit_rate_limit="1000000000/minute", max_compiles_per_token=0))
+        workdir, database_url, submit_rate_limit="1000000000/minute", max_compiles_per_token=0, **overrides))
     app = create_app(services=services, config=APP_CONFIG)
     app.testing = True
     token = make_token(services.sessions, "admin", owner="bench-fuzz")
@@ -54,9 +59,9 @@ def fuzz_env(workdir: Path, database_url: str) -> Env:
     return Env(app=app, client=client, services=services, token=token)
 
 
-def run_ledger(ledger: str, database_url: str, workdir: Path, cases: int) -> list[Tally]:
+def run_ledger(ledger: str, database_url: str, workdir: Path, cases: int, **overrides: Any) -> list[Tally]:
     """Passes over every scope and mode until ``cases`` requests were sent; the tallies of every pass."""
-    env = fuzz_env(workdir, database_url)
+    env = fuzz_env(workdir, database_url, **overrides)
     tallies: list[Tally] = []
     try:
         fuzzer = Fuzzer(env)
@@ -74,7 +79,7 @@ def run_ledger(ledger: str, database_url: str, workdir: Path, cases: int) -> lis
                     tallies.append(tally)
                     sent += tally.cases
                     statuses = " ".join(f"{status}:{count}" for status, count in sorted(tally.statuses.items()))
-                    print(f"{ledger:<9}{scope:<8}{tally.mode:<10}{tally.cases:>6} cases {tally.seconds:>6.1f} s  "
+                    print(f"{ledger:<20}{scope:<8}{tally.mode:<10}{tally.cases:>6} cases {tally.seconds:>6.1f} s  "
                           f"failures {len(tally.failures)}  statuses {statuses}", flush=True)
     finally:
         env.services.close()
@@ -111,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=TARGET_CASES, help="requests to send per ledger (at least)")
     parser.add_argument("--ledger", nargs="+", choices=("sqlite", "postgres"), default=["sqlite"])
+    parser.add_argument("--open-reads", action="store_true",
+                        help="with open_reads on and public_metrics off (reads need no token, /metrics does)")
     args = parser.parse_args(argv)
 
+    overrides = {"open_reads": True, "public_metrics": False} if args.open_reads else {}
     ok = True
     with interrupt_on_signals():
         for ledger in args.ledger:
@@ -120,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             pg_url = create_pg_database("compilesvc_bench") if ledger == "postgres" else None
             try:
                 started = time.monotonic()
-                tallies = run_ledger(ledger, pg_url or f"sqlite:///{workdir / 'ledger.db'}", workdir, args.cases)
-                ok = report(ledger, tallies, time.monotonic() - started) and ok
+                url = pg_url or f"sqlite:///{workdir / 'ledger.db'}"
+                label = f"{ledger}, open reads" if args.open_reads else ledger
+                tallies = run_ledger(label, url, workdir, args.cases, **overrides)
+                ok = report(label, tallies, time.monotonic() - started) and ok
             finally:
                 if pg_url is not None:
                     drop_pg_database(pg_url)
