@@ -315,6 +315,16 @@ def test_the_document_says_what_open_reads_and_private_metrics_do(make_env: EnvF
     assert {} in operation(default, "get", "/metrics")["security"]
 
 
+def test_a_token_expiry_is_read_as_its_schema_says(sqlite_env: Env) -> None:
+    """Kin of a conformance fuzz finding (POST /v1/campaigns/rollforward): lax validation read "3600" and true
+    as integers; the document says an integer, and 3600.0 is one."""
+    body = {"name": "ci", "owner": "pipeline", "scopes": ["read"]}
+    for value in ("3600", True):
+        response = sqlite_env.client.post("/v1/tokens", json={**body, "expires_in_seconds": value})
+        assert assert_problem(response, 422, "token-invalid")["errors"][0]["field"] == "expires_in_seconds"
+    assert sqlite_env.client.post("/v1/tokens", json={**body, "expires_in_seconds": 3600.0}).status_code == 201
+
+
 def test_tokens_api_shows_a_secret_once_and_keeps_its_hash(env: Env) -> None:
     made = env.client.post("/v1/tokens", json={"name": "ci", "owner": "pipeline", "team": "vision",
                                                "scopes": ["submit"], "expires_in_seconds": 3600})
