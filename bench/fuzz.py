@@ -16,8 +16,7 @@ Exit status 1 on any failure or 5xx.
 ``--open-reads`` runs under the settings that change who needs a token (``open_reads`` on,
 ``public_metrics`` off): the document must then say so (web.openapi follows the settings).
 
-Submits are neither rate-limited nor held to a compile quota here, so the submit scope's cases reach the
-submit itself rather than the 429 a few hundred of them would earn (both limits have their own tests).
+Submits are neither rate-limited nor held to a compile quota (:func:`tests.web.conformance.fuzz_env`).
 """
 
 from __future__ import annotations
@@ -35,32 +34,16 @@ from typing import Any
 from bench import _table
 from bench._cluster import interrupt_on_signals
 from compilesvc.migrate import upgrade
-from compilesvc.services import Services
 from tests.fixtures.ledger import create_pg_database, drop_pg_database
-from tests.fixtures.tokens import bearer, make_token
-from tests.web.conformance import APP_CONFIG, MODES, SCOPES, Fuzzer, Tally, has_inputs
-from tests.web.support import Env, make_settings
-from web.app import create_app
+from tests.web.conformance import MODES, SCOPES, Fuzzer, Tally, close_env, fuzz_env, has_inputs
 
 BENCH = "fuzz"
 TARGET_CASES = 5000  # issue 12
 
 
-def fuzz_env(workdir: Path, database_url: str, **overrides: Any) -> Env:
-    """The app over real services, as the web tests' ``make_env`` builds it, with an admin client."""
-    upgrade(database_url)
-    services = Services.from_settings(make_settings(
-        workdir, database_url, submit_rate_limit="1000000000/minute", max_compiles_per_token=0, **overrides))
-    app = create_app(services=services, config=APP_CONFIG)
-    app.testing = True
-    token = make_token(services.sessions, "admin", owner="bench-fuzz")
-    client = app.test_client()
-    client.environ_base["HTTP_AUTHORIZATION"] = bearer(token)["Authorization"]
-    return Env(app=app, client=client, services=services, token=token)
-
-
 def run_ledger(ledger: str, database_url: str, workdir: Path, cases: int, **overrides: Any) -> list[Tally]:
     """Passes over every scope and mode until ``cases`` requests were sent; the tallies of every pass."""
+    upgrade(database_url)
     env = fuzz_env(workdir, database_url, **overrides)
     tallies: list[Tally] = []
     try:
@@ -82,7 +65,7 @@ def run_ledger(ledger: str, database_url: str, workdir: Path, cases: int, **over
                     print(f"{ledger:<20}{scope:<8}{tally.mode:<10}{tally.cases:>6} cases {tally.seconds:>6.1f} s  "
                           f"failures {len(tally.failures)}  statuses {statuses}", flush=True)
     finally:
-        env.services.close()
+        close_env(env)
     return tallies
 
 

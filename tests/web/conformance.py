@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import schemathesis
@@ -31,9 +32,11 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import FailureGroup
 from schemathesis.generation import GenerationMode
 
+from compilesvc.services import Services
 from compilesvc.tokens import GRANTS, Permission, Scope
 from tests.fixtures.tokens import bearer, make_token
-from tests.web.support import Env
+from tests.web.support import Env, make_settings
+from web.app import create_app
 from web.auth import declared_access, needed
 from web.openapi import openapi_path
 
@@ -148,6 +151,26 @@ class Tally:
             self.found[(operation, check)] = Found(self.scope, self.mode, operation, check, report)
         else:
             known.cases += 1
+
+
+def fuzz_env(workdir: Path, database_url: str, **overrides: Any) -> Env:
+    """An app to fuzz over real services (the migrated ledger at ``database_url``, a store and broker under
+    ``workdir``), with an admin client; :func:`close_env` ends it. Submits are neither rate-limited nor held
+    to a compile quota, so the submit scope's cases reach the submit rather than the 429 a few hundred would
+    earn (both limits have tests of their own)."""
+    services = Services.from_settings(make_settings(
+        workdir, database_url, submit_rate_limit="1000000000/minute", max_compiles_per_token=0, **overrides))
+    app = create_app(services=services, config=APP_CONFIG)
+    app.testing = True
+    token = make_token(services.sessions, "admin", owner="fuzz-admin")
+    client = app.test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = bearer(token)["Authorization"]
+    return Env(app=app, client=client, services=services, token=token)
+
+
+def close_env(env: Env) -> None:
+    env.app.extensions["compilesvc"].fetches.close()  # its last counts, while the ledger is still there
+    env.services.close()
 
 
 #: How many cases one scope gets for one operation in one mode.
