@@ -54,9 +54,9 @@ CPU_BACKEND_FLAGS: dict[str, frozenset[str]] = {
 # Schema ``pattern`` (anchored), so it is written in the subset Python and ECMA-262 read alike: explicit
 # character classes, no ``.``, ``\d`` or ``$`` (whose meanings differ between the two).
 _BLOB_FORM = "blob:sha256:[0-9a-f]{64}"
-_S3_FORM = "s3://[a-z0-9][a-z0-9.\\-]{1,61}[a-z0-9]/[^\\n]*[^/\\n]"
+_S3_FORM = "s3://[a-z0-9][a-z0-9.\\-]{1,61}[a-z0-9]/[^\\n\\u0000]*[^/\\n\\u0000]"
 # No host, query or fragment: a literal "#" or "?" in a file name is percent-encoded.
-_FILE_FORM = "file:///[^?#]*"
+_FILE_FORM = "file:///[^?#\\u0000]*"
 _URI_PATTERN = f"^({_BLOB_FORM}|{_S3_FORM}|{_FILE_FORM})$"
 _BLOB_RE, _S3_RE, _FILE_RE = (re.compile(form) for form in (_BLOB_FORM, _S3_FORM, _FILE_FORM))
 # Neuron SDK and torch releases are major.minor.patch; "2.20" names a series, not a release, and would

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from compilesvc import states
-from web.schemas import BuildState, Outcome, _Out
+from web.schemas import BuildState, JsonBool, JsonNumber, Outcome, _Out
 
 _SDK = Field(pattern=r"^\d+\.\d+\.\d+$", max_length=32, description='A release number, e.g. "2.21.0".')
 
@@ -26,11 +26,11 @@ class RollforwardIn(BaseModel):
     target: Literal["inf2", "trn1", "trn2", "cpu"] | None = None
     labels: dict[Annotated[str, Field(min_length=1, max_length=64)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=32, description="Only artifacts with a build carrying every one.")
-    pinned: bool = Field(default=False, description="Only artifacts a retention pin keeps.")
-    fetched_within_days: float | None = Field(default=None, gt=0, le=3650,
+    pinned: JsonBool = Field(default=False, description="Only artifacts a retention pin keeps.")
+    fetched_within_days: JsonNumber | None = Field(default=None, gt=0, le=3650,
                                               description="Only artifacts fetched by key within this many days.")
-    dry_run: bool = Field(default=False, description="List what would be submitted; submit nothing.")
-    queue_anyway: bool = Field(default=False, description="Queue compiles even while no worker serves the new "
+    dry_run: JsonBool = Field(default=False, description="List what would be submitted; submit nothing.")
+    queue_anyway: JsonBool = Field(default=False, description="Queue compiles even while no worker serves the new "
                                                           "release (they wait for one).")
 
 
@@ -121,7 +121,8 @@ class ModelPinIn(_PinIn):
 
 class LabelPinIn(_PinIn):
     kind: Literal["label"]
-    value: str = Field(pattern="^[^:]+:", max_length=1100, description="`name:value` of a build label.")
+    value: str = Field(pattern="^[^:\\u0000]+:[^\\u0000]*$", max_length=1100,
+                       description="`name:value` of a build label (text without NUL, as everywhere).")
 
 
 class PinCreate(RootModel[Annotated[ArtifactPinIn | ModelPinIn | LabelPinIn, Field(discriminator="kind")]]):

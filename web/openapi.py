@@ -31,7 +31,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from compilesvc import __version__
-from web.auth import METRICS, PUBLIC, SIGNED_URL
+from compilesvc.config import Settings
+from compilesvc.tokens import Permission
+from web.auth import METRICS, PUBLIC, SIGNED_URL, needed
 from web.inputs import NO_NUL_PATTERN, read_headers, read_query
 from web.problems import PROBLEM_TYPES, ProblemType
 from web.schemas import ProblemDetails
@@ -91,7 +93,8 @@ _PATH_TYPES: dict[str, dict[str, Any]] = {
 }
 
 
-def _openapi_path(rule: str) -> tuple[str, list[dict[str, Any]]]:
+def openapi_path(rule: str) -> tuple[str, list[dict[str, Any]]]:
+    """A werkzeug rule as an OpenAPI path (``/v1/builds/{build_id}``) and its path parameters."""
     params = []
     for match in _CONVERTER.finditer(rule):
         schema = _PATH_TYPES.get(match["conv"] or "", {"type": "string"})
@@ -157,20 +160,27 @@ _SUBSCHEMAS = ("anyOf", "oneOf", "allOf", "items", "additionalProperties", "prop
 def _problem_ref(status: int) -> dict[str, Any]:
     kinds: list[ProblemType] = [t for t in PROBLEM_TYPES.values() if t.status == status]
     text = "; ".join(f"`{t.code}`: {t.title}" for t in kinds) or "HTTP error"
-    return {"description": text,
-            "content": {"application/problem+json": {"schema": {"$ref": REF.format(model="ProblemDetails")}}}}
+    out: dict[str, Any] = {
+        "description": text,
+        "content": {"application/problem+json": {"schema": {"$ref": REF.format(model="ProblemDetails")}}}}
+    if status == 503:
+        out["headers"] = {"Retry-After": {"description": "Seconds to wait before trying again.",
+                                          "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
+    return out
 
 
 def build_spec(app: Flask) -> dict[str, Any]:
-    """The OpenAPI 3.1 document for ``app``."""
+    """The OpenAPI 3.1 document for ``app``, under its settings (``open_reads`` and ``public_metrics`` decide
+    which operations need a token, and so which can answer 401 and 403)."""
     views = app.view_functions
+    settings: Settings = app.extensions["compilesvc"].settings
     operations: list[tuple[str, str, Op, list[dict[str, Any]]]] = []
     models: dict[tuple[type[BaseModel], JsonSchemaMode], None] = {(ProblemDetails, "serialization"): None}
     for rule in app.url_map.iter_rules():
         op: Op | None = getattr(views.get(rule.endpoint), "_openapi", None)
         if op is None:
             continue
-        path, path_params = _openapi_path(rule.rule)
+        path, path_params = openapi_path(rule.rule)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             operations.append((path, method.lower(), op, path_params))
         if op.request is not None:
@@ -214,9 +224,13 @@ def build_spec(app: Flask) -> dict[str, Any]:
             responses[str(status)] = entry
         # Every parameter is read by its model: anything with parameters can be a 400 (or the endpoint's own).
         declared = {PROBLEM_TYPES[op.invalid_query].status} if op.query or op.headers else set()
-        item["security"] = _security(op)
+        item["security"] = _security(op, settings)
         if item["security"] and {} not in item["security"]:
             declared |= {401, 403}
+        if (item["security"] and {} not in item["security"]) or op.access == SIGNED_URL:
+            # The token check reads the ledger and a signed URL's blob is in the store: either can be away,
+            # which is a 503 (ledger-unavailable, store-unavailable) with Retry-After, as 500 is everywhere.
+            declared.add(503)
         if op.request is not None or (method == "post" and op.request_schema is None):
             declared.add(415)  # a body must be JSON (web.auth)
         for status in sorted({*op.problems, *declared, 500}):
@@ -252,14 +266,15 @@ SECURITY_SCHEMES = {
 }
 
 
-def _security(op: Op) -> list[dict[str, list[str]]]:
-    """Who may call: no one needs a token for public operations and signed URLs; /metrics takes one
-    optionally (the ``public_metrics`` setting); the rest need one (``open_reads`` may open reads)."""
+def _security(op: Op, settings: Settings) -> list[dict[str, list[str]]]:
+    """Who may call, under this deployment's settings (:func:`web.auth.needed`, which the server enforces):
+    no one needs a token for public operations and signed URLs; what ``open_reads`` opens and a public
+    /metrics take one optionally (``{}``: none at all); the rest need one."""
     if op.access in (PUBLIC, SIGNED_URL):
         return []
-    if op.access == METRICS:
-        return [{}, {"bearer": []}]
-    return [{"bearer": []}, {"session": []}]
+    required: list[dict[str, list[str]]] = [{"bearer": []}] if op.access == METRICS else \
+        [{"bearer": []}, {"session": []}]
+    return required if needed(op.access or Permission.ADMIN, settings) is not None else [{}, *required]
 
 
 def _describe_status(status: int, response: type[BaseModel] | str | tuple[str, dict[str, Any]] | None) -> str:

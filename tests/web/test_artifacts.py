@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from compilesvc.ledger.models import Artifact, Base, utcnow
 from compilesvc.store.base import artifact_manifest_name
 from compilesvc.store.local import LocalStore
 from tests.fixtures.ports import free_port
+from tests.fixtures.tokens import bearer, make_token
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, spec_for
 from tests.web.test_submit import assert_problem
@@ -276,3 +278,52 @@ def test_counts_the_ledger_could_not_take_are_kept_for_the_next_write(env: Env) 
     assert recorder.flush() == 1
     with env.services.sessions() as session:
         assert session.scalar(select(Artifact.fetch_count).where(Artifact.key == key)) == 2
+
+
+# Found by python -m bench.fuzz (a fleet token, negative mode): the model's S3 server cannot be reached (here:
+# no credentials), which is a 503 store-unavailable the operation did not document.
+FUZZ_RESOLVE_BODY = (
+    '{"model": {"format": "torchscript", "version_id": "4K\\u001c\\u00db\\u00b7\\\\X\\u008e;\\u00de~x\\uda0c\\udc26'
+    '\\b&\\u008d", "uri": "s3://qkju6wb.ar1k/~\\u0007\\u00ba\\u018f\\u00e5?cN\\u00a3e;", "name": null}, '
+    '"target": "cpu", "labels": {"VkF\\u0081t\\u008d\\f_2u\\u0094\\u0017\\u0091^": ""}, '
+    '"buckets": [{"batch_size": 131072, "seq_len": 18982}, {"batch_size": 5547.0, "seq_len": 11222.0}], '
+    '"callbacks": ["http://\\u00bb\\uda3c\\udcc2nCg"], "sdk": "4005092.2.49462"}')
+
+
+def test_resolving_a_model_on_an_unreachable_s3_is_a_documented_503(
+        make_env: EnvFactory, sqlite_url: str, tmp_path: Path, monkeypatch: Any) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role either: no credentials at all
+    env = make_env(sqlite_url)
+    fleet = make_token(env.services.sessions, "fleet", owner="serving")
+    response = env.client.post("/v1/artifacts/resolve", data=FUZZ_RESOLVE_BODY, content_type="application/json",
+                               headers=bearer(fleet))
+    body = assert_problem(response, 503, "store-unavailable")
+    assert "s3://qkju6wb.ar1k/" in body["detail"] and response.headers["Retry-After"].isdigit()
+    documented = env.client.get("/openapi.json").json["paths"]["/v1/artifacts/resolve"]["post"]["responses"]
+    assert "503" in documented and "Retry-After" in documented["503"]["headers"]
+
+
+def test_every_operation_that_reads_the_ledger_or_store_documents_503(sqlite_env: Env) -> None:
+    """A token is checked in the ledger and a signed URL's blob is in the store: when either is away, any such
+    operation answers 503 (tests/web/test_system.py's ledger outage), so each one documents it."""
+    for path, item in sqlite_env.client.get("/openapi.json").json["paths"].items():
+        for method, op in item.items():
+            needs_token = op["security"] and {} not in op["security"]
+            if needs_token or path == "/v1/blobs/{sha256}":
+                assert "503" in op["responses"], (method, path)
+
+
+def test_a_model_uri_holding_nul_is_refused_as_the_document_says(sqlite_env: Env) -> None:
+    """Every JSON body's text is refused with a NUL in it; the spec's URI pattern says so too (it used to
+    allow any character after an S3 bucket or in a file path)."""
+    env = sqlite_env
+    schemas = env.client.get("/openapi.json").json["components"]["schemas"]
+    pattern = schemas["ModelRef"]["properties"]["uri"]["pattern"]
+    for uri in ("s3://bucket/a\x00b", "file:///models/a\x00b"):
+        assert re.search(pattern, uri) is None and re.search(pattern, uri.replace("\x00", "_"))
+        spec = {**spec_for("blob:sha256:" + "0" * 64), "model": {"uri": uri, "format": "torchscript"}}
+        assert_problem(env.client.post("/v1/artifacts/resolve", json=spec), 422)

@@ -293,6 +293,38 @@ def test_open_reads_and_private_metrics(make_env: EnvFactory, sqlite_url: str) -
     assert closed.client.get("/metrics").status_code == 200
 
 
+def test_the_document_says_what_open_reads_and_private_metrics_do(make_env: EnvFactory, sqlite_url: str) -> None:
+    """Found by the conformance fuzz run under these settings: the document said GET /v1/builds needs a
+    token while open reads served it without one, and documented no 401 for a private /metrics. Its security
+    now follows the settings the server enforces."""
+    def operation(env: Env, method: str, path: str) -> dict[str, Any]:
+        return env.app.test_client().get("/openapi.json").json["paths"][path][method]  # type: ignore[no-any-return]
+
+    env = make_env(sqlite_url, open_reads=True, public_metrics=False)
+    anonymous = env.app.test_client()
+    assert anonymous.get("/v1/builds").status_code == 200
+    builds = operation(env, "get", "/v1/builds")
+    assert {} in builds["security"] and "401" not in builds["responses"]
+    assert_problem(anonymous.get("/metrics"), 401, "unauthorized")
+    metrics = operation(env, "get", "/metrics")
+    assert {} not in metrics["security"] and {"401", "403"} <= set(metrics["responses"])
+    assert {} not in operation(env, "post", "/v1/builds")["security"]  # writes still need a token
+
+    default = make_env(sqlite_url)
+    assert {} not in operation(default, "get", "/v1/builds")["security"]
+    assert {} in operation(default, "get", "/metrics")["security"]
+
+
+def test_a_token_expiry_is_read_as_its_schema_says(sqlite_env: Env) -> None:
+    """Kin of a conformance fuzz finding (POST /v1/campaigns/rollforward): lax validation read "3600" and true
+    as integers; the document says an integer, and 3600.0 is one."""
+    body = {"name": "ci", "owner": "pipeline", "scopes": ["read"]}
+    for value in ("3600", True):
+        response = sqlite_env.client.post("/v1/tokens", json={**body, "expires_in_seconds": value})
+        assert assert_problem(response, 422, "token-invalid")["errors"][0]["field"] == "expires_in_seconds"
+    assert sqlite_env.client.post("/v1/tokens", json={**body, "expires_in_seconds": 3600.0}).status_code == 201
+
+
 def test_tokens_api_shows_a_secret_once_and_keeps_its_hash(env: Env) -> None:
     made = env.client.post("/v1/tokens", json={"name": "ci", "owner": "pipeline", "team": "vision",
                                                "scopes": ["submit"], "expires_in_seconds": 3600})

@@ -3,6 +3,8 @@ new release's builds end (built, hit, failed with the compiler's error), finishi
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from sqlalchemy import func, select
@@ -127,3 +129,32 @@ def test_only_what_fleets_load_pinned_or_fetched_lately(env: Env) -> None:
     assert sources(fetched_within_days=1) == {fetched["artifact_key"]}
     assert sources(pinned=True, fetched_within_days=1) == set()
     assert len(sources()) == 3
+
+
+def test_a_label_pin_holding_nul_is_refused_as_the_document_says(sqlite_env: Env) -> None:
+    """Found by the conformance fuzz (admin, positive mode): the document allowed a NUL in a label pin's
+    value, which the JSON reader refuses everywhere; now the pattern says so too. The exact request:"""
+    env = sqlite_env
+    body = '{"kind": "label", "value": "B(\\u0010*\\u00d0\\u001aY\\u001f\\u00cb\\u0000\\ud8e9\\udd2b\\u1dc4:"}'
+    response = env.client.post("/v1/pins", data=body, content_type="application/json")
+    assert assert_problem(response, 422, "pin-invalid")["errors"][0]["field"] == "value"
+    pattern = env.client.get("/openapi.json").json["components"]["schemas"]["LabelPinIn"]["properties"]["value"][
+        "pattern"]
+    value = json.loads(body)["value"]
+    assert re.search(pattern, value) is None and re.search(pattern, value.replace("\x00", " "))
+    made = env.client.post("/v1/pins", json={"kind": "label", "value": value.replace("\x00", " ")})
+    assert made.status_code == 201
+
+
+def test_a_rollforward_body_is_read_as_its_schema_says(sqlite_env: Env) -> None:
+    """Found by the conformance fuzz (admin, negative mode): ``"queue_anyway": 0`` started a campaign, read
+    as false by lax validation, though the document says a boolean. The exact request, then its kin."""
+    env = sqlite_env
+    fuzzed = ('{"from_sdk": "3.65930718.32208690", "queue_anyway": 0, "to_sdk": "0.481.0", "dry_run": false, '
+              '"pinned": false, "target": null}')
+    response = env.client.post("/v1/campaigns/rollforward", data=fuzzed, content_type="application/json")
+    assert [e["field"] for e in assert_problem(response, 422, "campaign-invalid")["errors"]] == ["queue_anyway"]
+    for field, value in (("dry_run", "yes"), ("pinned", 1), ("fetched_within_days", "1.5"),
+                         ("fetched_within_days", True)):
+        assert_problem(rollforward(env, from_sdk="1.0.0", **{field: value}), 422, "campaign-invalid")
+    assert rollforward(env, from_sdk="1.0.0", fetched_within_days=2, dry_run=True).status_code == 200
