@@ -30,7 +30,8 @@ from datetime import timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from flask import Flask, current_app, g, redirect, request, session, url_for
+from flask import Flask, Request, current_app, g, redirect, request, session, url_for
+from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from compilesvc import tokens
@@ -267,6 +268,16 @@ def start_session(principal: Principal) -> None:
     csrf_token()
 
 
+class _CookieSessions(SecureCookieSessionInterface):
+    """Flask's signed-cookie sessions, opened only for a request that has the cookie: an API client never
+    sends one, and Flask built a signing serializer for every request to find that out."""
+
+    def open_session(self, app: Flask, request: Request) -> SecureCookieSession | None:
+        if self.get_cookie_name(app) not in request.cookies:
+            return self.session_class()
+        return super().open_session(app, request)
+
+
 def install(app: Flask, settings: Settings) -> None:
     """Session cookies for the UI, the bootstrap token, and the hook that enforces every view's access."""
     app.secret_key = settings.resolved_secret_key
@@ -277,6 +288,7 @@ def install(app: Flask, settings: Settings) -> None:
         SESSION_COOKIE_SECURE=settings.public_url.startswith("https://"),
         PERMANENT_SESSION_LIFETIME=SESSION_LIFETIME,
     )
+    app.session_interface = _CookieSessions()
     app.jinja_env.globals["csrf_token"] = csrf_token
     app.jinja_env.globals["signed_in"] = signed_in
     app.before_request(_authorize)

@@ -167,6 +167,7 @@ def serve(host: str, port: int, workers: int, threads: int, timeout: int, header
         "preload_app": False,
         "logconfig_dict": jsonlog.gunicorn_logconfig(level, service="api"),
         "accesslog": None,
+        "logger_class": "web.httpworker.AppLogsRequests",
         "child_exit": _child_exit,
         "proc_name": "compilesvc-api",
         # gunicorn 24+ opens a control socket at one fixed per-user path: two servers on a host (tests,
