@@ -2,9 +2,9 @@
 
 :func:`run_wrk` drives one endpoint with ``wrk`` (:mod:`bench._wrk`: keep-alive connections, latency percentiles);
 :func:`run_python_client` stands in where wrk is not installed (one process per connection: slower, so its
-ratios mean more than its absolute numbers). :func:`burst` sends N requests at once, one connection and
-thread each, released together; :func:`stream` keeps N clients submitting one request after another for a
-while. Both return every request's latency and status.
+ratios mean more than its absolute numbers). :func:`stream` keeps N clients submitting one request after
+another for a while, and returns every request's latency and status (bursts released together across client
+processes are :mod:`bench._submit_clients`').
 """
 
 from __future__ import annotations
@@ -96,29 +96,6 @@ def _send(conn: http.client.HTTPConnection, path: str, body: bytes, headers: dic
     except OSError:
         status = 0
     return time.perf_counter() - started, status
-
-
-def burst(port: int, path: str, body: bytes, headers: dict[str, str], clients: int) -> list[Timing]:
-    """``clients`` identical POSTs at once: each on its own connection (opened beforehand) and thread."""
-    headers = {**headers, "Content-Type": "application/json"}
-    conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=120) for _ in range(clients)]
-    for conn in conns:
-        conn.connect()
-    release = threading.Barrier(clients)
-    timings: list[Timing] = []
-
-    def one(conn: http.client.HTTPConnection) -> None:
-        release.wait()
-        timings.append(_send(conn, path, body, headers))
-
-    threads = [threading.Thread(target=one, args=(conn,)) for conn in conns]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for conn in conns:
-        conn.close()
-    return timings
 
 
 def stream(port: int, path: str, next_body: Callable[[], bytes], headers: dict[str, str], clients: int,
