@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
-from sqlalchemy import Connection, Engine, Table, insert, text
+from sqlalchemy import Connection, Engine, Table, func, insert, select, text
 from sqlalchemy.exc import OperationalError
 
 from compilesvc.ledger.models import Build, BuildLabel, Event
@@ -84,7 +84,23 @@ class BuildRecord:
 
 def insert_builds(conn: Connection, records: list[BuildRecord]) -> list[int]:
     """Insert the records' build rows; their ids, in order."""
+    if conn.dialect.name == "sqlite" and len(records) > 1:
+        return _insert_builds_sqlite(conn, records)
     return list(conn.execute(_INSERT_BUILDS, [r.row for r in records]).scalars())
+
+
+def _insert_builds_sqlite(conn: Connection, records: list[BuildRecord]) -> list[int]:
+    """Several rows on SQLite: SQLAlchemy sends ``INSERT … RETURNING`` once per row there (SQLite does not
+    promise RETURNING's order), so insert them in one ``executemany`` and read the ids back instead. The
+    transaction holds SQLite's write lock from its start (``BEGIN IMMEDIATE``: :mod:`compilesvc.db`), so the
+    ids above the largest one before are this batch's, given in insertion order (a rowid is the largest + 1).
+    All rows must set the same columns, as they do (``SubmitContext.build_record``)."""
+    before = conn.execute(select(func.max(_BUILDS.c.id))).scalar() or 0
+    conn.execute(insert(_BUILDS), [r.row for r in records])
+    ids = list(conn.execute(select(_BUILDS.c.id).where(_BUILDS.c.id > before).order_by(_BUILDS.c.id)).scalars())
+    if len(ids) != len(records):
+        raise RuntimeError(f"inserted {len(records)} builds, found {len(ids)} new ids: was the write lock held?")
+    return ids
 
 
 def insert_build_details(conn: Connection, records: list[BuildRecord], build_ids: list[int]) -> None:
