@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import math
 import os
 import secrets
@@ -24,6 +25,20 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from compilesvc.hostinfo import host_memory_bytes
 from compilesvc.neuronx_cc_options import parse_extra_flags
 from compilesvc.spec import DEFAULT_MAX_ELEMENTS_PER_BUCKET, DEFAULT_MAX_ELEMENTS_PER_INPUT, ElementLimits
+
+
+# Here, not in compilesvc.webhooks: every Settings() validates the setting, and importing webhooks (the ledger
+# tables, SQLAlchemy) for it cost each CLI run ~0.6 s.
+def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """``"127.0.0.0/8, 10.1.0.0/16"`` -> networks; a ValueError names the bad entry."""
+    out = []
+    for part in text.replace(",", " ").split():
+        try:
+            out.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ValueError(f"{part!r} is not a network (e.g. 10.0.0.0/8)") from None
+    return tuple(out)
+
 
 #: Host memory one tensor-parallel rank is assumed to need while neuronx-distributed's parallel_model_trace
 #: compiles ranks side by side: each rank process loads the whole model and runs its own neuronx-cc, which
@@ -201,15 +216,11 @@ class Settings(BaseSettings):
     @field_validator("webhook_allow_networks")
     @classmethod
     def _networks(cls, value: str) -> str:
-        from compilesvc.webhooks import parse_networks
-
         parse_networks(value)
         return value
 
     @cached_property  # read by every submit: parsed once
     def webhook_networks(self) -> tuple[Any, ...]:
-        from compilesvc.webhooks import parse_networks
-
         return parse_networks(self.webhook_allow_networks)
 
     @cached_property

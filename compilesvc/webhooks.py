@@ -71,17 +71,6 @@ class CallbackRefused(SubmitRefused):
         super().__init__(f"{self.field}: {reason}")
 
 
-def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    """``"127.0.0.0/8, 10.1.0.0/16"`` -> networks; a ValueError names the bad entry."""
-    out = []
-    for part in text.replace(",", " ").split():
-        try:
-            out.append(ipaddress.ip_network(part, strict=False))
-        except ValueError:
-            raise ValueError(f"{part!r} is not a network (e.g. 10.0.0.0/8)") from None
-    return tuple(out)
-
-
 def _blocked(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped

@@ -454,3 +454,31 @@ def test_capabilities_without_sdk_release_or_torch() -> None:
     caps = _capabilities(plain, hide_torch=True)
     assert caps["targets"] == [] and caps["queues"] == [] and caps["versions"]["torch"] is None
     assert caps["isa"] and "torch is not installed: no cpu target" in caps["warnings"]
+
+
+
+def test_the_output_tee_ends_once_drained_though_a_process_keeps_its_pipe_open() -> None:
+    """torch's spawn starts multiprocessing's resource tracker, which inherits fds 1 and 2 (the tee's pipes)
+    and outlives the compile: EOF never comes. The tee still ends as soon as the pipes are empty, with every
+    line written before it ended, instead of waiting out its deadline."""
+    from workers.backends.neuron import DRAIN_SECONDS, OutputTee
+
+    tee = OutputTee()
+    tee.__enter__()
+    try:
+        os.write(1, b"before the lingering process\n")  # fds, not sys.stdout (pytest's capture replaces it)
+        lingering = subprocess.Popen(["sleep", "60"])  # inherits the pipes, as the resource tracker does
+        os.write(1, b"written at the end\n")
+        os.write(2, b"stderr too, without a newline")
+    finally:
+        started = time.monotonic()
+        tee.__exit__(None, None, None)
+        ended = time.monotonic() - started
+    try:
+        assert lingering.poll() is None  # the pipes' write ends were still open when the tee ended
+    finally:
+        lingering.kill()
+        lingering.wait()
+    assert ended < DRAIN_SECONDS / 2, ended
+    lines = tee.lines
+    assert {"before the lingering process", "written at the end", "stderr too, without a newline"} <= set(lines)
