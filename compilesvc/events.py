@@ -11,7 +11,6 @@ from typing import Any, cast
 from sqlalchemy import Table, insert
 from sqlalchemy.orm import Session
 
-from compilesvc import campaigns
 from compilesvc.ledger.models import Event
 from compilesvc.states import ArtifactState, BuildState, CampaignState, ServiceEvent, check_transition
 from compilesvc.webhooks import enqueue_event, enqueue_terminal
@@ -30,6 +29,10 @@ def record(session: Session, entity: str, entity_id: int, from_state: str | None
                                     "from_state": None if from_state is None else str(from_state),
                                     "to_state": str(to_state), "detail": detail})
     if entity == "build":  # a build that ends notifies its webhooks, in the transaction that ends it
+        # Imported here: campaigns reaches artifacts (through retention), which records events with this
+        # module, so importing artifacts first would find this one half-initialised.
+        from compilesvc import campaigns
+
         enqueue_terminal(session, entity_id, str(to_state))
         campaigns.on_build_transition(session, entity_id, str(to_state))
     event = _SERVICE_EVENTS.get((entity, str(to_state)))
