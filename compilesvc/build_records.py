@@ -3,7 +3,8 @@
 Every submit records a build (its row, its labels and its creation event), cache hits included, and for
 a hit that write is most of the price: a transaction of its own is a BEGIN, three inserts and a COMMIT.
 :class:`BuildRecorder` lets concurrent hits share one: each caller queues its record and waits, and one
-thread writes whatever has queued in a single transaction with multi-row ``INSERT … RETURNING``. A caller
+thread writes whatever has queued in a single transaction (on SQLite, an ``executemany`` and the new ids
+read back under the write lock: :func:`insert_builds`). A caller
 is answered only once the commit holding its row is done, so nothing is acknowledged before it is
 durable. Alone, a record is written at once; under load, batches form by themselves, with no timer.
 
@@ -40,7 +41,7 @@ _INSERT_LABELS = insert(cast(Table, BuildLabel.__table__))
 _INSERT_EVENTS = insert(cast(Table, Event.__table__))
 
 #: The builds' columns a record may set (all but the id).
-_BUILD_COLUMNS = ", ".join(column.name for column in _BUILDS.columns if column.name != "id")
+_BUILD_COLUMNS = [column.name for column in _BUILDS.columns if column.name != "id"]
 #: Python-side column defaults (created_at), which SQLAlchemy applies itself and a JSON document must carry.
 _BUILD_DEFAULTS = {column.name: column.default for column in _BUILDS.columns
                    if column.default is not None and column.name != "id"}
@@ -52,8 +53,8 @@ _PG_WRITE = text(f"""
 WITH src AS (
     SELECT doc, n FROM jsonb_array_elements(CAST(:rows AS jsonb)) WITH ORDINALITY AS t(doc, n)
 ), b AS (
-    INSERT INTO builds ({_BUILD_COLUMNS})
-    SELECT {", ".join(f"r.{name.strip()}" for name in _BUILD_COLUMNS.split(","))}
+    INSERT INTO builds ({", ".join(_BUILD_COLUMNS)})
+    SELECT {", ".join(f"r.{name}" for name in _BUILD_COLUMNS)}
     FROM src, jsonb_populate_record(NULL::builds, src.doc) AS r
     ORDER BY src.n
     RETURNING id, state
