@@ -261,4 +261,3 @@ class AppLogsRequests(glogging.Logger):
 
     def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
         return None
-

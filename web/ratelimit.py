@@ -27,6 +27,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 
 from limits import parse_many
 from limits.storage import MemoryStorage, Storage, storage_from_string
@@ -51,15 +52,21 @@ class _MemoryCounters(MemoryStorage):
 
     def __init__(self) -> None:
         super().__init__()
-        threading.Thread(target=self._sweep, name="rate-limit-sweeper", daemon=True).start()
+        # The sweeper holds the counters weakly: it ends with them (an app made and dropped, as tests do).
+        threading.Thread(target=_sweep, args=(weakref.ref(self),), name="rate-limit-sweeper", daemon=True).start()
 
     def _MemoryStorage__schedule_expiry(self) -> None:  # replaces the base class's private per-count scheduler
         pass
 
-    def _sweep(self) -> None:
-        while True:
-            time.sleep(SWEEP_SECONDS)
-            self._MemoryStorage__expire_events()  # type: ignore[attr-defined]
+
+def _sweep(counters: weakref.ref[_MemoryCounters]) -> None:
+    while True:
+        time.sleep(SWEEP_SECONDS)
+        alive = counters()
+        if alive is None:
+            return
+        alive._MemoryStorage__expire_events()  # type: ignore[attr-defined]
+        del alive
 
 
 def storage_uri(settings: Settings) -> str:
