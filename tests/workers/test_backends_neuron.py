@@ -461,7 +461,7 @@ def test_the_output_tee_ends_once_drained_though_a_process_keeps_its_pipe_open()
     """torch's spawn starts multiprocessing's resource tracker, which inherits fds 1 and 2 (the tee's pipes)
     and outlives the compile: EOF never comes. The tee still ends as soon as the pipes are empty, with every
     line written before it ended, instead of waiting out its deadline."""
-    from workers.backends.neuron import DRAIN_SECONDS, OutputTee
+    from workers.backends.output_tee import DRAIN_SECONDS, OutputTee
 
     tee = OutputTee()
     tee.__enter__()

@@ -59,7 +59,8 @@ from typing import Any
 
 from compilesvc.neuron_releases import version_tuple
 from workers.backends.base import ArtifactFile, CompileRequest, InfraError, log
-from workers.backends.neuron import OutputTee, raise_for_trace_failure, read_compiler_logs
+from workers.backends.neuron import raise_for_trace_failure, read_compiler_logs
+from workers.backends.output_tee import OutputTee
 from workers.versions import neuronx_distributed_version
 
 #: First neuronx-distributed whose ModelBuilder traces in one process (SDK 2.21.0; see the module doc).
