@@ -20,10 +20,11 @@ dev: install
 test-tools:
 	.ci/test-tools
 
+# The 25 slowest tests are listed at the end: the suite has a budget (20 minutes on 2 cores), watched in CI.
 test: install test-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=25
 
 # The edit loop: every test that neither compiles nor starts processes (tests/conftest.py), under a minute.
 test-quick: install
