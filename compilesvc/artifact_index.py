@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import ColumnElement, func, select, union
 from sqlalchemy.orm import Session
 
+from compilesvc.history import ListingFilter
 from compilesvc.ledger.models import Artifact, ArtifactBucket, Build
 from compilesvc.retention import pinned
 from compilesvc.states import ArtifactState
@@ -24,21 +24,11 @@ from compilesvc.states import ArtifactState
 __all__ = ["ArtifactFilter", "ArtifactPage", "ArtifactRow", "list_artifacts"]
 
 
-class ArtifactFilter(BaseModel):
-    """Which artifacts to list; ``""`` or None means any. ``model`` is a model name a build gave it, or the
-    model's sha256."""
+class ArtifactFilter(ListingFilter):
+    """Which artifacts to list (:class:`compilesvc.history.ListingFilter`, and the artifact's state).
+    ``model`` is a model name a build gave it, or the model's sha256."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model: str | None = Field(default=None, max_length=200)
-    target: str | None = Field(default=None, max_length=16)
-    sdk: str | None = Field(default=None, max_length=32)
     state: ArtifactState | None = None
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _blank_is_none(cls, value: object) -> object:
-        return None if value == "" else value
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ __all__ = [
     "HistoryFilter",
     "InvalidCursor",
     "InvalidLimit",
+    "ListingFilter",
     "Page",
     "StateCount",
     "count_by_state",
@@ -90,8 +91,10 @@ def _blank_allowed(schema: dict[str, Any]) -> None:
     schema["anyOf"] = [*schema.get("anyOf", ()), {"const": ""}]
 
 
-class HistoryFilter(BaseModel):
-    """Which builds to list. Every given field must match (AND); ``None`` or ``""`` means any.
+class ListingFilter(BaseModel):
+    """The filters the build and artifact listings share (:class:`HistoryFilter`,
+    :class:`compilesvc.artifact_index.ArtifactFilter`). Every given field must match (AND); ``None`` or ``""``
+    means any.
 
     ``""`` counts as "not given" so that a UI form's empty fields and ``?target=`` in a URL don't filter
     for an impossible empty value. Lengths are capped at the column sizes, which no stored value exceeds.
@@ -102,17 +105,22 @@ class HistoryFilter(BaseModel):
     model: str | None = Field(default=None, max_length=200, description="A model_name or a model_sha256.")
     target: str | None = Field(default=None, max_length=16)
     sdk: str | None = Field(default=None, max_length=32)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+
+class HistoryFilter(ListingFilter):
+    """Which builds to list (:class:`ListingFilter`, and the build's state, a label, its submitter)."""
+
     state: BuildState | None = Field(default=None, json_schema_extra=_blank_allowed)
     label: str | None = Field(
         default=None, max_length=64 + 1 + 1024, description='"name:value"; the value may be empty.',
         json_schema_extra={"pattern": "^([^:\\u0000]{1,64}:[^\\u0000]{0,1024})?$"},
     )
     submitted_by: str | None = Field(default=None, max_length=255)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _blank_is_none(cls, value: Any) -> Any:
-        return None if value == "" else value
 
     @field_validator("label")
     @classmethod
