@@ -9,7 +9,7 @@ those who cannot see the chart.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -103,25 +103,34 @@ def column_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bo
     slot = plot_w / max(len(labels), 1)
     gap = slot * 0.15
     bars: list[Bar] = []
-    for i, label in enumerate(labels):
-        base = 0.0
-        for k, one in enumerate(series):
-            value = one.values[i]
-            if not value:
-                continue
-            height = value / top * plot_h
-            if stacked:
-                x, width, y = LEFT + i * slot + gap, slot - 2 * gap, TOP + plot_h - (base + height)
-                base += height
-            else:
-                width = (slot - 2 * gap) / len(series)
-                x, y = LEFT + i * slot + gap + k * width, TOP + plot_h - height
-            bars.append(Bar(round(x, 1), round(y, 1), round(width, 1), round(height, 1), one.css,
-                            f"{label}: {one.name} {fmt(value)}"))
+    for i, k, one, value, below in _segments(labels, series, stacked):
+        height, base = value / top * plot_h, below / top * plot_h
+        if stacked:
+            x, width = LEFT + i * slot + gap, slot - 2 * gap
+        else:
+            width = (slot - 2 * gap) / len(series)
+            x = LEFT + i * slot + gap + k * width
+        bars.append(Bar(round(x, 1), round(TOP + plot_h - (base + height), 1), round(width, 1), round(height, 1),
+                        one.css, f"{labels[i]}: {one.name} {fmt(value)}"))
     every = max(1, math.ceil(len(labels) / 12))  # at most a dozen labels fit under the axis
     categories = [Tick(round(LEFT + (i + 0.5) * slot, 1), label) for i, label in enumerate(labels) if i % every == 0]
     values = [Tick(round(TOP + plot_h * (1 - f), 1), (axis or fmt)(top * f)) for f in (0.0, 0.5, 1.0)]
     return Chart(WIDTH, HEIGHT, bars, values, categories, list(series), (LEFT, TOP, plot_w, plot_h))
+
+
+def _segments(labels: Sequence[str], series: Sequence[Series], stacked: bool
+              ) -> Iterator[tuple[int, int, Series, float, float]]:
+    """Each bar to draw: (category, series index, series, value, the values stacked below it: 0 unless
+    ``stacked``), categories in order, zero and missing values skipped."""
+    for i in range(len(labels)):
+        below = 0.0
+        for k, one in enumerate(series):
+            value = one.values[i]
+            if not value:
+                continue
+            yield i, k, one, value, below
+            if stacked:
+                below += value
 
 
 def _peak(series: Sequence[Series], categories: int, stacked: bool) -> float:
@@ -139,19 +148,10 @@ def bar_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bool,
     plot_w, plot_h = WIDTH - LABEL_WIDTH - RIGHT, height - TOP - BOTTOM
     top = nice_ceiling(_peak(series, len(labels), stacked), durations=axis is axis_seconds)
     bars: list[Bar] = []
-    for i, label in enumerate(labels):
-        base = 0.0
-        for k, one in enumerate(series):
-            value = one.values[i]
-            if not value:
-                continue
-            width = value / top * plot_w
-            lane = 0 if stacked else k
-            y = TOP + (i * lanes + lane) * ROW + 3
-            bars.append(Bar(round(LABEL_WIDTH + base, 1), y, round(width, 1), ROW - 6, one.css,
-                            f"{label}: {one.name} {fmt(value)}"))
-            if stacked:
-                base += width
+    for i, k, one, value, below in _segments(labels, series, stacked):
+        lane = 0 if stacked else k
+        bars.append(Bar(round(LABEL_WIDTH + below / top * plot_w, 1), TOP + (i * lanes + lane) * ROW + 3,
+                        round(value / top * plot_w, 1), ROW - 6, one.css, f"{labels[i]}: {one.name} {fmt(value)}"))
     categories = [Tick(TOP + (i * lanes + lanes / 2) * ROW + 4, label) for i, label in enumerate(labels)]
     values = [Tick(round(LABEL_WIDTH + plot_w * f, 1), (axis or fmt)(top * f)) for f in (0.0, 0.5, 1.0)]
     return Chart(WIDTH, height, bars, values, categories, list(series), (LABEL_WIDTH, TOP, plot_w, plot_h))
