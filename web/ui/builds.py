@@ -6,7 +6,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, get_args
 
 from flask import Response, current_app, redirect, render_template, request, stream_with_context, url_for
 from pydantic import ValidationError
@@ -29,6 +29,7 @@ from compilesvc.ledger.models import Build
 from compilesvc.logs import bucket_tail, read_build_logs, tail_after
 from compilesvc.provenance import How, cache_outcome
 from compilesvc.services import Services
+from compilesvc.spec import Target
 from compilesvc.spec_parsing import validation_errors
 from compilesvc.states import Outcome
 from compilesvc.tokens import Permission, Principal
@@ -40,7 +41,8 @@ from web.inputs import FILTERS
 from web.problems import Problem
 from web.ui import bp
 
-TARGETS = ("inf2", "trn1", "trn2", "cpu")
+#: The filter forms' target choices: the spec's targets.
+TARGETS: tuple[str, ...] = get_args(Target)
 #: Lines a build page opens with (the newest); the whole log is one link away.
 LOG_TAIL = 500
 #: Compiler lines shown under a failed bucket's message.

@@ -21,6 +21,7 @@ from compilesvc.tokens import Permission
 from web import auth
 from web.context import web
 from web.ui import bp
+from web.ui.builds import TARGETS
 
 ARTIFACT_FILTERS = ("model", "target", "sdk", "state")
 
@@ -65,7 +66,7 @@ def artifacts() -> tuple[str, int]:
     except ValueError as exc:
         error = str(exc)
     return render_template("artifacts.html", groups=groups, given=given, error=error, next_url=next_url,
-                           states=[str(s) for s in ArtifactState],
+                           states=[str(s) for s in ArtifactState], targets=TARGETS,
                            first_url="/artifacts?" + urllib.parse.urlencode({k: v for k, v in given.items() if v})
                            if request.args.get("before") else None), 400 if error else 200
 
