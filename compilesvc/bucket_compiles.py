@@ -69,7 +69,11 @@ def positioned_buckets(session: Session, artifact_id: int) -> list[tuple[BucketC
 def bucket_views(session: Session, artifact_id: int, *, history: bool = True) -> list[BucketView]:
     """The artifact's bucket compiles in position order, each with its failure history (unless ``history``
     is false: one query fewer, for a caller that only looks at states)."""
-    rows = positioned_buckets(session, artifact_id)
+    return views_of(session, positioned_buckets(session, artifact_id), history=history)
+
+
+def views_of(session: Session, rows: list[tuple[BucketCompile, int]], *, history: bool = True) -> list[BucketView]:
+    """:func:`bucket_views` of compiles already read (:func:`positioned_buckets`)."""
     found = failures.of_buckets(session, [bucket.id for bucket, _ in rows] if history else [])
     return [BucketView.of(bucket, position, found.get(bucket.id, ())) for bucket, position in rows]
 

@@ -29,7 +29,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from compilesvc.ledger.models import BucketCompile, Build
-from compilesvc.states import NEGATIVELY_CACHED, BucketState, Outcome
+from compilesvc.states import BucketState, Outcome, failed_for_good
 
 __all__ = ["How", "Origin", "at_submit", "cache_outcome", "counts", "mark_compiled", "origins", "record_origin"]
 
@@ -80,7 +80,7 @@ def _how(bucket: _Compile, queued_now: set[int]) -> How:
         return How.COMPILED
     if bucket.state == BucketState.SUCCEEDED:
         return How.IMPORTED if bucket.started_at is None else How.REUSED  # an import never ran here
-    if bucket.state == BucketState.FAILED and bucket.error_class in NEGATIVELY_CACHED:
+    if failed_for_good(bucket.state, bucket.error_class):
         return How.FAILED
     if bucket.state in (BucketState.QUEUED, BucketState.RUNNING):
         return How.JOINED

@@ -17,7 +17,7 @@ from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile
 from compilesvc.ledger.sql import insert_ignore
 from compilesvc.manifest import BucketManifest
 from compilesvc.outbox import enqueue_compile
-from compilesvc.states import NEGATIVELY_CACHED, ArtifactState, BucketState
+from compilesvc.states import ArtifactState, BucketState, failed_for_good
 from compilesvc.store.base import ArtifactStore, bucket_manifest_name
 from compilesvc.submit_rows import SubmitContext
 
@@ -57,7 +57,7 @@ def reopen(session: Session, artifact: Artifact, ctx: SubmitContext, queued: set
     """Build a failed, cancelled or deleted set again: requeue what will compile, unless a bucket failed for
     good (the negative cache). Returns the outbox ids; adds the requeued compiles to ``queued``."""
     buckets = linked_buckets(session, artifact.id)
-    failed = [b for b in buckets if b.state == BucketState.FAILED and b.error_class in NEGATIVELY_CACHED]
+    failed = [b for b in buckets if failed_for_good(b.state, b.error_class)]
     if failed:
         # The negative cache: the set stays failed until an explicit retry. One that was cancelled meanwhile
         # (a bucket it shares with another set failed there) is failed now, so the new build says why.
@@ -81,6 +81,6 @@ def settle(session: Session, artifact: Artifact) -> None:
     if artifact.state != ArtifactState.BUILDING:
         return
     for bucket in linked_buckets(session, artifact.id):
-        if bucket.state == BucketState.FAILED and bucket.error_class in NEGATIVELY_CACHED:
+        if failed_for_good(bucket.state, bucket.error_class):
             fail_artifacts_of_bucket(session, bucket)
             return

@@ -118,6 +118,13 @@ RETRIED: frozenset[ErrorClass] = frozenset({ErrorClass.INFRA, ErrorClass.TIMEOUT
 #: the model, or on a flag of the spec. Both are deterministic for the key (the flags and the SDK release
 #: are key material), so compiling again could only say the same.
 NEGATIVELY_CACHED: frozenset[ErrorClass] = frozenset({ErrorClass.COMPILE, ErrorClass.BAD_REQUEST})
+
+
+def failed_for_good(state: str, error_class: str | None) -> bool:
+    """A bucket compile whose failure is its key's answer until an explicit retry (:data:`NEGATIVELY_CACHED`)."""
+    return state == BucketState.FAILED and error_class in NEGATIVELY_CACHED
+
+
 #: Failures a new submit requeues: everything not negatively cached (a model failure is requeued with the
 #: new submit's pin of the same bytes; an unknown one gets a fresh bounded set of retries).
 REQUEUED_BY_SUBMIT: frozenset[ErrorClass] = frozenset(

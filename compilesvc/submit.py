@@ -18,19 +18,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from compilesvc import events, failures, idempotency, provenance, set_changes
+from compilesvc import events, idempotency, provenance, set_changes
 from compilesvc.admission import admit
 from compilesvc.artifacts import (
     PublishedManifests,
     StoreManifests,
     read_manifest,
 )
-from compilesvc.bucket_compiles import BucketView, bucket_views, positioned_buckets
+from compilesvc.bucket_compiles import BucketView, bucket_views, positioned_buckets, views_of
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
 from compilesvc.keys import KeySet, compute_keys, digest
@@ -44,10 +44,10 @@ from compilesvc.services import Services
 from compilesvc.spec import CompileSpec
 from compilesvc.states import (
     BUILD_STATE_FOR_ARTIFACT,
-    NEGATIVELY_CACHED,
     ArtifactState,
     BucketState,
     Outcome,
+    failed_for_good,
 )
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 from compilesvc.submit_rows import SubmitContext
@@ -142,19 +142,22 @@ class Submitter:
         context = SubmitContext(prepared.spec, prepared.pinned, keys, principal, idempotency_key, request_hash,
                                 tuple(dict.fromkeys([*prepared.spec.callbacks, *team_urls])))
 
-        in_flight = False
+        seen: str | None = None  # the set's state in the ledger, when it has the set
         try:
-            hit, in_flight = self._published_hit(context)
+            hit, seen = self._published_hit(context)
         except _IdempotencyRace:
             hit = self._replay(principal, idempotency_key or "", request_hash)
         if hit is not None:
             return hit
         # A set in flight has every bucket in the ledger, and joining it queues nothing: neither the store
         # nor admission has a say. Should it turn out to need either, the join is run again admitted.
+        in_flight = seen == ArtifactState.BUILDING
         imported = None if in_flight else self._admitted(context, queue_anyway)
         try:
             try:
-                result, outbox_ids, finalize = self._create_or_join(context, imported, exclusive=False)
+                # A set seen finished (failed, cancelled, deleted) is reopened: exclusively from the start.
+                result, outbox_ids, finalize = self._create_or_join(
+                    context, imported, exclusive=seen is not None and not in_flight)
             except _NeedsExclusive:
                 imported = imported if imported is not None else self._admitted(context, queue_anyway)
                 result, outbox_ids, finalize = self._create_or_join(context, imported, exclusive=True)
@@ -164,8 +167,11 @@ class Submitter:
                 raise RuntimeError("idempotency key vanished after a conflict") from None
             return replay
         self._after_commit(outbox_ids, finalize, result)
-        # A join's answer was read under the set's lock and is current; a new set's compiles may have moved.
-        return result if result.outcome != Outcome.NEW and not finalize else self._reload(result)
+        if result.outcome == Outcome.NEW or finalize:
+            return self._reload(result)  # a new set's compiles may have moved since
+        # A join's answer was read under the set's lock and is current; a hit's manifest is read now, with no
+        # lock held (the store may be a network call away).
+        return replace(result, manifest=self._manifest_of(result.artifact_key, result.artifact_state))
 
     # -- steps --------------------------------------------------------------------------------------
 
@@ -183,7 +189,7 @@ class Submitter:
             return SubmitResult(build_id=build.id, outcome=build.outcome, state=build.state,
                                 artifact_key=artifact.key, artifact_state=artifact.state,
                                 buckets=bucket_views(session, artifact.id), replayed=True,
-                                manifest=self._manifest(artifact), first_status=first.status)
+                                manifest=self._manifest_of(artifact.key, artifact.state), first_status=first.status)
 
     def _admitted(self, ctx: SubmitContext, queue_anyway: bool) -> dict[str, BucketManifest]:
         """The buckets the store has (:meth:`_importable_buckets`), once the submit is admitted."""
@@ -192,10 +198,10 @@ class Submitter:
             admit(session, self.settings, ctx, set(imported), queue_anyway)
         return imported
 
-    def _published_hit(self, ctx: SubmitContext) -> tuple[SubmitResult | None, bool]:
+    def _published_hit(self, ctx: SubmitContext) -> tuple[SubmitResult | None, str | None]:
         """The fast path: no read once an artifact was seen published, and the build is group-committed
         with concurrent submits (:mod:`compilesvc.build_records`). Falls back to importing a manifest
-        found in the store. Also says whether the ledger has the set in flight (building)."""
+        found in the store. Also says the set's state when the ledger has it and it is not published."""
         key = ctx.keys.key
         if time.monotonic() > self._published_ids_until:
             self._published_ids.clear()
@@ -206,9 +212,9 @@ class Submitter:
                 found = session.execute(select(Artifact.id, Artifact.state).where(Artifact.key == key)).one_or_none()
             if found is None:
                 manifest = read_manifest(self.services.store, key)
-                return (self._import_artifact(ctx, manifest) if manifest is not None else None), False
+                return (self._import_artifact(ctx, manifest) if manifest is not None else None), None
             if found.state != ArtifactState.PUBLISHED:
-                return None, found.state == ArtifactState.BUILDING
+                return None, found.state
             artifact_id = found.id
             if len(self._published_ids) >= _PUBLISHED_IDS_MAX:
                 self._published_ids.clear()
@@ -221,7 +227,7 @@ class Submitter:
             build_id = self.services.build_recorder.record(record)
         return SubmitResult(build_id=build_id, outcome=Outcome.HIT, state=record.row["state"], artifact_key=key,
                             artifact_state=ArtifactState.PUBLISHED, buckets=[],
-                            manifest=self.manifests.published_manifest(key)), False
+                            manifest=self.manifests.published_manifest(key)), None
 
     def _import_artifact(self, ctx: SubmitContext, manifest: ArtifactManifest) -> SubmitResult:
         """A manifest in the store but not in the ledger (another region, a rebuilt ledger): record it."""
@@ -300,9 +306,8 @@ class Submitter:
             # Read once: what this build got of each bucket, and the states `finalize` looks at.
             positioned = positioned_buckets(session, artifact.id)
             if shared and artifact.state == ArtifactState.BUILDING and any(
-                    bucket.state == BucketState.FAILED and bucket.error_class in NEGATIVELY_CACHED
-                    for bucket, _ in positioned):
-                raise _NeedsExclusive  # the set fails for it (_settle), which changes the set
+                    failed_for_good(bucket.state, bucket.error_class) for bucket, _ in positioned):
+                raise _NeedsExclusive  # the set fails for it (set_changes.settle), which changes the set
             got = provenance.at_submit((bucket for bucket, _ in positioned), queued)
             build_id = self._add_build(
                 session, ctx, ctx.build_record(artifact.id, artifact.key, artifact.state, outcome, provenance=got))
@@ -310,13 +315,10 @@ class Submitter:
                 raise _IdempotencyRace  # rolls the whole transaction back
             provenance.record_origin(session, build_id, ctx.spec.model.name, sorted(queued))
             # A new set's answer is read again after commit (states only here, for `finalize`); a join's is
-            # this one, with each bucket's failures.
-            history = failures.of_buckets(session, [] if outcome == Outcome.NEW else [b.id for b, _ in positioned])
+            # this one, with each bucket's failures (its manifest, if published, is read after commit).
             result = SubmitResult(build_id=build_id, outcome=outcome, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
                                   artifact_key=artifact.key, artifact_state=artifact.state,
-                                  buckets=[BucketView.of(bucket, position, history.get(bucket.id, ()))
-                                           for bucket, position in positioned],
-                                  manifest=self._manifest(artifact))
+                                  buckets=views_of(session, positioned, history=outcome != Outcome.NEW))
             finalize = artifact.state == ArtifactState.BUILDING and all(b.state == BucketState.SUCCEEDED
                                                                        for b in result.buckets)
         return result, outbox_ids, finalize
@@ -335,7 +337,7 @@ class Submitter:
             return SubmitResult(build_id=build.id, outcome=result.outcome, state=build.state,
                                 artifact_key=artifact.key, artifact_state=artifact.state,
                                 buckets=bucket_views(session, artifact.id),
-                                manifest=self._manifest(artifact))
+                                manifest=self._manifest_of(artifact.key, artifact.state))
 
     @staticmethod
     def _require_build(build_id: int | None) -> int:
@@ -345,8 +347,8 @@ class Submitter:
 
     # -- rows ---------------------------------------------------------------------------------------
 
-    def _manifest(self, artifact: Artifact) -> ArtifactManifest | None:
-        return self.manifests.published_manifest(artifact.key) if artifact.state == ArtifactState.PUBLISHED else None
+    def _manifest_of(self, key: str, state: str) -> ArtifactManifest | None:
+        return self.manifests.published_manifest(key) if state == ArtifactState.PUBLISHED else None
 
     def _add_build(self, session: Session, ctx: SubmitContext, record: BuildRecord) -> int | None:
         """Record one submission in ``session``'s transaction; None when its Idempotency-Key was taken
