@@ -186,8 +186,8 @@ def _write_postgres(engine: Engine, batch: list[BuildRecord]) -> list[int]:
         check_transition("build", None, record.row["state"])
     rows = orjson.dumps([{**_defaults(record.row), **record.row, "_labels": record.labels, "_detail": record.detail}
                          for record in batch],
-                        # As json.dumps would: int keys (provenance's compile ids) as strings; datetimes in
-                        # RFC 3339 with their offset, which Postgres reads as the same instant.
+                        # As json.dumps would: a key that is not a string as one; datetimes in RFC 3339 with
+                        # their offset, which Postgres reads as the same instant.
                         option=orjson.OPT_NON_STR_KEYS).decode()
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         return list(conn.execute(_PG_WRITE, {"rows": rows}).scalars())

@@ -65,7 +65,10 @@ def _sweep(counters: weakref.ref[_MemoryCounters]) -> None:
         alive = counters()
         if alive is None:
             return
-        alive._MemoryStorage__expire_events()  # type: ignore[attr-defined]
+        try:
+            alive._MemoryStorage__expire_events()  # type: ignore[attr-defined]
+        except Exception:  # a count expired by a read meanwhile (MemoryStorage.get): sweep again next time
+            log.debug("rate-limit sweep interrupted", exc_info=True)
         del alive
 
 

@@ -203,7 +203,9 @@ class Build(Base):
     buckets_compiled: Mapped[int | None] = mapped_column(
         Integer, doc="How many of its buckets it queued itself (none, for a hit or a join).")
     provenance: Mapped[dict[str, Any] | None] = mapped_column(
-        Json, doc="Per bucket compile id: how this build got it and from which build (compilesvc.provenance).")
+        # None is SQL NULL (not JSON null), as Postgres' batch writer (compilesvc.build_records) stores it.
+        JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql"),
+        doc="Per bucket compile id: how this build got it and from which build (compilesvc.provenance).")
 
     __table_args__ = (
         # Keyset-paginated history: newest first by id, optionally filtered by one column.

@@ -32,7 +32,6 @@ class OutputTee:
         self._lines: deque[str] = deque(maxlen=keep)
         self._lock = threading.Lock()  # a pump outliving __exit__ (see there) may still append
         self._saved: list[tuple[int, int]] = []
-        self._threads: list[threading.Thread] = []
         self._drained: list[threading.Event] = []
         self._closing = threading.Event()
 
@@ -89,7 +88,6 @@ class OutputTee:
                                       name=f"tee-fd{fd}")
             thread.start()
             self._saved.append((fd, saved))
-            self._threads.append(thread)
             self._drained.append(drained)
         return self
 
