@@ -17,6 +17,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, g
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from compilesvc import key_diff, provenance
 from compilesvc.admission import QuotaExceeded
@@ -196,13 +197,9 @@ def document_of(ctx: WebContext, detail: BuildDetail, buckets: list[BucketView])
     }
 
 
-def miss_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
-    """GET /v1/builds/{id}/miss's body (also rendered by the build page)."""
-    with ctx.services.sessions() as session:
-        build = session.get(Build, build_id)
-        if build is None:
-            raise Problem("build-not-found", f"no build {build_id}")
-        compared = key_diff.explain_miss(session, build)
+def miss_document(session: Session, build: Build) -> dict[str, Any]:
+    """GET /v1/builds/{id}/miss's body (also rendered by the build page, in the session it reads with)."""
+    compared = key_diff.explain_miss(session, build)
     return {
         "build_id": build.id, "outcome": build.outcome,
         "compared_with": None if compared is None else {
@@ -223,7 +220,11 @@ def miss_document(ctx: WebContext, build_id: int) -> dict[str, Any]:
                        "same comparison says how its artifact differs from the one before it.")
 def miss(build_id: int) -> Response:
     g.build_id = build_id
-    return respond(MissOut, miss_document(web(), build_id))
+    with web().services.sessions() as session:
+        build = session.get(Build, build_id)
+        if build is None:
+            raise Problem("build-not-found", f"no build {build_id}")
+        return respond(MissOut, miss_document(session, build))
 
 
 @bp.get("/<ledger_id:build_id>")

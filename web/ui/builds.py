@@ -118,9 +118,9 @@ def build_page(build_id: int) -> str:
     build, artifact = document_of(ctx, detail, views), detail.artifact
     for bucket, view in zip(build["buckets"], views, strict=True):
         bucket["compile_id"] = view.compile_id
-    # Only a new build's key missed; a join's key is its artifact's, made by the artifact's first build.
-    miss = miss_document(ctx, build_id) if build["outcome"] == Outcome.NEW else None
     with ctx.services.sessions() as session:
+        # Only a new build's key missed; a join's key is its artifact's, made by the artifact's first build.
+        miss = miss_document(session, detail.build) if build["outcome"] == Outcome.NEW else None
         error_lines = _error_lines(session, build["buckets"])
         tail = tail_after(session, build_id, LOG_TAIL)
         key_owner = session.scalar(select(func.min(Build.id)).where(Build.artifact_id == artifact.id))
