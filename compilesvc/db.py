@@ -1,7 +1,8 @@
 """Database engines and sessions for the ledger, tuned per backend (Postgres or SQLite).
 
 SQLite is the embedded default. It gets WAL, a busy timeout and ``BEGIN IMMEDIATE`` transactions so that
-concurrent writers in separate processes queue up instead of failing on lock upgrades.
+concurrent writers in separate processes queue up instead of failing on lock upgrades, in the order they
+came (:mod:`compilesvc.sqlite_writer`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+from compilesvc.sqlite_writer import WriterConnection
 
 
 def normalise_url(url: str) -> str:
@@ -26,7 +29,8 @@ def normalise_url(url: str) -> str:
 def make_engine(url: str, **kwargs: Any) -> Engine:
     url = normalise_url(url)
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "isolation_level": None}, **kwargs)
+        engine = create_engine(url, connect_args={"timeout": 30, "isolation_level": None, "factory": WriterConnection},
+                               **kwargs)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -40,8 +44,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Any) -> None:
             # Take the write lock up front: a deferred transaction that later writes can fail with
-            # SQLITE_BUSY without waiting, which would turn concurrent submits into errors.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # SQLITE_BUSY without waiting, which would turn concurrent submits into errors. Writers queue for
+            # it in order (compilesvc.sqlite_writer) rather than in SQLite's sleeping busy handler.
+            conn.connection.dbapi_connection.begin_immediate()
 
         return engine
     # No pre-ping: it is a round trip on every checkout, on every submit and lookup. A connection that

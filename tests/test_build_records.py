@@ -67,8 +67,8 @@ def gated_writer(services: Services) -> tuple[threading.Event, threading.Event, 
 
 
 def queued(recorder: BuildRecorder, count: int) -> None:
-    """Wait until ``count`` records wait in the recorder's queue behind the held transaction."""
-    wait_for(lambda: recorder._queue.qsize() == count, 30, f"{count} queued records")
+    """Wait until ``count`` records wait in the recorder's line behind the held transaction's."""
+    wait_for(lambda: recorder.waiting == count + 1, 30, f"{count} queued records")
 
 
 def test_concurrent_records_share_a_transaction(services: Services) -> None:

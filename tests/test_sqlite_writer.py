@@ -1,0 +1,109 @@
+"""SQLite writers queue on a file lock (compilesvc.sqlite_writer): across processes, in order, woken as soon
+as the lock is free, and never waiting for themselves."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from compilesvc.db import make_engine
+from compilesvc.sqlite_writer import WriterConnection
+
+
+def _hold_then_commit(path: str, held: multiprocessing.Event, release: multiprocessing.Event) -> None:
+    engine = make_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO t VALUES ('first')"))
+        held.set()
+        release.wait(30)
+    engine.dispose()
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> str:
+    path = str(tmp_path / "ledger.db")
+    engine = make_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE t (v TEXT)"))
+    engine.dispose()
+    return path
+
+
+def test_a_writer_in_another_process_gets_the_lock_as_soon_as_it_is_free(ledger: str) -> None:
+    context = multiprocessing.get_context("spawn")
+    held, release = context.Event(), context.Event()
+    holder = context.Process(target=_hold_then_commit, args=(ledger, held, release))
+    holder.start()
+    try:
+        assert held.wait(60)
+        probe = os.open(f"{ledger}-writer.lock", os.O_RDWR)
+        try:  # the holder's transaction holds the file lock that writers queue on
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(probe)
+        engine = make_engine(f"sqlite:///{ledger}")
+        waited: list[float] = []
+
+        def write() -> None:
+            with engine.begin() as conn:
+                waited.append(time.monotonic())
+                conn.execute(text("INSERT INTO t VALUES ('second')"))
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        time.sleep(0.5)
+        assert not waited, "the second writer began while the first held the lock"
+        released_at = time.monotonic()
+        release.set()
+        writer.join(30)
+        # Woken by the kernel when the holder let go; SQLite's busy handler would be polling every 100 ms by
+        # now (its delays add up to 408 ms before they reach 100 each).
+        assert waited and waited[0] - released_at < 0.09
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT v FROM t ORDER BY rowid")).scalars().all() == ["first", "second"]
+        engine.dispose()
+    finally:
+        release.set()
+        holder.join(30)
+
+
+def test_a_thread_that_holds_the_lock_does_not_wait_for_itself(ledger: str) -> None:
+    """A second write transaction in the same thread, on another connection, gets SQLite's busy timeout (an
+    error) rather than waiting on the file lock forever."""
+    engine = make_engine(f"sqlite:///{ledger}")
+    with engine.begin() as outer:
+        outer.execute(text("INSERT INTO t VALUES ('outer')"))
+        inner = sqlite3.connect(ledger, timeout=0.2, isolation_level=None, factory=WriterConnection)
+        try:
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                inner.begin_immediate()
+        finally:
+            inner.close()
+    with engine.begin() as conn:  # and the lock was given back
+        conn.execute(text("INSERT INTO t VALUES ('after')"))
+    engine.dispose()
+
+
+def test_a_failed_transaction_gives_the_lock_back(ledger: str) -> None:
+    engine = make_engine(f"sqlite:///{ledger}")
+    with pytest.raises(Exception, match="no such table"), engine.begin() as conn:
+        conn.execute(text("INSERT INTO missing VALUES (1)"))
+    done = threading.Event()
+
+    def write() -> None:
+        with make_engine(f"sqlite:///{ledger}").begin() as conn:
+            conn.execute(text("INSERT INTO t VALUES ('next')"))
+        done.set()
+
+    threading.Thread(target=write, daemon=True).start()
+    assert done.wait(10)
+    engine.dispose()
