@@ -7,7 +7,8 @@ code runs, in this order:
 1. **Access.** A :class:`compilesvc.tokens.Permission`, or one of :data:`PUBLIC`, :data:`SIGNED_URL` (the
    URL's signature is the credential), :data:`METRICS` (public unless ``public_metrics`` is off). A view
    that declares nothing needs ``admin``: forgetting a declaration closes an endpoint, never opens it.
-   ``open_reads`` opens the read and artifact permissions to requests without a token.
+   ``open_reads`` opens the read and artifact permissions to requests without a token; a token sent to
+   them anyway must be valid (401 otherwise).
 2. **The token.** ``Authorization: Bearer <token>``, or a UI session cookie made by the login page (a
    signed cookie naming the token; the token is re-checked, so revoking it ends the session). No token:
    401; a token that is unknown, expired or revoked: 401 with the same words (an answer never tells which
@@ -244,8 +245,14 @@ def _authorize() -> WerkzeugResponse | None:
     if endpoint is None:  # no route: the 404 or 405 answers
         return None
     view = current_app.view_functions.get(endpoint)
-    permission = needed(declared_access(endpoint, view), web().settings)
-    if permission is not None:
+    level = declared_access(endpoint, view)
+    permission = needed(level, web().settings)
+    if permission is None and level in (Permission.READ, Permission.ARTIFACTS) and "Authorization" in request.headers:
+        # A token sent to an open read must still be a valid one (RFC 6750 section 3.1): a client with an
+        # expired or mistyped token learns it here, not at its first write. (A public /metrics does not look:
+        # a scraper's stale token must not blank the on-call's dashboards.)
+        current_principal()
+    elif permission is not None:
         principal = current_principal()
         if principal is None:
             if request.blueprint == "ui" and request.method == "GET":

@@ -225,9 +225,10 @@ def build_spec(app: Flask) -> dict[str, Any]:
         # Every parameter is read by its model: anything with parameters can be a 400 (or the endpoint's own).
         declared = {PROBLEM_TYPES[op.invalid_query].status} if op.query or op.headers else set()
         item["security"] = _security(op, settings)
-        if item["security"] and {} not in item["security"]:
-            declared |= {401, 403}
-        if (item["security"] and {} not in item["security"]) or op.access == SIGNED_URL:
+        token_checked = bool(item["security"]) and ({} not in item["security"] or op.access != METRICS)
+        if token_checked:  # an open read checks a token that is sent (web.auth)
+            declared |= {401} if {} in item["security"] else {401, 403}
+        if token_checked or op.access == SIGNED_URL:
             # The token check reads the ledger and a signed URL's blob is in the store: either can be away,
             # which is a 503 (ledger-unavailable, store-unavailable) with Retry-After, as 500 is everywhere.
             declared.add(503)

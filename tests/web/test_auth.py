@@ -287,6 +287,10 @@ def test_open_reads_and_private_metrics(make_env: EnvFactory, sqlite_url: str) -
     assert anonymous.get("/v1/workers").status_code == 200
     assert_problem(anonymous.post("/v1/builds", json={}), 401, "unauthorized")  # writes still need a token
     assert_problem(anonymous.get("/v1/tokens"), 401)
+    # A token is optional there, but one that is sent must be valid: a mistyped or revoked one is told so.
+    assert open_env.client.get("/v1/builds").status_code == 200
+    assert_problem(anonymous.get("/v1/builds", headers=bearer("csvc_not-a-token")), 401, "unauthorized")
+    assert anonymous.get("/healthz", headers=bearer("csvc_not-a-token")).status_code == 200  # public: unread
 
     closed = make_env(sqlite_url, public_metrics=False)
     assert_problem(closed.app.test_client().get("/metrics"), 401, "unauthorized")
@@ -304,7 +308,7 @@ def test_the_document_says_what_open_reads_and_private_metrics_do(make_env: EnvF
     anonymous = env.app.test_client()
     assert anonymous.get("/v1/builds").status_code == 200
     builds = operation(env, "get", "/v1/builds")
-    assert {} in builds["security"] and "401" not in builds["responses"]
+    assert {} in builds["security"] and "401" in builds["responses"] and "403" not in builds["responses"]
     assert_problem(anonymous.get("/metrics"), 401, "unauthorized")
     metrics = operation(env, "get", "/metrics")
     assert {} not in metrics["security"] and {"401", "403"} <= set(metrics["responses"])
