@@ -59,4 +59,6 @@ class Services:
         return OutboxRelay(self.sessions, self.producer)
 
     def close(self) -> None:
+        if "build_recorder" in self.__dict__:  # made on first use (cached_property)
+            self.build_recorder.close()
         self.engine.dispose()
