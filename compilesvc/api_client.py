@@ -9,7 +9,9 @@ serving code that imports the fleet library pulls in no CLI framework.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import time
 import urllib.error
@@ -84,7 +86,8 @@ class Api:
             all_headers["Content-Type"] = "application/json"
         if upload is not None:
             size = len(upload) if isinstance(upload, bytes) else upload.stat().st_size
-            all_headers.update({"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+            all_headers.update({"Content-Type": "application/octet-stream", "Content-Length": str(size),
+                                "Content-Digest": _content_digest(upload)})
         for attempt in range(self.retries + 1):
             try:
                 with contextlib.ExitStack() as stack:
@@ -108,6 +111,18 @@ class Api:
                     raise ApiError(f"cannot reach the API at {self.base}: {reason}") from None
                 time.sleep(backoff(attempt))
         raise AssertionError("unreachable")
+
+
+def _content_digest(upload: Path | bytes) -> str:
+    """RFC 9530 ``Content-Digest`` (sha-256) of an upload. With its name known before the first byte, the
+    server streams the body to its store as it arrives instead of spooling it first; and it checks the
+    bytes end to end. Hashing a file costs a local read (about 1 GB/s), a fraction of sending it."""
+    if isinstance(upload, bytes):
+        digest = hashlib.sha256(upload).digest()
+    else:
+        with upload.open("rb") as source:
+            digest = hashlib.file_digest(source, "sha256").digest()
+    return f"sha-256=:{base64.b64encode(digest).decode()}:"
 
 
 def _is_refusal(body: bytes) -> bool:

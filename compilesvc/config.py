@@ -77,7 +77,8 @@ class Settings(BaseSettings):
     secret_key: str | None = Field(default=None, description="HMAC key for local-store download URLs.")
     url_ttl_seconds: int = Field(default=3600, ge=60, le=7 * 24 * 3600)
     spool_dir: Path | None = Field(
-        default=None, description="Where S3 uploads spool while hashing (needs max_upload_bytes free); default TMPDIR."
+        default=None, description="Where S3 uploads without a declared digest spool while hashing (needs "
+                                  "max_upload_bytes free); default TMPDIR."
     )
     max_upload_bytes: int = Field(default=8 * 1024**3, ge=1)
     abandoned_upload_seconds: int = Field(

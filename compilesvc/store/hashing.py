@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from compilesvc.store.base import BlobTooLarge, IntegrityError
+from compilesvc.store.base import BlobTooLarge, IntegrityError, SizeMismatch, check_expected
 
-__all__ = ["CHUNK_SIZE", "HashedCopy", "HashingWriter", "SinkWriteError", "copy_hashing", "verified_file"]
+__all__ = ["CHUNK_SIZE", "HashedCopy", "HashingWriter", "SinkWriteError", "StreamHash", "VerifyingReader",
+           "copy_hashing", "verified_file"]
 
 CHUNK_SIZE = 1024 * 1024
 
@@ -41,6 +42,41 @@ class HashedCopy:
     part_digests: list[bytes] = field(default_factory=list)
 
 
+class StreamHash:
+    """The sha256 of a stream fed chunk by chunk, and optionally of every ``part_size`` slice of it (what S3
+    combines into a multipart object's composite checksum); :class:`BlobTooLarge` past ``max_bytes``."""
+
+    def __init__(self, *, part_size: int | None = None, max_bytes: int | None = None):
+        self._full = hashlib.sha256()
+        self._part = hashlib.sha256() if part_size else None
+        self._part_size = part_size or 0
+        self._part_fill = 0
+        self._parts: list[bytes] = []
+        self._max_bytes = max_bytes
+        self.size = 0
+
+    def update(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self._max_bytes is not None and self.size > self._max_bytes:
+            raise BlobTooLarge(self._max_bytes)
+        self._full.update(chunk)
+        if self._part is None:
+            return
+        view = memoryview(chunk)
+        while view:
+            take = min(len(view), self._part_size - self._part_fill)
+            self._part.update(view[:take])
+            self._part_fill += take
+            view = view[take:]
+            if self._part_fill == self._part_size:
+                self._parts.append(self._part.digest())
+                self._part, self._part_fill = hashlib.sha256(), 0
+
+    def result(self) -> HashedCopy:
+        parts = [*self._parts, self._part.digest()] if self._part is not None and self._part_fill else self._parts
+        return HashedCopy(self._full.hexdigest(), self.size, list(parts))
+
+
 def copy_hashing(
     read: Callable[[int], bytes],
     write: Callable[[bytes], object] | None,
@@ -56,34 +92,59 @@ def copy_hashing(
     S3 combines into a multipart object's composite checksum. Errors raised by ``write`` come out
     wrapped in :class:`SinkWriteError` so callers can tell a failing store from a failing source.
     """
-    full = hashlib.sha256()
-    part = hashlib.sha256() if part_size else None
-    part_fill = 0
-    parts: list[bytes] = []
-    size = 0
+    hashed = StreamHash(part_size=part_size, max_bytes=max_bytes)
     while chunk := read(chunk_size):
-        size += len(chunk)
-        if max_bytes is not None and size > max_bytes:
-            raise BlobTooLarge(max_bytes)
-        full.update(chunk)
-        if part is not None and part_size:
-            view = memoryview(chunk)
-            while view:
-                take = min(len(view), part_size - part_fill)
-                part.update(view[:take])
-                part_fill += take
-                view = view[take:]
-                if part_fill == part_size:
-                    parts.append(part.digest())
-                    part, part_fill = hashlib.sha256(), 0
+        hashed.update(chunk)
         if write is not None:
             try:
                 write(chunk)
             except OSError as exc:
                 raise SinkWriteError(exc) from exc
-    if part is not None and part_fill:
-        parts.append(part.digest())
-    return HashedCopy(full.hexdigest(), size, parts)
+    return hashed.result()
+
+
+class VerifyingReader:
+    """A read-only stream over ``read`` that hashes what passes and, at the declared end, checks it: the
+    chunk holding the last of ``expected_size`` bytes is returned only if everything read hashes to
+    ``expected_sha256``, else :class:`DigestMismatch`; a stream that ends early or runs long raises
+    :class:`SizeMismatch`. A consumer that pulls (s3transfer's upload of a non-seekable stream) thus sends
+    its last part, or its single PUT, only for the declared content, and a failed read fails the transfer
+    (s3transfer aborts the multipart upload), so nothing is published.
+
+    Each ``read(n)`` returns ``n`` bytes until the end: s3transfer takes a short read for a part, and S3
+    refuses parts under 5 MiB but the last. Deliberately without seek/tell. :attr:`copied` holds the
+    hashes once the end was read."""
+
+    def __init__(self, read: Callable[[int], bytes], *, expected_size: int, expected_sha256: str,
+                 part_size: int | None = None, max_bytes: int | None = None):
+        self._read = read
+        self._expected_size = expected_size
+        self._expected_sha256 = expected_sha256
+        self._hash = StreamHash(part_size=part_size, max_bytes=max_bytes)
+        self.copied: HashedCopy | None = None
+
+    def read(self, size: int = -1) -> bytes:
+        remaining = self._expected_size - self._hash.size
+        want = remaining if size < 0 else min(size, remaining)
+        chunks: list[bytes] = []
+        got = 0
+        while got < want:
+            chunk = self._read(min(want - got, CHUNK_SIZE))
+            if not chunk:
+                raise SizeMismatch(self._expected_size, self._hash.size + got)
+            chunks.append(chunk)
+            got += len(chunk)
+        data = b"".join(chunks)
+        if data:
+            self._hash.update(data)
+        if self._hash.size == self._expected_size and self.copied is None:
+            if self._read(1):  # more than declared
+                raise SizeMismatch(self._expected_size, self._hash.size + 1)
+            copied = self._hash.result()
+            check_expected(copied.sha256, copied.size, expected_size=self._expected_size,
+                           expected_sha256=self._expected_sha256)
+            self.copied = copied
+        return data
 
 
 class HashingWriter:

@@ -2,9 +2,10 @@
 
 Guarantees, and how they are met:
 
-- **Bounded memory.** Blobs are hashed while they stream (1 MiB at a time); ``put_stream`` spools to a
-  temp file on local disk, then uploads that file. Uploads and downloads go through s3transfer
-  (``upload_file``/``download_fileobj``), never through a whole-object ``bytes``.
+- **Bounded memory.** Blobs are hashed while they stream (1 MiB at a time). ``put_stream`` of a stream
+  whose size and sha256 are declared uploads it as it arrives (a window of parts in memory); otherwise
+  it spools to a temp file on local disk, then uploads that file. Uploads and downloads go through
+  s3transfer, never through a whole-object ``bytes``.
 - **Integrity.** A single-part upload carries the full-object ``ChecksumSHA256`` we computed, so the server
   refuses bytes that differ from what we hashed (400 BadDigest). Multipart uploads carry a SHA-256 per part
   (``ChecksumAlgorithm="SHA256"``); afterwards the composite checksum the server reports is compared with
@@ -15,7 +16,8 @@ Guarantees, and how they are met:
   (:func:`install_create_only`). 412 means the content is already there (``created=False``); 409
   (a concurrent conditional write in flight) is retried.
 - **All or nothing.** ``put_stream`` checks the spooled bytes against the caller's ``expected_size`` /
-  ``expected_sha256`` before any request reaches S3. s3transfer aborts a multipart upload that fails;
+  ``expected_sha256`` before any request reaches S3; a streamed upload sends its last part only once
+  every byte matched, and is aborted otherwise. s3transfer aborts a multipart upload that fails;
   when that abort fails too (S3 down) or the process dies, :meth:`S3Store.sweep_incomplete_uploads`
   (:mod:`.s3_sweep`, run by the relay) aborts the leftover later.
 - **Classified failures.** botocore connection, credential and 5xx errors become
@@ -25,6 +27,7 @@ Guarantees, and how they are met:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import tempfile
 import time
@@ -52,10 +55,11 @@ from compilesvc.store.base import (
     blob_name,
     check_expected,
 )
-from compilesvc.store.hashing import HashedCopy, SinkWriteError, copy_hashing, verified_file
+from compilesvc.store.hashing import HashedCopy, SinkWriteError, VerifyingReader, copy_hashing, verified_file
 from compilesvc.store.s3_client import (
     BOTO_ERRORS,
     TRANSFER_CHUNK,
+    UPLOAD_WINDOW_PARTS,
     BodyReader,
     b64_digest,
     client_error_of,
@@ -152,8 +156,9 @@ class S3Store(ArtifactStore):
 
     def _put_stream(self, stream: BinaryIO, max_bytes: int | None, expected_size: int | None,
                     expected_sha256: str | None) -> BlobInfo:
-        # Spool to local disk while hashing: the upload needs a seekable source for parallel parts and
-        # retries, and the name (sha256) is only known once the last byte is read.
+        if expected_size is not None and expected_sha256 is not None:
+            return self._put_declared(stream, max_bytes, expected_size, expected_sha256)
+        # Spool to local disk while hashing: the name (sha256) is only known once the last byte is read.
         with tempfile.NamedTemporaryFile(dir=self.spool_dir, prefix="compilesvc-spool-") as spool:
             try:
                 copied = copy_hashing(stream.read, spool.write, max_bytes=max_bytes, part_size=TRANSFER_CHUNK)
@@ -169,6 +174,62 @@ class S3Store(ArtifactStore):
                     copied = copy_hashing(again.read, None, part_size=part_size)
             return self._store_file(Path(spool.name), copied)
 
+    def _put_declared(self, stream: BinaryIO, max_bytes: int | None, size: int, sha256: str) -> BlobInfo:
+        """A stream whose size and sha256 were declared: its name is known before the first byte, so it
+        goes to S3 as it arrives (parts uploaded while later ones are still being received), with no spool.
+        The :class:`VerifyingReader` lets the last part go only for the declared bytes; otherwise the
+        multipart upload is aborted and nothing is published, as with a spool. When the blob is there
+        already, the bytes are still read and checked: a client is told a blob is stored only once it has
+        shown it holds its content."""
+        key = self._key(blob_name(sha256))
+        part_size = self._part_size(size)
+        reader = VerifyingReader(stream.read, expected_size=size, expected_sha256=sha256, part_size=part_size,
+                                 max_bytes=max_bytes)
+        what = f"storing blob {sha256}"
+        head = self._head(key, what)
+        if head is not None:
+            copy_hashing(reader.read, None)
+            return self._existing(head, sha256, size)
+        extra: dict[str, Any] = {"ContentType": "application/octet-stream"}
+        if part_size is None:
+            extra["ChecksumSHA256"] = b64_digest(bytes.fromhex(sha256))
+        else:
+            extra["ChecksumAlgorithm"] = "SHA256"
+        # Parts of the size a seekable upload of ``size`` bytes would use (s3transfer cannot size the parts
+        # of a stream itself), read ahead of the part uploads by a bounded window.
+        config = copy.copy(self._transfer)
+        config.multipart_chunksize = part_size or TRANSFER_CHUNK
+        config.max_in_memory_upload_chunks = UPLOAD_WINDOW_PARTS
+        try:
+            self.create_client.upload_fileobj(cast(BinaryIO, reader), self.bucket, key, ExtraArgs=extra,
+                                              Config=config)
+        except BOTO_ERRORS as exc:
+            client_error = client_error_of(exc)
+            if client_error is not None and (is_precondition_failed(client_error) or is_conflict(client_error)):
+                # Someone else stored it meanwhile, or is completing it now: ours are the same bytes.
+                return self._stored_by_another(key, sha256, size)
+            raise_store_error(exc, what)
+        if reader.copied is None:  # s3transfer stopped reading before the declared end
+            raise StoreError(f"{what}: the upload ended before the last byte was read")
+        if part_size is not None:
+            self._verify_composite(key, sha256, reader.copied)
+        return BlobInfo(sha256, size, True)
+
+    def _stored_by_another(self, key: str, sha256: str, size: int) -> BlobInfo:
+        for attempt in range(_CONFLICT_RETRIES):
+            head = self._head(key, f"storing blob {sha256}")
+            if head is not None:
+                return self._existing(head, sha256, size)
+            time.sleep(0.1 * 2**attempt)
+        raise StoreUnavailable(f"a concurrent upload of blob {sha256} did not complete")
+
+    @staticmethod
+    def _existing(head: dict[str, Any], sha256: str, size: int) -> BlobInfo:
+        if int(head["ContentLength"]) != size:
+            raise IntegrityError(f"blob {sha256} exists with {head['ContentLength']} bytes, expected {size}: "
+                                 "the stored object is corrupt")
+        return BlobInfo(sha256, size, False)
+
     def _store_file(self, path: Path, copied: HashedCopy) -> BlobInfo:
         sha256, size = copied.sha256, copied.size
         key = self._key(blob_name(sha256))
@@ -183,12 +244,7 @@ class S3Store(ArtifactStore):
         for attempt in range(_CONFLICT_RETRIES):
             head = self._head(key, what)
             if head is not None:
-                if int(head["ContentLength"]) != size:
-                    raise IntegrityError(
-                        f"blob {sha256} exists with {head['ContentLength']} bytes, expected {size}: "
-                        "the stored object is corrupt"
-                    )
-                return BlobInfo(sha256, size, False)
+                return self._existing(head, sha256, size)
             try:
                 self.create_client.upload_file(
                     str(path), self.bucket, key, ExtraArgs=extra, Config=self._transfer

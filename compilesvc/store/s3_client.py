@@ -45,6 +45,9 @@ TRANSFER_CONCURRENCY = 10
 #: with bench/stream_memory.py on a 1 GiB blob: ~68 MB extra peak RSS at 4, ~47 MB at 2; s3transfer's
 #: default of 10 would pass 100 MB. 4 keeps several ranged GETs in flight, which real S3 needs for speed.
 DOWNLOAD_WINDOW_PARTS = 4
+#: Parts of a streamed upload (a declared blob arriving over HTTP) read ahead of the part uploads, in
+#: memory: as many as upload at once, so the window bounds both memory (4 x 8 MiB) and concurrency.
+UPLOAD_WINDOW_PARTS = 4
 
 # Error codes that mean "the store is misconfigured or not reachable", not "this request was wrong".
 _UNAVAILABLE_CODES = frozenset(

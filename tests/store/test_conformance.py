@@ -296,3 +296,58 @@ def test_documents_are_deleted_and_may_be_created_again(case: StoreCase) -> None
     assert store.create_document(name, b'{"v": 2}') is True  # create-only still: the name is free again
     assert store.read_document(name) == b'{"v": 2}'
     assert [b for b in store.iter_blobs()] == []  # documents are not blobs
+
+
+def test_a_declared_stream_is_stored_as_it_arrives_and_refused_whole(case: StoreCase, isolated_tmp: Path) -> None:
+    """Size and sha256 declared (what ``compilesvc upload`` sends): the S3 store uploads parts while the
+    body is still arriving. Whatever goes wrong before the last byte matched, nothing is published and no
+    multipart upload is left open."""
+    data = os.urandom(20 * MiB + 3)  # three parts
+    digest = sha(data)
+    with pytest.raises(SizeMismatch) as short:
+        case.store.put_stream(io.BytesIO(data[: 17 * MiB]), expected_size=len(data), expected_sha256=digest)
+    assert (short.value.expected, short.value.received) == (len(data), 17 * MiB)
+    assert_nothing_stored(case, isolated_tmp, data)
+    with pytest.raises(SizeMismatch):  # longer than declared
+        case.store.put_stream(io.BytesIO(data + b"x"), expected_size=len(data), expected_sha256=digest)
+    assert_nothing_stored(case, isolated_tmp, data)
+    flipped = data[:-1] + bytes([data[-1] ^ 1])  # the last byte, in the last part, one bit off
+    with pytest.raises(DigestMismatch) as mismatch:
+        case.store.put_stream(io.BytesIO(flipped), expected_size=len(data), expected_sha256=digest)
+    assert (mismatch.value.expected, mismatch.value.actual) == (digest, sha(flipped))
+    assert_nothing_stored(case, isolated_tmp, data, flipped)
+    with pytest.raises(ConnectionResetError):  # the client went away after two parts
+        case.store.put_stream(io.BufferedReader(DroppedConnection(data[: 16 * MiB + 5])), expected_size=len(data),
+                              expected_sha256=digest)
+    assert_nothing_stored(case, isolated_tmp, data)
+
+    spooled: list[list[Path]] = []
+
+    class Watched(io.BytesIO):
+        def read(self, size: int | None = -1) -> bytes:
+            spooled.append(list(isolated_tmp.iterdir()))
+            return super().read(size)
+
+    info = case.store.put_stream(Watched(data), expected_size=len(data), expected_sha256=digest)
+    assert (info.sha256, info.size, info.created) == (digest, len(data), True)
+    if case.kind == "s3":  # streamed to S3: never a spool file
+        assert spooled and not any(spooled)
+    with case.store.open_blob(digest) as stored:
+        assert stored.read() == data
+    # Stored already: the bytes are still read and checked before the answer says so.
+    again = case.store.put_stream(io.BytesIO(data), expected_size=len(data), expected_sha256=digest)
+    assert (again.sha256, again.created) == (digest, False)
+    with pytest.raises(DigestMismatch):
+        case.store.put_stream(io.BytesIO(flipped), expected_size=len(data), expected_sha256=digest)
+    assert case.open_uploads() == set() and list(isolated_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("size", [0, 1, 8 * MiB - 1, 8 * MiB, 8 * MiB + 1])
+def test_a_declared_stream_at_the_part_boundaries(case: StoreCase, isolated_tmp: Path, size: int) -> None:
+    """One PUT below the multipart threshold, one part at it, two parts past it: each stored whole."""
+    data = os.urandom(size)
+    info = case.store.put_stream(io.BytesIO(data), expected_size=size, expected_sha256=sha(data))
+    assert (info.sha256, info.size, info.created) == (sha(data), size, True)
+    with case.store.open_blob(info.sha256) as stored:
+        assert stored.read() == data
+    assert case.open_uploads() == set() and list(isolated_tmp.iterdir()) == []

@@ -166,3 +166,26 @@ def test_whole_uploads_are_stored(served: Served) -> None:
     assert answer is not None and answer[0] == 201, answer
     assert served.store.has_blob(sha(body)) and served.store.has_blob(sha(chunked))
     assert served.leftovers()[1] == []
+
+
+def test_declared_uploads_cut_off_or_mismatched_store_nothing(served: Served) -> None:
+    """With its size and digest declared (as ``compilesvc upload`` sends them), an S3 store uploads the body's
+    parts while it arrives: a body cut off after two parts, or whose last part breaks the digest, must still
+    leave no blob and no open multipart upload."""
+    body = os.urandom(20 * MiB + 5)
+    digest = base64.b64encode(hashlib.sha256(body).digest()).decode()
+    declared = head(length=len(body), extra=f"Content-Digest: sha-256=:{digest}:\r\n")
+    answer = served.send(declared, body[:17 * MiB])
+    assert answer is not None
+    status, problem = answer
+    assert status == 400 and problem["type"] == "/problems/upload-incomplete", problem
+    assert (problem["received_bytes"], problem["expected_bytes"]) == (17 * MiB, len(body))
+
+    answer = served.send(declared, body[:-1] + bytes([body[-1] ^ 1]))
+    assert answer is not None and answer[0] == 400, answer
+    assert answer[1]["type"] == "/problems/digest-mismatch", answer[1]
+    assert served.leftovers() == ([], [])
+
+    answer = served.send(declared, body)
+    assert answer is not None and answer[0] == 201 and answer[1]["sha256"] == sha(body), answer
+    assert served.leftovers()[1] == []
