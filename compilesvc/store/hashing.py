@@ -116,11 +116,11 @@ class VerifyingReader:
     hashes once the end was read."""
 
     def __init__(self, read: Callable[[int], bytes], *, expected_size: int, expected_sha256: str,
-                 part_size: int | None = None, max_bytes: int | None = None):
+                 max_bytes: int | None = None):
         self._read = read
         self._expected_size = expected_size
         self._expected_sha256 = expected_sha256
-        self._hash = StreamHash(part_size=part_size, max_bytes=max_bytes)
+        self._hash = StreamHash(max_bytes=max_bytes)
         self.copied: HashedCopy | None = None
 
     def read(self, size: int = -1) -> bytes:

@@ -183,8 +183,10 @@ class S3Store(ArtifactStore):
         shown it holds its content."""
         key = self._key(blob_name(sha256))
         part_size = self._part_size(size)
-        reader = VerifyingReader(stream.read, expected_size=size, expected_sha256=sha256, part_size=part_size,
-                                 max_bytes=max_bytes)
+        # No part digests of our own (a spooled upload compares them with S3's composite checksum): the bytes
+        # hashed here are the very bytes handed to s3transfer, and S3 checks each part against the checksum
+        # botocore computes from them.
+        reader = VerifyingReader(stream.read, expected_size=size, expected_sha256=sha256, max_bytes=max_bytes)
         what = f"storing blob {sha256}"
         head = self._head(key, what)
         if head is not None:
@@ -211,8 +213,6 @@ class S3Store(ArtifactStore):
             raise_store_error(exc, what)
         if reader.copied is None:  # s3transfer stopped reading before the declared end
             raise StoreError(f"{what}: the upload ended before the last byte was read")
-        if part_size is not None:
-            self._verify_composite(key, sha256, reader.copied)
         return BlobInfo(sha256, size, True)
 
     def _stored_by_another(self, key: str, sha256: str, size: int) -> BlobInfo:
