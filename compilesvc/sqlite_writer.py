@@ -23,7 +23,9 @@ import sqlite3
 import threading
 from typing import Any
 
-_held = threading.local()  # .holding: this thread holds the file lock, through one of its connections
+#: Threads holding the file lock, through one of their connections (a release may come from another thread:
+#: a connection the garbage collector hands back to the pool).
+_holders: set[int] = set()
 
 
 class WriterConnection(sqlite3.Connection):
@@ -40,6 +42,7 @@ class WriterConnection(sqlite3.Connection):
         self._lock_fd: int | None = None
         self._lock_pid = 0
         self._locked = False
+        self._owner = 0
 
     def begin_immediate(self) -> None:
         """``BEGIN IMMEDIATE``, once this connection's turn has come."""
@@ -72,7 +75,7 @@ class WriterConnection(sqlite3.Connection):
             self._lock_fd = None
 
     def _acquire(self) -> None:
-        if self._lock_path is None or self._locked or getattr(_held, "holding", False):
+        if self._lock_path is None or self._locked or threading.get_ident() in _holders:
             return
         if self._lock_fd is None or self._lock_pid != os.getpid():
             # A descriptor inherited through fork shares its lock with the parent's: open our own.
@@ -80,12 +83,13 @@ class WriterConnection(sqlite3.Connection):
             self._lock_pid = os.getpid()
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)  # releases the GIL while it waits
         self._locked = True
-        _held.holding = True
+        self._owner = threading.get_ident()
+        _holders.add(self._owner)
 
     def _release(self) -> None:
         if not self._locked:
             return
         self._locked = False
-        _held.holding = False
+        _holders.discard(self._owner)
         if self._lock_fd is not None:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
