@@ -59,7 +59,8 @@ def report(result: SoakResult) -> None:
            note=f"{t.error_count} failed requests, {len(result.logged_errors)} ERROR records logged")
     record(BENCH, "recoveries by the reaper", len(result.recoveries), "events", at_most=0,
            note="leases expired, compiles requeued/failed/cancelled, messages resent")
-    record(BENCH, "warnings logged", result.logged_warnings, "records")
+    record(BENCH, "warnings logged", result.logged_warnings.total(), "records",
+           note="; ".join(f"{n} x {text}" for text, n in result.logged_warnings.most_common(4)))
     record(BENCH, "submit 503s retried", t.retried_503, "submits", note="503 + Retry-After, waited out")
     record(BENCH, "builds accepted", d.accepted, "builds",
            note=", ".join(f"{k} {n}" for k, n in sorted(t.outcomes.items())))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,7 +34,8 @@ class SoakResult:
     children_at_start: dict[str, int] = field(default_factory=dict)
     children_after: dict[str, int] = field(default_factory=dict)  # each worker's live descendants, drained
     logged_errors: list[str] = field(default_factory=list)  # ERROR/CRITICAL records of the service's logs
-    logged_warnings: int = 0  # WARNING records, Python's own warnings (celery's "running as root") aside
+    #: WARNING records by "process: message" (Python's own warnings, celery's "running as root", aside)
+    logged_warnings: Counter[str] = field(default_factory=Counter)
     recoveries: list[str] = field(default_factory=list)  # the reaper rescuing compiles: none on a healthy day
 
     @property
@@ -49,7 +51,7 @@ class SoakResult:
         t, d = self.tally, self.drained
         lines = [f"soak: {t.total} requests in {self.seconds:.0f} s ({t.total / self.seconds:.1f}/s) from "
                  f"{self.clients} clients, {t.error_count} failed requests, {len(self.logged_errors)} errors logged "
-                 f"({self.logged_warnings} warnings), {len(self.recoveries)} recoveries by the reaper, "
+                 f"({self.logged_warnings.total()} warnings), {len(self.recoveries)} recoveries by the reaper, "
                  f"{t.retried_503} submit 503s retried",
                  "  by kind: " + ", ".join(f"{k} {n} (p50 {t.percentile(k, 0.5) * 1000:.0f} ms, "
                                            f"p99 {t.percentile(k, 0.99) * 1000:.0f} ms)"
@@ -110,7 +112,8 @@ def soak(stack: SoakStack, seconds: float, *, clients: int = 6, warmup: float | 
         time.sleep(0.5)
     records = [(p.name, r) for p in stack.cluster.processes for r in p.records()]
     logged = [f"{name}: {json.dumps(r)[:400]}" for name, r in records if r.get("level") in ("ERROR", "CRITICAL")]
-    warnings = sum(r.get("level") == "WARNING" and r.get("logger") != "py.warnings" for _, r in records)
+    warnings = Counter(f"{name.rstrip('0123456789-')}: {r.get('msg')}" for name, r in records
+                       if r.get("level") == "WARNING" and r.get("logger") != "py.warnings")
     # A lease that ran out, a compile requeued, failed or cancelled by the reaper, a message sent again: each
     # is the recovery machinery at work, which a day without faults must not need. (A set the reaper
     # publishes is not one: it races the worker finishing the set's last compile, and either may win.)
