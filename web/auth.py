@@ -78,6 +78,10 @@ def declared_access(endpoint: str, view: Callable[..., Any] | None) -> Access:
     return getattr(view, "_access", Permission.ADMIN)  # type: ignore[no-any-return]
 
 
+#: What ``open_reads`` opens to requests without a token.
+OPENED_BY_OPEN_READS = (Permission.READ, Permission.ARTIFACTS)
+
+
 def needed(level: Access, settings: Settings) -> Permission | None:
     """The permission a request needs under ``settings`` (None: no token needed)."""
     if level in (PUBLIC, SIGNED_URL):
@@ -85,9 +89,17 @@ def needed(level: Access, settings: Settings) -> Permission | None:
     if level == METRICS:
         return None if settings.public_metrics else Permission.READ
     permission = Permission(level)
-    if settings.open_reads and permission in (Permission.READ, Permission.ARTIFACTS):
+    if settings.open_reads and permission in OPENED_BY_OPEN_READS:
         return None
     return permission
+
+
+def checks_sent_token(level: Access, settings: Settings) -> bool:
+    """Whether a token sent with the request is checked (401 when unknown, expired or revoked): wherever one
+    is needed, and on open reads, where it is optional (RFC 6750 section 3.1: a client with a mistyped or
+    revoked token learns it at its first call, not at its first write). Public operations, signed URLs and a
+    public /metrics never look (a scraper's stale token must not blank the on-call's dashboards)."""
+    return needed(level, settings) is not None or level in OPENED_BY_OPEN_READS
 
 
 class TokenCache:
@@ -246,12 +258,10 @@ def _authorize() -> WerkzeugResponse | None:
         return None
     view = current_app.view_functions.get(endpoint)
     level = declared_access(endpoint, view)
-    permission = needed(level, web().settings)
-    if permission is None and level in (Permission.READ, Permission.ARTIFACTS) and "Authorization" in request.headers:
-        # A token sent to an open read must still be a valid one (RFC 6750 section 3.1): a client with an
-        # expired or mistyped token learns it here, not at its first write. (A public /metrics does not look:
-        # a scraper's stale token must not blank the on-call's dashboards.)
-        current_principal()
+    settings = web().settings
+    permission = needed(level, settings)
+    if permission is None and "Authorization" in request.headers and checks_sent_token(level, settings):
+        current_principal()  # an open read: the token is optional, but one that is sent must be valid
     elif permission is not None:
         principal = current_principal()
         if principal is None:

@@ -33,7 +33,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from compilesvc import __version__
 from compilesvc.config import Settings
 from compilesvc.tokens import Permission
-from web.auth import METRICS, PUBLIC, SIGNED_URL, needed
+from web.auth import METRICS, PUBLIC, SIGNED_URL, checks_sent_token, needed
 from web.inputs import NO_NUL_PATTERN, read_headers, read_query
 from web.problems import PROBLEM_TYPES, ProblemType
 from web.schemas import ProblemDetails
@@ -225,8 +225,8 @@ def build_spec(app: Flask) -> dict[str, Any]:
         # Every parameter is read by its model: anything with parameters can be a 400 (or the endpoint's own).
         declared = {PROBLEM_TYPES[op.invalid_query].status} if op.query or op.headers else set()
         item["security"] = _security(op, settings)
-        token_checked = bool(item["security"]) and ({} not in item["security"] or op.access != METRICS)
-        if token_checked:  # an open read checks a token that is sent (web.auth)
+        token_checked = checks_sent_token(op.access or Permission.ADMIN, settings)
+        if token_checked:
             declared |= {401} if {} in item["security"] else {401, 403}
         if token_checked or op.access == SIGNED_URL:
             # The token check reads the ledger and a signed URL's blob is in the store: either can be away,
