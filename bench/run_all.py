@@ -55,22 +55,23 @@ def run(name: str, args: list[str]) -> tuple[int, float]:
     procs: list[subprocess.Popen[bytes]] = []
     forwarded: list[int] = []
 
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        if forwarded:
-            return
-        forwarded.append(signum)
-        if procs and procs[0].poll() is None:
+    def stop(signum: int) -> None:
+        if procs[0].poll() is None:
             os.killpg(procs[0].pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if not forwarded:
+            forwarded.append(signum)
+            if procs:
+                stop(signum)
 
     # Installed before the bench starts: a signal that came between its start and the handlers would end
     # this process and leave the bench (in a process group of its own) running with nobody to stop it.
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        if forwarded:  # signalled before it started: nothing to stop
-            raise KeyboardInterrupt(130)
         procs.append(subprocess.Popen(command, cwd=ROOT, process_group=0))
         if forwarded:  # signalled while it started: it has its process group now
-            os.killpg(procs[0].pid, signal.SIGINT if forwarded[0] == signal.SIGINT else signal.SIGTERM)
+            stop(forwarded[0])
         code = procs[0].wait()
     finally:
         for sig, handler in previous.items():
