@@ -258,7 +258,7 @@ def report(ledger: str, endpoints: list[Endpoint], rounds: list[list[Result]], b
             ok &= bool(figure.met)
         elif best.p99_ms is not None:
             record("api_throughput", f"static JSON p99 ({ledger})", best.p99_ms, "ms",
-                   note=f"{best.requests_per_second:.0f} req/s, {latency}")
+                   note=f"{best.requests_per_second:.0f} req/s, {cpu:.0f} us server CPU per request, {latency}")
         ok &= errors == 0
     for name, timings, target in (("new spec, bursts of identical submits", bursts, NEW_SPEC_P99_MS),
                                   ("new specs, distinct, back to back", distinct, None)):
