@@ -133,8 +133,7 @@ class BuildRecorder:
     was not in its batch. No writer thread: the caller that would have waited for one does the write
     itself, which saves a thread switch per batch and the interpreter's lock passing between them (under
     wrk, a writer thread spent 1.1-1.2 ms of CPU per batch of 2.5 records, where the same write alone in a
-    loop takes 0.55-0.84 ms; without it, bench.api_throughput's hit submit on Postgres went from 0.32-0.40x to
-    0.48x static by server CPU)."""
+    loop takes 0.55-0.84 ms)."""
 
     def __init__(self, engine: Engine, max_batch: int = 256):
         self._engine = engine
