@@ -41,8 +41,7 @@ class WriterConnection(sqlite3.Connection):
         self._lock_path = None if in_memory else f"{path}-writer.lock"
         self._lock_fd: int | None = None
         self._lock_pid = 0
-        self._locked = False
-        self._owner = 0
+        self._owner = 0  # the thread holding the file lock through this connection; 0: not held
 
     def begin_immediate(self) -> None:
         """``BEGIN IMMEDIATE``, once this connection's turn has come."""
@@ -75,21 +74,21 @@ class WriterConnection(sqlite3.Connection):
             self._lock_fd = None
 
     def _acquire(self) -> None:
-        if self._lock_path is None or self._locked or threading.get_ident() in _holders:
+        if self._lock_path is None or self._owner or threading.get_ident() in _holders:
             return
         if self._lock_fd is None or self._lock_pid != os.getpid():
             # A descriptor inherited through fork shares its lock with the parent's: open our own.
             self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             self._lock_pid = os.getpid()
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)  # releases the GIL while it waits
-        self._locked = True
         self._owner = threading.get_ident()
         _holders.add(self._owner)
 
     def _release(self) -> None:
-        if not self._locked:
+        if not self._owner:
             return
-        self._locked = False
         _holders.discard(self._owner)
-        if self._lock_fd is not None:
+        self._owner = 0
+        # A lock taken before a fork is the parent's to give back: the descriptor is shared with it.
+        if self._lock_fd is not None and self._lock_pid == os.getpid():
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
