@@ -112,16 +112,16 @@ class VerifyingReader:
     (s3transfer aborts the multipart upload), so nothing is published.
 
     Each ``read(n)`` returns ``n`` bytes until the end: s3transfer takes a short read for a part, and S3
-    refuses parts under 5 MiB but the last. Deliberately without seek/tell. :attr:`copied` holds the
-    hashes once the end was read."""
+    refuses parts under 5 MiB but the last. Deliberately without seek/tell. :attr:`verified` once the end was
+    read and checked. (A size limit is the caller's to check against ``expected_size`` first: no more is
+    ever read.)"""
 
-    def __init__(self, read: Callable[[int], bytes], *, expected_size: int, expected_sha256: str,
-                 max_bytes: int | None = None):
+    def __init__(self, read: Callable[[int], bytes], *, expected_size: int, expected_sha256: str):
         self._read = read
         self._expected_size = expected_size
         self._expected_sha256 = expected_sha256
-        self._hash = StreamHash(max_bytes=max_bytes)
-        self.copied: HashedCopy | None = None
+        self._hash = StreamHash()
+        self.verified = False
 
     def read(self, size: int = -1) -> bytes:
         remaining = self._expected_size - self._hash.size
@@ -137,13 +137,13 @@ class VerifyingReader:
         data = b"".join(chunks)
         if data:
             self._hash.update(data)
-        if self._hash.size == self._expected_size and self.copied is None:
+        if self._hash.size == self._expected_size and not self.verified:
             if self._read(1):  # more than declared
                 raise SizeMismatch(self._expected_size, self._hash.size + 1)
             copied = self._hash.result()
             check_expected(copied.sha256, copied.size, expected_size=self._expected_size,
                            expected_sha256=self._expected_sha256)
-            self.copied = copied
+            self.verified = True
         return data
 
 

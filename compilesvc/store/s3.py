@@ -157,7 +157,8 @@ class S3Store(ArtifactStore):
     def _put_stream(self, stream: BinaryIO, max_bytes: int | None, expected_size: int | None,
                     expected_sha256: str | None) -> BlobInfo:
         if expected_size is not None and expected_sha256 is not None:
-            return self._put_declared(stream, max_bytes, expected_size, expected_sha256)
+            # No more than expected_size is read, and put_stream refused one over max_bytes.
+            return self._put_declared(stream, expected_size, expected_sha256)
         # Spool to local disk while hashing: the name (sha256) is only known once the last byte is read.
         with tempfile.NamedTemporaryFile(dir=self.spool_dir, prefix="compilesvc-spool-") as spool:
             try:
@@ -174,7 +175,7 @@ class S3Store(ArtifactStore):
                     copied = copy_hashing(again.read, None, part_size=part_size)
             return self._store_file(Path(spool.name), copied)
 
-    def _put_declared(self, stream: BinaryIO, max_bytes: int | None, size: int, sha256: str) -> BlobInfo:
+    def _put_declared(self, stream: BinaryIO, size: int, sha256: str) -> BlobInfo:
         """A stream whose size and sha256 were declared: its name is known before the first byte, so it
         goes to S3 as it arrives (parts uploaded while later ones are still being received), with no spool.
         The :class:`VerifyingReader` lets the last part go only for the declared bytes; otherwise the
@@ -186,7 +187,7 @@ class S3Store(ArtifactStore):
         # No part digests of our own (a spooled upload compares them with S3's composite checksum): the bytes
         # hashed here are the very bytes handed to s3transfer, and S3 checks each part against the checksum
         # botocore computes from them.
-        reader = VerifyingReader(stream.read, expected_size=size, expected_sha256=sha256, max_bytes=max_bytes)
+        reader = VerifyingReader(stream.read, expected_size=size, expected_sha256=sha256)
         what = f"storing blob {sha256}"
         head = self._head(key, what)
         if head is not None:
@@ -211,7 +212,7 @@ class S3Store(ArtifactStore):
                 # Someone else stored it meanwhile, or is completing it now: ours are the same bytes.
                 return self._stored_by_another(key, sha256, size)
             raise_store_error(exc, what)
-        if reader.copied is None:  # s3transfer stopped reading before the declared end
+        if not reader.verified:  # s3transfer stopped reading before the declared end
             raise StoreError(f"{what}: the upload ended before the last byte was read")
         return BlobInfo(sha256, size, True)
 
