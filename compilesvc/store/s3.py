@@ -208,8 +208,9 @@ class S3Store(ArtifactStore):
                                               Config=config)
         except BOTO_ERRORS as exc:
             client_error = client_error_of(exc)
-            if client_error is not None and (is_precondition_failed(client_error) or is_conflict(client_error)):
-                # Someone else stored it meanwhile, or is completing it now: ours are the same bytes.
+            taken = client_error is not None and (is_precondition_failed(client_error) or is_conflict(client_error))
+            if taken and reader.verified:
+                # Someone else stored it meanwhile, or is completing it now; ours, all read, are the same bytes.
                 return self._stored_by_another(key, sha256, size)
             raise_store_error(exc, what)
         if not reader.verified:  # s3transfer stopped reading before the declared end
