@@ -21,10 +21,12 @@ test-tools:
 	.ci/test-tools
 
 # The 25 slowest tests are listed at the end: the suite has a budget (20 minutes on 2 cores), watched in CI.
+# One pytest-xdist process per core (at most 4; every fixture is private to its process: databases, S3
+# servers, broker prefixes and ports); worksteal evens out the few long tests.
 test: install test-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest --durations=25
+	$(BIN)/pytest -n auto --maxprocesses 4 --dist worksteal --durations=25
 
 # The edit loop: every test that neither compiles nor starts processes (tests/conftest.py), under a minute.
 test-quick: install

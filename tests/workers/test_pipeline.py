@@ -197,6 +197,8 @@ def test_stale_worker_late_result_is_rejected(make_cluster: MakeCluster) -> None
     assert [t for t in cluster.transitions(bucket.id) if t[1] == "succeeded"] == [("running", "succeeded")]
     assert other.logged("compile succeeded", bucket_compile_id=bucket.id)
     assert not frozen.logged("compile succeeded", bucket_compile_id=bucket.id)
+    # The other worker publishes the set after committing its bucket, which the waits above do not cover.
+    assert cluster.wait_artifact(result.artifact_key, ("published",), 20).state == "published"
     assert count(cluster, Artifact, Artifact.state == "published") == 1
 
 
