@@ -66,10 +66,30 @@ def positioned_buckets(session: Session, artifact_id: int) -> list[tuple[BucketC
     return [(bucket, position) for bucket, position in rows]
 
 
+#: What a :class:`BucketView` shows of a compile (read as columns: no ORM objects for an answer).
+_VIEW_COLUMNS = (BucketCompile.id, BucketCompile.key, BucketCompile.inputs, BucketCompile.state,
+                 BucketCompile.attempts, BucketCompile.error_class, BucketCompile.error_code,
+                 BucketCompile.error_message, BucketCompile.worker_id, BucketCompile.started_at,
+                 BucketCompile.finished_at, BucketCompile.compile_seconds, BucketCompile.queued_at,
+                 BucketCompile.origin_build_id)
+
+
 def bucket_views(session: Session, artifact_id: int, *, history: bool = True) -> list[BucketView]:
     """The artifact's bucket compiles in position order, each with its failure history (unless ``history``
     is false: one query fewer, for a caller that only looks at states)."""
-    return views_of(session, positioned_buckets(session, artifact_id), history=history)
+    rows = session.execute(
+        select(*_VIEW_COLUMNS, ArtifactBucket.position)
+        .join(ArtifactBucket, ArtifactBucket.bucket_compile_id == BucketCompile.id)
+        .where(ArtifactBucket.artifact_id == artifact_id)
+        .order_by(ArtifactBucket.position)
+    ).all()
+    found = failures.of_buckets(session, [row.id for row in rows] if history else [])
+    return [BucketView(key=row.key, position=row.position, inputs=row.inputs, state=row.state,
+                       attempts=row.attempts, error_class=row.error_class, error_code=row.error_code,
+                       error_message=row.error_message, worker_id=row.worker_id, started_at=row.started_at,
+                       finished_at=row.finished_at, compile_seconds=row.compile_seconds,
+                       failures=tuple(found.get(row.id, ())), compile_id=row.id, queued_at=row.queued_at,
+                       origin_build_id=row.origin_build_id) for row in rows]
 
 
 def views_of(session: Session, rows: list[tuple[BucketCompile, int]], *, history: bool = True) -> list[BucketView]:

@@ -125,6 +125,16 @@ def insert_build_details(conn: Connection, records: list[BuildRecord], build_ids
                                   for record, build_id in zip(records, build_ids, strict=True)])
 
 
+def write_records(conn: Connection, records: list[BuildRecord]) -> list[int]:
+    """Insert the records' builds, labels and creation events in ``conn``'s transaction; the builds' ids, in
+    order. On Postgres in one statement (:data:`_PG_WRITE`)."""
+    if conn.dialect.name == "postgresql":
+        return _write_postgres(conn, records)
+    build_ids = insert_builds(conn, records)
+    insert_build_details(conn, records, build_ids)
+    return build_ids
+
+
 class BuildRecorder:
     """Group commit for build records (see the module docstring). Thread-safe; one per process.
 
@@ -206,12 +216,11 @@ class BuildRecorder:
             conn = self._connection()
             try:
                 if self._engine.dialect.name == "postgresql":
-                    build_ids = _write_postgres(conn, batch)
+                    build_ids = write_records(conn, batch)
                     conn.commit()  # autocommit: only ends the transaction SQLAlchemy began for the statement
                 else:
                     with conn.begin():
-                        build_ids = insert_builds(conn, batch)
-                        insert_build_details(conn, batch, build_ids)
+                        build_ids = write_records(conn, batch)
             except BaseException:
                 self.close()
                 raise
@@ -230,7 +239,7 @@ class BuildRecorder:
 
 
 def _write_postgres(conn: Connection, batch: list[BuildRecord]) -> list[int]:
-    """The batch in one statement (:data:`_PG_WRITE`) on ``conn`` (in autocommit); the builds' ids in order."""
+    """The batch in one statement (:data:`_PG_WRITE`) on ``conn``; the builds' ids in order."""
     for record in batch:
         check_transition("build", None, record.row["state"])
     rows = orjson.dumps([{**_defaults(record.row), **record.row, "_labels": record.labels, "_detail": record.detail}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sqlalchemy import insert, select
@@ -33,6 +34,7 @@ from compilesvc.artifacts import (
 from compilesvc.bucket_compiles import BucketView, bucket_views, positioned_buckets, views_of
 from compilesvc.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.db import transaction
+from compilesvc.joins import InFlight, join_batch
 from compilesvc.keys import KeySet, compute_keys, digest
 from compilesvc.ledger.models import Artifact, BucketCompile, Build, utcnow
 from compilesvc.ledger.sql import insert_ignore
@@ -106,6 +108,8 @@ class Submitter:
         # wholesale, when full or that old (ids are cheap to re-read).
         self._published_ids: dict[str, int] = {}
         self._published_ids_until = time.monotonic() + PUBLISHED_TRUST_SECONDS
+        #: Identical submits in flight together: one runs, the others wait and join at once.
+        self.in_flight: InFlight[SubmitResult] = InFlight(self._join_together)
 
     # -- public -------------------------------------------------------------------------------------
 
@@ -141,7 +145,29 @@ class Submitter:
         team_urls = self.settings.team_webhooks.get(principal.team, []) if principal is not None else []
         context = SubmitContext(prepared.spec, prepared.pinned, keys, principal, idempotency_key, request_hash,
                                 tuple(dict.fromkeys([*prepared.spec.callbacks, *team_urls])))
+        if idempotency_key or context.callbacks or keys.key in self._published_ids:
+            return self._submit_alone(context, queue_anyway)  # a key or webhooks each; a hit group-commits
+        joined = self.in_flight.submit(context, lambda committed: self._lead(context, queue_anyway, committed))
+        return joined if joined is not None else self._submit_alone(context, queue_anyway)
 
+    def _lead(self, context: SubmitContext, queue_anyway: bool, committed: Callable[[], None]) -> SubmitResult:
+        """The first of identical submits in flight together (:mod:`compilesvc.joins`): a set seen in flight
+        lately is joined at once, as its followers will be; otherwise the submit decides alone."""
+        if self.in_flight.seen_in_flight(context.keys.key):
+            joined = self._join_together([context])
+            if joined is not None:
+                return joined[0]
+        result = self._submit_alone(context, queue_anyway, committed)
+        if result.artifact_state == ArtifactState.BUILDING:
+            self.in_flight.saw_in_flight(result.artifact_key)
+        return result
+
+    # -- steps --------------------------------------------------------------------------------------
+
+    def _submit_alone(self, context: SubmitContext, queue_anyway: bool,
+                      committed: Callable[[], None] | None = None) -> SubmitResult:
+        """One submit, deciding hit, join or new for itself; ``committed`` is called once its build is."""
+        principal, idempotency_key, request_hash = context.principal, context.idempotency_key, context.request_hash
         seen: str | None = None  # the set's state in the ledger, when it has the set
         try:
             hit, seen = self._published_hit(context)
@@ -166,6 +192,8 @@ class Submitter:
             if replay is None:
                 raise RuntimeError("idempotency key vanished after a conflict") from None
             return replay
+        if committed is not None:
+            committed()
         self._after_commit(outbox_ids, finalize, result)
         if result.outcome == Outcome.NEW or finalize:
             return self._reload(result)  # a new set's compiles may have moved since
@@ -173,7 +201,14 @@ class Submitter:
         # lock held (the store may be a network call away).
         return replace(result, manifest=self._manifest_of(result.artifact_key, result.artifact_state))
 
-    # -- steps --------------------------------------------------------------------------------------
+    def _join_together(self, contexts: list[SubmitContext]) -> list[SubmitResult] | None:
+        """Identical submits that waited for one in flight (:mod:`compilesvc.joins`), joined at once."""
+        joined = join_batch(self.services.sessions, contexts)
+        if joined is None:
+            return None
+        return [SubmitResult(build_id=build_id, outcome=Outcome.JOIN, state=joined.state,
+                             artifact_key=contexts[0].keys.key, artifact_state=joined.artifact_state,
+                             buckets=joined.buckets) for build_id in joined.build_ids]
 
     def _replay(self, principal: Principal | None, idempotency_key: str, request_hash: str) -> SubmitResult | None:
         """The first answer to this principal's key (its build as it is now, and the status first answered)."""
