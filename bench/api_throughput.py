@@ -15,7 +15,8 @@ multi-process keep-alive Python client. Measured, in interleaved rounds:
 each at ``--connections`` keep-alive connections (32: the issue's clients), with p50/p99. Then the submits
 that write more: **bursts** of ``--connections`` identical submits of a spec never built, released together from
 two client processes (:mod:`bench._submit_clients`; one creates the set, the rest join it: a CI fan-out),
-``--bursts`` of them, each with its own new spec; and
+``--bursts`` of them, each with its own new spec, each followed by a burst of the published spec (cache hits:
+the least a submit costs, so the floor these clients and this host set for a burst); and
 ``--connections`` clients each submitting distinct new specs back to back for ``--duration`` seconds.
 
 Targets: lookup >= 0.70x static, cache-hit submit >= 0.50x static (best round against best round: see
@@ -212,23 +213,31 @@ def spec_with_shape(spec: dict[str, Any], index: int) -> bytes:
     return json.dumps({**spec, "buckets": [{"batch_size": 16 + batch % 48, "seq_len": 1 + seq}]}).encode()
 
 
-def measure_new_specs(port: int, spec: dict[str, Any], opts: Options) -> tuple[list[Timing], list[Timing]]:
-    """Bursts of identical new specs (one creates, the rest join), then a stream of distinct new specs."""
+def burst(port: int, path: str, spec: dict[str, Any], opts: Options) -> list[Timing]:
+    """``--connections`` identical submits of ``spec``, released together from two client processes."""
+    answers = submit_all(f"http://127.0.0.1:{port}{path}", AUTH, spec, opts.connections, processes=2, timeout=120)
+    return [(a["answered"] - a["sent"], a["status"]) if "status" in a else (float("inf"), 0) for a in answers]
+
+
+def measure_new_specs(port: int, spec: dict[str, Any], opts: Options
+                      ) -> tuple[list[Timing], list[Timing], list[Timing]]:
+    """Bursts of identical new specs (one creates, the rest join) interleaved with bursts of the published
+    spec (all hits: the same clients and server doing the least a submit can), then a stream of distinct
+    new specs."""
     path = "/v1/builds?queue_anyway=true"  # no worker runs here; the compiles stay queued
     bursts: list[Timing] = []
+    hits: list[Timing] = []
     for index in range(opts.bursts):
-        answers = submit_all(f"http://127.0.0.1:{port}{path}", AUTH, json.loads(spec_with_shape(spec, index)),
-                             opts.connections, processes=2, timeout=120)
-        bursts += [(a["answered"] - a["sent"], a["status"]) if "status" in a else (float("inf"), 0)
-                   for a in answers]
+        bursts += burst(port, path, json.loads(spec_with_shape(spec, index)), opts)
+        hits += burst(port, path, spec, opts)
     shapes = iter(range(opts.bursts, 10**6))
     distinct = stream(port, path, lambda: spec_with_shape(spec, next(shapes)), AUTH, opts.connections,
                       opts.duration)
-    return bursts, distinct
+    return bursts, hits, distinct
 
 
 def report(ledger: str, endpoints: list[Endpoint], rounds: list[list[Result]], bursts: list[Timing],
-           distinct: list[Timing], opts: Options) -> bool:
+           hits: list[Timing], distinct: list[Timing], opts: Options) -> bool:
     """Print the ledger's table and record its figures; True when every target is met."""
     client = "wrk" if opts.use_wrk else "python keep-alive client"
     print(f"\n{ledger} ledger: gunicorn {opts.workers} workers x {opts.threads} threads, {client}, "
@@ -260,16 +269,21 @@ def report(ledger: str, endpoints: list[Endpoint], rounds: list[list[Result]], b
             record("api_throughput", f"static JSON p99 ({ledger})", best.p99_ms, "ms",
                    note=f"{best.requests_per_second:.0f} req/s, {cpu:.0f} us server CPU per request, {latency}")
         ok &= errors == 0
-    for name, timings, target in (("new spec, bursts of identical submits", bursts, NEW_SPEC_P99_MS),
-                                  ("new specs, distinct, back to back", distinct, None)):
+    hit_p99 = percentile([seconds * 1000 for seconds, _ in hits], 99)
+    for name, timings, target, expected in (
+            ("new spec, bursts of identical submits", bursts, NEW_SPEC_P99_MS, 202),
+            ("cache hits, bursts of identical submits", hits, None, 200),
+            ("new specs, distinct, back to back", distinct, None, 202)):
         ms = [seconds * 1000 for seconds, _ in timings]
-        failed = sum(1 for _, status in timings if status != 202)
+        failed = sum(1 for _, status in timings if status != expected)
         p50, p99 = percentile(ms, 50), percentile(ms, 99)
-        print(f"{name:<40} {len(ms):>6} submits  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  not 202: {failed}")
-        shape = (f"{opts.bursts} bursts of {opts.connections}" if target else
+        print(f"{name:<40} {len(ms):>6} submits  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  not {expected}: {failed}")
+        shape = (f"{opts.bursts} bursts of {opts.connections}" if timings is not distinct else
                  f"{opts.connections} clients for {opts.duration:.0f} s")
-        figure = record("api_throughput", f"{name} p99 ({ledger})", p99, "ms", at_most=target,
-                        note=f"{shape}: p50 {p50:.1f} ms, {len(ms)} submits, {failed} not 202")
+        note = f"{shape}: p50 {p50:.1f} ms, {len(ms)} submits, {failed} not {expected}"
+        if timings is bursts:  # what the same clients and server take for the cheapest submit there is
+            note += f"; bursts of cache hits, interleaved: p99 {hit_p99:.1f} ms"
+        figure = record("api_throughput", f"{name} p99 ({ledger})", p99, "ms", at_most=target, note=note)
         ok &= figure.met is not False and failed == 0
     return ok
 
@@ -290,7 +304,7 @@ def run_ledger(ledger: str, opts: Options, keep: bool) -> bool:
         ]
         warm(base, endpoints, 20 * opts.workers)
         rounds = measure_endpoints(base, proc.pid, endpoints, opts)
-        bursts, distinct = measure_new_specs(port, spec, opts)
+        bursts, hits, distinct = measure_new_specs(port, spec, opts)
     finally:
         if proc is not None:
             stop(proc)
@@ -302,7 +316,7 @@ def run_ledger(ledger: str, opts: Options, keep: bool) -> bool:
             print(f"work directory kept: {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    return report(ledger, endpoints, rounds, bursts, distinct, opts)
+    return report(ledger, endpoints, rounds, bursts, hits, distinct, opts)
 
 
 def main(argv: list[str] | None = None) -> int:
