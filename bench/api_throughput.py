@@ -47,6 +47,7 @@ from bench._load import Endpoint, Result, Timing, percentile, run_python_client,
 from bench._proc import cpu_seconds
 from bench._submit_clients import submit_all
 from bench._table import record
+from tests.fixtures.serve import wait_for_workers
 from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 
 TARGETS = {"artifact lookup": 0.70, "cache-hit submit": 0.50}
@@ -148,6 +149,7 @@ def serve(workdir: Path, env: dict[str, str], port: int, workers: int, threads: 
             raise SystemExit(f"the server exited: see {workdir / 'serve.log'}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                wait_for_workers(workdir / "serve.log", workers, proc)
                 return proc
         except OSError:
             time.sleep(0.2)

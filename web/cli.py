@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -95,10 +96,16 @@ def run_gunicorn(app_factory: Callable[[], Any], options: dict[str, Any]) -> Non
 @click.option("--forwarded-allow-ips", default=None, metavar="IPS",
               help="Comma-separated addresses or networks (or '*') of the reverse proxy, whose "
                    "X-Forwarded-For/-Proto are believed. Default: $FORWARDED_ALLOW_IPS, else 127.0.0.1,::1.")
+@click.option("--reuse-port/--shared-socket", "reuse_port", default=False, show_default=True,
+              help="Each worker listens on a socket of its own (SO_REUSEPORT), and the kernel spreads new "
+                   "connections over them evenly; or all share one socket, which a few long-lived "
+                   "connections (a proxy's upstream keep-alive, a load generator) can fill one worker "
+                   "with. docs/deploy.md.")
 @click.option("--dev", is_flag=True, help="Werkzeug's development server instead of gunicorn (one process).")
 @click.option("--migrate", "run_migrations", is_flag=True, help="Upgrade the ledger schema before serving.")
 def serve(host: str, port: int, workers: int, threads: int, timeout: int, header_timeout: float,
-          io_timeout: float, forwarded_allow_ips: str | None, dev: bool, run_migrations: bool) -> None:
+          io_timeout: float, forwarded_allow_ips: str | None, reuse_port: bool, dev: bool,
+          run_migrations: bool) -> None:
     """Serve the HTTP API and web UI."""
     from pydantic import ValidationError
 
@@ -145,9 +152,21 @@ def serve(host: str, port: int, workers: int, threads: int, timeout: int, header
         # In each worker, after the fork: its own engine and pools.
         return TrustedProxy(create_app(settings, config=config), trusted)
 
+    if reuse_port and port == 0:
+        raise click.UsageError("--reuse-port needs a fixed --port: each worker would pick a port of its own")
+    if reuse_port and not hasattr(socket, "SO_REUSEPORT"):
+        raise click.UsageError("--reuse-port needs SO_REUSEPORT, which this platform does not have")
     run_gunicorn(factory, {
         "bind": _bind(host, port),
         "workers": workers,
+        # gunicorn leaves the spreading of connections to the kernel. On one shared socket, Linux hands a new
+        # connection to the worker that waited last, so a few kept-alive connections arriving together can
+        # all land on one worker while the others idle (bench.fleet_fetch measured one worker at 5.4 CPU
+        # seconds, the other at 0.0). With SO_REUSEPORT each worker binds its own socket and the kernel
+        # hashes connections over them. Not the default: a worker that dies drops the connections still
+        # queued on its socket (unless net.ipv4.tcp_migrate_req is set), and bench.fleet_fetch's lookup, on
+        # both workers this way, shows a p99 of 1.5-1.9 s not yet explained (docs/deploy.md).
+        "reuse_port": reuse_port,
         "worker_class": "web.httpworker.ProblemThreadWorker",
         "threads": threads,
         "timeout": timeout,

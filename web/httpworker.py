@@ -50,6 +50,9 @@ MAX_BUFFERED_HEAD = 64 * 1024
 
 _HEAD_END = b"\r\n\r\n"
 
+#: The log line each worker writes once it serves requests.
+SERVING = "Worker serving"
+
 
 @dataclass(frozen=True)
 class ClientLimits:
@@ -138,6 +141,12 @@ class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
         self.heads: deque[TConn] = deque()
         # TLS and HTTP/2 negotiate before the head: those connections keep gunicorn's own path.
         self.off_thread_heads = not self.cfg.is_ssl and getattr(self.cfg, "http2_cleartext", None) in (None, "off")
+
+    def run(self) -> None:
+        # Logged once the app is loaded: with --reuse-port a worker's own socket takes connections from the
+        # moment it is forked, and they wait until here (tests and benches wait for every worker's line).
+        self.log.info("%s (pid: %s)", SERVING, self.pid)
+        super().run()
 
     # -- request heads on the event loop ---------------------------------------------------------------
 
