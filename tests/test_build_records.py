@@ -4,9 +4,7 @@ each caller gets its own id only once committed, and one bad record fails alone.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,18 +15,11 @@ from compilesvc.ledger.models import Artifact, BuildLabel, Event
 from compilesvc.services import Services
 from compilesvc.spec_parsing import parse_spec
 from compilesvc.submit import Submitter
-from tests.fixtures.settings import make_settings
 from tests.fixtures.waiting import wait_for
 from tests.test_dedupe import complete_bucket, spec_doc, upload_model
 
 RECORDS = 16
 
-
-@pytest.fixture
-def services(tmp_path: Path, ledger_url: str) -> Iterator[Services]:
-    services = Services.from_settings(make_settings(tmp_path, ledger_url))
-    yield services
-    services.close()
 
 
 def published_artifact(services: Services) -> int:

@@ -89,12 +89,6 @@ def count(services: Services, model: type) -> int:
         return int(session.scalar(select(func.count()).select_from(model)) or 0)
 
 
-@pytest.fixture
-def services(tmp_path: Path, ledger_url: str):  # type: ignore[no-untyped-def]
-    services = Services.from_settings(make_settings(tmp_path, ledger_url))
-    yield services
-    services.close()
-
 
 def test_new_join_then_hit(services: Services) -> None:
     submitter = Submitter(services)

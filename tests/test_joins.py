@@ -28,12 +28,6 @@ from tests.test_dedupe import complete_bucket, count, principal, spec_doc, uploa
 FOLLOWERS = 6
 
 
-@pytest.fixture
-def services(tmp_path: Path, ledger_url: str) -> Iterator[Services]:
-    services = Services.from_settings(make_settings(tmp_path, ledger_url))
-    yield services
-    services.close()
-
 
 @contextmanager
 def leader_held(services: Services) -> Iterator[threading.Event]:

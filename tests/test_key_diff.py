@@ -3,27 +3,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from compilesvc.key_diff import changes, explain_miss
 from compilesvc.ledger.models import Build
 from compilesvc.services import Services
 from compilesvc.spec_parsing import parse_spec
 from compilesvc.submit import Submitter
-from tests.fixtures.settings import make_settings
 from tests.test_dedupe import upload_model
 
 ONE = [{"batch_size": 1, "seq_len": 128}]
 
-
-@pytest.fixture
-def services(tmp_path: Path, ledger_url: str):  # type: ignore[no-untyped-def]
-    services = Services.from_settings(make_settings(tmp_path, ledger_url))
-    yield services
-    services.close()
 
 
 def neuron_spec(uri: str, *, sdk: str = "2.20.0", args: list[str] | None = None, target: str = "inf2",

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 
 from compilesvc.bucket_compiles import positioned_buckets
@@ -20,13 +19,6 @@ from compilesvc.spec_parsing import parse_spec
 from compilesvc.submit import Submitter
 from tests.fixtures.settings import make_settings
 from tests.test_dedupe import BUCKETS, complete_bucket, spec_doc, upload_model
-
-
-@pytest.fixture
-def services(tmp_path: Path, ledger_url: str):  # type: ignore[no-untyped-def]
-    services = Services.from_settings(make_settings(tmp_path, ledger_url))
-    yield services
-    services.close()
 
 
 def read(services: Services, build_id: int) -> tuple[Build, dict[int, Origin], list[int]]:
