@@ -1,12 +1,13 @@
 """Identical submits in flight together: one runs, the others join its set in one transaction.
 
 A CI fan-out sends the same new spec from many jobs at once. Run one by one, each of those submits reads
-the ledger, asks the store for the set's manifests, passes admission and then joins the set in a
-transaction of its own; that costs about as much as the create itself, so a burst of 32 took a second of
-CPU where the first submit needed tens of milliseconds. Here, per process (:class:`InFlight`): the first
-submit of an artifact key runs as usual (it leads); identical ones arriving meanwhile wait for it, then
-join the set all at once (:func:`join_batch`: the set's row locked for share, one insert of all their
-builds), so they cost about what as many cache hits do.
+the ledger, asks the store for the set's manifests, passes admission and joins the set in a transaction of
+its own, as costly as the create itself. Here, per process (:class:`InFlight`): the first submit of an
+artifact key runs as usual (it leads); identical ones arriving meanwhile wait until its transaction has
+committed, then join the set all at once (:func:`join_batch`: the set's row locked for share, one insert of
+all their builds). A set seen in flight lately is joined at once by the next leader too. In bursts of 32
+identical new specs against 2 API processes (Postgres) this took the server's CPU per submit from 9.7 to
+6.6 ms, and the burst's p50 from 199 to 145 ms.
 
 Nothing is acknowledged before its build row is committed, and a join here is checked as a lone one is:
 the set must still be in flight with no bucket failed for good when the rows are written, under the same
