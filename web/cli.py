@@ -107,6 +107,10 @@ def serve(host: str, port: int, workers: int, threads: int, timeout: int, header
           io_timeout: float, forwarded_allow_ips: str | None, reuse_port: bool, dev: bool,
           run_migrations: bool) -> None:
     """Serve the HTTP API and web UI."""
+    if reuse_port and port == 0:
+        raise click.UsageError("--reuse-port needs a fixed --port: each worker would pick a port of its own")
+    if reuse_port and not hasattr(socket, "SO_REUSEPORT"):
+        raise click.UsageError("--reuse-port needs SO_REUSEPORT, which this platform does not have")
     from pydantic import ValidationError
 
     from compilesvc.config import Settings
@@ -152,10 +156,6 @@ def serve(host: str, port: int, workers: int, threads: int, timeout: int, header
         # In each worker, after the fork: its own engine and pools.
         return TrustedProxy(create_app(settings, config=config), trusted)
 
-    if reuse_port and port == 0:
-        raise click.UsageError("--reuse-port needs a fixed --port: each worker would pick a port of its own")
-    if reuse_port and not hasattr(socket, "SO_REUSEPORT"):
-        raise click.UsageError("--reuse-port needs SO_REUSEPORT, which this platform does not have")
     run_gunicorn(factory, {
         "bind": _bind(host, port),
         "workers": workers,
