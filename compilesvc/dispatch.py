@@ -27,6 +27,7 @@ from typing import Any
 
 from celery import Celery
 
+from compilesvc import fs_broker
 from compilesvc.config import Settings
 from compilesvc.neuron_releases import toolchain_release
 
@@ -94,6 +95,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         }
     return {
         "broker_url": broker_url,
+        # A filesystem:// broker's messages are written whole before the consumer can see them (fs_broker).
+        "broker_transport": fs_broker.TRANSPORT if broker_url.startswith("filesystem://") else None,
         "broker_transport_options": transport_options,
         "broker_connection_retry_on_startup": True,
         "result_backend": None,
