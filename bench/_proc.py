@@ -24,3 +24,21 @@ def cpu_seconds(selected: Callable[[int, list[str]], bool], *, with_children: bo
         if selected(int(entry.name), fields):
             ticks += sum(int(value) for value in fields[11:last])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def children(parent: int) -> list[int]:
+    """The pids of ``parent``'s children (gunicorn's workers, for one), in order."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def cpu_of_each(pids: list[int]) -> list[float]:
+    """User + system CPU seconds of each of ``pids`` (0 for one that is gone)."""
+    return [cpu_seconds(lambda pid, _fields, wanted=wanted: pid == wanted) for wanted in pids]

@@ -76,7 +76,7 @@ def _client() -> int:
 
     def submit(index: int) -> None:
         # http.client, not requests: the clients share the host with the server, and requests' own work per
-        # call (several times http.client's) would be counted in every latency and taken from the server.
+        # call would be counted in every latency and taken from the server.
         conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=order["timeout"])
         waiting.release()
         go.wait()

@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._proc import cpu_seconds  # noqa: E402
+from bench._proc import children, cpu_of_each  # noqa: E402
 from bench._table import record  # noqa: E402  (after the path, so it runs from anywhere)
 from bench._wrk import run_wrk  # noqa: E402
 from compilesvc.store.base import artifact_manifest_name  # noqa: E402
@@ -82,18 +82,18 @@ def lookup_vs_presigned(workdir: Path, args: argparse.Namespace, s3: Any, databa
     env = {**s3.env(), "COMPILESVC_DATABASE_URL": database, "COMPILESVC_STORE_URL": f"s3://{bucket}/artifacts",
            "COMPILESVC_BROKER_URL": "filesystem://"}
     load = {"seconds": args.lookup_seconds, "connections": args.lookup_connections}
-    with compilesvc_serve(workdir, workers=args.api_workers, env=env) as served:
+    extra = ["--reuse-port"] if args.reuse_port else []
+    with compilesvc_serve(workdir, extra_args=extra, workers=args.api_workers, env=env) as served:
         answer = urllib.request.urlopen(urllib.request.Request(f"{served.base}/v1/artifacts/{key}",
                                                                headers={"Authorization": f"Bearer {token}"}))
         assert answer.status == 200, answer.status
         # Each API worker's CPU during the load: gunicorn leaves the spreading of connections to the kernel,
         # which can hand a few long-lived ones all to one worker (the other then idles; the lookup runs on
         # one core). The split is printed beside the figure, so such a run reads as what it is.
-        workers = _children(served.pid)
-        before = [cpu_seconds(lambda pid, _fields, w=w: pid == w) for w in workers]
+        workers = children(served.pid)
+        before = cpu_of_each(workers)
         lookup = run_wrk(f"{served.base}/v1/artifacts/{key}", headers={"Authorization": f"Bearer {token}"}, **load)
-        split = " / ".join(f"{cpu_seconds(lambda pid, _fields, w=w: pid == w) - b:.1f}"
-                           for w, b in zip(workers, before, strict=True))
+        split = " / ".join(f"{after - then:.1f}" for after, then in zip(cpu_of_each(workers), before, strict=True))
     with urllib.request.urlopen(presigned) as direct:
         assert direct.status == 200, direct.status
     bare = run_wrk(presigned, **load)
@@ -106,22 +106,10 @@ def lookup_vs_presigned(workdir: Path, args: argparse.Namespace, s3: Any, databa
     record("fleet_fetch", "artifact lookup (compilesvc serve) / presigned GET of its manifest, time per request",
            ratio, "x", at_most=1.5, vs="the manifest object GET straight from the S3 server (weed), presigned",
            note=f"{lookup.rps:.0f} vs {bare.rps:.0f} requests/s, {args.lookup_connections} connections each; "
-                f"{args.api_workers} API processes (CPU s each: {split})" + (f"; errors {lookup.errors}/{bare.errors}"
+                f"{args.api_workers} API processes{' with --reuse-port' if args.reuse_port else ''} "
+                f"(CPU s each: {split})" + (f"; errors {lookup.errors}/{bare.errors}"
                                                        if lookup.errors or bare.errors else ""))
     return ok
-
-
-def _children(parent: int) -> list[int]:
-    """The pids whose parent is ``parent`` (Linux /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return sorted(found)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookup-seconds", type=float, default=10, help="wrk's duration for each side")
     parser.add_argument("--lookup-connections", type=int, default=8)
     parser.add_argument("--api-workers", type=int, default=2, help="gunicorn processes of the served API")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="serve the lookup with `compilesvc serve --reuse-port` (a socket per worker)")
     args = parser.parse_args(argv)
 
     import logging

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
 from compilesvc import events, failures
@@ -46,7 +46,8 @@ class BucketView:
         return self.compile_id
 
     @classmethod
-    def of(cls, bucket: BucketCompile, position: int, history: Sequence[Failure] = ()) -> BucketView:
+    def of(cls, bucket: BucketCompile | Row[Any], position: int, history: Sequence[Failure] = ()) -> BucketView:
+        """A compile (an ORM object, or a row of :data:`_VIEW_COLUMNS`) at ``position`` in its set."""
         return cls(key=bucket.key, position=position, inputs=bucket.inputs, state=bucket.state,
                    attempts=bucket.attempts, error_class=bucket.error_class, error_code=bucket.error_code,
                    error_message=bucket.error_message, worker_id=bucket.worker_id,
@@ -84,12 +85,7 @@ def bucket_views(session: Session, artifact_id: int, *, history: bool = True) ->
         .order_by(ArtifactBucket.position)
     ).all()
     found = failures.of_buckets(session, [row.id for row in rows] if history else [])
-    return [BucketView(key=row.key, position=row.position, inputs=row.inputs, state=row.state,
-                       attempts=row.attempts, error_class=row.error_class, error_code=row.error_code,
-                       error_message=row.error_message, worker_id=row.worker_id, started_at=row.started_at,
-                       finished_at=row.finished_at, compile_seconds=row.compile_seconds,
-                       failures=tuple(found.get(row.id, ())), compile_id=row.id, queued_at=row.queued_at,
-                       origin_build_id=row.origin_build_id) for row in rows]
+    return [BucketView.of(row, row.position, found.get(row.id, ())) for row in rows]
 
 
 def views_of(session: Session, rows: list[tuple[BucketCompile, int]], *, history: bool = True) -> list[BucketView]:

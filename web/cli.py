@@ -159,13 +159,13 @@ def serve(host: str, port: int, workers: int, threads: int, timeout: int, header
     run_gunicorn(factory, {
         "bind": _bind(host, port),
         "workers": workers,
-        # gunicorn leaves the spreading of connections to the kernel. On one shared socket, Linux hands a new
-        # connection to the worker that waited last, so a few kept-alive connections arriving together can
+        # gunicorn leaves the spreading of connections to the kernel. On one shared socket, the kernel picks the
+        # waiting worker that accepts each connection, and a few kept-alive connections arriving together can
         # all land on one worker while the others idle (bench.fleet_fetch measured one worker at 5.4 CPU
         # seconds, the other at 0.0). With SO_REUSEPORT each worker binds its own socket and the kernel
         # hashes connections over them. Not the default: a worker that dies drops the connections still
-        # queued on its socket (unless net.ipv4.tcp_migrate_req is set), and bench.fleet_fetch's lookup, on
-        # both workers this way, shows a p99 of 1.5-1.9 s not yet explained (docs/deploy.md).
+        # queued on its socket (unless net.ipv4.tcp_migrate_req is set), and `bench.fleet_fetch --reuse-port`
+        # shows a p99 of 1.5-1.9 s not yet explained (docs/deploy.md).
         "reuse_port": reuse_port,
         "worker_class": "web.httpworker.ProblemThreadWorker",
         "threads": threads,

@@ -15,6 +15,7 @@ import requests
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench._proc import children, cpu_of_each
 from compilesvc.cli import main
 from tests.fixtures.serve import compilesvc_serve
 from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
@@ -58,35 +59,21 @@ def test_serve_under_gunicorn(tmp_path: Path) -> None:
     assert any(line.get("logger") == "gunicorn.error" for line in lines), "gunicorn logs as JSON too"
 
 
-def _served_by(pid_parent: int) -> dict[int, float]:
-    """CPU seconds of each child (gunicorn worker) of ``pid_parent``."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid_parent:
-                found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("reuse_port", [True, False])
 def test_kept_alive_connections_opened_together_reach_every_worker(tmp_path: Path, reuse_port: bool) -> None:
     """With a socket per worker (--reuse-port), the kernel spreads 16 connections opened at once over both
-    workers; on one shared socket (the default) it may give them all to one, the worker that waited last."""
+    workers; on one shared socket (the default) it may give them all to one."""
     flag = "--reuse-port" if reuse_port else "--shared-socket"
     with compilesvc_serve(tmp_path, extra_args=[flag], workers=2) as served:
         sessions = [requests.Session() for _ in range(16)]
-        before = _served_by(served.pid)
+        workers = children(served.pid)
+        before = cpu_of_each(workers)
         for _ in range(40):  # every connection stays open (keep-alive) and is used in turn
             for session in sessions:
                 assert session.get(f"{served.base}/v1/artifacts/{'0' * 64}", headers=bearer(BOOTSTRAP_TOKEN),
                                    timeout=10).status_code == 404
-        used = {pid: seconds - before.get(pid, 0.0) for pid, seconds in _served_by(served.pid).items()}
+        used = {pid: after - then for pid, after, then in zip(workers, cpu_of_each(workers), before, strict=True)}
         for session in sessions:
             session.close()
     assert len(used) == 2, used
