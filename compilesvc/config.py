@@ -203,6 +203,15 @@ class Settings(BaseSettings):
         # Compose files and shells pass "" for "not set"; boto3 and SQLAlchemy reject an empty URL.
         return None if value == "" else value
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        if value and value.startswith("sqlite"):
+            from compilesvc.db import sqlite_timeout  # SQLAlchemy: only when a SQLite URL is given
+
+            sqlite_timeout(value)  # a ValueError names the bad timeout
+        return value
+
     @field_validator("submit_rate_limit")
     @classmethod
     def _rate_limit(cls, value: str) -> str:

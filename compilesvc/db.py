@@ -7,15 +7,20 @@ came (:mod:`compilesvc.sqlite_writer`).
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.sqlite_writer import WriterConnection
+
+#: Seconds a SQLite writer waits for the write lock by default.
+_SQLITE_TIMEOUT = 30.0
 
 
 def normalise_url(url: str) -> str:
@@ -26,11 +31,25 @@ def normalise_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def sqlite_timeout(url: str) -> float:
+    """A SQLite URL's ``?timeout=`` (seconds a writer waits for the write lock), or the default."""
+    raw = make_url(url).query.get("timeout", _SQLITE_TIMEOUT)
+    try:
+        timeout = float(str(raw))
+    except ValueError:
+        timeout = -1
+    if not 0 <= timeout < 86400:
+        raise ValueError(f"the SQLite URL's timeout must be a number of seconds, got {raw!r}")
+    return timeout
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     url = normalise_url(url)
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "isolation_level": None, "factory": WriterConnection},
-                               **kwargs)
+        # How long a writer waits for its turn before "database is locked": ?timeout=SECONDS in the URL.
+        timeout = sqlite_timeout(url)
+        engine = create_engine(url, connect_args={"timeout": timeout, "isolation_level": None,
+                                                  "factory": WriterConnection}, **kwargs)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -38,7 +57,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -46,7 +65,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             # Take the write lock up front: a deferred transaction that later writes can fail with
             # SQLITE_BUSY without waiting, which would turn concurrent submits into errors. Writers queue for
             # it in order (compilesvc.sqlite_writer) rather than in SQLite's sleeping busy handler.
-            conn.connection.dbapi_connection.begin_immediate()
+            # An error here (the lock stayed busy past the timeout) is raised outside SQLAlchemy's own
+            # wrapping of BEGIN: wrap it, so callers see the DBAPIError they handle (the API's 503).
+            try:
+                conn.connection.dbapi_connection.begin_immediate()
+            except sqlite3.Error as exc:
+                raise DBAPIError.instance("BEGIN IMMEDIATE", None, exc, sqlite3.Error) from exc
 
         return engine
     # No pre-ping: it is a round trip on every checkout, on every submit and lookup. A connection that

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +30,30 @@ FOLLOWERS = 6
 
 
 
-@contextmanager
-def leader_held(services: Services) -> Iterator[threading.Event]:
-    """The thread named "leader" stops at its first statement until the event is set."""
-    release, entered = threading.Event(), threading.Event()
+@dataclass(frozen=True)
+class Hold:
+    release: threading.Event
+    entered: threading.Event  # the leader is at its first statement: it leads
 
-    def hold(*_args: Any) -> None:
+
+@contextmanager
+def leader_held(services: Services) -> Iterator[Hold]:
+    """The thread named "leader" stops at its first statement until ``release`` is set."""
+    held = Hold(release=threading.Event(), entered=threading.Event())
+    release, entered = held.release, held.entered
+
+    def stop_leader(*_args: Any) -> None:
         if threading.current_thread().name == "leader" and not entered.is_set():
             entered.set()
             assert release.wait(60), "the test never released the leader"
 
-    event.listen(services.engine, "before_cursor_execute", hold)
+    event.listen(services.engine, "before_cursor_execute", stop_leader)
     try:
-        yield release
+        yield held
         assert entered.is_set(), "the leader ran no statement"
     finally:
         release.set()
-        event.remove(services.engine, "before_cursor_execute", hold)
+        event.remove(services.engine, "before_cursor_execute", stop_leader)
 
 
 def statements(services: Services, fragment: str) -> list[str]:
@@ -60,7 +68,7 @@ def statements(services: Services, fragment: str) -> list[str]:
     return seen
 
 
-def submit_together(submitter: Submitter, specs: list[CompileSpec], release: threading.Event,
+def submit_together(submitter: Submitter, specs: list[CompileSpec], hold: Hold,
                     **kwargs: Any) -> list[SubmitResult | BaseException]:
     """The first spec submitted by "leader" (held at its first statement), then the rest once all of them
     wait for it; the answers (or errors) in order."""
@@ -75,11 +83,12 @@ def submit_together(submitter: Submitter, specs: list[CompileSpec], release: thr
     threads = [threading.Thread(target=run, args=(i,), name="leader" if i == 0 else f"follower-{i}")
                for i in range(len(specs))]
     threads[0].start()
+    assert hold.entered.wait(30), "the leader never ran a statement"  # the others must find it leading
     key = submitter.prepare(specs[0]).keys.key
     for thread in threads[1:]:
         thread.start()
     wait_for(lambda: submitter.in_flight.waiting(key) == len(specs) - 1, 30, "the followers to queue up")
-    release.set()
+    hold.release.set()
     for thread in threads:
         thread.join(60)
     return answers
@@ -97,8 +106,8 @@ def test_identical_submits_wait_for_the_first_and_join_in_one_insert(services: S
     uri = upload_model(services)
     specs = [parse_spec(spec_doc(uri, labels={"job": str(i)})) for i in range(FOLLOWERS + 1)]
     inserts = statements(services, "INSERT INTO builds")
-    with leader_held(services) as release:
-        answers = results(submit_together(submitter, specs, release, queue_anyway=True))
+    with leader_held(services) as hold:
+        answers = results(submit_together(submitter, specs, hold, queue_anyway=True))
 
     assert [a.outcome for a in answers] == ["new"] + ["join"] * FOLLOWERS
     assert len({a.build_id for a in answers}) == FOLLOWERS + 1
@@ -130,8 +139,8 @@ def test_followers_of_a_refused_submit_are_each_refused(tmp_path: Path, ledger_u
         submitter = Submitter(services)
         uri = upload_model(services)
         specs = [parse_spec(spec_doc(uri))] * 4
-        with leader_held(services) as release:
-            answers = submit_together(submitter, specs, release)
+        with leader_held(services) as hold:
+            answers = submit_together(submitter, specs, hold)
         assert all(isinstance(a, NoCapableWorker) for a in answers), answers
         assert count(services, Build) == 0 and count(services, Artifact) == 0
     finally:
@@ -144,8 +153,8 @@ def test_followers_of_a_hit_answer_hits(services: Services) -> None:
     first = Submitter(services).submit(spec)  # another process's submitter: this one has seen nothing
     for bucket in first.buckets:
         complete_bucket(services, bucket.key)
-    with leader_held(services) as release:
-        answers = results(submit_together(submitter, [spec] * 4, release))
+    with leader_held(services) as hold:
+        answers = results(submit_together(submitter, [spec] * 4, hold))
     assert [a.outcome for a in answers] == ["hit"] * 4
     assert all(a.manifest is not None for a in answers)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
+import signal
 import sqlite3
 import threading
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from compilesvc.db import make_engine
 from compilesvc.sqlite_writer import WriterConnection
@@ -107,3 +109,106 @@ def test_a_failed_transaction_gives_the_lock_back(ledger: str) -> None:
     threading.Thread(target=write, daemon=True).start()
     assert done.wait(10)
     engine.dispose()
+
+
+def _turns() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "sqlite-writer-turn"]
+
+
+def test_a_holder_that_hangs_fails_the_writers_behind_it_after_the_busy_timeout(ledger: str) -> None:
+    """A process stopped in the middle of its write transaction keeps the lock: the writers behind it get
+    SQLite's "database is locked" (as a DBAPIError, which the API answers 503) after the URL's timeout, not
+    a wait without end; and when the holder goes on, the lock is free again (no helper kept it)."""
+    context = multiprocessing.get_context("spawn")
+    held, release = context.Event(), context.Event()
+    holder = context.Process(target=_hold_then_commit, args=(ledger, held, release))
+    holder.start()
+    engine = make_engine(f"sqlite:///{ledger}?timeout=0.5")
+    try:
+        assert held.wait(60)
+        os.kill(holder.pid, signal.SIGSTOP)
+        errors: list[BaseException] = []
+
+        def write() -> None:
+            started = time.monotonic()
+            try:
+                with engine.begin() as conn:
+                    conn.execute(text("INSERT INTO t VALUES ('never')"))
+            except Exception as exc:  # checked below
+                errors.append(exc)
+            waits.append(time.monotonic() - started)
+
+        waits: list[float] = []
+        writers = [threading.Thread(target=write) for _ in range(3)]
+        for writer in writers:
+            writer.start()
+        for writer in writers:
+            writer.join(10)
+        assert len(errors) == 3 and all(isinstance(e, OperationalError) for e in errors), errors
+        assert all("database is locked" in str(e) for e in errors)
+        assert all(0.45 < w < 3 for w in waits), waits
+        assert len(_turns()) == 3  # still queued on the lock, each for its own descriptor
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+        release.set()
+        holder.join(30)
+    deadline = time.monotonic() + 10
+    while _turns() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _turns(), "a helper that got the lock after its caller gave up must let it go and end"
+    probe = os.open(f"{ledger}-writer.lock", os.O_RDWR)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody kept it
+    finally:
+        os.close(probe)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO t VALUES ('after')"))
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT v FROM t ORDER BY rowid")).scalars().all() == ["first", "after"]
+    engine.dispose()
+
+
+def test_a_writer_that_waited_holds_the_lock_until_it_commits(ledger: str) -> None:
+    """A contended wait hands the lock to its caller through the helper's descriptor; the next writer queues
+    behind it until it commits."""
+    context = multiprocessing.get_context("spawn")
+    held, release = context.Event(), context.Event()
+    holder = context.Process(target=_hold_then_commit, args=(ledger, held, release))
+    holder.start()
+    engine = make_engine(f"sqlite:///{ledger}")
+    try:
+        assert held.wait(60)
+        in_second, finish_second = threading.Event(), threading.Event()
+
+        def second() -> None:
+            with engine.begin() as conn:
+                in_second.set()
+                finish_second.wait(30)
+                conn.execute(text("INSERT INTO t VALUES ('second')"))
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(0.2)
+        release.set()
+        assert in_second.wait(30)
+        probe = os.open(f"{ledger}-writer.lock", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finish_second.set()
+            thread.join(30)
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # given back at commit
+        finally:
+            os.close(probe)
+    finally:
+        release.set()
+        holder.join(30)
+    engine.dispose()
+
+
+@pytest.mark.parametrize("timeout", ["soon", "-1"])
+def test_a_bad_timeout_in_the_url_is_refused_by_name(tmp_path: Path, timeout: str) -> None:
+    from compilesvc.config import Settings
+
+    with pytest.raises(ValueError, match="timeout must be a number of seconds"):
+        Settings(database_url=f"sqlite:///{tmp_path}/x.db?timeout={timeout}")
