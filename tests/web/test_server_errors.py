@@ -90,6 +90,32 @@ def test_a_body_that_stops_arriving_is_408(served: Served) -> None:
     assert_problem(status, headers, body, expected=408)
 
 
+def test_clients_that_keep_a_closed_connection_open_stall_no_one(served: Served) -> None:
+    """A response with "Connection: close" is followed by the server's FIN at once; a client that then
+    keeps its socket open (and even sends more) costs the worker nothing while the others are served. gunicorn
+    27 lingered on such a socket for 2 s in its event loop, and the worker's every connection waited."""
+    holders = []
+    try:
+        for _ in range(4):  # each would have stalled the (one) worker for 2 s, one after the other
+            sock = socket.create_connection(("127.0.0.1", served.port), timeout=5)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            holders.append(sock)
+        for sock in holders:  # each got its whole answer and the server's FIN, without closing its side
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+            assert raw.startswith(b"HTTP/1.1 200") and raw.endswith(b"}"), raw[-200:]
+            sock.sendall(b"late bytes the server drains")
+        started = time.monotonic()
+        with requests.Session() as session:
+            for _ in range(5):
+                assert session.get(f"{served.base}/healthz", timeout=5).status_code == 200
+        assert time.monotonic() - started < 1.0
+    finally:
+        for sock in holders:
+            sock.close()
+
+
 def test_the_server_still_serves_after_all_that(served: Served) -> None:
     assert requests.get(f"{served.base}/healthz", timeout=5).status_code == 200
 
