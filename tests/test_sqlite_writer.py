@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import fcntl
 import multiprocessing
+import multiprocessing.synchronize
 import os
 import signal
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -39,19 +42,39 @@ def ledger(tmp_path: Path) -> str:
     return path
 
 
-def test_a_writer_in_another_process_gets_the_lock_as_soon_as_it_is_free(ledger: str) -> None:
+@contextmanager
+def holder_elsewhere(ledger: str) -> Iterator[tuple[int, multiprocessing.synchronize.Event]]:
+    """Another process in the middle of a write transaction (it inserted 'first'); it commits once the
+    yielded event is set (at the latest when the block ends). Yields its pid and that event."""
     context = multiprocessing.get_context("spawn")
     held, release = context.Event(), context.Event()
     holder = context.Process(target=_hold_then_commit, args=(ledger, held, release))
     holder.start()
     try:
         assert held.wait(60)
-        probe = os.open(f"{ledger}-writer.lock", os.O_RDWR)
-        try:  # the holder's transaction holds the file lock that writers queue on
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        finally:
-            os.close(probe)
+        yield holder.pid or 0, release
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(holder.pid or 0, signal.SIGCONT)
+        release.set()
+        holder.join(30)
+
+
+def lock_is_free(ledger: str) -> bool:
+    """Whether the file lock writers queue on is free (taken and given back at once if so)."""
+    probe = os.open(f"{ledger}-writer.lock", os.O_RDWR)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(probe)
+    return True
+
+
+def test_a_writer_in_another_process_gets_the_lock_as_soon_as_it_is_free(ledger: str) -> None:
+    with holder_elsewhere(ledger) as (_pid, release):
+        assert not lock_is_free(ledger)  # the holder's transaction holds the file lock that writers queue on
         engine = make_engine(f"sqlite:///{ledger}")
         waited: list[float] = []
 
@@ -73,9 +96,6 @@ def test_a_writer_in_another_process_gets_the_lock_as_soon_as_it_is_free(ledger:
         with engine.connect() as conn:
             assert conn.execute(text("SELECT v FROM t ORDER BY rowid")).scalars().all() == ["first", "second"]
         engine.dispose()
-    finally:
-        release.set()
-        holder.join(30)
 
 
 def test_a_thread_that_holds_the_lock_does_not_wait_for_itself(ledger: str) -> None:
@@ -119,26 +139,21 @@ def test_a_holder_that_hangs_fails_the_writers_behind_it_after_the_busy_timeout(
     """A process stopped in the middle of its write transaction keeps the lock: the writers behind it get
     SQLite's "database is locked" (as a DBAPIError, which the API answers 503) after the URL's timeout, not
     a wait without end; and when the holder goes on, the lock is free again (no helper kept it)."""
-    context = multiprocessing.get_context("spawn")
-    held, release = context.Event(), context.Event()
-    holder = context.Process(target=_hold_then_commit, args=(ledger, held, release))
-    holder.start()
     engine = make_engine(f"sqlite:///{ledger}?timeout=0.5")
-    try:
-        assert held.wait(60)
-        os.kill(holder.pid, signal.SIGSTOP)
-        errors: list[BaseException] = []
+    errors: list[BaseException] = []
+    waits: list[float] = []
 
-        def write() -> None:
-            started = time.monotonic()
-            try:
-                with engine.begin() as conn:
-                    conn.execute(text("INSERT INTO t VALUES ('never')"))
-            except Exception as exc:  # checked below
-                errors.append(exc)
-            waits.append(time.monotonic() - started)
+    def write() -> None:
+        started = time.monotonic()
+        try:
+            with engine.begin() as conn:
+                conn.execute(text("INSERT INTO t VALUES ('never')"))
+        except Exception as exc:  # checked below
+            errors.append(exc)
+        waits.append(time.monotonic() - started)
 
-        waits: list[float] = []
+    with holder_elsewhere(ledger) as (pid, _release):
+        os.kill(pid, signal.SIGSTOP)
         writers = [threading.Thread(target=write) for _ in range(3)]
         for writer in writers:
             writer.start()
@@ -148,19 +163,11 @@ def test_a_holder_that_hangs_fails_the_writers_behind_it_after_the_busy_timeout(
         assert all("database is locked" in str(e) for e in errors)
         assert all(0.45 < w < 3 for w in waits), waits
         assert len(_turns()) == 3  # still queued on the lock, each for its own descriptor
-    finally:
-        os.kill(holder.pid, signal.SIGCONT)
-        release.set()
-        holder.join(30)
     deadline = time.monotonic() + 10
     while _turns() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not _turns(), "a helper that got the lock after its caller gave up must let it go and end"
-    probe = os.open(f"{ledger}-writer.lock", os.O_RDWR)
-    try:
-        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody kept it
-    finally:
-        os.close(probe)
+    assert lock_is_free(ledger)  # nobody kept it
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO t VALUES ('after')"))
     with engine.connect() as conn:
@@ -171,38 +178,25 @@ def test_a_holder_that_hangs_fails_the_writers_behind_it_after_the_busy_timeout(
 def test_a_writer_that_waited_holds_the_lock_until_it_commits(ledger: str) -> None:
     """A contended wait hands the lock to its caller through the helper's descriptor; the next writer queues
     behind it until it commits."""
-    context = multiprocessing.get_context("spawn")
-    held, release = context.Event(), context.Event()
-    holder = context.Process(target=_hold_then_commit, args=(ledger, held, release))
-    holder.start()
     engine = make_engine(f"sqlite:///{ledger}")
-    try:
-        assert held.wait(60)
-        in_second, finish_second = threading.Event(), threading.Event()
+    in_second, finish_second = threading.Event(), threading.Event()
 
-        def second() -> None:
-            with engine.begin() as conn:
-                in_second.set()
-                finish_second.wait(30)
-                conn.execute(text("INSERT INTO t VALUES ('second')"))
+    def second() -> None:
+        with engine.begin() as conn:
+            in_second.set()
+            finish_second.wait(30)
+            conn.execute(text("INSERT INTO t VALUES ('second')"))
 
+    with holder_elsewhere(ledger) as (_pid, release):
         thread = threading.Thread(target=second)
         thread.start()
         time.sleep(0.2)
         release.set()
         assert in_second.wait(30)
-        probe = os.open(f"{ledger}-writer.lock", os.O_RDWR)
-        try:
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            finish_second.set()
-            thread.join(30)
-            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # given back at commit
-        finally:
-            os.close(probe)
-    finally:
-        release.set()
-        holder.join(30)
+        assert not lock_is_free(ledger)
+        finish_second.set()
+        thread.join(30)
+        assert lock_is_free(ledger)  # given back at commit
     engine.dispose()
 
 
