@@ -3,7 +3,7 @@
 gunicorn's threaded worker hands a connection to a pool thread as soon as its first byte arrives, and that
 thread then blocks, with no timeout, until the whole request head is in: a client sending one header line
 every few seconds holds a thread for as long as it likes, and a few dozen such clients hold all of them.
-This worker changes three things and nothing else:
+This worker changes four things and nothing else:
 
 - **Request heads are read on the worker's event loop**, not in a thread: a connection (new, or kept alive
   between requests) is handed to the thread pool only once its head is complete (``\\r\\n\\r\\n`` seen) or
