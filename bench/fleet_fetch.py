@@ -87,9 +87,10 @@ def lookup_vs_presigned(workdir: Path, args: argparse.Namespace, s3: Any, databa
         answer = urllib.request.urlopen(urllib.request.Request(f"{served.base}/v1/artifacts/{key}",
                                                                headers={"Authorization": f"Bearer {token}"}))
         assert answer.status == 200, answer.status
-        # Each API worker's CPU during the load: gunicorn leaves the spreading of connections to the kernel,
-        # which can hand a few long-lived ones all to one worker (the other then idles; the lookup runs on
-        # one core). The split is printed beside the figure, so such a run reads as what it is.
+        # Each API worker's CPU during the load: wrk's few long-lived connections go to whichever worker
+        # accepts them, and a worker that stalls meanwhile gets none (the other then serves alone, on one
+        # core: the 4.0x run, before web/httpworker.py closed connections off its event loop). The split is
+        # printed beside the figure, so such a run reads as what it is.
         workers = children(served.pid)
         before = cpu_of_each(workers)
         lookup = run_wrk(f"{served.base}/v1/artifacts/{key}", headers={"Authorization": f"Bearer {token}"}, **load)

@@ -84,12 +84,12 @@ def bucket_views(session: Session, artifact_id: int, *, history: bool = True) ->
         .where(ArtifactBucket.artifact_id == artifact_id)
         .order_by(ArtifactBucket.position)
     ).all()
-    found = failures.of_buckets(session, [row.id for row in rows] if history else [])
-    return [BucketView.of(row, row.position, found.get(row.id, ())) for row in rows]
+    return views_of(session, [(row, row.position) for row in rows], history=history)
 
 
-def views_of(session: Session, rows: list[tuple[BucketCompile, int]], *, history: bool = True) -> list[BucketView]:
-    """:func:`bucket_views` of compiles already read (:func:`positioned_buckets`)."""
+def views_of(session: Session, rows: Sequence[tuple[BucketCompile | Row[Any], int]], *,
+             history: bool = True) -> list[BucketView]:
+    """:func:`bucket_views` of compiles already read (:func:`positioned_buckets`, or rows of columns)."""
     found = failures.of_buckets(session, [bucket.id for bucket, _ in rows] if history else [])
     return [BucketView.of(bucket, position, found.get(bucket.id, ())) for bucket, position in rows]
 

@@ -97,10 +97,9 @@ def run_gunicorn(app_factory: Callable[[], Any], options: dict[str, Any]) -> Non
               help="Comma-separated addresses or networks (or '*') of the reverse proxy, whose "
                    "X-Forwarded-For/-Proto are believed. Default: $FORWARDED_ALLOW_IPS, else 127.0.0.1,::1.")
 @click.option("--reuse-port/--shared-socket", "reuse_port", default=False, show_default=True,
-              help="Each worker listens on a socket of its own (SO_REUSEPORT), and the kernel spreads new "
-                   "connections over them evenly; or all share one socket, which a few long-lived "
-                   "connections (a proxy's upstream keep-alive, a load generator) can fill one worker "
-                   "with. docs/deploy.md.")
+              help="Each worker listens on a socket of its own (SO_REUSEPORT), and the kernel hashes new "
+                   "connections over them; or all share one socket, taken from by whichever worker is "
+                   "free. docs/deploy.md.")
 @click.option("--dev", is_flag=True, help="Werkzeug's development server instead of gunicorn (one process).")
 @click.option("--migrate", "run_migrations", is_flag=True, help="Upgrade the ledger schema before serving.")
 def serve(host: str, port: int, workers: int, threads: int, timeout: int, header_timeout: float,
@@ -159,13 +158,11 @@ def serve(host: str, port: int, workers: int, threads: int, timeout: int, header
     run_gunicorn(factory, {
         "bind": _bind(host, port),
         "workers": workers,
-        # gunicorn leaves the spreading of connections to the kernel. On one shared socket, the kernel picks the
-        # waiting worker that accepts each connection, and a few kept-alive connections arriving together can
-        # all land on one worker while the others idle (bench.fleet_fetch measured one worker at 5.4 CPU
-        # seconds, the other at 0.0). With SO_REUSEPORT each worker binds its own socket and the kernel
-        # hashes connections over them. Not the default: a worker that dies drops the connections still
-        # queued on its socket (unless net.ipv4.tcp_migrate_req is set), and `bench.fleet_fetch --reuse-port`
-        # shows a p99 of 1.5-1.9 s not yet explained (docs/deploy.md).
+        # With SO_REUSEPORT each worker binds its own socket and the kernel hashes connections over them;
+        # on one shared socket (the default) whichever worker waits in accept takes the next one. Not the
+        # default: a worker that dies drops the connections still queued on its socket (unless
+        # net.ipv4.tcp_migrate_req is set), and it measured no better than the shared socket once a worker
+        # no longer stalls on closing connections (web/httpworker.py; docs/deploy.md).
         "reuse_port": reuse_port,
         "worker_class": "web.httpworker.ProblemThreadWorker",
         "threads": threads,

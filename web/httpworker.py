@@ -17,8 +17,8 @@ This worker changes four things and nothing else:
   said ``Connection: close`` "gracefully" (RFC 9112 section 9.6: send FIN, then read until the client
   closes, for up to 2 s) in the event loop's own thread, blocking: every other connection of the worker
   waited for it. A client that keeps its socket open after such a response (urllib until its response is
-  collected, or anyone on purpose) stalled the whole worker for 2 s (``bench.fleet_fetch``'s lookup saw
-  its first requests wait 0.9-1.9 s). Here the FIN is sent at once and the draining is one more event on the
+  collected, or anyone on purpose) stalled the whole worker for 2 s (``bench.fleet_fetch``'s lookup printed a
+  p99 of 1.0-1.8 s and wrk timeouts). Here the FIN is sent at once and the draining is one more event on the
   loop, given the same 2 s.
 - **gunicorn's own error answers are RFC 9457 problem+json**, not its HTML page: a bad request line (400),
   an over-long one (414), too many or too large header fields (431), ... are refused here, before Flask
