@@ -17,7 +17,7 @@ import secrets
 import tempfile
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -164,6 +164,19 @@ class Settings(BaseSettings):
                     "tp > 1 path is parallel_model_trace, where each rank is a process with its own model and "
                     "compiler). Default: host memory / 16 GiB, at least 1. Not part of any key.")
     relay_interval_seconds: float = Field(default=0.5, gt=0)
+    # The compile sandbox (workers/sandbox.py, docs/security.md): a compile runs the model, so it runs isolated.
+    sandbox: Literal["bwrap", "off"] = Field(
+        default="bwrap", description="bwrap: every compile child runs in bubblewrap (the worker refuses to start "
+                                     "where it cannot); off: the operator isolates compiles another way.")
+    sandbox_user: str = Field(default="nobody", description="Whom a root worker runs compiles as (name or uid[:gid]).")
+    sandbox_memory_mb: int = Field(default=0, ge=0, description="Address space of one compile process; 0: host RAM.")
+    sandbox_max_processes: int = Field(default=1024, ge=16, description="Processes of the sandbox user.")
+    sandbox_max_open_files: int = Field(default=4096, ge=64)
+    sandbox_max_file_mb: int = Field(default=64 * 1024, ge=1, description="Largest file a compile may write.")
+    sandbox_max_disk_mb: int = Field(default=256 * 1024, ge=1, description="Bytes a compile may leave on disk.")
+    sandbox_tmp_mb: int = Field(default=2048, ge=16, description="Size of the compile's private /tmp (memory).")
+    sandbox_read_paths: str = Field(
+        default="", description="Extra read-only paths for compiles, comma-separated (e.g. /opt/aws/neuron).")
     require_live_worker: bool = True
 
     # Infrastructure retries (a requeued attempt, a failed publish) wait base * 2**(n-1), jittered, capped.

@@ -28,7 +28,9 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import click
@@ -84,6 +86,32 @@ class ToolchainRefused(click.ClickException):
     exit_code = 78  # EX_CONFIG (sysexits.h): configuration error
 
 
+class SandboxRefused(click.ClickException):
+    """Compiles cannot be isolated on this host and the operator did not say they are isolated otherwise."""
+
+    exit_code = 78  # EX_CONFIG, as for a refused toolchain: a restart does not help until the host is fixed
+
+
+def _check_sandbox(settings: Settings) -> None:
+    """Start a sandboxed interpreter as a compile would (workers.sandbox), or refuse to start."""
+    from workers.child_env import child_environment
+    from workers.sandbox import Policy, SandboxUnavailable, probe
+    from workers.workdirs import work_root
+
+    try:
+        policy = Policy.from_settings(settings)
+        if not policy.enabled:
+            log.warning("compile sandbox is off (COMPILESVC_SANDBOX=off): compiles run as this worker's user, "
+                        "with its files and network; isolate this worker another way (docs/deploy.md)")
+            return
+        with tempfile.TemporaryDirectory(prefix="sandbox-probe-", dir=work_root()) as scratch:
+            probe(policy, child_environment(os.environ), Path(scratch))
+    except SandboxUnavailable as exc:
+        log.error("refusing to start", extra={"detail": str(exc)})
+        raise SandboxRefused(f"refusing to start: {exc}") from None
+    log.info("compile sandbox ready", extra={"sandbox": "bwrap", "user": policy.user if os.geteuid() == 0 else None})
+
+
 def default_worker_name() -> str:
     return f"compilesvc-{os.getpid()}@{socket.gethostname()}"
 
@@ -113,7 +141,9 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
         settings = Settings()
     except ValidationError as exc:
         raise click.UsageError(f"invalid COMPILESVC_* settings: {exc}") from None
+    _check_sandbox(settings)
     capabilities = detect_capabilities()
+    capabilities["sandbox"] = settings.sandbox
     refused = (capabilities.get("neuron") or {}).get("refused") or []
     if refused:
         # The host claims a Neuron release its packages or environment contradict: serving anything would

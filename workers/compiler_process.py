@@ -1,7 +1,8 @@
 """The compile child as a process: its own session (so a timeout or cancel kills the compiler's whole tree),
 tied to the worker's life (SIGKILL when the worker dies), its output pumped to a sink while it runs.
 
-Used by the runner for every attempt and by ``compilesvc doctor``, so both run compilers the same way.
+Used by the runner for every attempt and by ``compilesvc doctor``, so both run compilers the same way: inside
+the compile sandbox (:mod:`workers.sandbox`) unless the operator turned it off.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from workers.sandbox import Sandbox
+
 _PR_SET_PDEATHSIG = 1
 try:
     _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
@@ -25,7 +28,11 @@ except (OSError, AttributeError):  # pragma: no cover - not glibc/musl
     _prctl = None
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+#: How often the runner looks at what a sandboxed child wrote (its disk limit).
+DISK_CHECK_SECONDS = 1.0
+
+
+def _die_with_parent(parent_pid: int, then: Callable[[], None] | None = None) -> Callable[[], None]:
     """preexec_fn: the child gets SIGKILL when the worker dies (even by SIGKILL), so a crashed worker
     leaves no compiler running unseen. Linux ties this to the *thread* that started the child: the
     worker's pool threads live as long as the worker does. Resolved before the fork, so the child only
@@ -37,6 +44,8 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
             prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the worker died between fork and prctl
             os._exit(1)
+        if then is not None:
+            then()
 
     return preexec
 
@@ -51,10 +60,20 @@ class OutputSink(Protocol):
 class CompilerProcess:
     """The compile child in its own session (= process group), with output pumped into ``logs``."""
 
-    def __init__(self, argv: list[str], *, cwd: Path, env: dict[str, str], logs: OutputSink):
+    def __init__(self, argv: list[str], *, cwd: Path, env: dict[str, str], logs: OutputSink,
+                 sandbox: Sandbox | None = None):
+        self.sandbox = sandbox
+        #: Why the runner stopped the child for a limit of the sandbox (None: it did not).
+        self.limit: str | None = None
+        limits: Callable[[], None] | None = None
+        if sandbox is not None:
+            sandbox.hand_over()
+            argv, env = sandbox.argv(argv, cwd), sandbox.environment(cwd)
+            limits = sandbox.preexec()
+            cwd = Path("/")  # bubblewrap's own; --chdir sets the child's
         self.proc = subprocess.Popen(
             argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True, preexec_fn=_die_with_parent(os.getpid()),
+            start_new_session=True, close_fds=True, preexec_fn=_die_with_parent(os.getpid(), limits),
         )
         self.pgid = self.proc.pid  # start_new_session: the child leads its own group
         assert self.proc.stdout is not None
@@ -62,6 +81,15 @@ class CompilerProcess:
         self._reader = threading.Thread(target=logs.pump, args=(self._stdout,), name=f"pump-{self.pgid}",
                                         daemon=True)
         self._reader.start()
+
+    @property
+    def returncode(self) -> int:
+        """The child's exit status; negative: killed by that signal. bubblewrap reports a child killed by
+        signal N as 128 + N; the compile child itself never exits above 6 (workers.compile_child)."""
+        code = self.proc.returncode
+        if self.sandbox is not None and 128 < code < 128 + signal.NSIG:
+            return -(code - 128)
+        return code
 
     def signal_group(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):  # the group is empty already
@@ -82,6 +110,7 @@ class CompilerProcess:
         Returns ``(returncode, timed_out)``.
         """
         deadline = time.monotonic() + timeout
+        next_disk_check = time.monotonic() + DISK_CHECK_SECONDS
         timed_out = False
         while True:
             try:
@@ -92,14 +121,21 @@ class CompilerProcess:
             if stop.is_set():
                 self.stop_group(grace)
                 break
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 timed_out = True
                 self.stop_group(grace)
                 break
+            if self.sandbox is not None and now >= next_disk_check:
+                next_disk_check = now + DISK_CHECK_SECONDS
+                self.limit = self.sandbox.over_disk_limit()
+                if self.limit is not None:
+                    self.stop_group(0)
+                    break
         # Compiler processes the child started may outlive it in its group: the attempt is over for them.
         self.signal_group(signal.SIGKILL)
         self._reader.join(10)
         if self._reader.is_alive():  # something outside the group holds the pipe open: stop reading
             self._stdout.close()
             self._reader.join(5)
-        return self.proc.returncode, timed_out
+        return self.returncode, timed_out

@@ -43,6 +43,7 @@ from typing import IO, Any
 import click
 
 from compilesvc.cli import BadInput
+from compilesvc.config import Settings
 from compilesvc.demo import MODEL_FILE, demo_model_bytes, demo_spec
 from compilesvc.hostinfo import host_isa, instance_type
 from compilesvc.spec import NEURON_TARGETS
@@ -52,6 +53,7 @@ from workers.child_env import child_environment
 from workers.classify import classify
 from workers.compile_child import RESULT_NAME
 from workers.compiler_process import CompilerProcess
+from workers.sandbox import Mounts, Policy, Sandbox, sandbox_for
 from workers.versions import (
     NEURON_SDK_ENV,
     installed_neuron_packages,
@@ -180,12 +182,14 @@ class _FileSink:
             self.out.write(chunk)
 
 
-def run_process(argv: list[str], cwd: Path, env: dict[str, str], log: Path, timeout: float) -> ChildRun:
+def run_process(argv: list[str], cwd: Path, env: dict[str, str], log: Path, timeout: float,
+                sandbox: Sandbox | None = None) -> ChildRun:
     """Run ``argv`` as the runner runs a compile child (:class:`workers.compiler_process.CompilerProcess`:
-    its own process group, killed whole on timeout or on Ctrl-C of the doctor), output into ``log``."""
+    its own process group, killed whole on timeout or on Ctrl-C of the doctor; in ``sandbox`` when given),
+    output into ``log``."""
     started = time.monotonic()
     with log.open("wb") as out:
-        child = CompilerProcess(argv, cwd=cwd, env=env, logs=_FileSink(out))
+        child = CompilerProcess(argv, cwd=cwd, env=env, logs=_FileSink(out), sandbox=sandbox)
         try:
             returncode, timed_out = child.wait(timeout, threading.Event(), grace=5)
         except BaseException:
@@ -205,8 +209,12 @@ def compile_child(name: str, root: Path, request: dict[str, Any], timeout: float
     request = {**request, "work_dir": str(work_dir), "out_dir": str(out_dir), "tp_degree": 1, "isa": None}
     request_path = base / "request.json"
     request_path.write_text(json.dumps(request, indent=1, sort_keys=True))
-    run = run_process([sys.executable, "-m", "workers.compile_child", str(request_path)], work_dir,
-                      child_environment(os.environ, request["target"]), base / "compile.log", timeout)
+    out_dir.mkdir()
+    env = child_environment(os.environ, request["target"])
+    # The worker's own sandbox (COMPILESVC_SANDBOX*), so the check compiles exactly as a worker would.
+    mounts = Mounts(read_only=[request_path, Path(request["model_path"])], writable=[work_dir, out_dir])
+    run = run_process([sys.executable, "-m", "workers.compile_child", str(request_path)], work_dir, env,
+                      base / "compile.log", timeout, sandbox_for(Policy.from_settings(Settings()), mounts, env))
     return run, request
 
 

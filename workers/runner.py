@@ -12,9 +12,11 @@
 3. **Fetch** the pinned model (:meth:`ModelResolver.fetch`, digest-checked). A model that is gone or
    changed is a final error (``MODEL_UNAVAILABLE``); an unreachable store is waited for within the
    attempt (:func:`workers.retries.retry_store`); other store trouble is infra (a new attempt, backed off).
-4. **Compile** in ``python -m workers.compile_child`` (:mod:`workers.compiler_process`): a fresh temporary
-   work dir as cwd, a new session/process group so the whole compiler tree can be killed, a hard timeout, an
-   environment built from an allow-list (:mod:`workers.child_env`; plus, for Neuron targets,
+4. **Compile** in ``python -m workers.compile_child`` (:mod:`workers.compiler_process`) inside the compile
+   sandbox (:mod:`workers.sandbox`: another user, no network, a filesystem holding only the toolchain, the
+   model and request read-only and its own directories writable, limits): a fresh temporary work dir as cwd,
+   a new session/process group so the whole compiler tree can be killed, a hard timeout, an environment
+   built from an allow-list (:mod:`workers.child_env`; plus, for Neuron targets,
    ``NEURON_PLATFORM_TARGET_OVERRIDE`` from process start: :func:`workers.child_env.child_environment_for`),
    and the worker's death taking the child with it (``PR_SET_PDEATHSIG``).
    Output streams line by line into the central log (:mod:`workers.logstream`).
@@ -35,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import sys
 import time
 from collections.abc import MutableMapping
@@ -66,7 +69,9 @@ from workers.retries import (
     retry_store,
     with_db_retry,
 )
-from workers.workdirs import OWNER_LOCK, attempt_dirs, sweep_orphaned_attempts, work_root
+from workers.sandbox import Mounts, Policy, sandbox_for
+from workers.sandbox_limits import limit_outcome
+from workers.workdirs import INDUCTOR_CACHE_NAME, OWNER_LOCK, attempt_dirs, sweep_orphaned_attempts, work_root
 
 __all__ = ["OWNER_LOCK", "ClaimNotRecorded", "RunResult", "run_compile",
            "sweep_orphaned_attempts", "work_root"]
@@ -79,6 +84,8 @@ KILL_GRACE_SECONDS = 5.0
 MODEL_FILE_NAMES = {"torchscript": "model.pt", "exported-program": "model.pt2", "hf-dir": "model.tar",
                     "hlo": "model.hlo.pb"}
 RESULT_NAME = "result.json"
+#: More than any real result.json (a list of output files): the child wrote it, so its size is bounded.
+RESULT_MAX_BYTES = 16 * 1024 * 1024
 
 # -- results ---------------------------------------------------------------------------------------------
 
@@ -189,10 +196,20 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
         request_path = tmp / "request.json"
         request_path.write_text(json.dumps(request, indent=1, sort_keys=True))
 
+        # The child sees its model and request read-only, writes only its work and output directories, and
+        # gets a private inductor cache at the path the cpu backend uses (that path is in what it generates).
+        inductor_cache = tmp / "inductor-cache"
+        inductor_cache.mkdir()
+        mounts = Mounts(read_only=[model_dir, request_path], writable=[work_dir, out_dir],
+                        private={work_dir.parent / INDUCTOR_CACHE_NAME: inductor_cache})
+        policy = Policy.from_settings(settings)
+        env = child_environment(os.environ, claim.target)
         started = time.monotonic()
+        sandbox = sandbox_for(policy, mounts, env)
         child = CompilerProcess([sys.executable, "-m", "workers.compile_child", str(request_path)],
-                                cwd=work_dir, env=child_environment(os.environ, claim.target), logs=logs)
-        logger.info("compiler started", extra={"pid": child.proc.pid})
+                                cwd=work_dir, env=env, logs=logs, sandbox=sandbox)
+        logger.info("compiler started", extra={"pid": child.proc.pid, "sandboxed": sandbox is not None,
+                                               "job_dir": str(tmp)})
         returncode, timed_out = child.wait(settings.compile_timeout_seconds, keeper.stop, KILL_GRACE_SECONDS)
         wall = time.monotonic() - started
         result = _read_result(work_dir / RESULT_NAME)
@@ -201,6 +218,8 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             logs.close()
             return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
         outcome = classify(returncode, result, list(logs.tail), timed_out, keeper.cancelled)
+        if sandbox is not None and not outcome.ok:
+            outcome = limit_outcome(outcome, child.limit, returncode, list(logs.tail), policy.limits)
         logger.info("compiler finished", extra={"returncode": returncode, "seconds": round(wall, 2),
                                                 "error_class": outcome.error_class, "code": outcome.code})
         logs.service(f"compiler exited with {returncode} after {wall:.1f}s: "
@@ -214,8 +233,13 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
 
 
 def _read_result(path: Path) -> dict[str, Any] | None:
+    """The child's result.json: a regular file it wrote, never what a link it planted points at."""
     try:
-        document = json.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            document = json.loads(fh.read(RESULT_MAX_BYTES))
     except (OSError, ValueError):
         return None
     return document if isinstance(document, dict) else None

@@ -27,6 +27,9 @@ def work_root() -> Path:
 
 
 OWNER_LOCK = ".owner"
+#: Directory name, next to the attempts' work dirs, of the inductor cache AOTInductor uses
+#: (:func:`workers.backends.cpu.inductor_cache`). A sandboxed compile sees a private one at that path.
+INDUCTOR_CACHE_NAME = "compilesvc-inductor-cache"
 #: Work dirs without a job dir are only swept when older than this (one may be a second old, being set up).
 UNPAIRED_WORK_DIR_SECONDS = 3600
 

@@ -136,6 +136,7 @@ def installed_metadata(release: str) -> Path:
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{release}-"))
+    staging.chmod(0o755)  # readable by every user, as pip leaves site-packages (compiles run as another user)
     for name, version in (("neuronx-cc", f"{entry.neuronx_cc}+{entry.build_hash}"),
                           ("torch-neuronx", f"{entry.torch_neuronx}+{entry.build_hash}"),
                           ("neuronx-distributed", entry.neuronx_distributed)):

@@ -47,25 +47,30 @@ MakeCluster = Callable[..., Cluster]
 
 # -- helpers -------------------------------------------------------------------------------------------
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group ``pgid``, from /proc."""
-    members = []
+def processes_of(job_dir: str) -> list[int]:
+    """Live (non-zombie) processes of one compile attempt: those whose command line names its job directory
+    (bubblewrap, the compile child inside it, the compiler it runs). Process groups do not tell: the sandbox
+    starts the child in a session of its own."""
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state != "Z":
-            members.append(int(entry.name))
-    return members
+        if stat[stat.rindex(")") + 2] != "Z" and job_dir in cmdline:
+            found.append(int(entry.name))
+    return found
 
 
 def compiler_pids(worker: ServiceProcess, bucket_id: int) -> list[int]:
     return [int(r["pid"]) for r in worker.logged("compiler started", bucket_compile_id=bucket_id)]
+
+
+def compiler_jobs(worker: ServiceProcess, bucket_id: int) -> list[str]:
+    return [str(r["job_dir"]) for r in worker.logged("compiler started", bucket_compile_id=bucket_id)]
 
 
 def blob_sha256(store: ArtifactStore, sha256: str) -> tuple[str, int]:
@@ -144,12 +149,12 @@ def test_killed_worker_is_recovered_by_the_reaper(make_cluster: MakeCluster) -> 
     key = result.buckets[0].key
     bucket = cluster.wait_bucket(key, ("running",))
     assert bucket.worker_id == "doomed@test"
-    pid = wait_for(lambda: compiler_pids(doomed, bucket.id), 20, "the compiler to start")[0]
+    job = wait_for(lambda: compiler_jobs(doomed, bucket.id), 20, "the compiler to start")[0]
     rescuer = cluster.start_worker("rescuer", concurrency=1, wait=False)  # boots while the lease runs out
 
     doomed.kill_group(signal.SIGKILL)
     doomed.proc.wait(10)
-    wait_for(lambda: not group_members(pid), 10, "the orphaned compiler to die with its worker")
+    wait_for(lambda: not processes_of(job), 10, "the orphaned compiler to die with its worker")
 
     done = cluster.wait_bucket(key, ("succeeded", "failed"), timeout=40)
     assert (done.state, done.worker_id, done.attempts) == ("succeeded", "rescuer@test", 2)
@@ -257,10 +262,10 @@ def test_cancel_stops_the_compiler_process_group(make_cluster: MakeCluster) -> N
     result = cluster.submit(cluster.hlo_spec("slow:60"))
     key = result.buckets[0].key
     bucket = cluster.wait_bucket(key, ("running",))
-    pgid = wait_for(lambda: compiler_pids(worker, bucket.id), 20, "the compiler to start")[0]
+    job = wait_for(lambda: compiler_jobs(worker, bucket.id), 20, "the compiler to start")[0]
     wait_for(lambda: count(cluster, LogLine, LogLine.bucket_compile_id == bucket.id,
                            LogLine.line.contains("progress: pass")) >= 2, 20, "the compiler's progress lines")
-    assert len(group_members(pgid)) >= 2  # the child and the neuronx-cc (double) it runs
+    assert len(processes_of(job)) >= 3  # bubblewrap, the child and the neuronx-cc (double) it runs
 
     started = time.monotonic()
     cancel_build(cluster.services, result.build_id)
@@ -268,7 +273,7 @@ def test_cancel_stops_the_compiler_process_group(make_cluster: MakeCluster) -> N
     elapsed = time.monotonic() - started
     assert cancelled.state == "cancelled" and cancelled.error_class == "cancelled"
     assert elapsed < 8, f"cancel took {elapsed:.1f}s"
-    assert group_members(pgid) == []
+    assert processes_of(job) == []
     assert cluster.artifact(result.artifact_key).state == "cancelled"
     with cluster.services.sessions() as session:
         assert session.get_one(Build, result.build_id).state == "cancelled"
@@ -289,8 +294,8 @@ def test_timeout_is_retried_up_to_max_attempts(make_cluster: MakeCluster) -> Non
                                               ("queued", "running"), ("running", "failed")]
     assert cluster.artifact(result.artifact_key).state == "failed"
     assert [r["attempt"] for r in worker.logged("compile attempt failed", bucket_compile_id=failed.id)] == [1, 2]
-    for pid in compiler_pids(worker, failed.id):
-        assert group_members(pid) == []
+    for job in compiler_jobs(worker, failed.id):
+        assert processes_of(job) == []
 
 
 def test_compile_error_is_final_and_negatively_cached(make_cluster: MakeCluster) -> None:

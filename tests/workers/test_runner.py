@@ -30,7 +30,7 @@ from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_AND_REJECTED_FLAGS
 from tests.doubles.neuron._release import RELEASES
-from tests.workers.test_pipeline import group_members
+from tests.workers.test_pipeline import processes_of
 from workers.child_env import child_environment
 from workers.classify import TABLE
 from workers.logstream import LogStream
@@ -88,8 +88,8 @@ def run_in_thread(services: Services, bucket_id: int) -> tuple[threading.Thread,
     return thread, out
 
 
-def wait_compiling(services: Services, bucket_id: int, caplog: pytest.LogCaptureFixture) -> int:
-    """Wait until the compiler prints progress; return its process group id."""
+def wait_compiling(services: Services, bucket_id: int, caplog: pytest.LogCaptureFixture) -> str:
+    """Wait until the compiler prints progress; return its attempt's job directory."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         with services.sessions() as session:
@@ -97,7 +97,7 @@ def wait_compiling(services: Services, bucket_id: int, caplog: pytest.LogCapture
                 LogLine.bucket_compile_id == bucket_id, LogLine.line.contains("progress: pass")))
         started = [r for r in caplog.records if r.getMessage() == "compiler started"]
         if progress and started:
-            return int(started[-1].pid)
+            return str(started[-1].job_dir)
         time.sleep(0.1)
     raise AssertionError("the compiler never got going")
 
@@ -159,13 +159,13 @@ def test_cancel_kills_the_compiler_process_group(services: Services, caplog: pyt
     result = submit(services, "slow:30")
     row = bucket(services, result)
     thread, out = run_in_thread(services, row.id)
-    pgid = wait_compiling(services, row.id, caplog)
-    assert len(group_members(pgid)) >= 2  # the child and the compiler it started
+    job = wait_compiling(services, row.id, caplog)
+    assert len(processes_of(job)) >= 3  # bubblewrap, the child and the compiler it started
     started = time.monotonic()
     cancel_build(services, result.build_id)
     thread.join(15)
     assert out and out[0].status == "cancelled" and time.monotonic() - started < 6
-    assert group_members(pgid) == []
+    assert processes_of(job) == []
     assert list(work_root().iterdir()) == []
     assert bucket(services, result).state == "cancelled"
 
@@ -176,14 +176,14 @@ def test_a_lost_lease_stops_the_attempt_and_writes_nothing(services: Services,
     result = submit(services, "slow:30")
     row = bucket(services, result)
     thread, out = run_in_thread(services, row.id)
-    pgid = wait_compiling(services, row.id, caplog)
+    job = wait_compiling(services, row.id, caplog)
     with services.sessions.begin() as session:  # the worker looks dead to the reaper...
         session.execute(update(BucketCompile).where(BucketCompile.id == row.id)
                         .values(lease_expires_at=utcnow()))
     assert reap(services).requeued == [row.id]  # ...which takes the compile back
     thread.join(15)
     assert out and out[0].status == "lease-lost"
-    assert group_members(pgid) == []
+    assert processes_of(job) == []
     after = bucket(services, result)
     assert (after.state, after.attempts, after.error_class) == ("queued", 1, None)  # the runner wrote nothing
     with services.sessions() as session:

@@ -57,9 +57,7 @@ from workers.model_loading import (
     run_forward,
 )
 from workers.versions import python_version
-
-#: Directory name, next to the runner's per-compile work dirs, of the one inductor cache AOTInductor uses.
-INDUCTOR_CACHE_NAME = "compilesvc-inductor-cache"
+from workers.workdirs import INDUCTOR_CACHE_NAME
 
 # Outputs of the artifact and of eager torch must agree this closely at the example inputs. Loose enough
 # for --optimize-for-inference (oneDNN kernels) and inductor's fused kernels, tight enough to catch a
