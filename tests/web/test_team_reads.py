@@ -20,6 +20,8 @@ from werkzeug.test import TestResponse
 from compilesvc.config import Settings
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Build
+from compilesvc.stats import Stats, collect
+from compilesvc.team_reads import EVERYTHING, Reader
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, add_log_lines, complete_build, fail_build, spec_for
@@ -263,3 +265,30 @@ def test_with_the_setting_off_every_read_token_reads_everything(make_env: EnvFac
 def test_team_reads_and_open_reads_are_refused_together(tmp_path: Any) -> None:
     with pytest.raises(ValidationError, match="team_reads and open_reads contradict"):
         Settings(team_reads=True, open_reads=True, data_dir=tmp_path)
+
+
+def test_statistics_count_what_the_team_may_read(world: World) -> None:
+    def of(team: str | None) -> Stats:
+        reader = Reader(bounded=True, team=team) if team else EVERYTHING
+        with world.env.services.sessions() as session:
+            return collect(session, "day", reader=reader)
+
+    nlp, vision, everyone, nobody = of("nlp"), of("vision"), of(None), Reader(bounded=True)
+    assert sum(b.total for b in nlp.outcomes) == 3 and sum(b.total for b in vision.outcomes) == 3
+    assert sum(b.total for b in everyone.outcomes) == 7
+    assert (sum(f.total for f in nlp.failures), sum(f.total for f in vision.failures)) == (0, 1)
+    assert {c.model_name for c in nlp.compile_times} == {"shared-model", "nlp-model"}
+    assert {c.model_name for c in vision.compile_times} == {"shared-model", "vision-private"}
+    with world.env.services.sessions() as session:
+        assert sum(b.total for b in collect(session, "day", reader=nobody).outcomes) == 0
+
+
+def test_a_team_reads_an_artifact_from_its_first_build_of_it(world: World) -> None:
+    client, fleet = world.env.app.test_client(), bearer(world.tokens["vision-fleet"])
+    key = world.nlp_own["artifact_key"]
+    assert client.get(f"/v1/artifacts/{key}", headers=fleet).status_code == 404
+    spec = world.env.client.get(f"/v1/builds/{world.nlp_own['build_id']}").json["spec"]  # type: ignore[index]
+    assert _submit(world.env, spec, world.tokens["vision-submit"])["outcome"] == "hit"
+    assert client.get(f"/v1/artifacts/{key}", headers=fleet).status_code == 200  # no "absent" remembered
+    nlp_view = client.get("/v1/builds", headers=bearer(world.tokens["nlp-read"])).json
+    assert len(nlp_view["items"]) == 3  # type: ignore[index]  # vision's hit is not nlp's to see
