@@ -292,3 +292,21 @@ def test_a_team_reads_an_artifact_from_its_first_build_of_it(world: World) -> No
     assert client.get(f"/v1/artifacts/{key}", headers=fleet).status_code == 200  # no "absent" remembered
     nlp_view = client.get("/v1/builds", headers=bearer(world.tokens["nlp-read"])).json
     assert len(nlp_view["items"]) == 3  # type: ignore[index]  # vision's hit is not nlp's to see
+
+
+def test_a_shared_artifacts_events_name_no_other_teams_build(world: World) -> None:
+    spec = world.env.client.get(f"/v1/builds/{world.nlp_building}").json["spec"]  # type: ignore[index]
+    joined = _submit(world.env, spec, world.tokens["vision-submit"])
+    assert joined["outcome"] == "join"
+    fail_build(world.env.services, world.nlp_building)
+    nlp = bearer(world.tokens["nlp-submit"])
+    assert world.env.app.test_client().post(f"/v1/builds/{world.nlp_building}/retry", headers=nlp).status_code == 202
+    client = world.env.app.test_client()
+    for who, build_id, other in (("vision-read", joined["build_id"], world.nlp_building),
+                                 ("nlp-read", world.nlp_building, joined["build_id"])):
+        text = client.get(f"/v1/builds/{build_id}", headers=bearer(world.tokens[who])).get_data(as_text=True)
+        assert not leaks(text, [], [other]), (who, text)
+        page = client.get(f"/builds/{build_id}", headers=bearer(world.tokens[who])).get_data(as_text=True)
+        assert not leaks(page, [], [other]), who
+    admin = world.env.client.get(f"/v1/builds/{joined['build_id']}").get_data(as_text=True)
+    assert leaks(admin, [], [world.nlp_building])  # the admin reads the retry's reason
