@@ -25,7 +25,7 @@ from compilesvc.team_reads import EVERYTHING, Reader
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, add_log_lines, complete_build, fail_build, spec_for
-from tests.web.test_auth import matrix
+from tests.web.test_auth import login, matrix
 
 #: Endpoints of the table the read scope opens that take no part here, and why.
 NOT_TEAM_DATA = {
@@ -310,3 +310,17 @@ def test_a_shared_artifacts_events_name_no_other_teams_build(world: World) -> No
         assert not leaks(page, [], [other]), who
     admin = world.env.client.get(f"/v1/builds/{joined['build_id']}").get_data(as_text=True)
     assert leaks(admin, [], [world.nlp_building])  # the admin reads the retry's reason
+
+
+def test_a_browser_session_reads_as_its_token_and_a_team_reads_its_own_logs(world: World) -> None:
+    browser = world.env.app.test_client()
+    login(browser, world.tokens["nlp-read"])
+    assert "nlp-model" in browser.get("/").get_data(as_text=True)
+    assert browser.get(f"/builds/{world.vision_private['build_id']}").status_code == 404
+    assert browser.get(f"/builds/{world.nlp_building}").status_code == 200
+    nlp = bearer(world.tokens["nlp-read"])
+    client = world.env.app.test_client()
+    logs = client.get(f"/v1/builds/{world.nlp_building}/logs", headers=nlp).json
+    assert logs is not None and [line["line"] for line in logs["lines"]] == ["nlp line"]
+    stream = client.get(f"/v1/builds/{world.nlp_building}/logs/stream", headers=nlp)
+    assert stream.status_code == 200 and "nlp line" in stream.get_data(as_text=True)
