@@ -2,8 +2,10 @@
 
 Off by default: every token with the ``read`` scope reads everything. With the setting on, a non-admin
 token is a bounded :class:`Reader` of its team, and every read goes through the helpers here (one per kind
-of read: builds, artifacts, build ids named in another build's provenance), never through a condition
-copied into a view. The rules (docs/security.md, "Team boundary for reads"):
+of read: builds, artifacts, bucket compiles (statistics, running compiles), retention pins, campaigns, and
+the build ids one build's page names), never through a condition copied into a view. The web side
+(``web/readers.py``) only finds the request's reader and answers 404. The rules (docs/security.md, "Team
+boundary for reads"):
 
 - a build belongs to the team of the token that submitted it (``builds.team``); a build without a team
   (made before tokens had teams) is read by admins only;
@@ -177,7 +179,3 @@ class VisibleKeys:
                     self._seen.popitem(last=False)
         return found
 
-
-def restrict(conditions: list[ColumnElement[bool]]) -> ColumnElement[bool] | None:
-    """``conditions`` as one (None when empty), for callers that build a WHERE from parts."""
-    return and_(*conditions) if conditions else None
