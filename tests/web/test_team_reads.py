@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from sqlalchemy import update
 from werkzeug.test import TestResponse
 
+from compilesvc import leases, registry
 from compilesvc.config import Settings
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Build
@@ -24,7 +25,7 @@ from compilesvc.stats import Stats, collect
 from compilesvc.team_reads import EVERYTHING, Reader
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.conftest import EnvFactory
-from tests.web.support import Env, add_log_lines, complete_build, fail_build, spec_for
+from tests.web.support import WORKER, Env, add_log_lines, complete_build, fail_build, queued_buckets, spec_for
 from tests.web.test_auth import login, matrix
 
 #: Endpoints of the table the read scope opens that take no part here, and why.
@@ -324,3 +325,24 @@ def test_a_browser_session_reads_as_its_token_and_a_team_reads_its_own_logs(worl
     assert logs is not None and [line["line"] for line in logs["lines"]] == ["nlp line"]
     stream = client.get(f"/v1/builds/{world.nlp_building}/logs/stream", headers=nlp)
     assert stream.status_code == 200 and "nlp line" in stream.get_data(as_text=True)
+
+
+def test_the_workers_page_shows_a_team_only_its_running_compiles(world: World) -> None:
+    spec = world.env.client.get(f"/v1/builds/{world.nlp_building}").json["spec"]  # type: ignore[index]
+    joined = _submit(world.env, spec, world.tokens["vision-submit"])  # the compile is now vision's too
+    running = queued_buckets(world.env.services, world.nlp_building)
+    private = _submit(world.env, spec_for(world.env.upload(b"vision's next model"), name="vision-next"),
+                      world.tokens["vision-submit"])
+    running += queued_buckets(world.env.services, private["build_id"])
+    with transaction(world.env.services.sessions) as session:
+        registry.register(session, WORKER, "host", {}, ["cpu"], 4)
+        for bucket_id in running:
+            assert leases.claim(session, bucket_id, WORKER, lease_seconds=60) is not None
+    client = world.env.app.test_client()
+    nlp = client.get("/workers", headers=bearer(world.tokens["nlp-read"])).get_data(as_text=True)
+    assert f"build {world.nlp_building}" in nlp and not leaks(nlp, [], [private["build_id"], joined["build_id"]])
+    vision = client.get("/workers", headers=bearer(world.tokens["vision-read"])).get_data(as_text=True)
+    assert f"build {private['build_id']}" in vision and not leaks(vision, [], [world.nlp_building])
+    assert re.search(r"compile \d+", vision)  # the shared compile, queued by nlp's build, is shown without it
+    admin = world.env.client.get("/workers").get_data(as_text=True)
+    assert f"build {world.nlp_building}" in admin and f"build {private['build_id']}" in admin
