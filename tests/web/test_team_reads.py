@@ -23,6 +23,7 @@ from compilesvc.db import transaction
 from compilesvc.ledger.models import Build
 from compilesvc.stats import Stats, collect
 from compilesvc.team_reads import EVERYTHING, Reader
+from tests.fixtures.s3server import S3Server
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.conftest import EnvFactory
 from tests.web.support import WORKER, Env, add_log_lines, complete_build, fail_build, queued_buckets, spec_for
@@ -346,3 +347,18 @@ def test_the_workers_page_shows_a_team_only_its_running_compiles(world: World) -
     assert re.search(r"compile \d+", vision)  # the shared compile, queued by nlp's build, is shown without it
     admin = world.env.client.get("/workers").get_data(as_text=True)
     assert f"build {world.nlp_building}" in admin and f"build {private['build_id']}" in admin
+
+
+def test_on_an_s3_store_only_the_team_gets_download_urls(make_env: EnvFactory, sqlite_url: str,
+                                                         s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    env = make_env(sqlite_url, team_reads=True, store_url=f"s3://{s3_server.new_bucket('teams')}/artifacts",
+                   s3_endpoint_url=s3_server.endpoint_url)
+    world = make_world(env)
+    key, client = world.vision_private["artifact_key"], env.app.test_client()
+    assert client.get(f"/v1/artifacts/{key}", headers=bearer(world.tokens["nlp-fleet"])).status_code == 404
+    answer = client.get(f"/v1/artifacts/{key}", headers=bearer(world.tokens["vision-fleet"])).json
+    assert answer is not None
+    url = answer["buckets"][0]["files"][0]["url"]
+    assert url.startswith(s3_server.endpoint_url) and "Signature" in url
