@@ -329,6 +329,6 @@ class Settings(BaseSettings):
             raise ValueError("retry_backoff_max_seconds must be at least retry_backoff_seconds")
         if self.team_reads and self.open_reads:
             # A read without a token has no team: the two settings cannot both hold.
-            raise ValueError("team_reads and open_reads contradict each other (a read without a token has no "
-                             "team); set one of them")
+            raise ValueError("team_reads and open_reads (COMPILESVC_TEAM_READS, COMPILESVC_OPEN_READS) contradict "
+                             "each other (a read without a token has no team); set one of them")
         return self
