@@ -20,6 +20,7 @@ from compilesvc.history import ListingFilter
 from compilesvc.ledger.models import Artifact, ArtifactBucket, Build
 from compilesvc.retention import pinned
 from compilesvc.states import ArtifactState
+from compilesvc.team_reads import EVERYTHING, Reader, artifact_conditions, build_conditions
 
 __all__ = ["ArtifactFilter", "ArtifactPage", "ArtifactRow", "list_artifacts"]
 
@@ -58,17 +59,20 @@ class ArtifactPage:
 
 
 def list_artifacts(session: Session, filters: ArtifactFilter, *, limit: int = 50,
-                   before: int | None = None) -> ArtifactPage:
-    """A page of artifacts, newest first, below the id ``before``."""
-    model_name = (select(Build.model_name).where(Build.artifact_id == Artifact.id, Build.model_name.is_not(None))
+                   before: int | None = None, reader: Reader = EVERYTHING) -> ArtifactPage:
+    """A page of the artifacts ``reader`` may read, newest first, below the id ``before``; the name and the
+    newest build are of the reader's builds (:mod:`compilesvc.team_reads`)."""
+    own = build_conditions(reader)
+    model_name = (select(Build.model_name).where(Build.artifact_id == Artifact.id, Build.model_name.is_not(None),
+                                                 *own)
                   .order_by(Build.id.desc()).limit(1).scalar_subquery())
-    newest_build = (select(Build.id).where(Build.artifact_id == Artifact.id)
+    newest_build = (select(Build.id).where(Build.artifact_id == Artifact.id, *own)
                     .order_by(Build.id.desc()).limit(1).scalar_subquery())
     buckets = (select(func.count()).select_from(ArtifactBucket).where(ArtifactBucket.artifact_id == Artifact.id)
                .scalar_subquery())
     query = select(Artifact, model_name.label("model_name"), buckets.label("buckets"),
                    pinned().label("pinned"), newest_build.label("newest_build"))
-    conditions: list[ColumnElement[bool]] = []
+    conditions: list[ColumnElement[bool]] = artifact_conditions(reader)
     if filters.model is not None:
         # Two index walks (artifacts by sha256, builds by model name), not a test of every artifact.
         ids = union(select(Artifact.id).where(Artifact.model_sha256 == filters.model),

@@ -109,6 +109,9 @@ class Settings(BaseSettings):
     open_reads: bool = Field(
         default=False, description="Reads (history, builds, logs, workers, artifact lookups) need no token.")
     public_metrics: bool = Field(default=True, description="/metrics needs no token (false: a read token).")
+    team_reads: bool = Field(
+        default=False, description="A non-admin token reads only its own team's builds, logs, artifacts, stats "
+                                   "(docs/security.md, 'Team boundary for reads'); admins read everything.")
     token_cache_seconds: float = Field(
         default=10.0, ge=0,
         description="How long an API process trusts a token it has checked: a revoked or expired token stops "
@@ -337,4 +340,8 @@ class Settings(BaseSettings):
                 f"deliver a running compile's message a second time")
         if self.retry_backoff_max_seconds < self.retry_backoff_seconds:
             raise ValueError("retry_backoff_max_seconds must be at least retry_backoff_seconds")
+        if self.team_reads and self.open_reads:
+            # A read without a token has no team: the two settings cannot both hold.
+            raise ValueError("team_reads and open_reads (COMPILESVC_TEAM_READS, COMPILESVC_OPEN_READS) contradict "
+                             "each other (a read without a token has no team); set one of them")
         return self

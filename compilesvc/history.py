@@ -41,6 +41,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, BuildLabel, Event
 from compilesvc.states import BucketState, BuildState
+from compilesvc.team_reads import EVERYTHING, Reader, build_conditions
 
 __all__ = [
     "BUILD_STATES",
@@ -213,7 +214,8 @@ _COMPOSITE_STREAMS: tuple[tuple[str, ...], ...] = (("target", "sdk"),)
 
 
 def _matching_ids(
-    filters: HistoryFilter, *, limit: int, before_id: int | None, model_column: str | None
+    filters: HistoryFilter, *, limit: int, before_id: int | None, model_column: str | None,
+    reader: Reader = EVERYTHING,
 ) -> Select[int]:
     """Ids of the newest ``limit`` builds that match, below ``before_id``.
 
@@ -243,6 +245,11 @@ def _matching_ids(
         labelled = aliased(BuildLabel, name="by_label")
         # (build_id, name) is build_labels' primary key: at most one row per build for a given name.
         streams.append((labelled, labelled.build_id, and_(labelled.name == label[0], labelled.value == label[1])))
+    bounded = build_conditions(reader, scoped := aliased(Build, name="by_team"))
+    if bounded:
+        # The team boundary (compilesvc.team_reads) is one more stream, so that pages and cursors count
+        # only the reader's builds.
+        streams.append((scoped, scoped.id, bounded[0]))
     if not streams:
         streams.append((Build, Build.id, None))
 
@@ -258,17 +265,19 @@ def _matching_ids(
     return stmt.where(*conditions).order_by(first_id.desc()).limit(limit)
 
 
-def list_statement(filters: HistoryFilter, *, limit: int, before_id: int | None) -> Select[Build]:
+def list_statement(filters: HistoryFilter, *, limit: int, before_id: int | None,
+                   reader: Reader = EVERYTHING) -> Select[Build]:
     """The SELECT behind :func:`list_builds`: up to ``limit`` builds (pass limit + 1 to probe for a next
     page) with ``id < before_id``, newest first. Public so that the benchmark can EXPLAIN the real query.
 
     The page's ids are found from the indexes alone (:func:`_matching_ids`); only those rows are read.
     """
     if filters.model is None:
-        page_ids = _matching_ids(filters, limit=limit, before_id=before_id, model_column=None)
+        page_ids = _matching_ids(filters, limit=limit, before_id=before_id, model_column=None, reader=reader)
     else:
-        by_name = _matching_ids(filters, limit=limit, before_id=before_id, model_column="model_name")
-        by_sha = _matching_ids(filters, limit=limit, before_id=before_id, model_column="model_sha256")
+        by_name = _matching_ids(filters, limit=limit, before_id=before_id, model_column="model_name", reader=reader)
+        by_sha = _matching_ids(filters, limit=limit, before_id=before_id, model_column="model_sha256",
+                               reader=reader)
         # UNION, not UNION ALL: a build whose model_name equals its sha256 is in both halves, and a
         # duplicate would take a place on the page (and could hide that there is a next page).
         halves = [select(half.subquery(f"half_{n}").c.id) for n, half in enumerate((by_name, by_sha))]
@@ -283,8 +292,10 @@ def list_builds(
     *,
     limit: int = DEFAULT_LIMIT,
     cursor: str | None = None,
+    reader: Reader = EVERYTHING,
 ) -> Page:
-    """A page of builds matching ``filters``, newest first, continuing after ``cursor`` if given.
+    """A page of builds matching ``filters`` that ``reader`` may read, newest first, continuing after
+    ``cursor`` if given.
 
     Raises :class:`InvalidCursor` or :class:`InvalidLimit` (both :class:`HistoryError`, a ValueError).
     Builds added while a client pages never shift the pages it has not read yet; new builds appear
@@ -292,7 +303,7 @@ def list_builds(
     """
     _check_limit(limit)
     before_id = decode_cursor(cursor) if cursor is not None else None
-    stmt = list_statement(filters or HistoryFilter(), limit=limit + 1, before_id=before_id)
+    stmt = list_statement(filters or HistoryFilter(), limit=limit + 1, before_id=before_id, reader=reader)
     rows = list(session.scalars(stmt))
     if len(rows) <= limit:
         return Page(items=rows, next_cursor=None)
@@ -300,7 +311,8 @@ def list_builds(
     return Page(items=items, next_cursor=encode_cursor(items[-1].id))
 
 
-def count_by_state(session: Session, *, cap: int = 1000, states: Sequence[str] = BUILD_STATES) -> dict[str, StateCount]:
+def count_by_state(session: Session, *, cap: int = 1000, states: Sequence[str] = BUILD_STATES,
+                   reader: Reader = EVERYTHING) -> dict[str, StateCount]:
     """How many builds are in each state, counting at most ``cap + 1`` per state, in one query.
 
     Each count is an index-only walk of ``ix_builds_state_id`` stopped after ``cap + 1`` entries, so the
@@ -313,13 +325,14 @@ def count_by_state(session: Session, *, cap: int = 1000, states: Sequence[str] =
         return {}
     parts = []
     for state in states:
-        capped = select(Build.id).where(Build.state == state).limit(cap + 1).subquery()
+        capped = select(Build.id).where(Build.state == state, *build_conditions(reader)).limit(cap + 1).subquery()
         parts.append(select(literal(state).label("state"), func.count().label("n")).select_from(capped))
     counts = {row.state: int(row.n) for row in session.execute(union_all(*parts))}
     return {state: StateCount(min(counts.get(state, 0), cap), counts.get(state, 0) <= cap) for state in states}
 
 
-def get_build_detail(session: Session, build_id: int, *, event_limit: int = DETAIL_EVENT_LIMIT) -> BuildDetail | None:
+def get_build_detail(session: Session, build_id: int, *, event_limit: int = DETAIL_EVENT_LIMIT,
+                     reader: Reader = EVERYTHING) -> BuildDetail | None:
     """The build with its artifact, bucket compiles and recent events, or None if there is no such build.
 
     Three queries whatever the number of buckets or events (one when the build does not exist): build and
@@ -328,7 +341,8 @@ def get_build_detail(session: Session, build_id: int, *, event_limit: int = DETA
     if event_limit < 1:
         raise ValueError("event_limit must be at least 1")
     row = session.execute(
-        select(Build, Artifact).join(Artifact, Artifact.id == Build.artifact_id).where(Build.id == build_id)
+        select(Build, Artifact).join(Artifact, Artifact.id == Build.artifact_id)
+        .where(Build.id == build_id, *build_conditions(reader))
     ).one_or_none()
     if row is None:
         return None

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from compilesvc.follow import shape_text
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build
 from compilesvc.states import Outcome
+from compilesvc.team_reads import EVERYTHING, Reader, build_conditions
 
 __all__ = ["CANDIDATES", "Change", "Comparison", "changes", "explain_miss"]
 
@@ -152,9 +153,10 @@ def _bucket_inputs(session: Session, artifact_ids: list[int]) -> dict[int, list[
     return found
 
 
-def explain_miss(session: Session, build: Build) -> Comparison | None:
+def explain_miss(session: Session, build: Build, reader: Reader = EVERYTHING) -> Comparison | None:
     """The closest earlier artifact of ``build``'s model and the changes from it to ``build``'s, or None
-    when no earlier build of this model asked for another artifact (a first build of a model)."""
+    when no earlier build of this model asked for another artifact (a first build of a model). Only the
+    builds ``reader`` may read are candidates (:mod:`compilesvc.team_reads`)."""
     same_model = (Build.model_name == build.model_name) if build.model_name else \
         (Build.model_sha256 == build.model_sha256)
     # Hits are most of a model's builds and ask for the artifacts it has already: walking the builds that
@@ -162,7 +164,8 @@ def explain_miss(session: Session, build: Build) -> Comparison | None:
     # ever imported from the store has hits alone, and is not a candidate).
     earlier = session.execute(
         select(Build.artifact_id, Build.id)
-        .where(same_model, Build.id < build.id, Build.artifact_id != build.artifact_id, Build.outcome != Outcome.HIT)
+        .where(same_model, Build.id < build.id, Build.artifact_id != build.artifact_id, Build.outcome != Outcome.HIT,
+               *build_conditions(reader))
         .order_by(Build.id.desc())
         .limit(CANDIDATES * 4)  # a few joins per artifact; the walk stays short
     ).all()

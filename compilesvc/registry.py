@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from compilesvc.ledger.models import BucketCompile, Worker, utcnow
 from compilesvc.ledger.sql import upsert
 from compilesvc.states import BucketState
+from compilesvc.team_reads import EVERYTHING, Reader, compile_conditions
 
 
 def register(session: Session, worker_id: str, hostname: str, capabilities: dict[str, Any],
@@ -121,10 +122,12 @@ def queue_depths(session: Session, live: Sequence[Worker]) -> list[QueueDepth]:
             for name in sorted(consumers.keys() | counts.keys())]
 
 
-def running_compiles(session: Session) -> dict[str, list[RunningCompile]]:
-    """What each worker is compiling now, by worker id (the lease holder of every running compile)."""
+def running_compiles(session: Session, reader: Reader = EVERYTHING) -> dict[str, list[RunningCompile]]:
+    """What each worker is compiling now, by worker id (the lease holder of every running compile), of the
+    compiles ``reader`` may read (:mod:`compilesvc.team_reads`)."""
     found: dict[str, list[RunningCompile]] = {}
-    for bucket in session.scalars(select(BucketCompile).where(BucketCompile.state == BucketState.RUNNING)
+    for bucket in session.scalars(select(BucketCompile).where(BucketCompile.state == BucketState.RUNNING,
+                                                              *compile_conditions(reader, BucketCompile.id))
                                   .order_by(BucketCompile.started_at)):
         if bucket.worker_id is None:
             continue

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session, aliased
 
 from compilesvc.ledger.models import ArtifactBucket, BucketCompile, BucketFailure, Build
 from compilesvc.states import BucketState, Outcome
+from compilesvc.team_reads import EVERYTHING, Reader, build_conditions, compile_conditions
 
 __all__ = [
     "WINDOWS",
@@ -159,11 +160,12 @@ class Stats:
     queue_wait: QueueWait
 
 
-def collect(session: Session, name: str, now: datetime | None = None) -> Stats:
-    """Everything the Stats page shows for window ``name`` (raises :class:`UnknownWindow`)."""
+def collect(session: Session, name: str, now: datetime | None = None, *, reader: Reader = EVERYTHING) -> Stats:
+    """Everything the Stats page shows for window ``name`` (raises :class:`UnknownWindow`), counting only
+    what ``reader`` may read (:mod:`compilesvc.team_reads`)."""
     span = window(name, now)
-    return Stats(span, outcomes(session, span), compile_times(session, span), failures(session, span),
-                 queue_wait(session, span))
+    return Stats(span, outcomes(session, span, reader), compile_times(session, span, reader),
+                 failures(session, span, reader), queue_wait(session, span, reader))
 
 
 def _without_jit(session: Session) -> None:
@@ -183,7 +185,7 @@ def _inside(column: Any, span: Window) -> ColumnElement[bool]:
     return and_(column >= span.start, column < span.stop)
 
 
-def outcomes(session: Session, span: Window) -> list[OutcomeBin]:
+def outcomes(session: Session, span: Window, reader: Reader = EVERYTHING) -> list[OutcomeBin]:
     """Builds created in the window, per bin and outcome (every bin, empty ones too)."""
     _without_jit(session)
     # What the cache did, as compilesvc.provenance.cache_outcome says it from the build's counts: a build
@@ -198,7 +200,7 @@ def outcomes(session: Session, span: Window) -> list[OutcomeBin]:
     )
     rows = session.execute(
         select(_bin_of(Build.created_at, span).label("bin"), kind.label("kind"), func.count())
-        .where(_inside(Build.created_at, span))
+        .where(_inside(Build.created_at, span), *build_conditions(reader))
         .group_by("bin", "kind")
     ).all()
     counts: list[dict[str, int]] = [{} for _ in range(span.count)]
@@ -241,7 +243,7 @@ def _as_percentiles(count: int, p50: float | None, p95: float | None) -> Percent
                        None if p95 is None else round(float(p95), 3))
 
 
-def compile_times(session: Session, span: Window) -> list[CompileTimes]:
+def compile_times(session: Session, span: Window, reader: Reader = EVERYTHING) -> list[CompileTimes]:
     """Succeeded compiles finished in the window, per model name and target, slowest p95 first. A compile's
     model name is that of the build that queued it (recorded on the compile), else of the first named build
     of its artifacts (a compile imported from the store, or queued by a build submitted by sha256 alone)."""
@@ -262,19 +264,20 @@ def compile_times(session: Session, span: Window) -> list[CompileTimes]:
                BucketCompile.compile_seconds)
         # started_at: an imported compile ran on another ledger's worker, whenever; it never started here.
         .where(_inside(BucketCompile.finished_at, span), BucketCompile.state == BucketState.SUCCEEDED,
-               BucketCompile.compile_seconds.is_not(None), BucketCompile.started_at.is_not(None))
+               BucketCompile.compile_seconds.is_not(None), BucketCompile.started_at.is_not(None),
+               *compile_conditions(reader, BucketCompile.id))
     )
     found = [CompileTimes(model, target, _as_percentiles(n, p50, p95))
              for model, target, n, p50, p95 in _percentiles(session, source, 2)]
     return sorted(found, key=lambda c: (-(c.seconds.p95 or 0.0), c.model_name or "", c.target))
 
 
-def failures(session: Session, span: Window) -> list[FailureCount]:
+def failures(session: Session, span: Window, reader: Reader = EVERYTHING) -> list[FailureCount]:
     """Failed steps recorded in the window per error class, most frequent first."""
     _without_jit(session)
     rows = session.execute(
         select(BucketFailure.error_class, BucketFailure.retry, func.count())
-        .where(_inside(BucketFailure.at, span))
+        .where(_inside(BucketFailure.at, span), *compile_conditions(reader, BucketFailure.bucket_compile_id))
         .group_by(BucketFailure.error_class, BucketFailure.retry)
     ).all()
     counts: dict[str, list[int]] = {}
@@ -291,7 +294,7 @@ def _seconds_between(session: Session, earlier: Any, later: Any) -> ColumnElemen
     return (func.julianday(later) - func.julianday(earlier)) * 86400.0
 
 
-def queue_wait(session: Session, span: Window) -> QueueWait:
+def queue_wait(session: Session, span: Window, reader: Reader = EVERYTHING) -> QueueWait:
     """How long compiles started in the window waited after being queued: overall and per bin, ranked in
     one statement (two window orders over the same rows)."""
     _without_jit(session)
@@ -300,7 +303,8 @@ def queue_wait(session: Session, span: Window) -> QueueWait:
                _seconds_between(session, BucketCompile.queued_at, BucketCompile.started_at).label("wait"))
         # A requeue stamps a new queued_at and leaves the last attempt's started_at: until the compile starts
         # again, the wait of that attempt is unknown, and the compile is not one started in the window.
-        .where(_inside(BucketCompile.started_at, span), BucketCompile.started_at >= BucketCompile.queued_at)
+        .where(_inside(BucketCompile.started_at, span), BucketCompile.started_at >= BucketCompile.queued_at,
+               *compile_conditions(reader, BucketCompile.id))
         .subquery()
     )
     ranked = select(

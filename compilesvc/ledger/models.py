@@ -215,6 +215,8 @@ class Build(Base):
         Index("ix_builds_model_sha256_id", "model_sha256", "id"),
         Index("ix_builds_model_name_id", "model_name", "id"),
         Index("ix_builds_submitted_by_id", "submitted_by", "id"),
+        # A team's builds, newest first: the history under the team boundary for reads (compilesvc.team_reads).
+        Index("ix_builds_team_id", "team", "id"),
         # A token's builds in flight (its concurrent-compile quota).
         Index("ix_builds_token_id_state", "token_id", "state"),
         # The two filters the history UI shows side by side; SDK releases follow time (see 0003).

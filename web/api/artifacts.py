@@ -14,12 +14,14 @@ from __future__ import annotations
 from flask import Blueprint, Response, g, request
 from sqlalchemy import select
 
+from compilesvc import team_reads
 from compilesvc.keys import KEY_SCHEMA
 from compilesvc.ledger.models import Artifact, BucketCompile
 from compilesvc.model_pins import ModelRefError
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState
 from compilesvc.tokens import Permission
+from web import readers
 from web.api.builds import model_ref_problem
 from web.context import web
 from web.openapi import operation
@@ -45,6 +47,7 @@ ARTIFACTS = Permission.ARTIFACTS  # fleet tokens too
 def get_artifact(key: str) -> Response:
     g.artifact_key = key
     ctx = web()
+    readers.require_key(key)  # before the manifest: another team's artifact answers as an unknown key
     entry = ctx.published(key, remember_absence=True)
     ttl = ctx.settings.url_ttl_seconds
     headers = {"ETag": f'W/"{entry.etag}"', "Cache-Control": f"private, max-age={ttl // 2}, immutable"}
@@ -68,13 +71,17 @@ def resolve() -> Response:
     except ModelRefError as exc:
         raise model_ref_problem(exc) from None
     g.artifact_key = keys.key
+    who = readers.reader()
+    # Under the team boundary what the reader may not read is "absent": a submit would make it its own.
     with ctx.services.sessions() as session:
-        state = session.scalar(select(Artifact.state).where(Artifact.key == keys.key))
+        state = session.scalar(select(Artifact.state).where(Artifact.key == keys.key,
+                                                            *team_reads.artifact_conditions(who)))
         bucket_states = {key: bucket_state for key, bucket_state in session.execute(
-            select(BucketCompile.key, BucketCompile.state).where(BucketCompile.key.in_(keys.bucket_keys))
+            select(BucketCompile.key, BucketCompile.state).where(
+                BucketCompile.key.in_(keys.bucket_keys), *team_reads.compile_conditions(who, BucketCompile.id))
         )}
     artifact = None
-    if state is None or state == ArtifactState.PUBLISHED:
+    if (state is None and not who.bounded) or state == ArtifactState.PUBLISHED:
         try:
             manifest = ctx.published_manifest(keys.key)
         except Problem:

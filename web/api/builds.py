@@ -32,8 +32,10 @@ from compilesvc.services import Services
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState, BuildState, Outcome
 from compilesvc.submit import SubmitResult
+from compilesvc.team_reads import Reader
 from compilesvc.tokens import Permission, Principal
 from compilesvc.webhooks import CallbackRefused
+from web import readers
 from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
 from web.auth import current_principal
 from web.context import MAX_PREPARED_BODY, WebContext, web
@@ -152,7 +154,7 @@ def list_history(query: BuildListQuery) -> Response:
     ctx = web()
     try:
         with ctx.services.sessions() as session:
-            page = list_builds(session, query, limit=query.limit, cursor=query.cursor)
+            page = list_builds(session, query, limit=query.limit, cursor=query.cursor, reader=readers.reader())
             items = [summary_json(ctx, build) for build in page.items]
     except InvalidCursor as exc:
         raise Problem("invalid-cursor", str(exc)) from None
@@ -169,11 +171,12 @@ def list_history(query: BuildListQuery) -> Response:
 
 
 def load_build(ctx: WebContext, build_id: int) -> tuple[BuildDetail, list[BucketView]]:
-    """The build with its artifact and events, and its bucket compiles with their failures; 404 if none."""
+    """The build with its artifact and events, and its bucket compiles with their failures; 404 if none
+    (or if the request may not read it: :mod:`web.readers`)."""
     with ctx.services.sessions() as session:
-        detail = get_build_detail(session, build_id)
+        detail = get_build_detail(session, build_id, reader=readers.reader())
         if detail is None:
-            raise Problem("build-not-found", f"no build {build_id}")
+            raise readers.no_build(build_id)
         return detail, bucket_views(session, detail.artifact.id)
 
 
@@ -181,6 +184,9 @@ def document_of(ctx: WebContext, detail: BuildDetail, buckets: list[BucketView])
     """A loaded build (:func:`load_build`) as GET /v1/builds/{id} answers it (the UI renders the same)."""
     build, artifact = detail.build, detail.artifact
     origins = provenance.origins(build, buckets)
+    if readers.reader().bounded:
+        with ctx.services.sessions() as session:
+            origins = readers.redact_origins(session, origins)
     described = None
     if artifact.state == ArtifactState.PUBLISHED:
         described = ctx.describe(ctx.published_manifest(artifact.key))
@@ -191,15 +197,24 @@ def document_of(ctx: WebContext, detail: BuildDetail, buckets: list[BucketView])
         "sdk": build.sdk, "backend": build.backend, "created_at": build.created_at.isoformat(),
         "finished_at": build.finished_at.isoformat() if build.finished_at else None, "spec": build.spec,
         "buckets": [bucket_json(view, origins.get(view.compile_id or 0)) for view in buckets],
-        "events": [event_json(event) for event in detail.events],
+        "events": [_event_for_reader(event_json(event)) for event in detail.events],
         "status_url": ctx.build_url(build.id), "logs_url": ctx.build_url(build.id, "/logs"),
         "artifact": described,
     }
 
 
+def _event_for_reader(event: dict[str, Any]) -> dict[str, Any]:
+    """An artifact's event as the request may read it: a shared artifact's event details may name another
+    team's build ("retry of build 12"), so a bounded reader gets the transition without them."""
+    if event["entity"] == "artifact" and readers.reader().bounded:
+        return {**event, "detail": {}}
+    return event
+
+
 def miss_document(session: Session, build: Build) -> dict[str, Any]:
-    """GET /v1/builds/{id}/miss's body (also rendered by the build page, in the session it reads with)."""
-    compared = key_diff.explain_miss(session, build)
+    """GET /v1/builds/{id}/miss's body (also rendered by the build page, in the session it reads with),
+    compared only with builds the request may read."""
+    compared = key_diff.explain_miss(session, build, readers.reader())
     return {
         "build_id": build.id, "outcome": build.outcome,
         "compared_with": None if compared is None else {
@@ -221,10 +236,7 @@ def miss_document(session: Session, build: Build) -> dict[str, Any]:
 def miss(build_id: int) -> Response:
     g.build_id = build_id
     with web().services.sessions() as session:
-        build = session.get(Build, build_id)
-        if build is None:
-            raise Problem("build-not-found", f"no build {build_id}")
-        return respond(MissOut, miss_document(session, build))
+        return respond(MissOut, miss_document(session, readers.require_build(session, build_id)))
 
 
 @bp.get("/<ledger_id:build_id>")
@@ -242,6 +254,9 @@ def run_control(build_id: int, action: Callable[[Services, int, Principal | None
     an admin: :mod:`compilesvc.control` decides), refusals as problems; the API's views and the UI's forms."""
     g.build_id = build_id
     ctx = web()
+    if readers.reader().bounded:  # under the team boundary another team's build does not exist: 404, not 403
+        with ctx.services.sessions() as session:
+            readers.require_build(session, build_id)
     try:
         action(ctx.services, build_id, current_principal())
     except BuildNotFound:
@@ -278,9 +293,9 @@ def retry(build_id: int) -> Response:
     return _state_response(run_control(build_id, retry_build), build_id, 202)
 
 
-def _build_state(ctx: WebContext, build_id: int) -> str | None:
+def _build_state(ctx: WebContext, build_id: int, who: Reader) -> str | None:
     with ctx.services.sessions() as session:
-        return session.scalar(select(Build.state).where(Build.id == build_id))
+        return readers.build_state(session, who, build_id)
 
 
 @bp.get("/<ledger_id:build_id>/logs")
@@ -292,9 +307,9 @@ def logs(build_id: int, query: LogsQuery) -> Response:
     after, limit = query.after, query.limit
     # State before lines: if the build was finished when we looked, every line it will ever have was
     # committed before that, so the read below sees them all and `finished` is exact.
-    state = _build_state(ctx, build_id)
+    state = _build_state(ctx, build_id, readers.reader())
     if state is None:
-        raise Problem("build-not-found", f"no build {build_id}")
+        raise readers.no_build(build_id)
     with ctx.services.sessions() as session:
         entries = read_build_logs(session, build_id, after=after, limit=limit)
     next_after = entries[-1].id if entries else after
@@ -316,15 +331,16 @@ def stream_logs(build_id: int, query: StreamQuery, headers: StreamHeaders) -> Re
     g.build_id = build_id
     ctx = web()
     after = headers.last_event_id if headers.last_event_id is not None else query.after
-    if _build_state(ctx, build_id) is None:
-        raise Problem("build-not-found", f"no build {build_id}")
+    who = readers.reader()
+    if _build_state(ctx, build_id, who) is None:
+        raise readers.no_build(build_id)
     # Each open stream holds a server thread for its lifetime: past the cap, refuse rather than let
     # watchers starve the API (the UI then polls /logs instead).
     if not ctx.streams.acquire(blocking=False):
         raise Problem("too-many-streams", "too many live log streams on this server; poll /logs instead",
                       headers={"Retry-After": "10"})
     config = current_app.config
-    events = _sse_events(ctx, build_id, after, poll=float(config["SSE_POLL_SECONDS"]),
+    events = _sse_events(ctx, build_id, who, after, poll=float(config["SSE_POLL_SECONDS"]),
                          lifetime=float(config["SSE_MAX_SECONDS"]),
                          heartbeat=float(config["SSE_HEARTBEAT_SECONDS"]))
     return Response(_Releasing(events, ctx.streams.release), mimetype="text/event-stream",
@@ -354,7 +370,7 @@ class _Releasing:
                 release()
 
 
-def _sse_events(ctx: WebContext, build_id: int, after: int, *, poll: float, lifetime: float,
+def _sse_events(ctx: WebContext, build_id: int, who: Reader, after: int, *, poll: float, lifetime: float,
                 heartbeat: float) -> Iterator[str]:
     """Poll the ledger and yield SSE frames. Holds no database connection between polls."""
     deadline = time.monotonic() + lifetime
@@ -362,7 +378,7 @@ def _sse_events(ctx: WebContext, build_id: int, after: int, *, poll: float, life
     yield f"retry: {int(max(poll, 1.0) * 1000)}\n\n"
     while True:
         try:
-            state = _build_state(ctx, build_id)
+            state = _build_state(ctx, build_id, who)
             with ctx.services.sessions() as session:
                 entries = read_build_logs(session, build_id, after=after, limit=SSE_BATCH)
         except SQLAlchemyError as exc:

@@ -9,12 +9,13 @@ from flask import Blueprint, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from compilesvc import campaigns
+from compilesvc import campaigns, team_reads
 from compilesvc.ledger.campaigns import Campaign
 from compilesvc.ledger.models import Artifact
 from compilesvc.model_pins import ModelRefError
 from compilesvc.spec_parsing import SpecError, parse_for_service
 from compilesvc.tokens import Permission
+from web import readers
 from web.auth import current_principal
 from web.context import WebContext, web
 from web.fleet_schemas import CampaignList, CampaignOut, RollforwardIn, RollforwardPlan
@@ -94,7 +95,8 @@ def rollforward() -> Response:
 def list_campaigns(query: CampaignListQuery) -> Response:
     ctx = web()
     with ctx.services.sessions() as session:
-        rows = session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(query.limit))
+        shown = team_reads.may_read_campaigns(readers.reader())
+        rows = session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(query.limit)) if shown else []
         return respond(CampaignList, {"items": [campaign_json(ctx, session, row) for row in rows]})
 
 
@@ -105,6 +107,6 @@ def get_campaign(campaign_id: int) -> Response:
     ctx = web()
     with ctx.services.sessions() as session:
         campaign = session.get(Campaign, campaign_id)
-        if campaign is None:
+        if campaign is None or not team_reads.may_read_campaigns(readers.reader()):
             raise Problem("campaign-not-found", f"no campaign {campaign_id}")
         return respond(CampaignOut, campaign_json(ctx, session, campaign))

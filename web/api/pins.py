@@ -8,10 +8,12 @@ from typing import Any
 from flask import Blueprint, Response
 from sqlalchemy import select
 
+from compilesvc import team_reads
 from compilesvc.db import transaction
 from compilesvc.ledger.retention import RetentionPin
 from compilesvc.ledger.sql import insert_ignore
 from compilesvc.tokens import Permission
+from web import readers
 from web.auth import current_principal
 from web.context import web
 from web.fleet_schemas import PinCreate, PinList, PinOut
@@ -31,7 +33,8 @@ def pin_json(row: RetentionPin) -> dict[str, Any]:
 @operation(summary="Retention pins", tag="retention", access=Permission.READ, responses={200: PinList})
 def list_pins() -> Response:
     with web().services.sessions() as session:
-        rows = session.scalars(select(RetentionPin).order_by(RetentionPin.id)).all()
+        rows = session.scalars(select(RetentionPin).where(*team_reads.pin_conditions(readers.reader()))
+                               .order_by(RetentionPin.id)).all()
         return respond(PinList, {"items": [pin_json(row) for row in rows]})
 
 

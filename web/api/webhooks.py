@@ -6,13 +6,12 @@ from __future__ import annotations
 from flask import Blueprint, Response, g
 from sqlalchemy import select
 
-from compilesvc.ledger.models import Build
 from compilesvc.ledger.webhooks import Webhook, WebhookAttempt, WebhookDelivery
 from compilesvc.tokens import Permission
+from web import readers
 from web.context import web
 from web.openapi import operation
 from web.params import respond
-from web.problems import Problem
 from web.schemas import WebhookDeliveries
 
 bp = Blueprint("webhooks", __name__, url_prefix="/v1/builds")
@@ -24,8 +23,7 @@ bp = Blueprint("webhooks", __name__, url_prefix="/v1/builds")
 def build_webhooks(build_id: int) -> Response:
     g.build_id = build_id
     with web().services.sessions() as session:
-        if session.get(Build, build_id) is None:
-            raise Problem("build-not-found", f"no build {build_id}")
+        readers.require_build(session, build_id)
         hooks = {h.id: h.url for h in session.scalars(select(Webhook).where(Webhook.build_id == build_id)
                                                        .order_by(Webhook.id))}
         deliveries = list(session.scalars(select(WebhookDelivery).where(WebhookDelivery.build_id == build_id)

@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from werkzeug.wrappers import Response as WerkzeugResponse
 
+from compilesvc import team_reads
 from compilesvc.bucket_compiles import positioned_buckets
 from compilesvc.control import cancel_build, retry_build
 from compilesvc.history import (
@@ -33,12 +34,11 @@ from compilesvc.spec import Target
 from compilesvc.spec_parsing import validation_errors
 from compilesvc.states import Outcome
 from compilesvc.tokens import Permission, Principal
-from web import auth
+from web import auth, readers
 from web.api.builds import document_of, load_build, miss_document, run_control
 from web.api.serialize import summary_json
 from web.context import web
 from web.inputs import FILTERS
-from web.problems import Problem
 from web.ui import bp
 
 #: The filter forms' target choices: the spec's targets.
@@ -73,14 +73,14 @@ def history() -> tuple[str, int]:
         limit = _page_size()
         filters = HistoryFilter(**{k: v for k, v in given.items() if v})
         with ctx.services.sessions() as session:
-            page = list_builds(session, filters, limit=limit, cursor=cursor)
+            page = list_builds(session, filters, limit=limit, cursor=cursor, reader=readers.reader())
             failed = failure_of_artifacts(session, [b.artifact_id for b in page.items if b.state == "failed"])
             for build in page.items:
                 item = summary_json(ctx, build)
                 item["cache"] = cache_outcome(build.outcome, build.provenance)
                 item["failure"] = failed.get(build.artifact_id)
                 items.append(item)
-            counts = count_by_state(session)
+            counts = count_by_state(session, reader=readers.reader())
         if page.next_cursor:
             next_url = "/?" + urllib.parse.urlencode({**kept, "cursor": page.next_cursor})
     except ValidationError as exc:
@@ -123,7 +123,8 @@ def build_page(build_id: int) -> str:
         miss = miss_document(session, detail.build) if build["outcome"] == Outcome.NEW else None
         error_lines = _error_lines(session, build["buckets"])
         tail = tail_after(session, build_id, LOG_TAIL)
-        key_owner = session.scalar(select(func.min(Build.id)).where(Build.artifact_id == artifact.id))
+        key_owner = session.scalar(select(func.min(Build.id)).where(
+            Build.artifact_id == artifact.id, *team_reads.build_conditions(readers.reader())))
     team = detail.build.team
     _sign_failure_logs(ctx, build)
     # Buckets compile at once and their log lines interleave: each line is labelled with its bucket.
@@ -190,9 +191,7 @@ def full_log(build_id: int) -> Response:
     """The whole central log of a build as text, every line labelled with its bucket and attempt."""
     ctx = web()
     with ctx.services.sessions() as session:
-        artifact_id = session.scalar(select(Build.artifact_id).where(Build.id == build_id))
-        if artifact_id is None:
-            raise Problem("build-not-found", f"no build {build_id}")
+        artifact_id = readers.require_build(session, build_id).artifact_id
         positions = {bucket.key: position for bucket, position in positioned_buckets(session, artifact_id)}
 
     def lines() -> Iterator[str]:

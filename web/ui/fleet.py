@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.parse
 from datetime import UTC, datetime
 from typing import Any
@@ -18,7 +19,7 @@ from compilesvc.registry import live_workers, queue_depths, running_compiles
 from compilesvc.spec_parsing import validation_errors
 from compilesvc.states import ArtifactState
 from compilesvc.tokens import Permission
-from web import auth
+from web import auth, readers
 from web.context import web
 from web.ui import bp
 from web.ui.builds import TARGETS
@@ -56,7 +57,7 @@ def artifacts() -> tuple[str, int]:
         before = _before()
         with ctx.services.sessions() as session:
             page = list_artifacts(session, filters, limit=min(int(current_app.config["UI_PAGE_SIZE"]), MAX_LIMIT),
-                                  before=before)
+                                  before=before, reader=readers.reader())
         groups = _grouped(page.items)
         if page.next_before is not None:
             kept = {k: v for k, v in given.items() if v}
@@ -88,7 +89,11 @@ def workers() -> str:
         everyone = [w for w in session.scalars(select(Worker).order_by(Worker.id))
                     if w.id in live_ids or _heartbeat_age(w, now) < 24 * 3600]
         depths = queue_depths(session, live)
-        running = running_compiles(session)
+        running = running_compiles(session, readers.reader())
+        if readers.reader().bounded:  # a shared compile may have been queued by another team's build
+            named = readers.readable_ids(session, [c.build_id for cs in running.values() for c in cs])
+            running = {w: [c if c.build_id in named else dataclasses.replace(c, build_id=None) for c in cs]
+                       for w, cs in running.items()}
     rows: list[dict[str, Any]] = [{
         "worker": w, "live": w.id in live_ids, "age": _heartbeat_age(w, now), "running": running.get(w.id, []),
         "caps": w.capabilities or {},

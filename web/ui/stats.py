@@ -17,7 +17,7 @@ from flask import render_template, request
 
 from compilesvc.stats import WINDOWS, Stats, UnknownWindow, collect
 from compilesvc.tokens import Permission
-from web import auth
+from web import auth, readers
 from web.context import web
 from web.ui import bp
 from web.ui.filters import duration
@@ -199,7 +199,7 @@ def stats_page() -> tuple[str, int]:
     name = request.args.get("window", "day")
     try:
         with web().services.sessions() as session:
-            stats = collect(session, name)
+            stats = collect(session, name, reader=readers.reader())
     except UnknownWindow as exc:
         return render_template("stats.html", stats=None, error=str(exc), windows=list(WINDOWS), current=None), 400
     return render_template("stats.html", stats=stats, charts=charts(stats), error=None, windows=list(WINDOWS),
