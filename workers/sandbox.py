@@ -110,8 +110,9 @@ class Policy:
         mib = 1024 * 1024
         memory = settings.sandbox_memory_mb * mib if settings.sandbox_memory_mb else host_memory_bytes()
         limits = Limits(memory_bytes=memory, memory_set=bool(settings.sandbox_memory_mb),
-                        processes=settings.sandbox_max_processes, open_files=settings.sandbox_max_open_files, file_bytes=settings.sandbox_max_file_mb * mib,
-                        disk_bytes=settings.sandbox_max_disk_mb * mib, tmp_bytes=settings.sandbox_tmp_mb * mib)
+                        processes=settings.sandbox_max_processes, open_files=settings.sandbox_max_open_files,
+                        file_bytes=settings.sandbox_max_file_mb * mib, disk_bytes=settings.sandbox_max_disk_mb * mib,
+                        tmp_bytes=settings.sandbox_tmp_mb * mib)
         extra = tuple(Path(p) for p in settings.sandbox_read_paths.split(",") if p.strip())
         secret = (settings.data_dir.expanduser().resolve(), Path.home().resolve())
         return cls(enabled=settings.sandbox != "off", user=resolve_user(settings.sandbox_user),
