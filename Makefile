@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: dev test test-quick test-tools lint install bench screenshots
+.PHONY: dev test test-quick test-tools sandbox-tools lint install bench screenshots
 
 $(BIN)/compilesvc: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -13,8 +13,12 @@ $(BIN)/compilesvc: pyproject.toml
 
 install: $(BIN)/compilesvc
 
-dev: install
+dev: install sandbox-tools
 	$(BIN)/compilesvc dev --demo
+
+# bubblewrap: every compile runs in its sandbox (a worker refuses to start without it).
+sandbox-tools:
+	.ci/sandbox-tools
 
 # System tools of the tests (nginx for the reverse-proxy tests): installed when missing, where possible.
 test-tools:
@@ -23,7 +27,7 @@ test-tools:
 # The 25 slowest tests are listed at the end: the suite has a budget (20 minutes on 2 cores), watched in CI.
 # One pytest-xdist process per core (at most 4; every fixture is private to its process: databases, S3
 # servers, broker prefixes and ports); worksteal evens out the few long tests.
-test: install test-tools
+test: install test-tools sandbox-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -n auto --maxprocesses 4 --dist worksteal --durations=25
@@ -33,7 +37,7 @@ test-quick: install
 	$(BIN)/pytest -m "not slow" -q
 
 # `make bench BENCH_ARGS=--quick` for a smoke run; `BENCH_ARGS="--only pipeline"` for one bench.
-bench: install test-tools
+bench: install test-tools sandbox-tools
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
 # The README's screenshots (docs/screenshots), from a real service and real builds in Chromium.
