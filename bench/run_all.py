@@ -32,7 +32,7 @@ from bench import _table
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ("api_throughput", "pipeline", "stream_memory", "fleet_fetch", "history_scale", "db_preping", "soak",
-           "fault_recovery", "fuzz")
+           "fault_recovery", "fuzz", "sandbox_cost")
 QUICK: dict[str, list[str]] = {
     "api_throughput": ["--duration", "2", "--rounds", "1"],
     "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "5", "--submits", "50", "--client-processes",
@@ -44,6 +44,7 @@ QUICK: dict[str, list[str]] = {
     "soak": ["--seconds", "60", "--every", "15"],
     "fault_recovery": ["--scale", "ci"],
     "fuzz": ["--cases", "300"],
+    "sandbox_cost": ["--starts", "10", "--rounds", "1"],
 }
 
 
