@@ -58,7 +58,9 @@ DEFAULT_UNKNOWN_FAILURE_RETRIES = 2
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="COMPILESVC_", extra="ignore")
+    # hide_input_in_errors: a refused setting's message never repeats its value (it may be a secret, and the
+    # worker's and relay's start errors print the whole ValidationError).
+    model_config = SettingsConfigDict(env_prefix="COMPILESVC_", extra="ignore", hide_input_in_errors=True)
 
     data_dir: Path = Field(default=Path(".compilesvc"), description="Root for embedded-mode state.")
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite in data_dir.")
@@ -106,6 +108,9 @@ class Settings(BaseSettings):
         default=None,
         description="An admin token (csvc_ + at least 27 characters) the API registers at start unless its hash "
                     "is known; revoking it sticks. For a first admin without ledger access (compose, Kubernetes).")
+    allow_placeholder_secrets: bool = Field(
+        default=False, description="Start although a secret is a 'change-me' placeholder (a development stack "
+                                   "only; compilesvc/placeholder_secrets.py).")
     open_reads: bool = Field(
         default=False, description="Reads (history, builds, logs, workers, artifact lookups) need no token.")
     public_metrics: bool = Field(default=True, description="/metrics needs no token (false: a read token).")
@@ -330,4 +335,18 @@ class Settings(BaseSettings):
                 f"deliver a running compile's message a second time")
         if self.retry_backoff_max_seconds < self.retry_backoff_seconds:
             raise ValueError("retry_backoff_max_seconds must be at least retry_backoff_seconds")
+        return self
+
+    @model_validator(mode="after")
+    def _no_placeholder_secrets(self) -> Settings:
+        from compilesvc.placeholder_secrets import placeholders, refusal
+
+        if not self.allow_placeholder_secrets:
+            found = placeholders({
+                "secret_key": self.secret_key, "database_url": self.database_url, "broker_url": self.broker_url,
+                "bootstrap_token": self.bootstrap_token.get_secret_value() if self.bootstrap_token else None,
+                "webhook_secret": self.webhook_secret.get_secret_value() if self.webhook_secret else None,
+            }, os.environ)
+            if found:
+                raise ValueError(refusal(found))
         return self
