@@ -221,9 +221,9 @@ def _identify() -> tuple[Principal | None, bool]:
         if principal is None:
             raise unauthorized(INVALID_TOKEN, invalid=True)
         return principal, False
-    secret = session.get("sid")
-    if isinstance(secret, str):
-        principal = cache.by_session(secret)
+    sid = session.get("sid")
+    if isinstance(sid, str):
+        principal = cache.by_session(sid)
         if principal is None:
             session.clear()  # logged out, expired, or its token revoked or expired
         return principal, principal is not None
