@@ -146,3 +146,38 @@ def test_the_script_refuses_bad_keys_and_skips_unset_services(tmp_path: Path) ->
     assert alone.returncode == 0
     names = [i["name"] for i in json.loads((tmp_path / "c.json").read_text())["identities"]]
     assert names == ["admin", "api", "worker"]
+
+
+def store_as(endpoint: str, service: str, tmp_path: Path) -> Any:
+    """compilesvc's own S3 store, as the service would open it (its keys, the compose store URL)."""
+    from compilesvc.store.s3 import S3Store
+    from compilesvc.store.s3_client import make_client
+
+    session = boto3.Session(aws_access_key_id=KEYS[service][0], aws_secret_access_key=KEYS[service][1])
+    return S3Store(BUCKET, PREFIX, make_client(endpoint, "us-east-1", session=session),
+                   create_client=make_client(endpoint, "us-east-1", session=session), spool_dir=tmp_path)
+
+
+def test_compilesvc_store_works_as_each_service_within_its_rights(weed: str, tmp_path: Path) -> None:
+    from compilesvc.store import StoreError, artifact_manifest_name, bucket_manifest_name
+
+    api, worker, relay = (store_as(weed, name, tmp_path) for name in ("api", "worker", "relay"))
+    for store in (api, worker, relay):
+        store.check()  # readiness (HEAD bucket)
+    # The API stores an upload and may publish an artifact manifest, never a bucket's.
+    upload = tmp_path / "model.pt"
+    upload.write_bytes(b"an uploaded model " + uuid.uuid4().bytes)
+    blob = api.put_file(upload)
+    assert worker.has_blob(blob.sha256) and relay.blob_size(blob.sha256) == blob.size
+    name = uuid.uuid4().hex
+    assert api.create_document(artifact_manifest_name(name), b"{}")
+    with pytest.raises(StoreError):
+        api.create_document(bucket_manifest_name(name), b"{}")
+    # The worker publishes a bucket manifest; the relay sweeps abandoned uploads.
+    assert worker.create_document(bucket_manifest_name(name), b"{}")
+    assert api.read_document(bucket_manifest_name(name)) == b"{}"
+    from datetime import timedelta
+
+    assert relay.sweep_incomplete_uploads(timedelta(0)) >= 0
+    with pytest.raises(StoreError):
+        relay.create_document(bucket_manifest_name(uuid.uuid4().hex), b"{}")
