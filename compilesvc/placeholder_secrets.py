@@ -43,5 +43,6 @@ def placeholders(secrets: Mapping[str, str | None], environ: Mapping[str, str]) 
 
 
 def refusal(names: list[str]) -> str:
-    return (f"{', '.join(names)} still hold a placeholder ('change-me'): set real secrets (docs/deploy.md, "
+    verb = "holds" if len(names) == 1 else "hold"
+    return (f"{', '.join(names)} still {verb} a placeholder ('change-me'): set real secrets (docs/deploy.md, "
             "\"Secrets\"), or COMPILESVC_ALLOW_PLACEHOLDER_SECRETS=true for a development stack")
