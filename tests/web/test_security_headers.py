@@ -88,7 +88,8 @@ def test_every_page_and_answer_carries_the_headers_and_no_inline_code(env: Env) 
     api = [env.client.get("/v1/builds"), env.client.get(f"/v1/builds/{done}"), env.client.get("/healthz"),
            env.client.get("/openapi.json"), env.client.get("/v1/builds/999999"),  # a problem (404)
            env.app.test_client().get("/v1/builds"),  # refused (401)
-           env.client.post("/v1/builds", data="x", content_type="text/plain")]  # refused (415)
+           env.client.post("/v1/builds", data="x", content_type="text/plain"),  # refused (415)
+           env.client.get("/v1/no/such/path"), env.client.delete("/v1/builds")]  # no route (404), 405
     for answer in api:
         assert answer.mimetype in ("application/json", "application/problem+json"), answer.mimetype
         assert_secure(answer.headers)
