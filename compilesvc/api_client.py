@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 TRANSPORT_RETRIES = 5  # 0.5 + 1 + 2 + 4 + 8 s of backoff: a network blip or an API restart
 class ApiError(Exception):
@@ -36,6 +37,60 @@ class ApiError(Exception):
     @property
     def problem_type(self) -> str:
         return str(self.problem.get("type", "")).rsplit("/", 1)[-1]
+
+
+class RedirectRefused(ApiError):
+    """The API answered a JSON call with a redirect. compilesvc's API never redirects its JSON calls, so
+    one means a wrong base URL (http for https, a path prefix) or someone in between; following it would
+    hand the bearer token to wherever it points. Not retried."""
+
+    def __init__(self, status: int, base: str, location: str):
+        super().__init__(f"the API at {base} answered HTTP {status} redirecting to {location or '(nowhere)'}; "
+                         "compilesvc follows no redirects from its API (they would carry the token): set "
+                         "COMPILESVC_API_URL (or the config file's api_url) to the address that answers", status)
+        self.location = location
+
+
+class _RefuseApiRedirects(urllib.request.HTTPRedirectHandler):
+    """Every 3xx from the API is :class:`RedirectRefused`, raised before a request is made to its target."""
+
+    def __init__(self, base: str):
+        self.base = base
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> None:
+        raise RedirectRefused(code, self.base, newurl)
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """RFC 6454 origin of an absolute URL: scheme, host, port (the scheme's default filled in)."""
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+class CredentialSafeRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows redirects (a presigned download may be sent on by its store), but a request that leaves
+    its origin loses ``Authorization`` and ``Cookie``, as browsers and ``requests`` do (requests'
+    ``Session.rebuild_auth``; the Fetch standard's "HTTP-redirect fetch" step 13), and never goes from
+    https to http."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is None:
+            return None
+        if urlsplit(req.full_url).scheme == "https" and urlsplit(newurl).scheme != "https":
+            raise urllib.error.HTTPError(newurl, code, "refused a redirect from https to http", headers, fp)
+        if origin(newurl) != origin(req.full_url):
+            for name in ("Authorization", "Cookie", "Proxy-Authorization"):
+                new.headers.pop(name.capitalize(), None)
+                new.unredirected_hdrs.pop(name.capitalize(), None)
+        return new
+
+
+DOWNLOADS = urllib.request.build_opener(CredentialSafeRedirects)
+"""The opener for download URLs (they carry their own credential; a store may redirect them)."""
 
 
 def _api_error(status: int, body: bytes) -> ApiError:
@@ -72,6 +127,7 @@ class Api:
         self.timeout = timeout
         self.retries = retries
         self.token = token
+        self._opener = urllib.request.build_opener(_RefuseApiRedirects(self.base))
 
     def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, *,
                 upload: Path | bytes | None = None) -> Any:
@@ -96,7 +152,7 @@ class Api:
                     if isinstance(upload, bytes):
                         payload = upload
                     req = urllib.request.Request(url, data=payload, method=method, headers=all_headers)
-                    with urllib.request.urlopen(req, timeout=self.timeout) as response:
+                    with self._opener.open(req, timeout=self.timeout) as response:
                         return json.loads(response.read() or b"null")
             except urllib.error.HTTPError as exc:
                 body_bytes = exc.read()

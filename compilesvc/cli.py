@@ -257,8 +257,14 @@ def key_command(spec_path: str, explain_: bool, as_json: bool, isa: str | None, 
 @click.option(
     "--database-url", metavar="URL", help="SQLAlchemy URL (default: COMPILESVC_DATABASE_URL, else SQLite in data_dir)."
 )
-def migrate_command(database_url: str | None) -> None:
-    """Upgrade the ledger database to the newest schema (alembic upgrade head)."""
+@click.option("--grant-api", metavar="ROLE", help="Then grant this Postgres role the API's rights (row access).")
+@click.option("--grant-worker", metavar="ROLE",
+              help="Then grant this Postgres role the workers' rights (rows, but no tokens or sessions).")
+def migrate_command(database_url: str | None, grant_api: str | None, grant_worker: str | None) -> None:
+    """Upgrade the ledger database to the newest schema (alembic upgrade head); with --grant-api and
+    --grant-worker, grant those roles their rights on every table (compilesvc/ledger_roles.py)."""
+    if (grant_api is None) != (grant_worker is None):
+        raise click.UsageError("--grant-api and --grant-worker go together")
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -281,6 +287,23 @@ def migrate_command(database_url: str | None) -> None:
     except Exception as exc:  # driver, network and migration errors alike: one line, exit 1
         raise CommandFailed(f"migration failed: {type(exc).__name__}: {exc}") from None
     click.echo(f"migrated {parsed.render_as_string(hide_password=True)} to head")
+    if grant_api is not None and grant_worker is not None:
+        from sqlalchemy import create_engine
+
+        from compilesvc.ledger_roles import grant
+
+        if not parsed.drivername.startswith("postgresql"):
+            raise BadInput("--grant-api/--grant-worker need a Postgres ledger (SQLite has no roles)")
+        engine = create_engine(url)
+        try:
+            grant(engine, grant_api, grant_worker)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+        except Exception as exc:  # a role that does not exist, no right to grant: one line, exit 1
+            raise CommandFailed(f"granting failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            engine.dispose()
+        click.echo(f"granted {grant_api} (api) and {grant_worker} (worker) their rights")
 
 
 @main.group("neuron-releases")

@@ -58,7 +58,9 @@ DEFAULT_UNKNOWN_FAILURE_RETRIES = 2
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="COMPILESVC_", extra="ignore")
+    # hide_input_in_errors: a refused setting's message never repeats its value (it may be a secret, and the
+    # worker's and relay's start errors print the whole ValidationError).
+    model_config = SettingsConfigDict(env_prefix="COMPILESVC_", extra="ignore", hide_input_in_errors=True)
 
     data_dir: Path = Field(default=Path(".compilesvc"), description="Root for embedded-mode state.")
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite in data_dir.")
@@ -106,6 +108,9 @@ class Settings(BaseSettings):
         default=None,
         description="An admin token (csvc_ + at least 27 characters) the API registers at start unless its hash "
                     "is known; revoking it sticks. For a first admin without ledger access (compose, Kubernetes).")
+    allow_placeholder_secrets: bool = Field(
+        default=False, description="Start although a secret is a 'change-me' placeholder (a development stack "
+                                   "only; compilesvc/placeholder_secrets.py).")
     open_reads: bool = Field(
         default=False, description="Reads (history, builds, logs, workers, artifact lookups) need no token.")
     public_metrics: bool = Field(default=True, description="/metrics needs no token (false: a read token).")
@@ -166,6 +171,12 @@ class Settings(BaseSettings):
         description="Most tensor-parallel ranks of one Neuron compile that compile at the same time (SDKs whose "
                     "tp > 1 path is parallel_model_trace, where each rank is a process with its own model and "
                     "compiler). Default: host memory / 16 GiB, at least 1. Not part of any key.")
+    # Caps on extracting an hf-dir model archive (workers/archive_limits.py); past one: a compile error.
+    hf_extract_max_bytes: int = Field(default=256 * 1024**3, ge=1, description="Most bytes an hf-dir archive "
+                                      "may expand to (default 256 GiB).")
+    hf_extract_max_files: int = Field(default=10_000, ge=1, description="Most members an hf-dir archive may have.")
+    hf_extract_max_ratio: float = Field(default=100.0, gt=0, description="Most times its own size an hf-dir "
+                                        "archive may expand to (checked past 64 MiB).")
     relay_interval_seconds: float = Field(default=0.5, gt=0)
     # The compile sandbox (workers/sandbox.py, docs/security.md): a compile runs the model, so it runs isolated.
     sandbox: Literal["bwrap", "off"] = Field(
@@ -344,4 +355,18 @@ class Settings(BaseSettings):
             # A read without a token has no team: the two settings cannot both hold.
             raise ValueError("team_reads and open_reads (COMPILESVC_TEAM_READS, COMPILESVC_OPEN_READS) contradict "
                              "each other (a read without a token has no team); set one of them")
+        return self
+
+    @model_validator(mode="after")
+    def _no_placeholder_secrets(self) -> Settings:
+        from compilesvc.placeholder_secrets import placeholders, refusal
+
+        if not self.allow_placeholder_secrets:
+            found = placeholders({
+                "secret_key": self.secret_key, "database_url": self.database_url, "broker_url": self.broker_url,
+                "bootstrap_token": self.bootstrap_token.get_secret_value() if self.bootstrap_token else None,
+                "webhook_secret": self.webhook_secret.get_secret_value() if self.webhook_secret else None,
+            }, os.environ)
+            if found:
+                raise ValueError(refusal(found))
         return self

@@ -24,6 +24,7 @@ from enum import StrEnum
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from compilesvc import ui_sessions
 from compilesvc.ledger.models import ApiToken, utcnow
 from compilesvc.ledger.sql import insert_ignore
 
@@ -208,8 +209,11 @@ def list_tokens(session: Session, *, include_revoked: bool = False) -> list[ApiT
 
 
 def revoke(session: Session, token_id: int) -> ApiToken | None:
-    """Revoke token ``token_id`` (idempotent: an already revoked token keeps its time); None if unknown."""
+    """Revoke token ``token_id`` (idempotent: an already revoked token keeps its time); None if unknown.
+    Every UI session made with it ends too (:mod:`compilesvc.ui_sessions`)."""
     row = session.get(ApiToken, token_id, with_for_update=True)
     if row is not None and row.revoked_at is None:
         row.revoked_at = utcnow()
+    if row is not None:
+        ui_sessions.end_all(session, token_id)
     return row

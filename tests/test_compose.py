@@ -162,7 +162,7 @@ def test_every_dependency_exists(services: dict[str, dict[str, Any]]) -> None:
 
 def test_migrate_runs_once_before_everything_that_uses_the_ledger(services: dict[str, dict[str, Any]]) -> None:
     migrate = services["migrate"]
-    assert migrate["command"] == ["migrate"]
+    assert migrate["command"] == ["migrate", "--grant-api", "compilesvc_api", "--grant-worker", "compilesvc_worker"]
     assert migrate.get("restart") == "no"
     assert depends_on(migrate)["postgres"]["condition"] == "service_healthy"
     for name in LONG_RUNNING:
@@ -280,17 +280,66 @@ def test_neuron_worker_is_behind_a_profile_with_a_neuron_device(services: dict[s
     assert [n for n, s in services.items() if s.get("profiles")] == ["worker-neuron"]
 
 
-def test_compilesvc_services_share_one_environment(services: dict[str, dict[str, Any]]) -> None:
-    base = environment(services["api"])
+#: Credentials, which each service gets on its own (docs/security.md, "Compose: least privilege").
+CREDENTIALS = {"COMPILESVC_DATABASE_URL", "PGPASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+               "COMPILESVC_SECRET_KEY", "COMPILESVC_BOOTSTRAP_TOKEN"}
+WORKERS = ("worker-cpu", "worker-neuron")
+
+
+def test_compilesvc_services_share_one_environment(raw: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+    base = environment({"environment": interpolate(raw["x-compilesvc-env"], {})})
+    assert not set(base) & CREDENTIALS, "credentials belong to the services that need them"
     for name in COMPILESVC_SERVICES:
         env = environment(services[name])
         assert {k: v for k, v in env.items() if k in base} == base, name
-    extra = set(environment(services["worker-neuron"])) - set(base)
-    assert extra == {"COMPILESVC_NEURON_SDK"}
+        assert set(env) - set(base) <= CREDENTIALS | {"COMPILESVC_NEURON_SDK"}, name
+    assert set(environment(services["worker-neuron"])) - set(environment(services["worker-cpu"])) == \
+        {"COMPILESVC_NEURON_SDK"}
     # Written once: every key of the shared environment is defined exactly once in the file.
     text = COMPOSE_FILE.read_text()
     for key in base:
         assert len(re.findall(rf"^\s+{key}:", text, re.MULTILINE)) == 1, key
+
+
+def test_each_service_holds_only_its_own_credentials(raw: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+    secrets = interpolate(raw["x-secrets"], {})
+    env = {name: environment(services[name]) for name in COMPILESVC_SERVICES}
+    # The bootstrap token and the secret key: the API (and the relay's webhook signatures), never a worker.
+    assert [n for n, e in env.items() if "COMPILESVC_BOOTSTRAP_TOKEN" in e] == ["api"]
+    assert sorted(n for n, e in env.items() if "COMPILESVC_SECRET_KEY" in e) == ["api", "relay"]
+    # The ledger: the owner migrates; the API and relay use the API's role, the workers their own.
+    user = {n: e["COMPILESVC_DATABASE_URL"].split("//")[1].split("@")[0] for n, e in env.items()
+            if "COMPILESVC_DATABASE_URL" in e}
+    assert user == {"migrate": "compilesvc", "api": "compilesvc_api", "relay": "compilesvc_api",
+                    "worker-cpu": "compilesvc_worker", "worker-neuron": "compilesvc_worker"}
+    owner_password = secrets["postgres-password"]
+    assert [n for n, e in env.items() if e.get("PGPASSWORD") == owner_password] == ["migrate"]
+    for worker in WORKERS:
+        assert env[worker]["PGPASSWORD"] == secrets["postgres-worker-password"]
+        assert env[worker]["AWS_ACCESS_KEY_ID"] == secrets["s3-worker-access-key"]
+        assert env[worker]["AWS_SECRET_ACCESS_KEY"] == secrets["s3-worker-secret-key"]
+    # S3: the admin identity is s3-init's alone; each long-running service has its own.
+    keys = {n: e.get("AWS_ACCESS_KEY_ID") for n, e in env.items()}
+    assert [n for n, k in keys.items() if k == secrets["s3-access-key"]] == ["s3-init"]
+    assert keys["api"] == secrets["s3-api-access-key"] and keys["relay"] == secrets["s3-relay-access-key"]
+    assert len({keys["api"], keys["relay"], keys["worker-cpu"], keys["s3-init"]}) == 4
+    # The S3 server and the ledger's init script get what they need to make those identities and roles.
+    s3_env = environment(services["s3"])
+    for name in ("API", "WORKER", "RELAY"):
+        assert s3_env[f"S3_{name}_ACCESS_KEY"] == secrets[f"s3-{name.lower()}-access-key"]
+    assert "./docker/seaweedfs:/compilesvc:ro" in services["s3"]["volumes"]
+    pg_env = environment(services["postgres"])
+    assert pg_env["POSTGRES_API_PASSWORD"] == secrets["postgres-api-password"]
+    assert any(v.endswith(":/docker-entrypoint-initdb.d/10-compilesvc-roles.sh:ro")
+               for v in services["postgres"]["volumes"])
+
+
+def test_the_store_is_published_on_one_internal_address_only(services: dict[str, dict[str, Any]]) -> None:
+    ports = services["s3"]["ports"]
+    assert ports == ["127.0.0.1:8333:8333"], "never on all interfaces: S3_PUBLISH_ADDRESS picks one"
+    for name, service in services.items():
+        for port in _published(service):
+            assert port.count(":") == 2 or name == "proxy", f"{name} publishes {port} on every interface"
 
 
 def test_environment_names_are_real(services: dict[str, dict[str, Any]]) -> None:
@@ -303,18 +352,26 @@ def test_environment_names_are_real(services: dict[str, dict[str, Any]]) -> None
         assert name in sources, f"{name} is in PROCESS_ENV but no code reads it any more"
 
 
-def test_default_environment_is_valid_settings(services: dict[str, dict[str, Any]],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith(ENV_PREFIX):
-            monkeypatch.delenv(key)
-    for key, value in environment(services["api"]).items():
-        monkeypatch.setenv(key, value)
-    settings = Settings()
-    assert settings.database_url and settings.database_url.startswith("postgresql+psycopg://")
-    assert settings.broker_url and settings.broker_url.startswith("redis://")
-    assert settings.store_url and settings.store_url.startswith("s3://")
-    assert settings.s3_endpoint_url  # an empty endpoint would reach boto3 as "" and fail
+def test_default_environment_is_valid_settings_and_refused_as_placeholders(
+        services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    for name in LONG_RUNNING:
+        for key in list(os.environ):
+            if key.startswith(ENV_PREFIX) or key in ("PGPASSWORD", "AWS_SECRET_ACCESS_KEY"):
+                monkeypatch.delenv(key)
+        for key, value in environment(services[name]).items():
+            monkeypatch.setenv(key, value)
+        # The defaults are placeholders: every process refuses them ...
+        with pytest.raises(ValidationError, match="placeholder"):
+            Settings()
+        # ... unless the stack says it is a development one.
+        monkeypatch.setenv("COMPILESVC_ALLOW_PLACEHOLDER_SECRETS", "true")
+        settings = Settings()
+        assert settings.database_url and settings.database_url.startswith("postgresql+psycopg://")
+        assert settings.broker_url and settings.broker_url.startswith("redis://")
+        assert settings.store_url and settings.store_url.startswith("s3://")
+        assert settings.s3_endpoint_url  # an empty endpoint would reach boto3 as "" and fail
 
 
 def test_every_variable_is_in_env_example(raw: dict[str, Any]) -> None:
@@ -324,17 +381,18 @@ def test_every_variable_is_in_env_example(raw: dict[str, Any]) -> None:
     assert not missing, f"add to docker/env.example: {sorted(missing)}"
 
 
-def test_secrets_are_placeholders(compose: dict[str, Any]) -> None:
+def test_secrets_are_placeholders(raw: dict[str, Any]) -> None:
     """Every secret defaults to an obvious placeholder, never something that looks real."""
-    env = environment(compose["services"]["api"])
-    for key in ("PGPASSWORD", "AWS_SECRET_ACCESS_KEY", "COMPILESVC_SECRET_KEY"):
-        assert env[key].startswith("change-me"), key
-    assert "change-me" in env["COMPILESVC_BROKER_URL"]
+    secrets = interpolate(raw["x-secrets"], {})
+    for name, value in secrets.items():
+        if "password" in name or "secret" in name:
+            assert value.startswith("change-me"), name
+    assert "change-me" in interpolate(raw["x-compilesvc-env"], {})["COMPILESVC_BROKER_URL"]
     for line in ENV_EXAMPLE.read_text().splitlines():
         if line.startswith("#"):
             continue
         key, _, value = line.partition("=")
-        if any(word in key for word in ("PASSWORD", "SECRET")):
+        if any(word in key for word in ("PASSWORD", "SECRET")) and key != "COMPILESVC_ALLOW_PLACEHOLDER_SECRETS":
             assert value.startswith("change-me"), key
 
 

@@ -25,7 +25,7 @@ from compilesvc.db import transaction
 from compilesvc.fetch_stats import DEFAULT_INTERVAL_SECONDS, FetchRecorder
 from compilesvc.services import Services
 from compilesvc.submit import Submitter
-from web import auth, problems, ratelimit, ui
+from web import auth, problems, ratelimit, security_headers, ui
 from web.api import artifacts, blobs, builds, campaigns, pins, subscriptions, system, webhooks
 from web.api import tokens as tokens_api
 from web.context import (
@@ -124,6 +124,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     problems.install(app)
     _install_request_hooks(app)
+    security_headers.install(app)
     auth.install(app, settings)  # after the timing and size hooks: refusals are logged with their duration
 
     for blueprint in (builds.bp, webhooks.bp, artifacts.bp, blobs.bp, campaigns.bp, pins.bp, subscriptions.bp,

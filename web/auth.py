@@ -10,7 +10,8 @@ code runs, in this order:
    ``open_reads`` opens the read and artifact permissions to requests without a token; a token sent to
    them anyway must be valid (401 otherwise).
 2. **The token.** ``Authorization: Bearer <token>``, or a UI session cookie made by the login page (a
-   signed cookie naming the token; the token is re-checked, so revoking it ends the session). No token:
+   signed cookie carrying a server-side session's secret, :mod:`compilesvc.ui_sessions`: logout ends the
+   session for every copy of the cookie, and the token is re-checked, so revoking it ends them too). No token:
    401; a token that is unknown, expired or revoked: 401 with the same words (an answer never tells which
    tokens exist); a token without the permission: 403 naming the scope it needs. A checked token is
    trusted for ``token_cache_seconds`` per process (the fleet's lookups pay no ledger query).
@@ -27,7 +28,6 @@ import hmac
 import secrets
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -35,7 +35,7 @@ from flask import Flask, Request, current_app, g, redirect, request, session, ur
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from compilesvc import tokens
+from compilesvc import tokens, ui_sessions
 from compilesvc.config import Settings
 from compilesvc.db import transaction
 from compilesvc.services import Services
@@ -52,7 +52,7 @@ METRICS = "metrics"
 Access = Permission | str
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 JSON_TYPES = ("application/json",)
-SESSION_LIFETIME = timedelta(hours=12)
+SESSION_LIFETIME = ui_sessions.LIFETIME
 UPLOAD_ENDPOINT = "blobs.upload_model"
 INVALID_TOKEN = "the token is not valid (unknown, expired or revoked)"
 
@@ -139,6 +139,28 @@ class TokenCache:
                 tokens.record_use(db, principal.token_id)
         return self._remember(key, principal)
 
+    def by_session(self, secret: str) -> Principal | None:
+        """The principal of a live UI session: the session row is trusted for ``ttl`` like a token, and its
+        token is then checked as :meth:`by_id` checks it (so a revocation here ends it here at once)."""
+        key = "s:" + ui_sessions.session_hash(secret)
+        entry = self._entries.get(key)
+        if entry is not None and entry[1] >= time.monotonic():
+            token_id = entry[0].token_id
+        else:
+            with self.services.sessions() as db:
+                found = ui_sessions.live_token_id(db, secret)
+            if found is None:
+                return None
+            principal = self.by_id(found)
+            if principal is not None and self.ttl > 0:
+                self._entries.put(key, (principal, time.monotonic() + self.ttl))
+            return principal
+        return self.by_id(token_id)
+
+    def forget_session(self, secret: str) -> None:
+        """Stop trusting a session this process ended (logout)."""
+        self._entries.drop("s:" + ui_sessions.session_hash(secret))
+
     def by_id(self, token_id: int) -> Principal | None:
         key = f"i:{token_id}"
         cached = self._cached(key)
@@ -199,12 +221,14 @@ def _identify() -> tuple[Principal | None, bool]:
         if principal is None:
             raise unauthorized(INVALID_TOKEN, invalid=True)
         return principal, False
-    token_id = session.get("tid")
-    if isinstance(token_id, int):
-        principal = cache.by_id(token_id)
+    sid = session.get("sid")
+    if isinstance(sid, str):
+        principal = cache.by_session(sid)
         if principal is None:
-            session.clear()  # revoked or expired: the session ends with its token
+            session.clear()  # logged out, expired, or its token revoked or expired
         return principal, principal is not None
+    if "tid" in session:
+        session.clear()  # a cookie from before server-side sessions (it named its token): log in again
     return None, False
 
 
@@ -278,11 +302,25 @@ def _authorize() -> WerkzeugResponse | None:
 
 
 def start_session(principal: Principal) -> None:
-    """Log the browser in as ``principal`` (the UI's login form, once the token is checked)."""
+    """Log the browser in as ``principal`` (the UI's login form, once the token is checked): a new
+    server-side session (:mod:`compilesvc.ui_sessions`) whose secret the signed cookie carries."""
+    with transaction(web().services.sessions) as db:
+        secret = ui_sessions.start(db, principal.token_id, SESSION_LIFETIME)
     session.clear()
     session.permanent = True
-    session["tid"] = principal.token_id
+    session["sid"] = secret
     csrf_token()
+
+
+def end_session() -> None:
+    """Log the browser out: its server-side session ends, for every copy of the cookie, at once in this
+    process (other API processes trust a checked session for ``token_cache_seconds`` at most)."""
+    secret = session.get("sid")
+    if isinstance(secret, str):
+        with transaction(web().services.sessions) as db:
+            ui_sessions.end(db, secret)
+        web().tokens.forget_session(secret)
+    session.clear()
 
 
 class _CookieSessions(SecureCookieSessionInterface):

@@ -22,8 +22,11 @@ import torch
 from torch import nn
 
 from compilesvc.states import ErrorClass
-from workers.backends.base import CompileFailure, InfraError, InputDesc, log
+from workers.archive_limits import check_archive
+from workers.backends.base import CompileFailure, ExtractLimits, InfraError, InputDesc, log
 from workers.classify import Evidence, judge
+
+DEFAULT_EXTRACT_LIMITS = ExtractLimits()
 
 #: Example token ids are drawn from [0, ID_HIGH): inside any real vocabulary and the demo model's.
 ID_HIGH = 100
@@ -163,23 +166,25 @@ class TensorOutputs(nn.Module):
         return _to_tensors(self.model(**dict(zip(self.input_names, args, strict=True))))
 
 
-def safe_extract(archive: Path, dest: Path) -> Path:
+def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = DEFAULT_EXTRACT_LIMITS) -> Path:
     """Extract a .tar/.tar.gz of a Hugging Face model directory into ``dest``; return the model root.
 
     Members with absolute names or ``..`` components are refused outright; extraction then uses tarfile's
     ``data`` filter (Python >= 3.11.4), which also refuses links leaving ``dest`` and device files and
-    sanitises permission bits. The root is ``dest`` or its
+    sanitises permission bits. An archive past one of ``limits`` (total bytes, members, ratio) is
+    refused before anything is written (:mod:`workers.archive_limits`). The root is ``dest`` or its
     single top-level directory, whichever holds ``config.json``.
     """
     dest.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(archive) as tar:
-            for member in tar.getmembers():
+            members = check_archive(tar, archive, limits)
+            for member in members:
                 # The data filter would strip a leading "/" and extract inside dest; a model archive with
                 # absolute or parent-relative names is malformed or hostile either way, so refuse it.
                 if member.name.startswith("/") or ".." in PurePosixPath(member.name).parts:
                     raise tarfile.FilterError(f"member {member.name!r} points outside the archive root")
-            tar.extractall(dest, filter="data")
+            tar.extractall(dest, members=members, filter="data")
     except tarfile.FilterError as exc:
         raise CompileFailure("HF_DIR_UNSAFE_ARCHIVE", f"refusing to extract the model archive: {exc}") from exc
     except (tarfile.ReadError, tarfile.CompressionError, EOFError) as exc:
@@ -193,9 +198,9 @@ def safe_extract(archive: Path, dest: Path) -> Path:
                                              "top-level directory")
 
 
-def _load_hf_dir(path: Path, work_dir: Path, input_names: Sequence[str]) -> nn.Module:
+def _load_hf_dir(path: Path, work_dir: Path, input_names: Sequence[str], limits: ExtractLimits) -> nn.Module:
     # Extract first: an unusable archive is the model's fault on every worker, a missing transformers is not.
-    root = safe_extract(path, work_dir / "hf-model")
+    root = safe_extract(path, work_dir / "hf-model", limits)
     try:
         import transformers  # optional: only hf-dir models need it
     except ImportError as exc:
@@ -213,7 +218,8 @@ def _load_hf_dir(path: Path, work_dir: Path, input_names: Sequence[str]) -> nn.M
     return TensorOutputs(model, input_names)
 
 
-def load_model(path: Path, model_format: str, work_dir: Path, input_names: Sequence[str]) -> nn.Module:
+def load_model(path: Path, model_format: str, work_dir: Path, input_names: Sequence[str],
+               limits: ExtractLimits = DEFAULT_EXTRACT_LIMITS) -> nn.Module:
     """The model at ``path`` as an eval-mode module on the CPU.
 
     ``input_names`` (the bucket's) is used by hf-dir models, which are wrapped to take them positionally.
@@ -226,7 +232,7 @@ def load_model(path: Path, model_format: str, work_dir: Path, input_names: Seque
         elif model_format == "exported-program":
             model = torch.export.load(str(path)).module()
         elif model_format == "hf-dir":
-            model = _load_hf_dir(path, work_dir, input_names)
+            model = _load_hf_dir(path, work_dir, input_names, limits)
         else:
             raise CompileFailure("MODEL_FORMAT", f"model format {model_format!r} cannot be loaded into torch")
     except (CompileFailure, InfraError):

@@ -192,6 +192,8 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             "out_dir": str(out_dir), "work_dir": str(work_dir),
             # A host setting, not key material: the child's environment carries no COMPILESVC_* variables.
             "max_parallel_rank_compiles": settings.neuron_max_parallel_rank_compiles,
+            "extract_limits": {"max_bytes": settings.hf_extract_max_bytes, "max_files": settings.hf_extract_max_files,
+                               "max_ratio": settings.hf_extract_max_ratio},
         }
         request_path = tmp / "request.json"
         request_path.write_text(json.dumps(request, indent=1, sort_keys=True))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from compilesvc.api_client import backoff
+from compilesvc.api_client import DOWNLOADS, backoff
 from compilesvc.manifest import FileEntry
 
 CHUNK = 1024 * 1024
@@ -75,7 +75,7 @@ def download(url: Callable[[bool], str], partial: Path, entry: FileEntry, *,
         headers = {"Range": f"bytes={have}-"} if have else {}
         try:
             request = urllib.request.Request(link, headers=headers)
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with DOWNLOADS.open(request, timeout=timeout) as response:
                 if have and not _continues(response.status, response.headers.get("Content-Range"), have):
                     progress(-have)
                     digest, have, started_over = _restart(partial)

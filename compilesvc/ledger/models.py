@@ -395,4 +395,5 @@ class IdempotencyKey(Base):
 # Tables kept in modules of their own register on the same metadata (imported last: they use Base).
 from compilesvc.ledger import campaigns as _campaigns  # noqa: E402, F401
 from compilesvc.ledger import retention as _retention  # noqa: E402, F401
+from compilesvc.ledger import ui_sessions as _ui_sessions  # noqa: E402, F401
 from compilesvc.ledger import webhooks as _webhooks  # noqa: E402, F401

@@ -1,6 +1,9 @@
 """The browser suite's fixtures: one real service per module (:mod:`tests.ui.stack`), seeded with real
 builds, and Chromium driven by Playwright. Screenshots of every step go to
-``$COMPILESVC_TEST_ARTIFACTS/ui`` (default ``.test-artifacts/ui`` in the repository)."""
+``$COMPILESVC_TEST_ARTIFACTS/ui`` (default ``.test-artifacts/ui`` in the repository).
+
+Every page runs under the service's Content-Security-Policy (web/security_headers.py), and a test during
+which the browser reported a violation fails: the pages must work under the policy, not merely load."""
 
 from __future__ import annotations
 
@@ -37,11 +40,47 @@ def browser() -> Iterator[Any]:
         launched.close()
 
 
+#: Reports each violation on the console too, with what was blocked (Chromium's own console message says
+#: "Refused to …", but not for every kind of violation). Injected by the browser, so the CSP does not apply.
+_REPORT_VIOLATIONS = """
+document.addEventListener("securitypolicyviolation", function (event) {
+  console.error("CSP violation: " + event.effectiveDirective + " blocked " + (event.blockedURI || "inline") +
+                " on " + event.documentURI);
+});
+"""
+
+
+def is_csp_violation(text: str) -> bool:
+    return text.startswith("CSP violation:") or "Content Security Policy" in text
+
+
 @pytest.fixture
-def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+def csp_violations() -> list[str]:
+    """Every CSP violation the test's pages reported (the ``page`` fixture fails the test on any)."""
+    return []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A test that passed with CSP violations recorded fails (as a failure of the test, not of teardown)."""
+    outcome = yield
+    funcargs = getattr(item, "funcargs", {})
+    if "page" in funcargs and not funcargs["page"].is_closed():
+        funcargs["page"].wait_for_timeout(100)  # lets the console events of the last page arrive
+    violations = funcargs.get("csp_violations")
+    if violations and outcome.excinfo is None:
+        outcome.force_exception(pytest.fail.Exception(
+            "the pages broke their Content-Security-Policy:\n" + "\n".join(violations), pytrace=False))
+
+
+@pytest.fixture
+def page(browser: Any, request: pytest.FixtureRequest, csp_violations: list[str]) -> Iterator[Any]:
     """A fresh browser context (no cookies) at a laptop's screen size; its last screen is kept on failure."""
     context = browser.new_context(viewport={"width": 1366, "height": 768}, accept_downloads=True)
+    context.add_init_script(_REPORT_VIOLATIONS)
     opened = context.new_page()
+    opened.on("console", lambda message: csp_violations.append(message.text)
+              if is_csp_violation(message.text) else None)
     opened.set_default_timeout(30_000)
     yield opened
     if getattr(request.node, "report_call", None) is not None and request.node.report_call.failed:

@@ -48,7 +48,7 @@ def login() -> WerkzeugResponse | tuple[str, int]:
 @bp.post("/logout")
 @auth.access(auth.PUBLIC)
 def logout() -> WerkzeugResponse:
-    if session.get("tid") is not None:
+    if session.get("sid") is not None:
         auth.check_csrf()
-    session.clear()
+    auth.end_session()
     return redirect(url_for("ui.login"), 303)

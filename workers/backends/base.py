@@ -126,6 +126,28 @@ class InputDesc:
 
 
 @dataclass(frozen=True)
+class ExtractLimits:
+    """Caps on what an hf-dir archive may expand to (:mod:`workers.archive_limits`): the worker's
+    ``COMPILESVC_HF_EXTRACT_*`` settings; these defaults are the settings' own."""
+
+    max_bytes: int = 256 * 1024**3
+    max_files: int = 10_000
+    max_ratio: float = 100.0
+
+    @classmethod
+    def from_json(cls, data: Any) -> ExtractLimits:
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping) or set(data) != {"max_bytes", "max_files", "max_ratio"}:
+            raise RequestError("extract_limits: expected {max_bytes, max_files, max_ratio} or null")
+        for name in ("max_bytes", "max_files", "max_ratio"):
+            value = data[name]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise RequestError(f"extract_limits.{name}: expected a positive number")
+        return cls(int(data["max_bytes"]), int(data["max_files"]), float(data["max_ratio"]))
+
+
+@dataclass(frozen=True)
 class CompileRequest:
     """One compile of one shape bucket, as read from the request JSON (see :mod:`workers.compile_child`)."""
 
@@ -143,6 +165,8 @@ class CompileRequest:
     #: Most tensor-parallel ranks compiling at once (``Settings.neuron_max_parallel_rank_compiles``); None:
     #: the worker did not say, the backend derives it from this host's memory.
     max_parallel_rank_compiles: int | None = None
+    #: Caps on extracting an hf-dir archive (the worker's settings; absent: the defaults).
+    extract_limits: ExtractLimits = ExtractLimits()
 
     @property
     def family(self) -> str:
@@ -157,7 +181,7 @@ class CompileRequest:
         missing = [name for name in required if name not in data]
         if missing:
             raise RequestError(f"missing field(s): {', '.join(missing)}")
-        known = {*required, "args", "tp_degree", "isa", "max_parallel_rank_compiles"}
+        known = {*required, "args", "tp_degree", "isa", "max_parallel_rank_compiles", "extract_limits"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise RequestError(f"unknown field(s): {', '.join(unknown)}")
@@ -221,6 +245,7 @@ class CompileRequest:
             out_dir=paths["out_dir"],
             work_dir=paths["work_dir"],
             max_parallel_rank_compiles=bound,
+            extract_limits=ExtractLimits.from_json(data.get("extract_limits")),
         )
 
 

@@ -112,7 +112,7 @@ def _prepare(request: CompileRequest, code: str) -> tuple[torch.nn.Module, list[
     """Load the model, build the bucket's example inputs in forward's order, and run it once eagerly."""
     t0 = time.monotonic()
     model = load_model(request.model_path, request.model_format, request.work_dir,
-                       [i.name for i in request.inputs])
+                       [i.name for i in request.inputs], request.extract_limits)
     ordered = order_inputs(model, request.inputs)
     tensors = example_inputs(ordered)
     log(f"loaded {request.model_format} model in {time.monotonic() - t0:.2f} s; inputs "

@@ -223,7 +223,7 @@ class TraceBackend(Backend):
 
         t0 = time.monotonic()
         model = load_model(request.model_path, request.model_format, request.work_dir,
-                           [i.name for i in request.inputs])
+                           [i.name for i in request.inputs], request.extract_limits)
         ordered = order_inputs(model, request.inputs)
         tensors = tuple(example_inputs(ordered))
         log(f"loaded {request.model_format} model in {time.monotonic() - t0:.2f} s; inputs "

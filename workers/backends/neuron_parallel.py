@@ -192,7 +192,7 @@ def _load_for_rank(request: CompileRequest) -> tuple[Any, dict[str, Any]]:
     from workers.model_loading import load_model
 
     model = load_model(request.model_path, request.model_format, request.work_dir / f"rank-{os.getpid()}",
-                       [i.name for i in request.inputs])
+                       [i.name for i in request.inputs], request.extract_limits)
     return model, {}
 
 
