@@ -189,6 +189,7 @@ class Settings(BaseSettings):
     sandbox_max_file_mb: int = Field(default=64 * 1024, ge=1, description="Largest file a compile may write.")
     sandbox_max_disk_mb: int = Field(default=256 * 1024, ge=1, description="Bytes a compile may leave on disk.")
     sandbox_tmp_mb: int = Field(default=2048, ge=16, description="Size of the compile's private /tmp (memory).")
+    sandbox_max_log_mb: int = Field(default=256, ge=1, description="Output a compile may print (kept and logged).")
     sandbox_read_paths: str = Field(
         default="", description="Extra read-only paths for compiles, comma-separated (e.g. /opt/aws/neuron).")
     require_live_worker: bool = True

@@ -63,6 +63,7 @@ class CompilerProcess:
     def __init__(self, argv: list[str], *, cwd: Path, env: dict[str, str], logs: OutputSink,
                  sandbox: Sandbox | None = None):
         self.sandbox = sandbox
+        self._logs = logs
         #: Why the runner stopped the child for a limit of the sandbox (None: it did not).
         self.limit: str | None = None
         limits: Callable[[], None] | None = None
@@ -104,6 +105,12 @@ class CompilerProcess:
             self.signal_group(signal.SIGKILL)
         self.proc.wait()
 
+    def _over_limit(self) -> str | None:
+        """A limit the runner watches itself: bytes on disk (the sandbox's), bytes printed (the sink's)."""
+        assert self.sandbox is not None
+        printed = getattr(self._logs, "over_limit", None)
+        return self.sandbox.over_disk_limit() or (printed() if printed is not None else None)
+
     def wait(self, timeout: float, stop: threading.Event, grace: float) -> tuple[int, bool]:
         """Wait for the child; kill the group on ``stop`` or after ``timeout`` seconds.
 
@@ -128,7 +135,7 @@ class CompilerProcess:
                 break
             if self.sandbox is not None and now >= next_disk_check:
                 next_disk_check = now + DISK_CHECK_SECONDS
-                self.limit = self.sandbox.over_disk_limit()
+                self.limit = self._over_limit()
                 if self.limit is not None:
                     self.stop_group(0)
                     break

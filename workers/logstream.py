@@ -8,6 +8,11 @@ written only from the flusher thread, so a slow or failing database never blocks
 therefore never blocks the compiler on a full pipe). If the database is unreachable, lines wait (up to
 ``max_pending``; beyond that the oldest are dropped and the gap is reported in the log), and the full log
 file, archived as a blob at the end of the attempt, still has every line.
+
+What a compile prints is bounded (``max_bytes``, ``COMPILESVC_SANDBOX_MAX_LOG_MB``): a hostile model could
+otherwise fill the worker's disk and the ledger through its output alone. Past the bound nothing more is
+kept, the tail still follows (the classifier reads it) and :meth:`over_limit` tells the runner to stop
+the compile.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ class LogStream:
 
     def __init__(self, sessions: sessionmaker[Session], bucket_compile_id: int, attempt: int, log_path: Path,
                  *, flush_interval: float = 0.5, batch_lines: int = 200, tail_lines: int = 200,
-                 max_pending: int = 50_000):
+                 max_pending: int = 50_000, max_bytes: int | None = None):
         self._sessions = sessions
         self.bucket_compile_id = bucket_compile_id
         self.attempt = attempt
@@ -44,6 +49,8 @@ class LogStream:
         self.flush_interval = flush_interval
         self.batch_lines = batch_lines
         self.max_pending = max_pending
+        self.max_bytes = max_bytes
+        self._compiler_bytes = 0
         self.tail: deque[str] = deque(maxlen=tail_lines)
         self._file: IO[str] = open(log_path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
         self._pending: list[tuple[str, str]] = []
@@ -59,8 +66,20 @@ class LogStream:
 
     def compiler(self, line: str) -> None:
         """A line of the compiler's (the child's) stdout/stderr."""
-        self._add("compiler", line)
         self.tail.append(line)
+        self._compiler_bytes += len(line) + 1
+        if self.max_bytes is None or self._compiler_bytes <= self.max_bytes:
+            self._add("compiler", line)
+        elif self._compiler_bytes - len(line) - 1 <= self.max_bytes:  # the first line past the bound
+            self.service(f"the compile printed more than {self.max_bytes} bytes (COMPILESVC_SANDBOX_MAX_LOG_MB): "
+                         f"the rest of its output is not kept")
+
+    def over_limit(self) -> str | None:
+        """Why the compile must stop for what it printed, if it printed too much."""
+        if self.max_bytes is not None and self._compiler_bytes > self.max_bytes:
+            return (f"printed more than {self.max_bytes} bytes of output, the sandbox's output limit "
+                    f"(COMPILESVC_SANDBOX_MAX_LOG_MB)")
+        return None
 
     def service(self, line: str) -> None:
         """A line from the worker itself (claim, fetch, publish, classification)."""

@@ -159,7 +159,8 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
     model_dir, out_dir = tmp / "model", tmp / "out"
     for directory in (model_dir, out_dir):
         directory.mkdir()
-    logs = LogStream(services.sessions, claim.bucket_id, claim.attempt, tmp / LOG_NAME)
+    logs = LogStream(services.sessions, claim.bucket_id, claim.attempt, tmp / LOG_NAME,
+                     max_bytes=settings.sandbox_max_log_mb * 1024 * 1024)
     try:
         logs.service(f"attempt {claim.attempt} of {claim.max_attempts} on worker {worker_id} "
                      f"(pid {os.getpid()}): {claim.backend} for {claim.target} sdk {claim.sdk}")

@@ -43,7 +43,8 @@ def limit_outcome(outcome: Outcome, stopped_for: str | None, returncode: int, ta
     ``stopped_for``: why the runner stopped the child for a limit it watches itself (disk), if it did.
     """
     if stopped_for is not None:
-        return Outcome(ErrorClass.COMPILE, "SANDBOX_DISK_LIMIT", one_line(f"the compile {stopped_for}"))
+        code = "SANDBOX_OUTPUT_LIMIT" if "MAX_LOG_MB" in stopped_for else "SANDBOX_DISK_LIMIT"
+        return Outcome(ErrorClass.COMPILE, code, one_line(f"the compile {stopped_for}"))
     if outcome.error_class not in (ErrorClass.INFRA, ErrorClass.UNKNOWN):
         return outcome
     text = "\n".join([*tail, outcome.message or ""])

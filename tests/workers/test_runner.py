@@ -536,3 +536,35 @@ def test_a_claim_that_cannot_reach_the_ledger_is_not_acknowledged(tmp_path: Path
             services.close()
     finally:
         postgres.close()
+
+
+def test_a_compile_that_prints_past_the_output_limit_is_stopped_and_its_log_bounded(services: Services,
+                                                                                     tmp_path: Path) -> None:
+    """TorchScript's print() runs while the cpu backend executes the model: a model printing without end
+    cannot fill the worker's disk or the ledger (COMPILESVC_SANDBOX_MAX_LOG_MB)."""
+    import torch
+
+    class Loud(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            for _ in range(1_000_000):
+                print("compile output that goes on and on and on and on and on and on and on and on and on and on")
+            return input_ids * attention_mask
+
+    path = tmp_path / "loud.pt"
+    torch.jit.save(torch.jit.script(Loud()), str(path))
+    services.settings.sandbox_max_log_mb = 1
+    uri = f"blob:sha256:{services.store.put_file(path).sha256}"
+    result = Submitter(services).submit(parse_spec({
+        "model": {"uri": uri, "format": "torchscript"}, "target": "cpu", "sdk": "2.13.0",
+        "compiler": {"backend": "torchscript"}, "buckets": [{"batch_size": 1, "seq_len": 16}],
+    }))
+    row = bucket(services, result)
+    outcome = run_compile(services, row.id, WORKER)
+    assert (outcome.status, outcome.error_class, outcome.code) == ("failed", "compile", "SANDBOX_OUTPUT_LIMIT")
+    with services.sessions() as session:
+        kept = session.scalar(select(func.sum(func.length(LogLine.line))).where(
+            LogLine.bucket_compile_id == row.id, LogLine.stream == "compiler"))
+        notes = list(session.scalars(select(LogLine.line).where(LogLine.bucket_compile_id == row.id,
+                                                                LogLine.stream == "service")))
+    assert kept is not None and kept <= 1024 * 1024
+    assert any("the rest of its output is not kept" in line for line in notes)
