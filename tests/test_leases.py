@@ -518,8 +518,9 @@ def complete_without_publishing(services: Services, result: SubmitResult) -> int
 def test_publish_if_complete_says_whether_this_call_published(services: Services) -> None:
     result = submit(services, buckets=2)
     artifact_id = complete_without_publishing(services, result)
-    assert publish_if_complete(services.store, services.sessions, artifact_id) is True
-    assert publish_if_complete(services.store, services.sessions, artifact_id) is False  # someone else did
+    signer = services.signer
+    assert publish_if_complete(services.store, services.sessions, artifact_id, signer=signer) is True
+    assert publish_if_complete(services.store, services.sessions, artifact_id, signer=signer) is False  # another did
     assert artifact_state(services, result.artifact_key) == "published"
 
 
@@ -537,7 +538,8 @@ def test_reaper_does_not_claim_a_set_a_worker_published_meanwhile(pg_services: S
     def after_scan(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         if not scans and statement.lstrip().startswith("SELECT artifacts.id") and "NOT (EXISTS" in statement:
             scans.append(statement)
-            publish_if_complete(services.store, services.sessions, artifact_id)  # the worker, on another connection
+            publish_if_complete(services.store, services.sessions, artifact_id,  # the worker, on another connection
+                                signer=services.signer)
 
     event.listen(services.engine, "after_cursor_execute", after_scan)
     try:
