@@ -34,7 +34,16 @@ from compilesvc import fetch_dest
 from compilesvc.artifact_signing import SIGNATURE_FILE
 from compilesvc.cli import BadInput, CommandFailed, SpecUsageError
 from compilesvc.client import API_OPTION
-from compilesvc.fleet import ArtifactSet, CacheError, FetchReport, FleetError, HostCheck, Progress, Untrusted
+from compilesvc.fleet import (
+    ArtifactSet,
+    CacheError,
+    FetchReport,
+    FilesDiffer,
+    FleetError,
+    HostCheck,
+    Progress,
+    Untrusted,
+)
 from compilesvc.fleet._cache import Placed, placed_files
 from compilesvc.spec_parsing import SpecError, load_spec_file
 from compilesvc.store.hashing import copy_hashing
@@ -88,7 +97,7 @@ def _open(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, veri
         artifact = ArtifactSet.open(ref, cache_dir=cache_dir, api_url=api, offline=offline, verify=verify,
                                     host_check=HostCheck.REFUSE if check_host else HostCheck.OFF,
                                     with_logs=with_logs, parallel=parallel, progress=progress)
-    except Untrusted as exc:
+    except (Untrusted, FilesDiffer) as exc:
         raise NotTrusted(f"refused: {exc}") from None
     except (FleetError, CacheError) as exc:
         raise CommandFailed(str(exc)) from None

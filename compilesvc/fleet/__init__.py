@@ -15,7 +15,7 @@ artifact's signature against.
 """
 
 from compilesvc.fleet._artifact_set import ArtifactSet, LocalBucket
-from compilesvc.fleet._cache import ArtifactCache, CacheError, Verify, default_cache_dir
+from compilesvc.fleet._cache import ArtifactCache, CacheError, FilesDiffer, Verify, default_cache_dir
 from compilesvc.fleet._fetch import Fetcher, FetchReport, NotCached, Progress
 from compilesvc.fleet._host import HostCheck, HostReport, VersionMismatch, VersionMismatchWarning
 from compilesvc.fleet._pad import crop, pad
@@ -23,8 +23,29 @@ from compilesvc.fleet._remote import FleetError, NotPublished, Remote, Unreachab
 from compilesvc.fleet._select import Miss, NoBucketFits, select
 
 __all__ = [
-    "ArtifactCache", "ArtifactSet", "CacheError", "FetchReport", "Fetcher", "FleetError", "HostCheck",
-    "HostReport", "LocalBucket", "Miss", "NoBucketFits", "NotCached", "NotPublished", "Progress", "Remote",
-    "Unreachable", "Untrusted", "Verify", "VersionMismatch", "VersionMismatchWarning", "crop",
-    "default_cache_dir", "pad", "select",
+    "ArtifactCache",
+    "ArtifactSet",
+    "CacheError",
+    "FetchReport",
+    "Fetcher",
+    "FilesDiffer",
+    "FleetError",
+    "HostCheck",
+    "HostReport",
+    "LocalBucket",
+    "Miss",
+    "NoBucketFits",
+    "NotCached",
+    "NotPublished",
+    "Progress",
+    "Remote",
+    "Unreachable",
+    "Untrusted",
+    "Verify",
+    "VersionMismatch",
+    "VersionMismatchWarning",
+    "crop",
+    "default_cache_dir",
+    "pad",
+    "select",
 ]

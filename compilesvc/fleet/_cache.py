@@ -60,6 +60,10 @@ class CacheError(Exception):
     """The cache cannot serve or store the artifact; the message says which file and why."""
 
 
+class FilesDiffer(CacheError):
+    """Cached files are missing or differ from the signed manifest and cannot be fetched again here."""
+
+
 @dataclass(frozen=True)
 class Placed:
     """A file of an artifact as the cache lays it out: ``relative`` inside the artifact directory."""

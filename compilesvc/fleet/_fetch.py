@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from compilesvc.artifact_signing import verify_artifact
-from compilesvc.fleet._cache import ArtifactCache, CacheError, Placed, Verify, file_matches, placed_files
-from compilesvc.fleet._download import DownloadError, download
+from compilesvc.fleet._cache import ArtifactCache, CacheError, FilesDiffer, Placed, Verify, file_matches, placed_files
+from compilesvc.fleet._download import ContentDiffers, DownloadError, download
 from compilesvc.fleet._remote import FleetError, NotPublished, Published, Remote, Unreachable, Untrusted
 from compilesvc.manifest import ArtifactManifest, FileEntry
 from compilesvc.signing import SignatureError, TrustedKeys, Verified
@@ -126,7 +126,7 @@ class Fetcher:
                 return report
             if self.remote is None or not self.cache.writable():
                 names = ", ".join(str(p.relative) for p in damaged[:3])
-                raise CacheError(f"{len(damaged)} file(s) of {key} in {self.cache.artifact_dir(key)} are missing "
+                raise FilesDiffer(f"{len(damaged)} file(s) of {key} in {self.cache.artifact_dir(key)} are missing "
                                  f"or damaged ({names}) and this cache cannot refetch them "
                                  f"({'offline' if self.remote is None else 'read-only'})")
             lost = [p for p in damaged if not file_matches(self.cache.blob_path(p.entry.sha256), p.entry, self.verify)]
@@ -210,6 +210,9 @@ class Fetcher:
         failures = [e for e in errors if e is not None]
         if failures:
             first = failures[0]
+            differs = [e for e in failures if isinstance(e, ContentDiffers)]
+            if differs:  # the store serves other bytes than the signed manifest names: not a transient error
+                raise Untrusted(f"artifact {report.key}: {differs[0]} (signed by key {report.key_id})") from None
             if isinstance(first, (DownloadError, FleetError, CacheError)):
                 more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
                 raise FleetError(f"{first}{more}") from None
