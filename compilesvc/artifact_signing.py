@@ -12,8 +12,10 @@ artifact *as a fetched directory* lays it out (``bucket-<position>/<path>``, :mo
   paths model-signing ignores by default. So ``model_signing verify key`` passes on a ``fetch --dest``
   directory as it is;
 - a ``compilesvc`` member (the v1.0 predicate lets verifiers ignore other members): the artifact key and
-  the sha256 of the canonical artifact manifest (:meth:`ArtifactManifest.to_bytes`), which binds what
-  the standard verifier does not read: every file's size, the logs' digests, the material, the versions.
+  the sha256 of the manifest's canonical JSON (:func:`manifest_digest`: keys sorted, no whitespace),
+  which binds what the standard verifier does not read: every file's size, the logs' digests, the
+  material, the versions. Computed from the parsed manifest, so the API's and the cache's encodings of
+  the same manifest agree.
 
 :func:`verify_artifact` checks all of it: a trusted key signed it, for this key, over exactly this
 manifest, naming each resource the manifest has. Each file is then checked against the (now trusted)
@@ -35,6 +37,8 @@ from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Any
 
+import orjson
+
 from compilesvc.manifest import ArtifactManifest
 from compilesvc.signing import STATEMENT_TYPE, BadSignature, SigningKey, TrustedKeys, Verified
 
@@ -49,8 +53,10 @@ GIT_PATHS = (".git", ".gitattributes", ".github", ".gitignore")
 
 
 def manifest_digest(manifest: ArtifactManifest) -> str:
-    """sha256 of the canonical manifest document (what the store holds and the cache writes)."""
-    return hashlib.sha256(manifest.to_bytes()).hexdigest()
+    """sha256 of the manifest's canonical JSON (sorted keys, no whitespace; orjson, whose C encoder keeps a
+    fleet's open and a publish well inside their budgets: the indented stdlib encoding costs milliseconds)."""
+    document = manifest.model_dump(mode="json", by_alias=True)
+    return hashlib.sha256(orjson.dumps(document, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def signed_files(manifest: ArtifactManifest) -> list[tuple[str, str]]:
@@ -64,8 +70,9 @@ def _log_paths(manifest: ArtifactManifest) -> list[str]:
     return [f"bucket-{b.position}/{b.log.path}" for b in manifest.buckets if b.log is not None]
 
 
-def signature_statement(manifest: ArtifactManifest) -> dict[str, Any]:
-    """The model-signing v1.0 statement for ``manifest`` (see the module docstring)."""
+def signature_statement(manifest: ArtifactManifest, digest: str | None = None) -> dict[str, Any]:
+    """The model-signing v1.0 statement for ``manifest`` (see the module docstring); ``digest`` its
+    :func:`manifest_digest` when the caller has it."""
     files = signed_files(manifest)
     root = hashlib.sha256(b"".join(bytes.fromhex(digest) for _, digest in files)).hexdigest()
     return {
@@ -77,7 +84,7 @@ def signature_statement(manifest: ArtifactManifest) -> dict[str, Any]:
                               "ignore_paths": sorted({SIGNATURE_FILE, MANIFEST_FILE, *GIT_PATHS,
                                                       *_log_paths(manifest)})},
             "resources": [{"name": name, "algorithm": "sha256", "digest": digest} for name, digest in files],
-            "compilesvc": {"artifact_key": manifest.key, "manifest_sha256": manifest_digest(manifest)},
+            "compilesvc": {"artifact_key": manifest.key, "manifest_sha256": digest or manifest_digest(manifest)},
         },
     }
 
@@ -109,9 +116,12 @@ def verify_artifact(trusted: TrustedKeys, bundle: bytes, manifest: ArtifactManif
 
 def provenance_statement(manifest: ArtifactManifest, *, builder_id: str, workers: Iterable[str],
                          started_on: datetime | None, finished_on: datetime | None,
-                         bucket_manifests: Mapping[str, str] | None = None) -> dict[str, Any]:
+                         bucket_manifests: Mapping[str, str] | None = None, digest: str | None = None,
+                         ) -> dict[str, Any]:
     """The SLSA v1 provenance of a published artifact (see the module docstring). ``bucket_manifests``:
-    store name -> sha256 of each bucket manifest, recorded as byproducts."""
+    store name -> sha256 of each bucket manifest, recorded as byproducts; ``digest`` as for
+    :func:`signature_statement`."""
+    digest = digest or manifest_digest(manifest)
     model = manifest.material.get("model") or {}
     toolchain: dict[str, str] = {}
     for bucket in manifest.buckets:
@@ -123,7 +133,7 @@ def provenance_statement(manifest: ArtifactManifest, *, builder_id: str, workers
         dependencies.append({"name": "model", "digest": {"sha256": model["sha256"]},
                              "annotations": {"format": model.get("format")}})
     dependencies += [{"name": name, "uri": f"pkg:pypi/{name}@{version}"} for name, version in toolchain.items()]
-    byproducts: list[dict[str, Any]] = [{"name": MANIFEST_FILE, "digest": {"sha256": manifest_digest(manifest)},
+    byproducts: list[dict[str, Any]] = [{"name": MANIFEST_FILE, "digest": {"sha256": digest},
                                          "mediaType": "application/json"}]
     byproducts += [{"name": f"bucket-{b.position}/{b.log.path}", "digest": {"sha256": b.log.sha256}}
                    for b in manifest.buckets if b.log is not None]
@@ -136,7 +146,7 @@ def provenance_statement(manifest: ArtifactManifest, *, builder_id: str, workers
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": name, "digest": {"sha256": digest}} for name, digest in signed_files(manifest)]
-                   + [{"name": MANIFEST_FILE, "digest": {"sha256": manifest_digest(manifest)}}],
+                   + [{"name": MANIFEST_FILE, "digest": {"sha256": digest}}],
         "predicateType": SLSA_PREDICATE,
         "predicate": {
             "buildDefinition": {
@@ -171,8 +181,8 @@ class ArtifactSigner:
     key: SigningKey
     builder_id: str
 
-    def sign_manifest(self, manifest: ArtifactManifest) -> bytes:
-        return self.key.sign(signature_statement(manifest))
+    def sign_manifest(self, manifest: ArtifactManifest, digest: str | None = None) -> bytes:
+        return self.key.sign(signature_statement(manifest, digest))
 
     def sign_provenance(self, statement: Mapping[str, Any]) -> bytes:
         return self.key.sign(statement)

@@ -14,7 +14,6 @@ artifact's states are :mod:`compilesvc.artifacts`'.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -24,7 +23,7 @@ from typing import Any, TypeVar
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from compilesvc.artifact_signing import ArtifactSigner, provenance_statement
+from compilesvc.artifact_signing import ArtifactSigner, manifest_digest, provenance_statement
 from compilesvc.artifacts import set_artifact_state
 from compilesvc.bucket_compiles import positioned_buckets
 from compilesvc.db import transaction
@@ -139,26 +138,19 @@ def build_artifact_manifest(store: ArtifactStore, artifact: Artifact,
 def sign_published(store: ArtifactStore, signer: ArtifactSigner, manifest: ArtifactManifest,
                    buckets: list[BucketCompile]) -> bool:
     """Write the signature and the signed provenance of a published manifest, create-only (an earlier
-    publisher's stay: the same key signs the same manifest). True when this call wrote the signature."""
-    if store.read_document(artifact_signature_name(manifest.key)) is not None:
-        return False
+    publisher's stay: the same key signs the same manifest). True when this call wrote the signature.
+    What the provenance says of the run comes from the ledger's rows (workers, first start, last finish),
+    so signing reads nothing more from the store."""
     started = [b.started_at for b in buckets if b.started_at is not None]
     finished = [b.finished_at for b in buckets if b.finished_at is not None]
-    bucket_docs = {}
-    workers = []
-    for entry in manifest.buckets:
-        raw = store.read_document(entry.manifest)
-        if raw is not None:
-            bucket_docs[entry.manifest] = hashlib.sha256(raw).hexdigest()
-            worker = parse_bucket_manifest(raw, entry.key).worker
-            if worker:
-                workers.append(worker)
-    statement = provenance_statement(manifest, builder_id=signer.builder_id, workers=workers,
+    digest = manifest_digest(manifest)
+    statement = provenance_statement(manifest, builder_id=signer.builder_id,
+                                     workers=[b.worker_id for b in buckets if b.worker_id],
                                      started_on=min(started, default=None), finished_on=max(finished, default=None),
-                                     bucket_manifests=bucket_docs)
+                                     digest=digest)
     # Provenance first: a signature present means both are (the reader's check is for the signature).
     store.create_document(artifact_provenance_name(manifest.key), signer.sign_provenance(statement))
-    return store.create_document(artifact_signature_name(manifest.key), signer.sign_manifest(manifest))
+    return store.create_document(artifact_signature_name(manifest.key), signer.sign_manifest(manifest, digest))
 
 
 def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], artifact_id: int, *,

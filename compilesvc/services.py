@@ -18,11 +18,8 @@ from compilesvc.dispatch import make_producer
 from compilesvc.hostinfo import host_isa
 from compilesvc.model_identity import ModelResolver
 from compilesvc.outbox import OutboxRelay
-from compilesvc.signing import SigningKey
+from compilesvc.signing import GENERATED_KEY_NAME, SigningKey
 from compilesvc.store import ArtifactStore, open_store
-
-#: The generated signing key's name in data_dir (its public key is ``signing-key.pub.pem`` beside it).
-DEV_SIGNING_KEY = "signing-key.pem"
 
 
 @dataclass
@@ -57,7 +54,7 @@ class Services:
             return None
         path = settings.signing_key_file
         key = SigningKey.load(path) if path is not None else \
-            SigningKey.load_or_generate(settings.data_dir / DEV_SIGNING_KEY)
+            SigningKey.load_or_generate(settings.data_dir / GENERATED_KEY_NAME)
         return ArtifactSigner(key, builder_id=settings.public_url)
 
     @cached_property

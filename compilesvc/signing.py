@@ -22,7 +22,7 @@ from ``trusted_keys`` in the client config file. A bundle whose key id is not am
 no configured key at all is refused too, with how to configure one: a fleet never trusts a key because a
 server handed it over.
 
-This module imports only ``cryptography`` and the standard library: fleets import it.
+This module imports only ``cryptography``, ``orjson`` and the standard library: fleets import it.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -47,6 +48,8 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 TRUSTED_KEYS_ENV = "COMPILESVC_TRUSTED_KEYS"
+#: The key generated in data_dir when no signing_key_file is set (its public key: ``signing-key.pub.pem``).
+GENERATED_KEY_NAME = "signing-key.pem"
 #: Suffixes of public key files read from a trusted-keys directory.
 PUBLIC_KEY_SUFFIXES = (".pem", ".pub")
 HOW_TO_TRUST = (f"set {TRUSTED_KEYS_ENV} to the service's public signing key (a PEM file, or a directory of "
@@ -163,7 +166,7 @@ class SigningKey:
 
     def sign(self, statement: Mapping[str, Any]) -> bytes:
         """``statement`` as a Sigstore bundle (JSON bytes) with one DSSE signature by this key."""
-        payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
+        payload = orjson.dumps(statement, option=orjson.OPT_SORT_KEYS)
         signature = self._key.sign(pae(payload), self._algorithm)
         bundle = {
             "mediaType": BUNDLE_MEDIA_TYPE,
@@ -171,7 +174,7 @@ class SigningKey:
             "dsseEnvelope": {"payload": base64.b64encode(payload).decode(), "payloadType": PAYLOAD_TYPE,
                              "signatures": [{"sig": base64.b64encode(signature).decode(), "keyid": ""}]},
         }
-        return json.dumps(bundle, indent=1).encode()
+        return orjson.dumps(bundle, option=orjson.OPT_INDENT_2)
 
 
 def public_key_path(private_key_path: Path) -> Path:
