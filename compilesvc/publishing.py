@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -148,9 +149,16 @@ def sign_published(store: ArtifactStore, signer: ArtifactSigner, manifest: Artif
                                      workers=[b.worker_id for b in buckets if b.worker_id],
                                      started_on=min(started, default=None), finished_on=max(finished, default=None),
                                      digest=digest)
-    # Provenance first: a signature present means both are (the reader's check is for the signature).
-    store.create_document(artifact_provenance_name(manifest.key), signer.sign_provenance(statement))
-    return store.create_document(artifact_signature_name(manifest.key), signer.sign_manifest(manifest, digest))
+    provenance = signer.sign_provenance(statement)
+    signature = signer.sign_manifest(manifest, digest)
+    # The two writes run at once: each is a round trip (S3) or an fsync (local store), and the ledger is
+    # written only after both, so a crash between them leaves the set building and the next pass (reaper)
+    # writes what is missing (create-only: what is there stays).
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        other = beside.submit(store.create_document, artifact_provenance_name(manifest.key), provenance)
+        created = store.create_document(artifact_signature_name(manifest.key), signature)
+        other.result()
+    return created
 
 
 def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], artifact_id: int, *,

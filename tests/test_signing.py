@@ -144,3 +144,17 @@ def test_the_fleet_side_imports_no_server_libraries() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_a_publisher_with_an_unusable_key_does_not_start(tmp_path: Path) -> None:
+    key = SigningKey.load_or_generate(tmp_path / "signing-key.pem")
+    assert key.path is not None
+    os.chmod(key.path, 0o644)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("COMPILESVC_")},
+           "COMPILESVC_DATA_DIR": str(tmp_path / "data"), "COMPILESVC_SIGNING_KEY_FILE": str(key.path)}
+    result = subprocess.run([sys.executable, "-m", "compilesvc", "relay"], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"error: the signing key cannot be used: the signing key {key.path} may be "
+                                     f"read by other users; run: chmod 600 {key.path}")
