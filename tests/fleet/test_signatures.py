@@ -195,6 +195,12 @@ def test_provenance_is_served_signed_and_says_how_it_was_built(fleet_api: FleetA
     assert run["metadata"]["startedOn"] <= run["metadata"]["finishedOn"]
     signature = fleet_api.env.app.test_client().get(f"/v1/artifacts/{key}/signature", headers=headers)
     assert signature.status_code == 200 and signature.json["dsseEnvelope"]["payloadType"]  # type: ignore[index]
+    keys = fleet_api.env.app.test_client().get("/v1/artifacts/signing-keys", headers=headers)
+    assert keys.status_code == 200
+    signer = fleet_api.env.services.signer
+    assert signer is not None
+    assert keys.json["keys"] == [{"key_id": signer.key.key_id, "public_key": signer.key.public_pem.decode(),  # type: ignore[index]
+                                  "current": True}]
     unknown = fleet_api.env.app.test_client().get(f"/v1/artifacts/{'0' * 64}/provenance", headers=headers)
     assert unknown.status_code == 404 and unknown.json["type"].endswith("artifact-not-found")  # type: ignore[index]
 

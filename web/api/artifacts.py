@@ -15,6 +15,7 @@ URL in a reused answer at least that long to run; ``If-None-Match`` with the tag
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from flask import Blueprint, Response, g, request
@@ -23,6 +24,7 @@ from sqlalchemy import select
 from compilesvc.keys import KEY_SCHEMA
 from compilesvc.ledger.models import Artifact, BucketCompile
 from compilesvc.model_pins import ModelRefError
+from compilesvc.signing import KeyFileError, TrustedKeys, public_pem
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState
 from compilesvc.store.base import artifact_provenance_name, artifact_signature_name
@@ -32,7 +34,7 @@ from web.context import web
 from web.openapi import operation
 from web.params import raw_json_response, respond, spec_body
 from web.problems import Problem
-from web.schemas import ArtifactOut, ResolveOut
+from web.schemas import ArtifactOut, ResolveOut, SigningKeysOut
 
 bp = Blueprint("artifacts", __name__, url_prefix="/v1/artifacts")
 ARTIFACTS = Permission.ARTIFACTS  # fleet tokens too
@@ -104,6 +106,27 @@ def get_signature(key: str) -> Response:
 def get_provenance(key: str) -> Response:
     g.artifact_key = key
     return _signed_document(key, artifact_provenance_name(key), "a provenance statement")
+
+
+@bp.get("/signing-keys")
+@operation(summary="The public keys this service signs with (convenience, not a trust anchor)", tag="artifacts",
+           access=ARTIFACTS,
+           description="The key this API process signs with (`current`) and the other public keys it was configured "
+                       "to trust (`COMPILESVC_TRUSTED_KEYS`, e.g. the previous key during a rotation). For an "
+                       "operator comparing key ids: a fleet must take its trusted keys from its own configuration, "
+                       "never from this answer, which whoever controls the API could change.",
+           responses={200: SigningKeysOut})
+def signing_keys() -> Response:
+    services = web().services
+    keys: dict[str, dict[str, Any]] = {}
+    signer = services.signer
+    if signer is not None:
+        keys[signer.key.key_id] = {"key_id": signer.key.key_id, "public_key": signer.key.public_pem.decode(),
+                                   "current": True}
+    with contextlib.suppress(KeyFileError):
+        for key_id, key in TrustedKeys.from_environment().keys.items():
+            keys.setdefault(key_id, {"key_id": key_id, "public_key": public_pem(key).decode(), "current": False})
+    return respond(SigningKeysOut, {"keys": list(keys.values())})
 
 
 @bp.post("/resolve")
