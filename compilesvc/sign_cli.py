@@ -22,18 +22,21 @@ ledger or the store failed; 2 a bad option or setting.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import click
 
 from compilesvc.cli import BadInput, CommandFailed, _settings
 
+if TYPE_CHECKING:  # the command's imports are made when it runs: `compilesvc --help` stays light
+    from compilesvc.manifest import ArtifactManifest
+    from compilesvc.store import ArtifactStore
 
-def _check_files(store: object, manifest: object) -> str | None:
+
+def _check_files(store: ArtifactStore, manifest: ArtifactManifest) -> str | None:
     """Why ``manifest`` cannot be signed as it is in the store (None: every file verified)."""
-    from compilesvc.manifest import ArtifactManifest, ManifestMismatch, parse_bucket_manifest
-    from compilesvc.store import ArtifactStore, BlobNotFound
-
-    assert isinstance(store, ArtifactStore) and isinstance(manifest, ArtifactManifest)
+    from compilesvc.manifest import ManifestMismatch, parse_bucket_manifest
+    from compilesvc.store import BlobNotFound
     for bucket in manifest.buckets:
         raw = store.read_document(bucket.manifest)
         if raw is None:
@@ -76,7 +79,7 @@ def sign_artifacts(keys: tuple[str, ...], every: bool, dry_run: bool) -> None:
     from compilesvc.signing import KeyFileError
     from compilesvc.states import ArtifactState
     from compilesvc.store import StoreError
-    from compilesvc.store.base import artifact_manifest_name, artifact_signature_name
+    from compilesvc.store.base import artifact_manifest_name, artifact_provenance_name, artifact_signature_name
 
     services = Services.from_settings(_settings())
     failed = 0
@@ -98,7 +101,8 @@ def sign_artifacts(keys: tuple[str, ...], every: bool, dry_run: bool) -> None:
             failed += 1
         for artifact_id, key in rows:
             store = services.store
-            if store.read_document(artifact_signature_name(key)) is not None:
+            if store.read_document(artifact_signature_name(key)) is not None and \
+                    store.read_document(artifact_provenance_name(key)) is not None:
                 click.echo(f"{key}: already signed")
                 continue
             raw = store.read_document(artifact_manifest_name(key))
