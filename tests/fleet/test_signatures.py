@@ -237,7 +237,10 @@ def test_an_unsigned_artifact_is_refused_until_the_migration_signs_it(fleet_api:
     signer = services.signer
     services.signer = None  # a deployment that published with publish_unsigned
     key = fleet_api.publish(buckets=((1, 8),))
+    damaged = fleet_api.publish(buckets=((4, 8),))
     services.signer = signer  # then the deployment got its key; the fleet trusts it
+    blob = fleet_api.manifest(damaged)["buckets"][0]["files"][0]
+    rewrite(store_root(fleet_api) / blob_name(blob["sha256"]), b"changed while unsigned")
     headers = {"Authorization": f"Bearer {fleet_api.token}"}
     missing = fleet_api.env.app.test_client().get(f"/v1/artifacts/{key}/signature", headers=headers)
     assert missing.status_code == 404 and missing.json["type"].endswith("artifact-unsigned")  # type: ignore[index]
@@ -250,8 +253,10 @@ def test_an_unsigned_artifact_is_refused_until_the_migration_signs_it(fleet_api:
            "COMPILESVC_STORE_URL": settings.resolved_store_url, "COMPILESVC_SIGNING_KEY_FILE": str(signer.key.path),
            "COMPILESVC_PUBLIC_URL": settings.public_url}
     migrated = cli(fleet_api, "sign-artifacts", "--all", env=env)
-    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.returncode == 1, migrated.stderr  # one could not be verified: it is not signed
     assert f"{key}: verified and signed with key {signer.key.key_id}" in migrated.stdout
+    assert f"{damaged}: not signed: bucket-0/model.pt: the stored bytes differ from the manifest" in migrated.stderr
+    assert cli(fleet_api, "fetch", damaged).returncode == NOT_TRUSTED
     assert fleet_api.fetch(key).returncode == 0
     again = cli(fleet_api, "sign-artifacts", key, env=env)
     assert again.returncode == 0 and "already signed" in again.stdout
