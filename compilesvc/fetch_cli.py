@@ -13,8 +13,10 @@ Exit status: 0 written and verified; 1 the API, a download, the cache or the fil
 artifact is not published, this host cannot load it (``--check-host``), or another fetch into DEST is
 running; 2 the command line is wrong (KEY malformed, no KEY and no --spec, a spec that does not
 validate, a DEST that is not empty or not an earlier fetch's); 3 the artifact is not trusted: its
-signature is missing or does not verify, it was signed by a key that is not trusted, a file differs from
-the signed manifest, or no trusted key is configured.
+signature is missing or does not verify (its manifest was changed), it was signed by a key that is not
+trusted, or no trusted key is configured. A file that differs from the (signed) manifest is refused as
+before, naming it, with status 1: downloaded, it is not installed; cached, it is fetched again, or offline
+refused as damaged.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from compilesvc.fleet import (
     ArtifactSet,
     CacheError,
     FetchReport,
-    FilesDiffer,
     FleetError,
     HostCheck,
     Progress,
@@ -97,7 +98,7 @@ def _open(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, veri
         artifact = ArtifactSet.open(ref, cache_dir=cache_dir, api_url=api, offline=offline, verify=verify,
                                     host_check=HostCheck.REFUSE if check_host else HostCheck.OFF,
                                     with_logs=with_logs, parallel=parallel, progress=progress)
-    except (Untrusted, FilesDiffer) as exc:
+    except Untrusted as exc:
         raise NotTrusted(f"refused: {exc}") from None
     except (FleetError, CacheError) as exc:
         raise CommandFailed(str(exc)) from None
@@ -175,9 +176,9 @@ def fetch(key: str | None, spec_path: Path | None, dest: Path | None, replace: b
 
     The manifest's signature is checked against the trusted keys ($COMPILESVC_TRUSTED_KEYS) first.
 
-    Exit status: 0 verified; 1 the API, a download, the cache or the file system failed, or the artifact
-    is not published; 2 the command line is wrong; 3 not trusted: a signature or a file does not verify,
-    an unknown key, no trusted key configured (see docs/fleet.md).
+    Exit status: 0 verified; 1 the API, a download, the cache or the file system failed (a file that differs
+    from the signed manifest included), or the artifact is not published; 2 the command line is wrong; 3 not
+    trusted: no signature or one that does not verify, an unknown key, no trusted key (see docs/fleet.md).
     """
     if (key is None) == (spec_path is None):
         raise BadInput("give an artifact KEY or --spec SPEC (one of them)")

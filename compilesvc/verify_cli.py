@@ -26,7 +26,16 @@ from compilesvc.cli import BadInput, CommandFailed
 from compilesvc.client import API_OPTION
 from compilesvc.fetch_cli import NotTrusted
 from compilesvc.fetch_dest import MARKER
-from compilesvc.fleet import ArtifactSet, CacheError, FilesDiffer, FleetError, HostCheck, Untrusted, Verify
+from compilesvc.fleet import (
+    ArtifactSet,
+    CacheError,
+    FilesDiffer,
+    FleetError,
+    HostCheck,
+    ServedDiffers,
+    Untrusted,
+    Verify,
+)
 from compilesvc.fleet._cache import file_matches
 from compilesvc.manifest import ArtifactManifest, ManifestMismatch, parse_artifact_manifest, safe_relative
 from compilesvc.signing import KeyFileError, SignatureError, TrustedKeys
@@ -114,7 +123,7 @@ def verify(target: str, cache_dir: Path | None, offline: bool, api: str | None) 
     try:
         artifact = ArtifactSet.open(target, cache_dir=cache_dir, api_url=api, offline=offline,
                                     host_check=HostCheck.OFF, trusted_keys=trusted)
-    except (Untrusted, FilesDiffer) as exc:
+    except (Untrusted, FilesDiffer, ServedDiffers) as exc:
         raise NotTrusted(f"refused: {exc}") from None
     except (FleetError, CacheError) as exc:
         raise CommandFailed(str(exc)) from None

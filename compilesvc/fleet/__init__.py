@@ -16,7 +16,7 @@ artifact's signature against.
 
 from compilesvc.fleet._artifact_set import ArtifactSet, LocalBucket
 from compilesvc.fleet._cache import ArtifactCache, CacheError, FilesDiffer, Verify, default_cache_dir
-from compilesvc.fleet._fetch import Fetcher, FetchReport, NotCached, Progress
+from compilesvc.fleet._fetch import Fetcher, FetchReport, NotCached, Progress, ServedDiffers
 from compilesvc.fleet._host import HostCheck, HostReport, VersionMismatch, VersionMismatchWarning
 from compilesvc.fleet._pad import crop, pad
 from compilesvc.fleet._remote import FleetError, NotPublished, Remote, Unreachable, Untrusted
@@ -39,6 +39,7 @@ __all__ = [
     "NotPublished",
     "Progress",
     "Remote",
+    "ServedDiffers",
     "Unreachable",
     "Untrusted",
     "Verify",

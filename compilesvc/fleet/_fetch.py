@@ -35,6 +35,10 @@ class NotCached(FleetError):
     """Offline (or with a read-only cache) and the artifact is not in the cache."""
 
 
+class ServedDiffers(FleetError):
+    """A download's bytes are not the (signed) manifest's: the store holds other content than was published."""
+
+
 class Progress:
     """What a fetch reports while it works (the CLI draws it; the library's default says nothing).
     Called from the download threads: implementations must be thread-safe."""
@@ -211,8 +215,9 @@ class Fetcher:
         if failures:
             first = failures[0]
             differs = [e for e in failures if isinstance(e, ContentDiffers)]
-            if differs:  # the store serves other bytes than the signed manifest names: not a transient error
-                raise Untrusted(f"artifact {report.key}: {differs[0]} (signed by key {report.key_id})") from None
+            if differs:  # the store serves other bytes than the signed manifest names: say it is that
+                raise ServedDiffers(f"artifact {report.key}: {differs[0]} (the manifest is signed by key "
+                                    f"{report.key_id})") from None
             if isinstance(first, (DownloadError, FleetError, CacheError)):
                 more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
                 raise FleetError(f"{first}{more}") from None

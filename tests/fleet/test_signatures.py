@@ -77,8 +77,8 @@ def test_a_file_changed_in_the_store_is_refused(fleet_api: FleetApi) -> None:
     first = fleet_api.manifest(key)["buckets"][0]["files"][0]
     rewrite(store_root(fleet_api) / blob_name(first["sha256"]), b"x" * first["size"])
     fetched = fleet_api.fetch(key)
-    assert fetched.returncode == NOT_TRUSTED, fetched.stderr
-    assert "model.pt: the download's sha256" in fetched.stderr
+    assert fetched.returncode == 1, fetched.stderr  # a download that does not verify, as before signatures
+    assert "model.pt: the download's sha256" in fetched.stderr and "nothing was installed" in fetched.stderr
     assert not (fleet_api.cache / "v1" / "artifacts" / key).exists()
 
 
@@ -90,13 +90,13 @@ def test_a_cache_changed_on_disk_is_refused_offline(fleet_api: FleetApi, tmp_pat
     assert cli(fleet_api, "verify", "--offline", key).returncode == 0
     fleet_api.stop()  # offline from here on
 
-    # A file changed: named, exit 3, everywhere.
+    # A file changed: refused, naming it (fetch: damaged, exit 1; verify: not trusted, exit 3).
     model = directory / "bucket-0" / "model.pt"
     original = model.read_bytes()
     model.unlink()  # a hard link to the blob: the attacker puts another file in its place
     model.write_bytes(b"y" * len(original))
     offline = fleet_api.fetch(key, "--offline")
-    assert offline.returncode == NOT_TRUSTED and "bucket-0/model.pt" in offline.stderr
+    assert offline.returncode == 1 and "bucket-0/model.pt" in offline.stderr and "damaged" in offline.stderr
     for target in (str(directory), key):
         verified = cli(fleet_api, "verify", "--offline", target) if target == key else cli(fleet_api, "verify", target)
         assert verified.returncode == NOT_TRUSTED, verified.stderr
