@@ -4,7 +4,8 @@ the server.
 - ``DIR``: a directory ``compilesvc fetch --dest`` wrote, or an artifact directory of the cache: its
   ``manifest.json`` (the fetch marker aside) must be the manifest ``model.sig`` signs, signed by a
   trusted key, and every file the manifest lists that is present (logs are optional) must have its size
-  and sha256; every compiled file must be present. Never touches the network.
+  and sha256; every compiled file must be present, and no other file may be (as ``model_signing verify``
+  refuses files a signature does not cover). Never touches the network.
 - ``KEY``: the artifact in the local cache, checked the same way (``--offline``: the cache only;
   otherwise what is missing is fetched and verified as ``compilesvc fetch`` does).
 
@@ -21,11 +22,11 @@ from pathlib import Path
 
 import click
 
-from compilesvc.artifact_signing import SIGNATURE_FILE, verify_artifact
+from compilesvc.artifact_signing import GIT_PATHS, SIGNATURE_FILE, verify_artifact
 from compilesvc.cli import BadInput, CommandFailed
 from compilesvc.client import API_OPTION
 from compilesvc.fetch_cli import NotTrusted
-from compilesvc.fetch_dest import MARKER
+from compilesvc.fetch_dest import MARKER, OWN_NAMES
 from compilesvc.fleet import (
     ArtifactSet,
     CacheError,
@@ -84,6 +85,17 @@ def verify_directory(directory: Path, trusted: TrustedKeys) -> tuple[ArtifactMan
     except SignatureError as exc:
         raise NotTrusted(f"refused: {exc}") from None
     checked = 0
+    expected = {SIGNATURE_FILE, "manifest.json"}
+    for bucket in manifest.buckets:
+        logs = [bucket.log] if bucket.log is not None else []
+        expected.update(f"bucket-{bucket.position}/{e.path}" for e in [*bucket.files, *logs])
+    # As the standard verifier does: a file the signature does not cover is refused, not ignored (a serving
+    # process may load what lies beside the model).
+    for found in sorted(directory.rglob("*")):
+        name = found.relative_to(directory).as_posix()
+        if (found.is_file() or found.is_symlink()) and name not in expected and \
+                name.split("/")[0] not in (*GIT_PATHS, *OWN_NAMES):
+            raise NotTrusted(f"refused: {name} in {directory} is not part of artifact {manifest.key}")
     for bucket in manifest.buckets:
         logs = [bucket.log] if bucket.log is not None else []
         for entry in [*bucket.files, *logs]:

@@ -224,6 +224,12 @@ def test_the_standard_verifier_accepts_a_fetched_directory(fleet_api: FleetApi, 
     # --replace still recognises the directory (model.sig is one of the files fetch wrote).
     assert fleet_api.fetch(key, "--dest", str(dest), "--replace").returncode == 0
 
+    extra = dest / "bucket-0" / "libpatch.so"  # beside the model, where a loader may pick it up
+    extra.write_bytes(b"not signed")
+    stranger = cli(fleet_api, "verify", str(dest))
+    assert stranger.returncode == NOT_TRUSTED and "bucket-0/libpatch.so" in stranger.stderr
+    assert standard().returncode != 0
+    extra.unlink()
     model = dest / "bucket-0" / "model.pt"
     model.write_bytes(b"z" * model.stat().st_size)
     rejected = standard()
