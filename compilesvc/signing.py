@@ -254,7 +254,9 @@ class TrustedKeys:
             document = json.loads(bundle)
             if document["mediaType"] != BUNDLE_MEDIA_TYPE:
                 raise ValueError(f"media type {document['mediaType']!r}")
-            key_id = str(document["verificationMaterial"]["publicKey"]["hint"])
+            key_id = document["verificationMaterial"]["publicKey"]["hint"]
+            if not isinstance(key_id, str) or not key_id:
+                raise ValueError("no key id (verificationMaterial.publicKey.hint)")
             envelope = document["dsseEnvelope"]
             payload_type = str(envelope["payloadType"])
             payload = base64.b64decode(envelope["payload"], validate=True)
