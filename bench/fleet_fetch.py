@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from compilesvc.services import Services
     from tests.fixtures.s3server import start_weed, stop_weed
     from tests.fixtures.settings import make_settings
+    from tests.fixtures.signing import trust_env
     from tests.fixtures.tokens import make_token
     from tests.web.support import complete_build, spec_for
     from web.app import create_app
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         complete_build(services, build["build_id"], payload=lambda key: random.Random(key).randbytes(half))
         key = build["artifact_key"]
         env = {**os.environ, "COMPILESVC_TOKEN": fleet, "COMPILESVC_API_URL": base,
-               "COMPILESVC_CONFIG": "/nonexistent"}
+               "COMPILESVC_CONFIG": "/nonexistent", **trust_env(services)}  # fetches verify the signature too
         fetch = [sys.executable, "-m", "compilesvc", "fetch", key, "-q"]
 
         def fresh_cache() -> str:

@@ -9,7 +9,7 @@ Defaults are each bench's own, which suit a 2-core host: api_throughput ~3 min (
 (two direct compiles beside the service's, 500 concurrent submits), stream_memory (1 GiB blob, then a served
 upload) ~2 min, fleet_fetch (256 MiB, then 2 x 10 s of wrk) ~2 min, history_scale (1,000,000 builds) several
 minutes, soak 10 min, fault_recovery (the fault suite's heavy variant: 60 s S3 outages, 12 builds lost with
-Redis) ~6 min, fuzz (5,000 schemathesis cases per ledger) ~3 min.
+Redis) ~6 min, fuzz (5,000 schemathesis cases per ledger) ~3 min, signing (64 MiB cached artifact) ~10 s.
 ``--quick`` passes smaller sizes (:data:`QUICK`) for a smoke run of a few minutes in all.
 
 Ctrl-C or SIGTERM is passed on to the running bench once (each bench runs in its own process group, so it is
@@ -32,7 +32,7 @@ from bench import _table
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ("api_throughput", "pipeline", "stream_memory", "fleet_fetch", "history_scale", "db_preping", "soak",
-           "fault_recovery", "fuzz", "sandbox_cost")
+           "fault_recovery", "fuzz", "sandbox_cost", "signing")
 QUICK: dict[str, list[str]] = {
     "api_throughput": ["--duration", "2", "--rounds", "1"],
     "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "5", "--submits", "50", "--client-processes",
@@ -45,6 +45,7 @@ QUICK: dict[str, list[str]] = {
     "fault_recovery": ["--scale", "ci"],
     "fuzz": ["--cases", "300"],
     "sandbox_cost": ["--starts", "10", "--rounds", "1"],
+    "signing": ["--size-mib", "16", "--rounds", "5"],
 }
 
 

@@ -141,6 +141,12 @@ class _Main(click.Group):
             _fail(str(exc.message), exc.exit_code)
         except click.Abort:
             _fail("aborted", 1)
+        except ValueError as exc:
+            from compilesvc.signing import KeyFileError  # here: most commands never load cryptography
+
+            if not isinstance(exc, KeyFileError):
+                raise
+            _fail(f"the signing key cannot be used: {exc}", 2)
         except OSError as exc:
             if exc.errno != errno.EPIPE:
                 raise

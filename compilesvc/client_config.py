@@ -9,6 +9,7 @@ The config file is ``$COMPILESVC_CONFIG``, else ``$XDG_CONFIG_HOME/compilesvc/co
 
     api_url = "https://compilesvc.example.com"
     token = "csvc_..."
+    trusted_keys = ["/etc/compilesvc/keys"]   # public keys fleets verify signatures with (docs/fleet.md)
 
 A file holding a token that other users may read is refused, as ssh refuses such a key.
 """
@@ -63,6 +64,10 @@ def _read_file(path: Path) -> dict[str, object]:
     for name in ("api_url", "token"):
         if name in data and not isinstance(data[name], str):
             raise ConfigError(f"{path}: {name} must be a string")
+    keys = data.get("trusted_keys")
+    if keys is not None and not (isinstance(keys, str) or (isinstance(keys, list)
+                                                         and all(isinstance(k, str) for k in keys))):
+        raise ConfigError(f"{path}: trusted_keys must be a path or a list of paths")
     if "token" in data and mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(f"{path} holds a token and other users may read it; run: chmod 600 {path}")
     return data
@@ -92,3 +97,13 @@ def load(api_option: str | None = None) -> ClientConfig:
     else:
         token, token_source = None, None
     return ClientConfig(api_url=api, token=token, api_source=api_source, token_source=token_source)
+
+
+def trusted_key_paths() -> tuple[list[str], str] | None:
+    """The ``trusted_keys`` of the config file (paths of PEM public keys or directories of them) and the
+    file's path; None when the file names none. :mod:`compilesvc.signing` reads the environment first."""
+    path = config_path()
+    keys = _read_file(path).get("trusted_keys")
+    if keys is None:
+        return None
+    return ([keys] if isinstance(keys, str) else [str(k) for k in keys] if isinstance(keys, list) else []), str(path)

@@ -77,6 +77,11 @@ class Settings(BaseSettings):
 
     public_url: str = Field(default="http://127.0.0.1:8080", description="How clients reach the API.")
     secret_key: str | None = Field(default=None, description="HMAC key for local-store download URLs.")
+    signing_key_file: Path | None = Field(
+        default=None, description="PEM ECDSA P-256 private key that signs published artifacts (mode 0600); default: "
+                                  "one generated in data_dir (signing-key.pem, public key beside it).")
+    publish_unsigned: bool = Field(
+        default=False, description="Publish artifacts without a signature (fleets then refuse them).")
     url_ttl_seconds: int = Field(default=3600, ge=60, le=7 * 24 * 3600)
     spool_dir: Path | None = Field(
         default=None, description="Where S3 uploads without a declared digest spool while hashing (needs "

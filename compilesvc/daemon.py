@@ -171,6 +171,7 @@ def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
     except ValidationError as exc:
         raise click.UsageError(f"invalid COMPILESVC_* settings: {exc}") from None
     services = Services.from_settings(settings, pre_ping=True)
+    _ = services.signer  # a signing key that cannot be used stops the start, not the first publish
     loop = RelayLoop(services, services.relay, reap_interval=reap_interval)
 
     def _stop(signum: int, _frame: FrameType | None) -> None:

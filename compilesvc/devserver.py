@@ -3,7 +3,9 @@
 It migrates a SQLite ledger, then runs the API, one worker and the relay/reaper as child processes
 sharing one data directory (SQLite ledger, local artifact directory, kombu filesystem broker). On its first
 start it makes an admin token, keeps it in ``<data dir>/admin-token`` (mode 0600, like the generated
-secret key beside it) and prints it at every start, so the UI and the CLI can be used at once. With
+secret key beside it) and prints it at every start; it also generates the key that signs what it publishes
+(``signing-key.pem``, 0600, with ``signing-key.pub.pem`` beside it) and prints how a fleet trusts it, so
+the UI and the CLI can be used at once. With
 ``--demo`` it uploads the bundled tiny model through the API, submits its three-bucket spec, follows the
 build to the end and prints where to look. The launcher talks to the children only over HTTP and the
 process table, so the core never imports the web or worker code.
@@ -29,6 +31,7 @@ from compilesvc.config import Settings
 from compilesvc.db import make_engine, make_sessionmaker, transaction
 from compilesvc.demo import demo_model_bytes, demo_spec
 from compilesvc.migrate import upgrade
+from compilesvc.signing import GENERATED_KEY_NAME, TRUSTED_KEYS_ENV, KeyFileError, SigningKey, public_key_path
 from compilesvc.states import BuildState
 
 
@@ -106,6 +109,22 @@ def admin_token(settings: Settings) -> tuple[str, bool]:
     return secret, True
 
 
+def signing_key_note(settings: Settings) -> str:
+    """Make the signing key now, before the children race for it, and say how a fleet trusts it."""
+    if settings.publish_unsigned:
+        return "artifacts are published unsigned (COMPILESVC_PUBLISH_UNSIGNED): fleets refuse them"
+    path = settings.signing_key_file or settings.data_dir / GENERATED_KEY_NAME
+    try:
+        key = SigningKey.load(path) if settings.signing_key_file else SigningKey.load_or_generate(path)
+    except KeyFileError as exc:
+        raise DevError(str(exc)) from None
+    public = public_key_path(path)
+    if not public.exists():
+        return f"artifacts are signed by key {key.key_id}; give fleets its public key (docs/fleet.md)"
+    return (f"artifacts are signed by key {key.key_id}; fleets trust it with: "
+            f"export {TRUSTED_KEYS_ENV}={public}")
+
+
 def run_demo(base: str, children: Children, log_dir: Path, token: str) -> dict[str, Any]:
     """Upload the bundled model, submit its spec and wait for the build; returns the finished build."""
     spec = demo_spec()
@@ -159,6 +178,7 @@ def dev(demo: bool, port: int, data_dir: Path | None, exit_after_demo: bool) -> 
             click.echo(f"note: {name} is set in the environment; dev uses it instead of the embedded default")
     upgrade(settings.resolved_database_url)
     token, new = admin_token(settings)
+    trust = signing_key_note(settings)
 
     children = Children()
     stop = False
@@ -177,6 +197,7 @@ def dev(demo: bool, port: int, data_dir: Path | None, exit_after_demo: bool) -> 
         token_file = data_dir / ADMIN_TOKEN_FILE
         click.echo(f"admin token{' (new)' if new else ''}: {token}")
         click.echo(f"  UI: {base}/login (paste the token); CLI: export COMPILESVC_TOKEN=$(cat {token_file})")
+        click.echo(trust)
         if demo:
             run_demo(base, children, log_dir, token)
             if exit_after_demo:

@@ -5,33 +5,57 @@ what is missing is downloaded in parallel, resumed where an earlier fetch stoppe
 downloaded once however many fetches run at once. ``--dest`` then copies the verified files out under
 :mod:`compilesvc.fetch_dest`'s rules (never touching a file of the user's).
 
+Every fetch checks the manifest's signature against the trusted keys (``COMPILESVC_TRUSTED_KEYS`` or the
+config file's ``trusted_keys``) before any file is used, from the cache (offline too) or downloaded;
+``--dest`` gets the signature as ``model.sig`` beside the files, which ``model_signing verify key`` accepts.
+
 Exit status: 0 written and verified; 1 the API, a download, the cache or the file system failed, the
 artifact is not published, this host cannot load it (``--check-host``), or another fetch into DEST is
 running; 2 the command line is wrong (KEY malformed, no KEY and no --spec, a spec that does not
-validate, a DEST that is not empty or not an earlier fetch's).
+validate, a DEST that is not empty or not an earlier fetch's); 3 the artifact is not trusted: its
+signature is missing or does not verify (its manifest was changed), it was signed by a key that is not
+trusted, or no trusted key is configured. A file that differs from the (signed) manifest is refused as
+before, naming it, with status 1: downloaded, it is not installed; cached, it is fetched again, or offline
+refused as damaged.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 import threading
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import click
 
 from compilesvc import fetch_dest
+from compilesvc.artifact_signing import SIGNATURE_FILE
 from compilesvc.cli import BadInput, CommandFailed, SpecUsageError
 from compilesvc.client import API_OPTION
-from compilesvc.fleet import ArtifactSet, CacheError, FetchReport, FleetError, HostCheck, Progress
+from compilesvc.fleet import (
+    ArtifactSet,
+    CacheError,
+    FetchReport,
+    FleetError,
+    HostCheck,
+    Progress,
+    Untrusted,
+)
 from compilesvc.fleet._cache import Placed, placed_files
 from compilesvc.spec_parsing import SpecError, load_spec_file
 from compilesvc.store.hashing import copy_hashing
 
 MIB = 1024 * 1024
+
+
+class NotTrusted(CommandFailed):
+    """The artifact's signature or a file did not verify against the trusted keys (exit status 3)."""
+
+    exit_code = 3
 
 
 class _Bar(Progress):
@@ -74,6 +98,8 @@ def _open(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, veri
         artifact = ArtifactSet.open(ref, cache_dir=cache_dir, api_url=api, offline=offline, verify=verify,
                                     host_check=HostCheck.REFUSE if check_host else HostCheck.OFF,
                                     with_logs=with_logs, parallel=parallel, progress=progress)
+    except Untrusted as exc:
+        raise NotTrusted(f"refused: {exc}") from None
     except (FleetError, CacheError) as exc:
         raise CommandFailed(str(exc)) from None
     except OSError as exc:
@@ -96,17 +122,22 @@ def _copy_out(report: FetchReport, placed: list[Placed], staging: fetch_dest.Sta
             out.flush()
             os.fsync(out.fileno())
         staging.written[str(p.relative)] = {"size": p.entry.size, "sha256": p.entry.sha256}
+    with staging.open_file(PurePosixPath(SIGNATURE_FILE)) as out:
+        out.write(report.signature)
+    staging.written[SIGNATURE_FILE] = {"size": len(report.signature),
+                                       "sha256": hashlib.sha256(report.signature).hexdigest()}
     staging.write_manifest(report.manifest.model_dump(mode="json", by_alias=True), report.key)
     staging.install()
 
 
 def _summary(report: FetchReport) -> str:
     size = f"{report.files} file(s), {report.bytes / MIB:.1f} MiB"
+    signed = f"signed by key {report.key_id[:16]}…"
     if not report.network:
-        return f"{report.key}: {size} verified, all from the cache (no network)"
+        return f"{report.key}: {size} verified, {signed}, all from the cache (no network)"
     resumed = f", {len(report.resumed)} resumed" if report.resumed else ""
-    return (f"{report.key}: {size} verified: {report.downloaded} downloaded ({report.received_bytes / MIB:.1f} MiB"
-            f"{resumed}), {report.from_cache} from the cache")
+    return (f"{report.key}: {size} verified, {signed}: {report.downloaded} downloaded "
+            f"({report.received_bytes / MIB:.1f} MiB{resumed}), {report.from_cache} from the cache")
 
 
 @click.command("fetch")
@@ -143,8 +174,11 @@ def fetch(key: str | None, spec_path: Path | None, dest: Path | None, replace: b
     A second fetch of a cached key makes no network request. Downloads run in parallel, resume where an
     interrupted fetch stopped (HTTP ranges), and many fetches of one key at once download each file once.
 
-    Exit status: 0 verified; 1 the API, a download, the cache or the file system failed, or the artifact
-    is not published; 2 the command line is wrong (see docs/fleet.md).
+    The manifest's signature is checked against the trusted keys ($COMPILESVC_TRUSTED_KEYS) first.
+
+    Exit status: 0 verified; 1 the API, a download, the cache or the file system failed (a file that differs
+    from the signed manifest included), or the artifact is not published; 2 the command line is wrong; 3 not
+    trusted: no signature or one that does not verify, an unknown key, no trusted key (see docs/fleet.md).
     """
     if (key is None) == (spec_path is None):
         raise BadInput("give an artifact KEY or --spec SPEC (one of them)")
@@ -187,5 +221,5 @@ def _document(report: FetchReport, directory: Path) -> dict[str, Any]:
     return {"key": report.key, "directory": str(directory), "cache_directory": str(report.directory),
             "files": report.files, "bytes": report.bytes, "downloaded": report.downloaded,
             "from_cache": report.from_cache, "received_bytes": report.received_bytes,
-            "resumed": report.resumed, "network": report.network}
+            "resumed": report.resumed, "network": report.network, "key_id": report.key_id}
 

@@ -5,7 +5,8 @@ Both manifests are written the same way (:func:`create_or_read`): create-only, a
 same name is already there, that one wins and is read back. The same name means the same key, so an
 earlier attempt's or another publisher's document is as good as ours, and every reader sees one version.
 
-Publishing order is blobs, bucket manifests (workers), the artifact manifest, then the ledger. A crash
+Publishing order is blobs, bucket manifests (workers), the artifact manifest, its signature and signed
+provenance (:func:`sign_published`, create-only too, by the publishing process's key), then the ledger. A crash
 anywhere in between leaves either nothing visible or a complete manifest that the next pass (worker,
 reaper or a submit) finds and records. Retrying a store that is down is :mod:`workers.retries`' job; the
 artifact's states are :mod:`compilesvc.artifacts`'.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -22,6 +24,7 @@ from typing import Any, TypeVar
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from compilesvc.artifact_signing import ArtifactSigner, manifest_digest, provenance_statement
 from compilesvc.artifacts import set_artifact_state
 from compilesvc.bucket_compiles import positioned_buckets
 from compilesvc.db import transaction
@@ -37,7 +40,12 @@ from compilesvc.manifest import (
 )
 from compilesvc.states import ArtifactState, BucketState
 from compilesvc.store import ArtifactStore, StoreError
-from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
+from compilesvc.store.base import (
+    artifact_manifest_name,
+    artifact_provenance_name,
+    artifact_signature_name,
+    bucket_manifest_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +136,33 @@ def build_artifact_manifest(store: ArtifactStore, artifact: Artifact,
                             buckets=entries, size_bytes=size, created_at=datetime.now(UTC).isoformat())
 
 
-def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], artifact_id: int) -> bool:
+def sign_published(store: ArtifactStore, signer: ArtifactSigner, manifest: ArtifactManifest,
+                   buckets: list[BucketCompile]) -> bool:
+    """Write the signature and the signed provenance of a published manifest, create-only (an earlier
+    publisher's stay: the same key signs the same manifest). True when this call wrote the signature.
+    What the provenance says of the run comes from the ledger's rows (workers, first start, last finish),
+    so signing reads nothing more from the store."""
+    started = [b.started_at for b in buckets if b.started_at is not None]
+    finished = [b.finished_at for b in buckets if b.finished_at is not None]
+    digest = manifest_digest(manifest)
+    statement = provenance_statement(manifest, builder_id=signer.builder_id,
+                                     workers=[b.worker_id for b in buckets if b.worker_id],
+                                     started_on=min(started, default=None), finished_on=max(finished, default=None),
+                                     digest=digest)
+    provenance = signer.sign_provenance(statement)
+    signature = signer.sign_manifest(manifest, digest)
+    # The two writes run at once: each is a round trip (S3) or an fsync (local store), and the ledger is
+    # written only after both, so a crash between them leaves the set building and the next pass (reaper)
+    # writes what is missing (create-only: what is there stays).
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        other = beside.submit(store.create_document, artifact_provenance_name(manifest.key), provenance)
+        created = store.create_document(artifact_signature_name(manifest.key), signature)
+        other.result()
+    return created
+
+
+def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], artifact_id: int, *,
+                        signer: ArtifactSigner | None) -> bool:
     """Publish the artifact if every bucket succeeded. True when this call published it; False when it is not
     complete yet or no longer building. Workers, submits and the reaper all call this, and two of them often
     race for the same complete set (a worker finishing the last bucket while the reaper scans): only the one
@@ -145,6 +179,8 @@ def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], a
     name = artifact_manifest_name(artifact.key)
     manifest = create_or_read(store, name, build_artifact_manifest(store, artifact, buckets),
                               parse_artifact_manifest)
+    if signer is not None:  # None only where the deployment says so (settings.publish_unsigned)
+        sign_published(store, signer, manifest, [b for b, _ in buckets])
     with transaction(sessions) as session:
         claimed = session.execute(
             update(Artifact)
@@ -161,7 +197,8 @@ def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], a
         return True
 
 
-def publish_ready_artifacts(store: ArtifactStore, sessions: sessionmaker[Session], bucket_id: int) -> None:
+def publish_ready_artifacts(store: ArtifactStore, sessions: sessionmaker[Session], bucket_id: int, *,
+                            signer: ArtifactSigner | None) -> None:
     """After a bucket succeeded: publish each set containing it that is now complete."""
     with sessions() as session:
         artifact_ids = session.scalars(
@@ -170,4 +207,4 @@ def publish_ready_artifacts(store: ArtifactStore, sessions: sessionmaker[Session
             .where(ArtifactBucket.bucket_compile_id == bucket_id, Artifact.state == ArtifactState.BUILDING)
         ).all()
     for artifact_id in artifact_ids:
-        publish_if_complete(store, sessions, artifact_id)
+        publish_if_complete(store, sessions, artifact_id, signer=signer)

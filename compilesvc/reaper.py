@@ -104,7 +104,7 @@ def reap(services: Services, *, relay: OutboxRelay | None = None, reconciler: Re
         stuck = complete_unpublished(session, limit)
     for artifact_id in stuck:
         try:
-            published = publish_if_complete(services.store, services.sessions, artifact_id)
+            published = publish_if_complete(services.store, services.sessions, artifact_id, signer=services.signer)
         except StoreError as exc:  # the store is down or a manifest is missing: try again next pass
             log.warning("artifact repair failed", extra={"artifact_id": artifact_id, "error": str(exc)})
             continue

@@ -40,7 +40,13 @@ from compilesvc.ledger.retention import GcDeletion, GcRun, RetentionPin
 from compilesvc.manifest import ManifestMismatch, parse_bucket_manifest
 from compilesvc.states import ArtifactState, BucketState, PinKind
 from compilesvc.store import ArtifactStore
-from compilesvc.store.base import StoredBlob, artifact_manifest_name, bucket_manifest_name
+from compilesvc.store.base import (
+    StoredBlob,
+    artifact_manifest_name,
+    artifact_provenance_name,
+    artifact_signature_name,
+    bucket_manifest_name,
+)
 
 log = logging.getLogger(__name__)
 DAY = timedelta(days=1)
@@ -272,6 +278,8 @@ def _delete(sessions: sessionmaker[Session], store: ArtifactStore, report: GcRep
     """Remove what the sweep found; a document's owner no longer names it once it is gone."""
     for key in report.sweep.artifact_keys:
         store.delete_document(artifact_manifest_name(key))
+        store.delete_document(artifact_signature_name(key))
+        store.delete_document(artifact_provenance_name(key))
         with transaction(sessions) as session:  # swept: the next run does not look for it again
             session.execute(update(Artifact).where(Artifact.key == key, Artifact.state == ArtifactState.DELETED)
                             .values(manifest_uri=None))

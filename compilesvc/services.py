@@ -10,6 +10,7 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from compilesvc.artifact_signing import ArtifactSigner
 from compilesvc.build_records import BuildRecorder
 from compilesvc.config import Settings
 from compilesvc.db import make_engine, make_sessionmaker
@@ -17,6 +18,7 @@ from compilesvc.dispatch import make_producer
 from compilesvc.hostinfo import host_isa
 from compilesvc.model_identity import ModelResolver
 from compilesvc.outbox import OutboxRelay
+from compilesvc.signing import GENERATED_KEY_NAME, SigningKey
 from compilesvc.store import ArtifactStore, open_store
 
 
@@ -41,6 +43,19 @@ class Services:
         engine = make_engine(settings.resolved_database_url, pool_pre_ping=pre_ping)
         return cls(settings=settings, engine=engine, sessions=make_sessionmaker(engine),
                    store=open_store(settings), celery_app=celery_app)
+
+    @cached_property
+    def signer(self) -> ArtifactSigner | None:
+        """The key that signs what this process publishes: ``signing_key_file``, else one generated in
+        data_dir like the secret key (a per-host key that fleets do not trust until its public key is
+        given to them, so a forgotten setting fails closed); None only with ``publish_unsigned``."""
+        settings = self.settings
+        if settings.publish_unsigned:
+            return None
+        path = settings.signing_key_file
+        key = SigningKey.load(path) if path is not None else \
+            SigningKey.load_or_generate(settings.data_dir / GENERATED_KEY_NAME)
+        return ArtifactSigner(key, builder_id=settings.public_url)
 
     @cached_property
     def build_recorder(self) -> BuildRecorder:

@@ -363,7 +363,8 @@ class Submitter:
         if finalize:
             with self.services.sessions() as session:
                 artifact_id = session.scalars(select(Artifact.id).where(Artifact.key == result.artifact_key)).one()
-            publish_if_complete(self.services.store, self.services.sessions, artifact_id)
+            publish_if_complete(self.services.store, self.services.sessions, artifact_id,
+                                signer=self.services.signer)
 
     def _reload(self, result: SubmitResult) -> SubmitResult:
         with self.services.sessions() as session:

@@ -81,7 +81,7 @@ def complete_bucket(services: Services, key: str, *, state: str = "succeeded", e
     with transaction(services.sessions) as session:
         assert leases.succeed(session, bucket_id, claim.token, services.store.document_location(
             bucket_manifest_name(key)), manifest.versions, manifest.compile_seconds)
-    publish_ready_artifacts(services.store, services.sessions, bucket_id)
+    publish_ready_artifacts(services.store, services.sessions, bucket_id, signer=services.signer)
 
 
 def count(services: Services, model: type) -> int:

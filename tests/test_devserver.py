@@ -14,13 +14,16 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
+from compilesvc.artifact_signing import verify_artifact
 from compilesvc.artifacts import read_manifest
 from compilesvc.config import Settings
 from compilesvc.db import make_engine, make_sessionmaker, transaction
 from compilesvc.devserver import ADMIN_TOKEN_FILE, admin_token
 from compilesvc.ledger.models import Artifact, Build
 from compilesvc.migrate import upgrade
+from compilesvc.signing import GENERATED_KEY_NAME, TRUSTED_KEYS_ENV, SigningKey, TrustedKeys, public_key_path
 from compilesvc.store import open_store
+from compilesvc.store.base import artifact_signature_name
 from compilesvc.tokens import authenticate, list_tokens, revoke
 from tests.fixtures.ports import free_port
 
@@ -55,6 +58,15 @@ def test_dev_demo_builds_the_bundled_model(tmp_path: Path) -> None:
     manifest = read_manifest(open_store(settings), artifact.key)
     assert manifest is not None and len(manifest.buckets) == 3
     assert all(entry.files and entry.log for entry in manifest.buckets)
+    # Signed by the key generated in the data dir (0600), which the launcher told how to trust.
+    key_file = data_dir / GENERATED_KEY_NAME
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    public = public_key_path(key_file)
+    assert f"export {TRUSTED_KEYS_ENV}={public}" in proc.stdout
+    bundle = open_store(settings).read_document(artifact_signature_name(artifact.key))
+    assert bundle is not None
+    verified = verify_artifact(TrustedKeys.from_paths([public]), bundle, manifest)
+    assert verified.key_id == SigningKey.load(key_file).key_id and verified.key_id in proc.stdout
 
 
 def test_the_admin_token_is_made_once_and_replaced_when_it_stops_working(tmp_path: Path) -> None:

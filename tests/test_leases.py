@@ -19,17 +19,24 @@ import pytest
 from sqlalchemy import event, func, select, update
 
 from compilesvc import events, failures, leases, registry
+from compilesvc.artifact_signing import SLSA_PREDICATE, verify_artifact
 from compilesvc.config import Settings
 from compilesvc.control import cancel_build, retry_build
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Artifact, BucketCompile, BucketFailure, Build, Event, Outbox, utcnow
-from compilesvc.manifest import BucketManifest, FileEntry
+from compilesvc.manifest import BucketManifest, FileEntry, parse_artifact_manifest
 from compilesvc.publishing import publish_if_complete
 from compilesvc.reaper import reap
 from compilesvc.services import Services
+from compilesvc.signing import TrustedKeys
 from compilesvc.spec_parsing import parse_spec
 from compilesvc.states import IllegalTransition
-from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
+from compilesvc.store.base import (
+    artifact_manifest_name,
+    artifact_provenance_name,
+    artifact_signature_name,
+    bucket_manifest_name,
+)
 from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles.compiler_flags import DOUBLE_AND_REJECTED_FLAGS
 from tests.fixtures.settings import make_settings as fixture_settings
@@ -500,6 +507,20 @@ def test_reaper_publishes_a_set_left_building(services: Services) -> None:
     assert report.published and artifact_state(services, result.artifact_key) == "published"
     assert services.store.read_document(artifact_manifest_name(result.artifact_key)) is not None
     assert reap(services).published == []  # idempotent
+    assert_signed(services, result.artifact_key)  # the reaper signs what it publishes, as a worker does
+
+
+def assert_signed(services: Services, key: str) -> None:
+    """The published manifest's signature and provenance are in the store and verify under the service's key."""
+    signer = services.signer
+    assert signer is not None
+    trusted = TrustedKeys({signer.key.key_id: signer.key.public_key})
+    manifest = parse_artifact_manifest(services.store.read_document(artifact_manifest_name(key)) or b"", key)
+    bundle = services.store.read_document(artifact_signature_name(key))
+    assert bundle is not None and verify_artifact(trusted, bundle, manifest).key_id == signer.key.key_id
+    provenance = trusted.verify(services.store.read_document(artifact_provenance_name(key)) or b"", what="p")
+    assert provenance.statement["predicateType"] == SLSA_PREDICATE
+    assert provenance.statement["predicate"]["runDetails"]["builder"]["builderDependencies"]  # the worker
 
 
 def complete_without_publishing(services: Services, result: SubmitResult) -> int:
@@ -518,9 +539,19 @@ def complete_without_publishing(services: Services, result: SubmitResult) -> int
 def test_publish_if_complete_says_whether_this_call_published(services: Services) -> None:
     result = submit(services, buckets=2)
     artifact_id = complete_without_publishing(services, result)
-    assert publish_if_complete(services.store, services.sessions, artifact_id) is True
-    assert publish_if_complete(services.store, services.sessions, artifact_id) is False  # someone else did
+    signer = services.signer
+    assert publish_if_complete(services.store, services.sessions, artifact_id, signer=signer) is True
+    assert publish_if_complete(services.store, services.sessions, artifact_id, signer=signer) is False  # another did
     assert artifact_state(services, result.artifact_key) == "published"
+    assert_signed(services, result.artifact_key)
+
+
+def test_a_deployment_that_publishes_unsigned_writes_no_signature(services: Services) -> None:
+    result = submit(services, buckets=1)
+    artifact_id = complete_without_publishing(services, result)
+    assert publish_if_complete(services.store, services.sessions, artifact_id, signer=None) is True
+    assert services.store.read_document(artifact_manifest_name(result.artifact_key)) is not None
+    assert services.store.read_document(artifact_signature_name(result.artifact_key)) is None
 
 
 def test_reaper_does_not_claim_a_set_a_worker_published_meanwhile(pg_services: Services) -> None:
@@ -537,7 +568,8 @@ def test_reaper_does_not_claim_a_set_a_worker_published_meanwhile(pg_services: S
     def after_scan(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         if not scans and statement.lstrip().startswith("SELECT artifacts.id") and "NOT (EXISTS" in statement:
             scans.append(statement)
-            publish_if_complete(services.store, services.sessions, artifact_id)  # the worker, on another connection
+            publish_if_complete(services.store, services.sessions, artifact_id,  # the worker, on another connection
+                                signer=services.signer)
 
     event.listen(services.engine, "after_cursor_execute", after_scan)
     try:

@@ -18,7 +18,12 @@ from compilesvc import retention
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Artifact, utcnow
 from compilesvc.ledger.retention import GcDeletion, GcRun
-from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
+from compilesvc.store.base import (
+    artifact_manifest_name,
+    artifact_provenance_name,
+    artifact_signature_name,
+    bucket_manifest_name,
+)
 from tests.fixtures.s3server import S3Server
 from tests.web.conftest import (
     EnvFactory,
@@ -61,6 +66,7 @@ def files_of(env: Env, key: str) -> dict[str, set[str]]:
 def whole(env: Env, key: str, files: dict[str, set[str]]) -> bool:
     store = env.services.store
     return (store.read_document(artifact_manifest_name(key)) is not None
+            and store.read_document(artifact_signature_name(key)) is not None
             and all(store.read_document(bucket_manifest_name(b)) is not None for b in files)
             and all(store.has_blob(sha) for shas in files.values() for sha in shas))
 
@@ -111,6 +117,8 @@ def test_a_dry_run_lists_exactly_what_the_real_run_deletes(store_env: Env) -> No
     assert store.read_document(bucket_manifest_name(shared_bucket)) is not None
     assert all(whole(env, key, files) for key, files in kept.items())
     assert all(store.read_document(artifact_manifest_name(key)) is None for key in doomed)
+    assert all(store.read_document(name(key)) is None for key in doomed  # the signed documents go with it
+               for name in (artifact_signature_name, artifact_provenance_name))
 
     # What it did is on record, and the lookups say so.
     with env.services.sessions() as session:

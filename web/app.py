@@ -84,6 +84,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     if services is None:
         services = Services.from_settings(settings)
     settings = services.settings
+    _ = services.signer  # a signing key that cannot be used stops the start, not the first publish
 
     app = Flask("web")
     app.config.update(

@@ -108,6 +108,10 @@ _TYPES = [
     ProblemType("artifact-not-found", 404, "Artifact not found", "No artifact has this key."),
     ProblemType("artifact-not-published", 404, "Artifact not published",
                 "The artifact exists but is not published; `state` says what it is doing."),
+    ProblemType("artifact-unsigned", 404, "Artifact published without a signature",
+                "Published before signing was deployed, or by a deployment with `publish_unsigned`: fleets "
+                "refuse it. An administrator signs it after checking its files (`compilesvc sign-artifacts`) or "
+                "it is rebuilt. `state` is `published`."),
     ProblemType("blob-not-found", 404, "Blob not found", "The store has no blob with this sha256."),
     ProblemType("signature-invalid", 403, "Download URL invalid or expired",
                 "Fetch the artifact again (GET /v1/artifacts/{key}) for fresh download URLs."),

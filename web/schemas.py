@@ -384,3 +384,15 @@ class WebhookDeliveries(_Out):
     build_id: int
     urls: list[str] = Field(description="The build's webhook URLs: its spec's callbacks and its team's.")
     deliveries: list[WebhookDeliveryOut]
+
+
+class SigningKeyOut(_Out):
+    key_id: str = Field(description="sha256 hex of the PEM SubjectPublicKeyInfo (a signature's publicKey.hint).")
+    public_key: str = Field(description="The PEM public key.")
+    current: bool = Field(description="The key this API process signs with now (others: trusted during a rotation).")
+
+
+class SigningKeysOut(_Out):
+    """For convenience only: a fleet trusts the keys it was given out of band, not these (docs/fleet.md)."""
+
+    keys: list[SigningKeyOut]

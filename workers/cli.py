@@ -169,6 +169,7 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     if swept:
         log.info("removed directories of attempts whose worker died", extra={"directories": swept})
     services = Services.from_settings(settings)
+    _ = services.signer  # a signing key that cannot be used stops the start, not the first publish
     beat = RegistryHeartbeat(services, worker_id, capabilities, queue_list, concurrency)
     beat.register()
     beat.thread.start()

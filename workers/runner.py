@@ -298,7 +298,7 @@ def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: P
     logger.info("compile succeeded", extra={"manifest": manifest_uri, "files": len(manifest.files),
                                             "compile_seconds": manifest.compile_seconds})
     try:
-        publish_ready_artifacts(services.store, services.sessions, claim.bucket_id)
+        publish_ready_artifacts(services.store, services.sessions, claim.bucket_id, signer=services.signer)
     except StoreError as exc:  # the bucket is recorded; the reaper publishes the set when the store is back
         logger.warning("publishing complete artifacts failed", extra={"error": str(exc)})
     return RunResult(claim.bucket_id, "succeeded", claim.attempt, manifest_uri=manifest_uri)

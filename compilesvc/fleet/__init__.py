@@ -10,20 +10,43 @@
     out = model(**pad({"input_ids": ids, "attention_mask": mask}, bucket))
 
 Importing this package imports neither torch nor numpy, nor any web or worker code; see docs/fleet.md
-for the cache, the selection policy and the host check.
+for the cache, the selection policy, the host check and the trusted keys every open checks the
+artifact's signature against.
 """
 
 from compilesvc.fleet._artifact_set import ArtifactSet, LocalBucket
-from compilesvc.fleet._cache import ArtifactCache, CacheError, Verify, default_cache_dir
-from compilesvc.fleet._fetch import Fetcher, FetchReport, NotCached, Progress
+from compilesvc.fleet._cache import ArtifactCache, CacheError, FilesDiffer, Verify, default_cache_dir
+from compilesvc.fleet._fetch import Fetcher, FetchReport, NotCached, Progress, ServedDiffers
 from compilesvc.fleet._host import HostCheck, HostReport, VersionMismatch, VersionMismatchWarning
 from compilesvc.fleet._pad import crop, pad
-from compilesvc.fleet._remote import FleetError, NotPublished, Remote, Unreachable
+from compilesvc.fleet._remote import FleetError, NotPublished, Remote, Unreachable, Untrusted
 from compilesvc.fleet._select import Miss, NoBucketFits, select
 
 __all__ = [
-    "ArtifactCache", "ArtifactSet", "CacheError", "FetchReport", "Fetcher", "FleetError", "HostCheck",
-    "HostReport", "LocalBucket", "Miss", "NoBucketFits", "NotCached", "NotPublished", "Progress", "Remote",
-    "Unreachable", "Verify", "VersionMismatch", "VersionMismatchWarning", "crop", "default_cache_dir", "pad",
+    "ArtifactCache",
+    "ArtifactSet",
+    "CacheError",
+    "FetchReport",
+    "Fetcher",
+    "FilesDiffer",
+    "FleetError",
+    "HostCheck",
+    "HostReport",
+    "LocalBucket",
+    "Miss",
+    "NoBucketFits",
+    "NotCached",
+    "NotPublished",
+    "Progress",
+    "Remote",
+    "ServedDiffers",
+    "Unreachable",
+    "Untrusted",
+    "Verify",
+    "VersionMismatch",
+    "VersionMismatchWarning",
+    "crop",
+    "default_cache_dir",
+    "pad",
     "select",
 ]

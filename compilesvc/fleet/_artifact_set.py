@@ -15,9 +15,10 @@ from compilesvc.api_client import Api
 from compilesvc.fleet._cache import ArtifactCache, Verify, default_cache_dir
 from compilesvc.fleet._fetch import DEFAULT_PARALLEL, Fetcher, FetchReport, Progress, spec_digest
 from compilesvc.fleet._host import HostCheck, HostReport, enforce
-from compilesvc.fleet._remote import FleetError, Remote
+from compilesvc.fleet._remote import FleetError, Remote, Untrusted
 from compilesvc.fleet._select import Shape, order_key, select
 from compilesvc.manifest import ArtifactBucketEntry, ArtifactManifest
+from compilesvc.signing import KeyFileError, TrustedKeys
 
 HOST_CHECK_ENV = "COMPILESVC_HOST_CHECK"
 #: Retries of API calls at boot: enough for a restarting API, short enough that a cached set is not kept
@@ -98,7 +99,7 @@ class ArtifactSet:
              api_url: str | None = None, token: str | None = None, offline: bool = False,
              verify: Verify | str = Verify.SHA256, host_check: HostCheck | str | None = None,
              with_logs: bool = False, parallel: int = DEFAULT_PARALLEL,
-             progress: Progress | None = None) -> ArtifactSet:
+             progress: Progress | None = None, trusted_keys: TrustedKeys | None = None) -> ArtifactSet:
         """The verified local copy of an artifact, fetched into the cache if it is not there.
 
         ``ref`` is an artifact key (64 hex digits) or a spec (a spec file's path, a dict, or a
@@ -109,10 +110,20 @@ class ArtifactSet:
         be read-only. The API and token default to the CLI's (``COMPILESVC_API_URL``,
         ``COMPILESVC_TOKEN``, the config file). ``host_check`` (default ``$COMPILESVC_HOST_CHECK``, else
         ``refuse``) compares the versions the artifact was built with against this host's.
+
+        The manifest's signature is checked against ``trusted_keys`` (default: ``$COMPILESVC_TRUSTED_KEYS``,
+        else ``trusted_keys`` in the client config file) before any file is used, cached or not, offline
+        too; :class:`Untrusted` (a :class:`FleetError`) names what failed: the key id, the file.
         """
+        if trusted_keys is None:
+            try:
+                trusted_keys = TrustedKeys.from_environment()
+            except KeyFileError as exc:
+                raise Untrusted(f"the trusted keys cannot be read: {exc}") from None
         cache = ArtifactCache(Path(cache_dir) if cache_dir is not None else default_cache_dir())
         remote = None if offline else _remote(api_url, token)
-        fetcher = Fetcher(cache, remote, verify=Verify(verify), parallel=parallel, progress=progress)
+        fetcher = Fetcher(cache, remote, trusted=trusted_keys, verify=Verify(verify), parallel=parallel,
+                          progress=progress)
         key = _key_of(ref, fetcher)
         report = fetcher.fetch(key, with_logs=with_logs)
         policy = HostCheck(host_check or os.environ.get(HOST_CHECK_ENV) or HostCheck.REFUSE)

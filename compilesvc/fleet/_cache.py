@@ -5,6 +5,7 @@ Layout (``<root>/v1/``; a later layout gets its own directory, so an old reader 
     blobs/<2 hex>/<sha256>        file contents by sha256, shared by every artifact holding them (0444)
     artifacts/<key>/              an artifact, present only when complete:
         manifest.json               the canonical artifact manifest (its material derives <key>)
+        model.sig                   its signature (compilesvc.artifact_signing), checked at every open
         bucket-<position>/<path>    hard links to the blobs (copies where the file system has no links)
     specs/<sha256 of a spec>      the key a spec resolved to, so ``--spec`` works offline
     partial/<sha256>.part         downloads in progress or interrupted: the next writer resumes them
@@ -34,11 +35,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
+from compilesvc.artifact_signing import SIGNATURE_FILE
 from compilesvc.durable import fsync_dir, write_atomically
 from compilesvc.manifest import ArtifactManifest, FileEntry, ManifestMismatch, parse_artifact_manifest, safe_relative
 
 LAYOUT = "v1"
 MANIFEST = "manifest.json"
+SIGNATURE = SIGNATURE_FILE
 BLOB_MODE = 0o444
 DIR_MODE = 0o777  # less the umask: a shared cache wants group-writable directories (umask 002)
 #: Staging directories older than this belong to a writer that died; the next writer removes them.
@@ -55,6 +58,10 @@ class Verify(StrEnum):
 
 class CacheError(Exception):
     """The cache cannot serve or store the artifact; the message says which file and why."""
+
+
+class FilesDiffer(CacheError):
+    """Cached files are missing or differ from the signed manifest and cannot be fetched again here."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +138,19 @@ class ArtifactCache:
             raise CacheError(f"{self.artifact_dir(key) / MANIFEST} is corrupt: it does not derive key {key}; "
                              "remove the directory (or let a writable cache refetch it)") from None
 
+    def read_signature(self, key: str) -> bytes | None:
+        """The signature kept beside ``key``'s manifest (None: an entry cached before signatures)."""
+        try:
+            return (self.artifact_dir(key) / SIGNATURE).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CacheError(f"cannot read {self.artifact_dir(key) / SIGNATURE}: {exc.strerror}") from None
+
+    def write_signature(self, key: str, bundle: bytes) -> None:
+        """Keep a verified signature beside an entry cached before signatures were, for offline opens."""
+        write_atomically(self.artifact_dir(key) / SIGNATURE, bundle, 0o644)
+
     def damaged(self, key: str, placed: Iterable[Placed], verify: Verify) -> list[Placed]:
         """The files of ``key``'s directory that are missing or do not match their manifest entries."""
         directory = self.artifact_dir(key)
@@ -189,7 +209,7 @@ class ArtifactCache:
         os.replace(partial, target)
         return target
 
-    def publish(self, manifest: ArtifactManifest, placed: list[Placed]) -> Path:
+    def publish(self, manifest: ArtifactManifest, placed: list[Placed], signature: bytes) -> Path:
         """Assemble ``manifest``'s directory from verified blobs and rename it into place; if another
         writer got there first, theirs stays (the content is the same by construction)."""
         self._clear_stale_staging()
@@ -199,6 +219,7 @@ class ArtifactCache:
         try:
             for p in placed:
                 self._place(p, staging)
+            write_atomically(staging / SIGNATURE, signature, 0o644)
             write_atomically(staging / MANIFEST, manifest.to_bytes(), 0o644)  # last: its presence means whole
             target.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
             try:

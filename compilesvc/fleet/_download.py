@@ -32,6 +32,10 @@ class DownloadError(Exception):
     """A file could not be downloaded whole and verified; nothing of it was installed."""
 
 
+class ContentDiffers(DownloadError):
+    """The bytes served are not the (signed) manifest's: another size or sha256."""
+
+
 class UrlExpired(DownloadError):
     """The URL was refused (403): it expired or its signature no longer holds; fetch a fresh one."""
 
@@ -67,7 +71,7 @@ def download(url: Callable[[bool], str], partial: Path, entry: FileEntry, *,
             # A resumed prefix can be wrong (a file left by something else): one clean start, then fail.
             if started_over or transfer.resumed_from == 0:
                 partial.unlink(missing_ok=True)
-                raise DownloadError(f"{entry.path}: the download's sha256 is {digest.hexdigest()}, the manifest "
+                raise ContentDiffers(f"{entry.path}: the download's sha256 is {digest.hexdigest()}, the manifest "
                                     f"says {entry.sha256}; nothing was installed")
             progress(-have)
             digest, have, started_over = _restart(partial)
@@ -85,7 +89,7 @@ def download(url: Callable[[bool], str], partial: Path, entry: FileEntry, *,
                     while chunk := response.read(CHUNK):
                         if have + len(chunk) > entry.size:
                             partial.unlink(missing_ok=True)
-                            raise DownloadError(f"{entry.path}: the server sent more than the manifest's "
+                            raise ContentDiffers(f"{entry.path}: the server sent more than the manifest's "
                                                 f"{entry.size} bytes; nothing was installed")
                         out.write(chunk)
                         digest.update(chunk)

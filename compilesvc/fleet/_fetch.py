@@ -1,10 +1,15 @@
 """Getting an artifact into the local cache: from the cache itself when it is there and verifies (no
 network at all), else from the API's manifest and the stores' URLs, every file in parallel, each blob
 downloaded by one process however many start at once, damaged files fetched again.
+
+Before any file is used, the manifest's signature is checked against the trusted keys
+(:func:`compilesvc.artifact_signing.verify_artifact`): on every open of a cached entry (offline too), and
+before the first byte of a download. Files are then checked against that signed manifest.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import json
@@ -16,16 +21,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compilesvc.fleet._cache import ArtifactCache, CacheError, Placed, Verify, file_matches, placed_files
-from compilesvc.fleet._download import DownloadError, download
-from compilesvc.fleet._remote import FleetError, NotPublished, Published, Remote, Unreachable
+from compilesvc.artifact_signing import verify_artifact
+from compilesvc.fleet._cache import ArtifactCache, CacheError, FilesDiffer, Placed, Verify, file_matches, placed_files
+from compilesvc.fleet._download import ContentDiffers, DownloadError, download
+from compilesvc.fleet._remote import FleetError, NotPublished, Published, Remote, Unreachable, Untrusted
 from compilesvc.manifest import ArtifactManifest, FileEntry
+from compilesvc.signing import SignatureError, TrustedKeys, Verified
 
 DEFAULT_PARALLEL = 4
 
 
 class NotCached(FleetError):
     """Offline (or with a read-only cache) and the artifact is not in the cache."""
+
+
+class ServedDiffers(FleetError):
+    """A download's bytes are not the (signed) manifest's: the store holds other content than was published."""
 
 
 class Progress:
@@ -53,6 +64,8 @@ class FetchReport:
     received_bytes: int = 0
     resumed: dict[str, int] = field(default_factory=dict)  # file -> bytes an interrupted download had left
     network: bool = False  # False: served from the cache with no request at all
+    key_id: str = ""  # the trusted key that signed the manifest
+    signature: builtins.bytes = b""  # the verified bundle, as the cache keeps it
 
     @property
     def from_cache(self) -> int:
@@ -67,9 +80,10 @@ def spec_digest(spec: dict[str, Any]) -> str:
 class Fetcher:
     """Fills one :class:`ArtifactCache` from one :class:`Remote` (None: offline, the cache only)."""
 
-    def __init__(self, cache: ArtifactCache, remote: Remote | None, *, verify: Verify = Verify.SHA256,
-                 parallel: int = DEFAULT_PARALLEL, progress: Progress | None = None):
+    def __init__(self, cache: ArtifactCache, remote: Remote | None, *, trusted: TrustedKeys,
+                 verify: Verify = Verify.SHA256, parallel: int = DEFAULT_PARALLEL, progress: Progress | None = None):
         self.cache = cache
+        self.trusted = trusted
         self.remote = remote
         self.verify = verify
         self.parallel = max(1, parallel)
@@ -108,14 +122,15 @@ class Fetcher:
             self._discard(key)  # a corrupt manifest: the directory is refetched whole
             manifest = None
         if manifest is not None:
+            signature = self._cached_signature(key, manifest)
             placed = placed_files(manifest, with_logs=with_logs)
             damaged = self.cache.damaged(key, placed, self.verify)
-            report = self._report(key, manifest, placed)
+            report = self._report(key, manifest, placed, signature)
             if not damaged:
                 return report
             if self.remote is None or not self.cache.writable():
                 names = ", ".join(str(p.relative) for p in damaged[:3])
-                raise CacheError(f"{len(damaged)} file(s) of {key} in {self.cache.artifact_dir(key)} are missing "
+                raise FilesDiffer(f"{len(damaged)} file(s) of {key} in {self.cache.artifact_dir(key)} are missing "
                                  f"or damaged ({names}) and this cache cannot refetch them "
                                  f"({'offline' if self.remote is None else 'read-only'})")
             lost = [p for p in damaged if not file_matches(self.cache.blob_path(p.entry.sha256), p.entry, self.verify)]
@@ -128,19 +143,44 @@ class Fetcher:
         if not self.cache.writable():
             raise NotCached(f"{key} is not in the read-only cache {self.cache.root}")
         published = self._published(key)
+        bundle = self.remote.signature(key)
+        signature = self._check(bundle, published.manifest)  # before a byte of any file is downloaded
         placed = placed_files(published.manifest, with_logs=with_logs)
-        report = self._report(key, published.manifest, placed)
+        report = self._report(key, published.manifest, placed, signature)
         self._download_all(report, published, placed)
-        self.cache.publish(published.manifest, placed)
+        self.cache.publish(published.manifest, placed, bundle)
         return report
+
+    def _check(self, bundle: bytes, manifest: ArtifactManifest) -> tuple[Verified, bytes]:
+        try:
+            return verify_artifact(self.trusted, bundle, manifest), bundle
+        except SignatureError as exc:
+            raise Untrusted(str(exc), exc.key_id) from None
+
+    def _cached_signature(self, key: str, manifest: ArtifactManifest) -> tuple[Verified, bytes]:
+        """The cached entry's signature, verified; an entry cached before signatures gets its signature
+        from the API (checked the same way, then kept), or is refused offline."""
+        bundle = self.cache.read_signature(key)
+        if bundle is not None:
+            return self._check(bundle, manifest)
+        if self.remote is None:
+            raise Untrusted(f"{key} in {self.cache.artifact_dir(key)} has no signature (cached by an older "
+                            "compilesvc): fetch it once online, or remove it from the cache")
+        checked = self._check(self.remote.signature(key), manifest)
+        with contextlib.suppress(OSError):
+            if self.cache.writable():
+                self.cache.write_signature(key, checked[1])
+        return checked
 
     def _published(self, key: str) -> Published:
         assert self.remote is not None
         return self.remote.published(key)
 
-    def _report(self, key: str, manifest: ArtifactManifest, placed: list[Placed]) -> FetchReport:
+    def _report(self, key: str, manifest: ArtifactManifest, placed: list[Placed],
+                signature: tuple[Verified, bytes]) -> FetchReport:
         return FetchReport(key, self.cache.artifact_dir(key), manifest, files=len(placed),
-                           bytes=sum(p.entry.size for p in placed))
+                           bytes=sum(p.entry.size for p in placed), key_id=signature[0].key_id,
+                           signature=signature[1])
 
     def _discard(self, key: str) -> None:
         directory = self.cache.artifact_dir(key)
@@ -174,6 +214,10 @@ class Fetcher:
         failures = [e for e in errors if e is not None]
         if failures:
             first = failures[0]
+            differs = [e for e in failures if isinstance(e, ContentDiffers)]
+            if differs:  # the store serves other bytes than the signed manifest names: say it is that
+                raise ServedDiffers(f"artifact {report.key}: {differs[0]} (the manifest is signed by key "
+                                    f"{report.key_id})") from None
             if isinstance(first, (DownloadError, FleetError, CacheError)):
                 more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
                 raise FleetError(f"{first}{more}") from None

@@ -31,6 +31,15 @@ class NotPublished(FleetError):
         self.state = state
 
 
+class Untrusted(FleetError):
+    """The artifact's signature does not verify against the trusted keys (or there is none, or no key is
+    configured): nothing of it is used. ``key_id`` names the signing key when it is known."""
+
+    def __init__(self, message: str, key_id: str | None = None):
+        super().__init__(message)
+        self.key_id = key_id
+
+
 @dataclass
 class Published:
     """A verified manifest and the download URL of each of its blobs (by sha256), signed just now."""
@@ -77,6 +86,17 @@ class Remote:
         except (KeyError, TypeError, ValueError) as exc:
             raise FleetError(f"the artifact manifest from {self.base} cannot be used: {exc!r}") from None
         return Published(manifest, urls, ttl)
+
+    def signature(self, key: str) -> bytes:
+        """The artifact's signature bundle as the store holds it (verified by the caller, never trusted)."""
+        try:
+            bundle = self.api.request("GET", f"/v1/artifacts/{urllib.parse.quote(key)}/signature")
+        except ApiError as exc:
+            if exc.status == 404 and exc.problem.get("state") == "published":
+                raise Untrusted(f"artifact {key} is published without a signature: an administrator signs it "
+                                "(compilesvc sign-artifacts) or rebuilds it (docs/deploy.md)") from None
+            raise _failure(exc, f"the signature of artifact {key}") from None
+        return json.dumps(bundle, indent=1).encode()
 
     def resolve(self, spec: dict[str, Any]) -> tuple[str, str]:
         """The key of ``spec`` and its state (``published``, ``building``, ``absent``, …)."""

@@ -128,6 +128,16 @@ def artifact_manifest_name(key: str) -> str:
     return f"artifacts/{key}/manifest.json"
 
 
+def artifact_signature_name(key: str) -> str:
+    """The artifact manifest's signature (a model-signing bundle, :mod:`compilesvc.artifact_signing`)."""
+    return f"artifacts/{key}/model.sig"
+
+
+def artifact_provenance_name(key: str) -> str:
+    """The artifact's signed SLSA provenance (:mod:`compilesvc.artifact_signing`)."""
+    return f"artifacts/{key}/provenance.json"
+
+
 def bucket_manifest_name(key: str) -> str:
     return f"buckets/{key}/manifest.json"
 

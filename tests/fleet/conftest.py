@@ -22,6 +22,7 @@ from werkzeug.serving import BaseWSGIServer, make_server
 
 from tests.fixtures.relay import RecordingRelay
 from tests.fixtures.s3server import S3Server
+from tests.fixtures.signing import trust_env
 from tests.fixtures.tokens import make_token
 from tests.web.conftest import (
     EnvFactory,
@@ -68,7 +69,7 @@ class FleetApi:
 
     def environ(self) -> dict[str, str]:
         return {**os.environ, "COMPILESVC_TOKEN": self.token, "COMPILESVC_API_URL": self.base,
-                "COMPILESVC_CACHE_DIR": str(self.cache)}
+                "COMPILESVC_CACHE_DIR": str(self.cache), **trust_env(self.env.services)}
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "compilesvc", "fetch", *args]
@@ -96,7 +97,8 @@ class FleetApi:
 
 @contextlib.contextmanager
 def serving(make: Callable[[str], Env], tmp_path: Path) -> Iterator[FleetApi]:
-    """The app made by ``make(public_url)`` on a socket behind a relay, with a fleet token."""
+    """The app made by ``make(public_url)`` on a socket behind a relay, with a fleet token; this process
+    trusts the app's signing key (``ArtifactSet.open`` in a test reads it from the environment)."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     relay = RecordingRelay(port)
@@ -106,10 +108,13 @@ def serving(make: Callable[[str], Env], tmp_path: Path) -> Iterator[FleetApi]:
     thread.start()
     api = FleetApi(env, relay, server, thread, tmp_path / "fleet-cache")
     api.token = make_token(env.services.sessions, "fleet", owner="fleet")
-    try:
-        yield api
-    finally:
-        api.stop()
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in trust_env(env.services).items():
+            patch.setenv(name, value)
+        try:
+            yield api
+        finally:
+            api.stop()
 
 
 @pytest.fixture

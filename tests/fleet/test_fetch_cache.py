@@ -23,7 +23,7 @@ def cache_files(cache: Path, key: str) -> dict[str, str]:
     """Every file of the cached artifact directory by relative path, with its sha256."""
     directory = cache / "v1" / "artifacts" / key
     return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name not in ("manifest.json", "model.sig")}
 
 
 def expected_files(api: FleetApi, key: str) -> dict[str, str]:

@@ -116,7 +116,7 @@ def complete_build(services: Services, build_id: int, *, log_lines: tuple[str, .
             append_lines(session, bucket_id, claim.attempt, list(log_lines))
             assert leases.succeed(session, bucket_id, claim.token, store.document_location(name), recorded,
                                   compile_seconds)
-        publish_ready_artifacts(store, services.sessions, bucket_id)
+        publish_ready_artifacts(store, services.sessions, bucket_id, signer=services.signer)
 
 
 def fail_build(services: Services, build_id: int, *, error_class: str = "compile", code: str = "NCC_EXTP004",

@@ -26,6 +26,7 @@ from werkzeug.serving import make_server
 
 from compilesvc.fetch_dest import MARKER
 from tests.fixtures.relay import RecordingRelay
+from tests.fixtures.signing import trust_env
 from tests.fixtures.tokens import make_token
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, spec_for
@@ -70,7 +71,7 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 def client_env(served: Served) -> dict[str, str]:
     """The fetching CLI's environment: its token (a fleet host's, which may only fetch)."""
     return {**os.environ, "COMPILESVC_TOKEN": make_token(served.env.services.sessions, "fleet", owner="fleet"),
-            "COMPILESVC_CACHE_DIR": str(served.cache)}
+            "COMPILESVC_CACHE_DIR": str(served.cache), **trust_env(served.env.services)}
 
 
 def fetch_argv(served: Served, key: str, dest: str, *extra: str) -> list[str]:
@@ -126,7 +127,8 @@ def assert_one_error(result: subprocess.CompletedProcess[str], code: int, *words
 
 
 def assert_fetched(served: Served, key: str, dest: Path, *, with_logs: bool = False) -> int:
-    """DEST holds exactly the verified artifact and its marked manifest; returns the file count."""
+    """DEST holds exactly the verified artifact, its signature and its marked manifest; returns the file count
+    (the artifact's files)."""
     artifact = served.env.client.get(f"/v1/artifacts/{key}").json
     expected = {}
     for bucket in artifact["buckets"]:
@@ -134,12 +136,12 @@ def assert_fetched(served: Served, key: str, dest: Path, *, with_logs: bool = Fa
         for entry in entries:
             expected[f"bucket-{bucket['position']}/{entry['path']}"] = entry["sha256"]
     files = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()}
-    assert files == {*expected, "manifest.json"}
+    assert files == {*expected, "manifest.json", "model.sig"}
     for relative, sha in expected.items():
         assert hashlib.sha256((dest / relative).read_bytes()).hexdigest() == sha
     manifest = json.loads((dest / "manifest.json").read_text())
     assert manifest["key"] == key and manifest[MARKER]["key"] == key
-    assert set(manifest[MARKER]["files"]) == set(expected)
+    assert set(manifest[MARKER]["files"]) == {*expected, "model.sig"}
     return len(expected)
 
 

@@ -179,3 +179,34 @@ def test_workers_page_shows_capabilities_running_work_and_unserved_queues(make_e
         assert leases.claim(session, queued_buckets(env.services, build_id)[0], "trn2-host-1",
                             lease_seconds=60) is not None
     assert f"build {build_id}" in text_of(page(env, "/workers"))
+
+
+def test_build_page_shows_the_verified_provenance(make_env: EnvFactory, sqlite_url: str) -> None:
+    env = make_env(sqlite_url)
+    submitted = env.submit(spec_for(env.upload(b"provenance model"), buckets=((1, 8), (2, 8))))
+    build_id = submitted.json["build_id"]  # type: ignore[index]
+    assert "Provenance" not in page(env, f"/builds/{build_id}")  # nothing published yet
+    complete_build(env.services, build_id, versions={"torch": "2.13.0", "compilesvc": "0.1.0"})
+    html = page(env, f"/builds/{build_id}")
+    words = text_of(html)
+    signer = env.services.signer
+    assert signer is not None
+    assert f"key {signer.key.key_id[:16]}… (this service's signing key); verified" in words
+    assert f"Builder {env.services.settings.public_url}" in words
+    assert "pkg:pypi/torch@2.13.0" in words
+    artifact = env.client.get(f"/v1/artifacts/{submitted.json['artifact_key']}").json  # type: ignore[index]
+    for bucket in artifact["buckets"]:
+        assert f"bucket-{bucket['position']}/model.pt {bucket['files'][0]['sha256']}" in words
+    assert f'href="/v1/artifacts/{submitted.json["artifact_key"]}/provenance"' in html  # type: ignore[index]
+
+    # A provenance document the service did not sign is not shown as its provenance.
+    from compilesvc.signing import SigningKey
+    from compilesvc.store.base import artifact_provenance_name
+
+    name = artifact_provenance_name(submitted.json["artifact_key"])  # type: ignore[index]
+    forged = SigningKey.load_or_generate(env.services.settings.data_dir / "forger" / "key.pem").sign(
+        {"_type": "https://in-toto.io/Statement/v1", "subject": [], "predicateType": "x", "predicate": {}})
+    env.services.store.delete_document(name)
+    env.services.store.create_document(name, forged)
+    refused = text_of(page(env, f"/builds/{build_id}"))
+    assert "No verified provenance" in refused and "which is not a trusted key" in refused

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import time
 from datetime import datetime
 from pathlib import Path
@@ -105,6 +106,23 @@ def test_three_buckets_compile_in_parallel_and_serve_verified_artifacts(
     # The same spec again is a hit, answered with the artifact.
     again = http.post(f"{base}/v1/builds", json=spec)
     assert again.status_code == 200 and again.json()["outcome"] == "hit"
+
+    # Signed by the publishing side's key (generated in the cluster's data dir, shared by its processes).
+    from compilesvc.artifact_signing import verify_artifact
+    from compilesvc.manifest import parse_artifact_manifest
+    from compilesvc.signing import GENERATED_KEY_NAME, SigningKey, TrustedKeys
+
+    key_file = cluster.settings.data_dir / GENERATED_KEY_NAME
+    signing = SigningKey.load(key_file)
+    for entry_list in (b["files"] + [b["log"]] for b in manifest["buckets"]):
+        for entry in entry_list:
+            entry.pop("url")
+    manifest.pop("urls_expire_in")
+    signature = http.get(f"{base}/v1/artifacts/{key}/signature")
+    assert signature.status_code == 200
+    verified = verify_artifact(TrustedKeys({signing.key_id: signing.public_key}), signature.content,
+                               parse_artifact_manifest(json.dumps(manifest).encode(), key))
+    assert verified.key_id == signing.key_id
 
 
 def _get_ok(http: requests.Session, url: str) -> bool:

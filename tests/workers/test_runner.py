@@ -17,15 +17,17 @@ import pytest
 from sqlalchemy import create_engine, func, select, update
 
 from compilesvc import failures
+from compilesvc.artifact_signing import verify_artifact
 from compilesvc.config import Settings
 from compilesvc.control import cancel_build
 from compilesvc.db import make_sessionmaker
 from compilesvc.ledger.models import Artifact, BucketCompile, Event, LogLine, Outbox, utcnow
-from compilesvc.manifest import BucketManifest, FileEntry, parse_bucket_manifest
+from compilesvc.manifest import BucketManifest, FileEntry, parse_artifact_manifest, parse_bucket_manifest
 from compilesvc.reaper import reap
 from compilesvc.services import Services
+from compilesvc.signing import TrustedKeys
 from compilesvc.spec_parsing import parse_spec
-from compilesvc.store.base import blob_name, bucket_manifest_name
+from compilesvc.store.base import artifact_manifest_name, artifact_signature_name, blob_name, bucket_manifest_name
 from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_AND_REJECTED_FLAGS
@@ -138,10 +140,19 @@ def test_success_publishes_files_log_and_manifest(services: Services) -> None:
     assert (done.state, done.manifest_uri, done.worker_id) == ("succeeded", outcome.manifest_uri, WORKER)
     assert done.versions == manifest.versions
     with services.sessions() as session:
-        assert session.scalars(select(Artifact.state)).one() == "published"
+        artifact = session.scalars(select(Artifact)).one()
+        assert artifact.state == "published"
         streams = session.execute(select(LogLine.stream, func.count()).where(LogLine.bucket_compile_id == row.id)
                                   .group_by(LogLine.stream)).all()
     assert {stream for stream, n in streams if n} == {"compiler", "service"}
+    # The worker (trusted, after the child exited) signed the set it published, with its key.
+    signer = services.signer
+    assert signer is not None
+    published = parse_artifact_manifest(store.read_document(artifact_manifest_name(artifact.key)) or b"",
+                                        artifact.key)
+    bundle = store.read_document(artifact_signature_name(artifact.key)) or b""
+    trusted = TrustedKeys({signer.key.key_id: signer.key.public_key})
+    assert verify_artifact(trusted, bundle, published).key_id == signer.key.key_id
 
 
 def test_nothing_to_claim_runs_nothing(services: Services, caplog: pytest.LogCaptureFixture) -> None:

@@ -4,12 +4,19 @@ to its keys without building anything.
 ``GET /v1/artifacts/{key}`` on a cached manifest touches neither the ledger nor the store: it signs the
 download URLs and serialises. See :class:`web.context.ManifestCache`.
 
+``/signature`` and ``/provenance`` serve the publisher's signed documents as the store holds them
+(Sigstore bundles, :mod:`compilesvc.artifact_signing`): clients verify them against the public keys they
+were configured with, never against anything this API says.
+
 A manifest never changes once published; only the URLs signed into each answer do. So an answer carries
 a weak ETag and may be reused (``private``, ``immutable``) for half the URLs' lifetime, which leaves every
 URL in a reused answer at least that long to run; ``If-None-Match`` with the tag answers 304 at once.
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Any
 
 from flask import Blueprint, Response, g, request
 from sqlalchemy import select
@@ -18,8 +25,10 @@ from compilesvc import team_reads
 from compilesvc.keys import KEY_SCHEMA
 from compilesvc.ledger.models import Artifact, BucketCompile
 from compilesvc.model_pins import ModelRefError
+from compilesvc.signing import KeyFileError, TrustedKeys, public_pem
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState
+from compilesvc.store.base import artifact_provenance_name, artifact_signature_name
 from compilesvc.tokens import Permission
 from web import readers
 from web.api.builds import model_ref_problem
@@ -27,10 +36,21 @@ from web.context import web
 from web.openapi import operation
 from web.params import raw_json_response, respond, spec_body
 from web.problems import Problem
-from web.schemas import ArtifactOut, ResolveOut
+from web.schemas import ArtifactOut, ResolveOut, SigningKeysOut
 
 bp = Blueprint("artifacts", __name__, url_prefix="/v1/artifacts")
 ARTIFACTS = Permission.ARTIFACTS  # fleet tokens too
+#: A Sigstore bundle (v0.3) with one DSSE envelope, as model-signing writes it.
+BUNDLE_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["mediaType", "verificationMaterial", "dsseEnvelope"],
+    "properties": {
+        "mediaType": {"type": "string"},
+        "verificationMaterial": {"type": "object", "description": "`publicKey.hint`: the signing key's id (sha256 "
+                                                                  "hex of its PEM SubjectPublicKeyInfo)."},
+        "dsseEnvelope": {"type": "object", "description": "`payload` (base64 in-toto Statement), `payloadType`, "
+                                                          "`signatures`."},
+    },
+}
 
 
 @bp.get("/<sha256:key>")
@@ -55,6 +75,61 @@ def get_artifact(key: str) -> Response:
     if request.if_none_match.contains_weak(entry.etag):
         return Response(status=304, headers=headers)
     return raw_json_response(ctx.describe_json(entry), headers=headers)
+
+
+def _signed_document(key: str, name: str, what: str) -> Response:
+    entry = web().published(key)  # 404 problems for an unknown or unpublished key
+    raw = web().services.store.read_document(name)
+    if raw is None:
+        raise Problem("artifact-unsigned", f"artifact {key} is published without {what}", state="published")
+    return raw_json_response(raw, headers={"Cache-Control": "private, max-age=3600, immutable",
+                                           "ETag": f'W/"{entry.etag}"'})
+
+
+@bp.get("/<sha256:key>/signature")
+@operation(summary="A published artifact's signature (OpenSSF model-signing bundle)", tag="artifacts",
+           access=ARTIFACTS,
+           description="The Sigstore bundle signing the artifact's files and manifest, as `model_signing verify "
+                       "key` reads it (`model.sig` in a fetched directory). Verify it with the service's public "
+                       "key obtained out of band (docs/fleet.md). 404 `artifact-unsigned` when the artifact was "
+                       "published without one.",
+           responses={200: ("application/json", BUNDLE_SCHEMA)}, problems=(404,))
+def get_signature(key: str) -> Response:
+    g.artifact_key = key
+    return _signed_document(key, artifact_signature_name(key), "a signature")
+
+
+@bp.get("/<sha256:key>/provenance")
+@operation(summary="A published artifact's signed SLSA provenance", tag="artifacts", access=ARTIFACTS,
+           description="A Sigstore bundle whose DSSE payload is an in-toto Statement with an SLSA v1 provenance "
+                       "predicate: the output files' digests, the key's components, the pinned model digest, "
+                       "the exact toolchain, the builder, the workers, the start and end times. Signed by the "
+                       "same key as the signature. 404 `artifact-unsigned` when there is none.",
+           responses={200: ("application/json", BUNDLE_SCHEMA)}, problems=(404,))
+def get_provenance(key: str) -> Response:
+    g.artifact_key = key
+    return _signed_document(key, artifact_provenance_name(key), "a provenance statement")
+
+
+@bp.get("/signing-keys")
+@operation(summary="The public keys this service signs with (convenience, not a trust anchor)", tag="artifacts",
+           access=ARTIFACTS,
+           description="The key this API process signs with (`current`) and the other public keys it was configured "
+                       "to trust (`COMPILESVC_TRUSTED_KEYS`, e.g. the previous key during a rotation). For an "
+                       "operator comparing key ids: a fleet must take its trusted keys from its own configuration, "
+                       "never from this answer, which whoever controls the API could change.",
+           responses={200: SigningKeysOut})
+def signing_keys() -> Response:
+    services = web().services
+    keys: dict[str, dict[str, Any]] = {}
+    signer = services.signer
+    if signer is not None:
+        keys[signer.key.key_id] = {"key_id": signer.key.key_id, "public_key": signer.key.public_pem.decode(),
+                                   "current": True}
+    with contextlib.suppress(KeyFileError):
+        for key_id, key in TrustedKeys.from_environment().keys.items():
+            keys.setdefault(key_id, {"key_id": key_id, "public_key": public_pem(key).decode(), "current": False})
+    return respond(SigningKeysOut, {"keys": list(keys.values())})
 
 
 @bp.post("/resolve")

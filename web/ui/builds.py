@@ -40,6 +40,7 @@ from web.api.serialize import summary_json
 from web.context import web
 from web.inputs import FILTERS
 from web.ui import bp
+from web.ui.signed import provenance_view
 
 #: The filter forms' target choices: the spec's targets.
 TARGETS: tuple[str, ...] = get_args(Target)
@@ -136,7 +137,8 @@ def build_page(build_id: int) -> str:
                            components=artifact.components, material=artifact.material, log_after=tail,
                            log_tail=LOG_TAIL, remembered=remembered, compiled_any=How.COMPILED in hows,
                            may_control=who is not None and who.may_control(team), key_owner=key_owner,
-                           timeline=timeline(build))
+                           timeline=timeline(build),
+                           provenance=provenance_view(ctx, artifact.key, build["artifact_state"]))
 
 
 def _sign_failure_logs(ctx: Any, build: dict[str, Any]) -> None:
