@@ -282,7 +282,7 @@ def test_neuron_worker_is_behind_a_profile_with_a_neuron_device(services: dict[s
 
 #: Credentials, which each service gets on its own (docs/security.md, "Compose: least privilege").
 CREDENTIALS = {"COMPILESVC_DATABASE_URL", "PGPASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-               "COMPILESVC_SECRET_KEY", "COMPILESVC_BOOTSTRAP_TOKEN"}
+               "COMPILESVC_SECRET_KEY", "COMPILESVC_BOOTSTRAP_TOKEN", "COMPILESVC_SIGNING_KEY_FILE"}
 WORKERS = ("worker-cpu", "worker-neuron")
 
 
@@ -436,3 +436,18 @@ def test_deploy_doc_lists_every_setting() -> None:
     missing = [f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields
                if f"`{ENV_PREFIX}{name.upper()}`" not in text]
     assert not missing, f"docs/deploy.md's settings table lacks {missing}"
+
+
+def test_the_publishing_services_and_only_they_get_the_signing_key(raw: dict[str, Any],
+                                                                   services: dict[str, dict[str, Any]]) -> None:
+    """The artifact signing key is a file secret of the api, relay and workers (they publish), named by
+    COMPILESVC_SIGNING_KEY_FILE where the secret is mounted; nothing else gets it, nothing has it in its
+    environment."""
+    publishers = {"api", "relay", *WORKERS}
+    assert raw["secrets"]["signing_key"]["file"]
+    holders = {name for name, service in services.items() if "signing_key" in (service.get("secrets") or [])}
+    assert holders == publishers
+    for name in publishers:
+        assert environment(services[name])["COMPILESVC_SIGNING_KEY_FILE"] == "/run/secrets/signing_key", name
+    for name, service in services.items():
+        assert not [v for v in environment(service).values() if "PRIVATE KEY" in str(v)], name

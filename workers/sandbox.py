@@ -100,8 +100,8 @@ class Policy:
     user: tuple[int, int] | None  # (uid, gid) the child runs as when the worker is root
     limits: Limits
     extra_read_paths: tuple[Path, ...] = ()
-    #: Paths no bind may contain: the embedded default's data directory (its admin token, keys, ledger) and
-    #: the worker's home (cloud credentials, the CLI's token file).
+    #: Paths no bind may contain: the embedded default's data directory (its admin token, keys, ledger), the
+    #: worker's home (cloud credentials, the CLI's token file) and the artifact signing key.
     secret_paths: tuple[Path, ...] = ()
     bwrap: str = "bwrap"
 
@@ -114,7 +114,8 @@ class Policy:
                         file_bytes=settings.sandbox_max_file_mb * mib, disk_bytes=settings.sandbox_max_disk_mb * mib,
                         tmp_bytes=settings.sandbox_tmp_mb * mib)
         extra = tuple(Path(p) for p in settings.sandbox_read_paths.split(",") if p.strip())
-        secret = (settings.data_dir.expanduser().resolve(), Path.home().resolve())
+        secret = (settings.data_dir.expanduser().resolve(), Path.home().resolve(),
+                  *([settings.signing_key_file.expanduser().resolve()] if settings.signing_key_file else []))
         return cls(enabled=settings.sandbox != "off", user=resolve_user(settings.sandbox_user),
                    limits=limits, extra_read_paths=extra, secret_paths=secret)
 
