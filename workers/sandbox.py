@@ -192,10 +192,11 @@ class Sandbox:
             return
         assert self.policy.user is not None
         uid, gid = self.policy.user
-        for directory in [*self.mounts.read_only, *self.mounts.writable, *self.mounts.private.values()]:
-            for root, dirs, files in os.walk(directory):
-                for name in [root, *(os.path.join(root, d) for d in dirs), *(os.path.join(root, f) for f in files)]:
-                    os.lchown(name, uid, gid)
+        for top in [*self.mounts.read_only, *self.mounts.writable, *self.mounts.private.values()]:
+            os.lchown(top, uid, gid)  # a file (request.json) or a directory, walked below
+            for root, dirs, files in os.walk(top):
+                for name in [*dirs, *files]:
+                    os.lchown(os.path.join(root, name), uid, gid)
 
     def argv(self, command: list[str], cwd: Path) -> list[str]:
         """bubblewrap's command line for ``command``."""
