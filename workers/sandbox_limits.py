@@ -35,6 +35,11 @@ _EVIDENCE: tuple[tuple[str, re.Pattern[str], str, str, str], ...] = (
      "COMPILESVC_SANDBOX_MEMORY_MB", "memory_bytes", "more memory than the sandbox allows"),
 )
 
+#: Limits whose errno only the sandbox's own rlimits produce inside it (EFBIG: RLIMIT_FSIZE, EMFILE:
+#: RLIMIT_NOFILE): a model that hits one gets a compile error naming only the errno (torch's
+#: ``from_file`` says "unable to resize file <…>: File too large (27)"), which is the limit too.
+_RLIMIT_ONLY = frozenset({"SANDBOX_FILE_SIZE_LIMIT", "SANDBOX_OPEN_FILES_LIMIT"})
+
 
 def limit_outcome(outcome: Outcome, stopped_for: str | None, returncode: int, tail: Sequence[str],
                   limits: Limits) -> Outcome:
@@ -44,10 +49,14 @@ def limit_outcome(outcome: Outcome, stopped_for: str | None, returncode: int, ta
     """
     if stopped_for is not None:
         return Outcome(ErrorClass.COMPILE, "SANDBOX_DISK_LIMIT", one_line(f"the compile {stopped_for}"))
-    if outcome.error_class not in (ErrorClass.INFRA, ErrorClass.UNKNOWN):
+    compile_error = outcome.error_class == ErrorClass.COMPILE
+    if outcome.error_class not in (ErrorClass.INFRA, ErrorClass.UNKNOWN) and not compile_error:
         return outcome
-    text = "\n".join([*tail, outcome.message or ""])
+    # A compile error is read by its own message only: the model's log may mention anything.
+    text = (outcome.message or "") if compile_error else "\n".join([*tail, outcome.message or ""])
     for code, pattern, setting, field, what in _EVIDENCE:
+        if compile_error and code not in _RLIMIT_ONLY:
+            continue
         value = getattr(limits, field)
         if value is None or (field == "memory_bytes" and not limits.memory_set):
             continue
