@@ -49,8 +49,8 @@ class Hostile(torch.nn.Module):
         if self.action == "read":
             data = torch.from_file(self.path, shared=False, size=self.size, dtype=torch.uint8)
             if self.channel == "artifact":
-                self.loot.copy_(data)
-                touched = touched + self.loot[-1:].to(torch.float32) * 0
+                self.loot.copy_(data)  # type: ignore[operator]
+                touched = touched + self.loot[-1:].to(torch.float32) * 0  # type: ignore[index]
             else:
                 values: list[int] = data.to(torch.int64).tolist()
                 chars: list[str] = []

@@ -156,8 +156,8 @@ def running_stack(kind: str, tmp: Path, request: pytest.FixtureRequest,
         prefix = f"compilesvc-attacks-{uuid.uuid4().hex[:10]}:"
         cleanup.append(lambda: delete_redis_keys(prefix))
         secret_key = secrets.token_urlsafe(32)
-        found.update({"ledger password": password, "secret key": secret_key, "S3 access key": s3.access_key,
-                      "S3 secret key": s3.secret_key})
+        # The S3 access key id is public by design (every presigned URL names it): its secret key is not.
+        found.update({"ledger password": password, "secret key": secret_key, "S3 secret key": s3.secret_key})
         settings.update(database_url=database.replace("postgres@", f"postgres:{password}@", 1),
                         broker_url=REDIS_URL, broker_key_prefix=prefix, secret_key=secret_key,
                         s3_endpoint_url=s3.endpoint_url,

@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 import requests
+import torch
 
 from tests.attacks.payloads import MIB, Attack, Hostile, model_bytes, printable, read, write
 from tests.attacks.stack import KINDS, LIMITS, Stack, running_stack, secret_file_paths
 from tests.fixtures.waiting import wait_for
 
 #: A file every compile may read (the toolchain), at the same path inside the sandbox: the channels' control.
-TORCH_VERSION_FILE = Path(__import__("torch").__file__).parent / "version.py"
+TORCH_VERSION_FILE = Path(str(torch.__file__)).parent / "version.py"
 CONTROL_BYTES = 120
 FINISHED = ("succeeded", "failed", "cancelled")
 RUNNING_WRITES = ("write-running-compile-request", "write-running-compile-model")
@@ -136,8 +137,11 @@ def _digests(paths: list[Path]) -> dict[str, str]:
 
 
 def _wait_build(stack: Stack, http: requests.Session, build_id: int, timeout: float) -> dict[str, Any]:
-    return wait_for(lambda: (lambda b: b if b["state"] in FINISHED else None)(stack.build(http, build_id)),
-                    timeout, f"build {build_id} to finish", interval=0.5)
+    def finished() -> dict[str, Any] | None:
+        build = stack.build(http, build_id)
+        return build if build["state"] in FINISHED else None
+
+    return dict(wait_for(finished, timeout, f"build {build_id} to finish", interval=0.5))
 
 
 def _answers(stack: Stack, build: dict[str, Any]) -> tuple[bytes, bytes]:
@@ -225,9 +229,9 @@ def run_campaign(stack: Stack) -> Campaign:
     if ledger is not None:
         campaign.host_after["ledger header"] = ledger.read_bytes()[:16].hex()
         campaign.host_before["ledger header"] = b"SQLite format 3\x00".hex()
-    for name, build in builds.items():
-        answers, files = _answers(stack, build)
-        campaign.outcomes[name] = Outcome(attacks[name], build, answers, files)
+    for name, finished_build in builds.items():
+        answers, files = _answers(stack, finished_build)
+        campaign.outcomes[name] = Outcome(attacks[name], finished_build, answers, files)
 
     # The worker survived all of it and still compiles.
     campaign.worker_alive = stack.worker.proc.poll() is None
@@ -247,49 +251,49 @@ def campaign(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
             yield run_campaign(stack)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(ATTACKS))
-def test_attack_fails_classified_and_leaks_nothing(campaign: Campaign, name: str) -> None:
+def _attack_failures(campaign: Campaign, name: str) -> list[str]:
+    """What went wrong with one attack (nothing: it failed as it must, and leaked nothing)."""
     outcome = campaign.outcomes.get(name)
     if outcome is None:
-        pytest.skip(f"{name}: its target does not exist in the {campaign.stack.kind} layout")
+        return []  # its target does not exist in this layout (the store is S3, no data dir holds secrets)
     build, attack = outcome.build, outcome.attack
     (bucket,) = build["buckets"]
+    seen = f"{name}: build {build['build_id']} {build['state']} {bucket['error_class']} {bucket['error_code']}"
     if name.startswith("control-"):
         expected = TORCH_VERSION_FILE.read_bytes()[:CONTROL_BYTES]
         if name.endswith("error"):
-            assert (bucket["error_class"], bucket["error_code"]) == ("compile", "CPU_TRACE_ERROR"), bucket
-            assert printable(expected).encode() in outcome.answers, "the error channel carries nothing out"
+            works = (bucket["error_code"] == "CPU_TRACE_ERROR" and printable(expected).encode() in outcome.answers)
         else:
-            assert build["state"] == "succeeded", build
-            assert expected in outcome.artifact_bytes, "the artifact channel carries nothing out"
-        return
+            works = build["state"] == "succeeded" and expected in outcome.artifact_bytes
+        return [] if works else [f"{seen}: the channel carries nothing out, so the attacks prove nothing"]
+    problems = []
     if build["state"] == "succeeded":
-        assert attack.may_succeed, f"{name} succeeded: {build}"
-    else:
-        assert build["state"] == "failed", build
-        assert bucket["error_class"] in attack.classes, bucket
-        if attack.code is not None:
-            assert bucket["error_code"] == attack.code, bucket
+        if not attack.may_succeed:
+            problems.append(f"{seen}: the attack succeeded")
+    elif build["state"] != "failed" or bucket["error_class"] not in attack.classes or (
+            attack.code is not None and bucket["error_code"] != attack.code):
+        problems.append(f"{seen}: expected {sorted(attack.classes)} {attack.code or ''} ({bucket['error_message']})")
     leaked = [what for what, value in campaign.stack.secrets.items() if value.encode() in outcome.answers]
-    assert not leaked, f"{name}: {leaked} appear in the answers about build {build['build_id']}"
+    if leaked:
+        problems.append(f"{seen}: {leaked} appear in the answers")
+    return problems
 
 
 @pytest.mark.slow
-def test_victims_artifact_and_the_workers_files_are_unchanged(campaign: Campaign) -> None:
+def test_every_attack_fails_classified_and_leaks_nothing(campaign: Campaign) -> None:
+    """One test per stack (not one per attack): pytest-xdist would spread per-attack tests over processes,
+    and each process would start a stack and run the whole campaign again."""
+    assert set(campaign.outcomes) >= {"control-read-toolchain-to-error", "run-past-time-limit",
+                                      "write-running-compile-request", "fill-past-disk-limit"}
+    problems = [problem for name in ATTACKS for problem in _attack_failures(campaign, name)]
+    assert not problems, "\n".join(problems)
+    # The other team's artifact, the worker's files and the running compile's files are as they were.
     assert campaign.victim_after == campaign.victim_before
     assert campaign.host_after == campaign.host_before
-
-
-@pytest.mark.slow
-def test_a_running_compiles_files_are_unchanged(campaign: Campaign) -> None:
     assert campaign.loop_was_running, "the writes ran after the compile they aimed at had ended"
     assert "gone" not in campaign.running_before.values()
     assert campaign.running_after == campaign.running_before
-
-
-@pytest.mark.slow
-def test_the_worker_survives_and_still_compiles(campaign: Campaign) -> None:
+    # The worker survived all of it and still compiles.
     assert campaign.worker_alive, campaign.stack.worker.log_path.read_text()[-3000:]
     assert campaign.benign["state"] == "succeeded", campaign.benign
     assert campaign.stack.worker.proc.poll() is None
