@@ -11,7 +11,8 @@ during the compile, and ``torch.from_file`` maps any file the process can open, 
    ``/proc/<pid>/environ``, and another team's uploaded model, published model file and manifest in the
    local store; what was read is raised in the compile error or saved into the published artifact;
 2. writes (``from_file(..., shared=True)``): another team's published manifest and blobs, the worker's
-   credentials file and ledger, and the request and model of another compile running at the same time;
+   credentials file and ledger, a file of the toolchain (every later compile's code), and the request and
+   model of another compile running at the same time;
 3. limits: an endless loop (time), a huge allocation (``COMPILESVC_SANDBOX_MEMORY_MB``), one file past
    ``COMPILESVC_SANDBOX_MAX_FILE_MB`` and files filling past ``COMPILESVC_SANDBOX_MAX_DISK_MB`` (small limits
    for the suite; it writes about 40 MiB in all).

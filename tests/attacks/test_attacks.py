@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ class Context:
     victim_key: str
     victim_files: dict[str, Path]  # store files of the victim's artifact and upload (local store only)
     running_job: Path  # the job directory of the attacker's own endless compile, running meanwhile
+    canary: Path  # a file the test planted in the toolchain (the interpreter's environment), readable by all
 
 
 def _size(path: Path) -> int:
@@ -79,6 +82,8 @@ ATTACKS: dict[str, Callable[[Context], Attack | None]] = {
     "write-victim-upload": lambda c: _victim(c, "upload", "write"),
     "write-worker-credentials-file": lambda c: write(
         "creds", str(secret_file_paths(c.stack)["credentials"]), 16),
+    # The toolchain is every later compile's code (and the worker's own): a write there would outlive the compile.
+    "write-toolchain-file": lambda c: write("toolchain", str(c.canary), 16),
     "write-ledger-file": lambda c: (write("ledger", str(c.stack.ledger_file), 16)
                                     if c.stack.ledger_file else None),
     # -- limits --------------------------------------------------------------------------------------------
@@ -182,7 +187,7 @@ def _victim_paths(stack: Stack, key: str, upload_sha: str) -> dict[str, Path]:
             "upload": root / "blobs" / "sha256" / upload_sha[:2] / upload_sha}
 
 
-def run_campaign(stack: Stack) -> Campaign:
+def run_campaign(stack: Stack, canary: Path) -> Campaign:
     # The victim team publishes an artifact; its model carries a marker that must never leak.
     marker = f"VICTIM-MARKER-{os.urandom(8).hex()}"
     stack.secrets["victim's model"] = marker
@@ -196,6 +201,7 @@ def run_campaign(stack: Stack) -> Campaign:
     victim_paths = _victim_paths(stack, key, hashlib.sha256(victim_model).hexdigest())
     victim_before = stack.artifact_files(key)
     host_files = [p for p in secret_file_paths(stack).values() if p.suffix != ".db"] + list(victim_paths.values())
+    host_files.append(canary)
     host_before = _digests(host_files)
     ledger = stack.ledger_file
 
@@ -211,7 +217,7 @@ def run_campaign(stack: Stack) -> Campaign:
     running = [job / "request.json", job / "model" / "model.pt"]
     running_before = _digests(running)
 
-    context = Context(stack, key, victim_paths, job)
+    context = Context(stack, key, victim_paths, job, canary)
     for name, build in ATTACKS.items():
         if name in attacks:
             continue
@@ -247,8 +253,20 @@ def campaign(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         for name, value in (s3.env() if s3 is not None else {}).items():
             env.setenv(name, value)  # the test's own store client talks to the same S3
         with running_stack(request.param, tmp_path_factory.mktemp(f"attacks-{request.param}"), request,
-                           s3) as stack:
-            yield run_campaign(stack)
+                           s3) as stack, planted_canary() as canary:
+            yield run_campaign(stack, canary)
+
+
+@contextlib.contextmanager
+def planted_canary() -> Iterator[Path]:
+    """A file in the toolchain the sandbox binds (this interpreter's environment), mode 0644 like the rest."""
+    canary = Path(sys.prefix) / f"compilesvc-attack-canary-{os.getpid()}-{os.urandom(4).hex()}.txt"
+    canary.write_text("the toolchain, as installed\n")
+    canary.chmod(0o644)
+    try:
+        yield canary
+    finally:
+        canary.unlink(missing_ok=True)
 
 
 def _attack_failures(campaign: Campaign, name: str) -> list[str]:
