@@ -49,19 +49,30 @@ def limit_outcome(outcome: Outcome, stopped_for: str | None, returncode: int, ta
     """
     if stopped_for is not None:
         return Outcome(ErrorClass.COMPILE, "SANDBOX_DISK_LIMIT", one_line(f"the compile {stopped_for}"))
-    compile_error = outcome.error_class == ErrorClass.COMPILE
-    if outcome.error_class not in (ErrorClass.INFRA, ErrorClass.UNKNOWN) and not compile_error:
-        return outcome
-    # A compile error is read by its own message only: the model's log may mention anything.
-    text = (outcome.message or "") if compile_error else "\n".join([*tail, outcome.message or ""])
+    if outcome.error_class not in (ErrorClass.INFRA, ErrorClass.UNKNOWN):
+        return _named_by_compile_error(outcome, limits)
+    text = "\n".join([*tail, outcome.message or ""])
     for code, pattern, setting, field, what in _EVIDENCE:
-        if compile_error and code not in _RLIMIT_ONLY:
-            continue
         value = getattr(limits, field)
         if value is None or (field == "memory_bytes" and not limits.memory_set):
             continue
         if pattern.search(text) or (code == "SANDBOX_FILE_SIZE_LIMIT" and returncode == -signal.SIGXFSZ):
-            return Outcome(ErrorClass.COMPILE, code,
-                           f"the compile needed {what} (limit {value}, {setting}); raise the setting on the "
-                           f"workers and retry the build if the model really needs it")
+            return _hit(code, what, value, setting)
     return outcome
+
+
+def _named_by_compile_error(outcome: Outcome, limits: Limits) -> Outcome:
+    """A compile error whose own message (never the model's log, which may say anything) names the errno of
+    one of :data:`_RLIMIT_ONLY`: that limit."""
+    if outcome.error_class != ErrorClass.COMPILE:
+        return outcome
+    for code, pattern, setting, field, what in _EVIDENCE:
+        if code in _RLIMIT_ONLY and pattern.search(outcome.message or ""):
+            return _hit(code, what, getattr(limits, field), setting)
+    return outcome
+
+
+def _hit(code: str, what: str, value: int, setting: str) -> Outcome:
+    return Outcome(ErrorClass.COMPILE, code, f"the compile needed {what} (limit {value}, {setting}); raise the "
+                                             f"setting on the workers and retry the build if the model really "
+                                             f"needs it")
