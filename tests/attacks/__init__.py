@@ -5,13 +5,14 @@ Postgres + Redis + S3), compiled together so they run in parallel.
 What is attacked (:mod:`tests.attacks.payloads` says what a TorchScript model can do: its ``forward`` runs
 during the compile, and ``torch.from_file`` maps any file the process can open, read-only or shared):
 
-1. reads: the embedded default's admin token and URL-signing key and its SQLite ledger (directly and
+1. reads: the embedded default's admin token and URL-signing key, any private key in the data dir (the
+   key that signs published artifacts, where it is kept there), its SQLite ledger (directly and
    through ``/proc/<worker>/cwd``), the worker's ``~/.aws/credentials`` (directly and through
    ``/proc/<worker>/root``), ``/proc/self/environ``, ``/proc/1/environ`` and the worker's
    ``/proc/<pid>/environ``, and another team's uploaded model, published model file and manifest in the
    local store; what was read is raised in the compile error or saved into the published artifact;
 2. writes (``from_file(..., shared=True)``): another team's published manifest and blobs, the worker's
-   credentials file and ledger, a file of the toolchain (every later compile's code), and the request and
+   credentials file, signing key and ledger, a file of the toolchain (every later compile's code), and the request and
    model of another compile running at the same time;
 3. limits: an endless loop (time), a huge allocation (``COMPILESVC_SANDBOX_MEMORY_MB``), one file past
    ``COMPILESVC_SANDBOX_MAX_FILE_MB`` and files filling past ``COMPILESVC_SANDBOX_MAX_DISK_MB`` (small limits

@@ -38,6 +38,7 @@ class Context:
     victim_files: dict[str, Path]  # store files of the victim's artifact and upload (local store only)
     running_job: Path  # the job directory of the attacker's own endless compile, running meanwhile
     canary: Path  # a file the test planted in the toolchain (the interpreter's environment), readable by all
+    private_keys: list[Path]  # private keys in the data dir (the key that signs what the worker publishes)
 
 
 def _size(path: Path) -> int:
@@ -73,6 +74,8 @@ ATTACKS: dict[str, Callable[[Context], Attack | None]] = {
     "read-credentials-via-worker-root": lambda c: read(
         "worker-root", f"/proc/{c.stack.worker.proc.pid}/root{secret_file_paths(c.stack)['credentials']}",
         _size(secret_file_paths(c.stack)["credentials"])),
+    "read-signing-key": lambda c: (read("signing-key", str(c.private_keys[0]), _first(c.private_keys[0]))
+                                   if c.private_keys else None),
     "read-victim-upload": lambda c: _victim(c, "upload", "read"),
     "read-victim-artifact-file": lambda c: _victim(c, "model.pt", "read"),
     "read-victim-manifest": lambda c: _victim(c, "manifest", "read"),
@@ -84,6 +87,7 @@ ATTACKS: dict[str, Callable[[Context], Attack | None]] = {
         "creds", str(secret_file_paths(c.stack)["credentials"]), 16),
     # The toolchain is every later compile's code (and the worker's own): a write there would outlive the compile.
     "write-toolchain-file": lambda c: write("toolchain", str(c.canary), 16),
+    "write-signing-key": lambda c: write("signing-key", str(c.private_keys[0]), 16) if c.private_keys else None,
     "write-ledger-file": lambda c: (write("ledger", str(c.stack.ledger_file), 16)
                                     if c.stack.ledger_file else None),
     # -- limits --------------------------------------------------------------------------------------------
@@ -202,6 +206,11 @@ def run_campaign(stack: Stack, canary: Path) -> Campaign:
     victim_before = stack.artifact_files(key)
     host_files = [p for p in secret_file_paths(stack).values() if p.suffix != ".db"] + list(victim_paths.values())
     host_files.append(canary)
+    # Whatever private key the data dir holds once a build was published (the publishing side's signing key).
+    private_keys = [pem for pem in sorted(stack.data_dir.glob("*.pem")) if b"PRIVATE KEY" in pem.read_bytes()]
+    for pem in private_keys:
+        stack.secrets[f"private key {pem.name}"] = max(pem.read_text().splitlines(), key=len)
+    host_files += private_keys
     host_before = _digests(host_files)
     ledger = stack.ledger_file
 
@@ -217,7 +226,7 @@ def run_campaign(stack: Stack, canary: Path) -> Campaign:
     running = [job / "request.json", job / "model" / "model.pt"]
     running_before = _digests(running)
 
-    context = Context(stack, key, victim_paths, job, canary)
+    context = Context(stack, key, victim_paths, job, canary, private_keys)
     for name, build in ATTACKS.items():
         if name in attacks:
             continue
