@@ -41,7 +41,7 @@ from tests.workers.conftest import REDIS_URL, Cluster, ServiceProcess, cluster_f
 KINDS = ("embedded", "s3")
 CPU_SDK = "2.13.0"
 #: Small limits, so the limit attacks end fast and write little (the disk attack writes ~36 MiB in all).
-LIMITS = {"compile_timeout_seconds": 30, "sandbox_memory_mb": 2048, "sandbox_max_file_mb": 16,
+LIMITS = {"compile_timeout_seconds": 45, "sandbox_memory_mb": 2048, "sandbox_max_file_mb": 16,
           "sandbox_max_disk_mb": 24, "sandbox_tmp_mb": 16}
 
 
