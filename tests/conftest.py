@@ -20,6 +20,7 @@ SLOW_FIXTURES = frozenset({
 })
 #: Modules whose every test runs a compiler child, a worker, a CLI or a server process.
 SLOW_MODULES = (
+    "tests/attacks/",
     "tests/faults/",
     "tests/soak/",
     "tests/workers/test_backends_cpu.py",

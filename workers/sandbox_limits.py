@@ -35,6 +35,11 @@ _EVIDENCE: tuple[tuple[str, re.Pattern[str], str, str, str], ...] = (
      "COMPILESVC_SANDBOX_MEMORY_MB", "memory_bytes", "more memory than the sandbox allows"),
 )
 
+#: Limits whose errno only the sandbox's own rlimits produce inside it (EFBIG: RLIMIT_FSIZE, EMFILE:
+#: RLIMIT_NOFILE): a model that hits one gets a compile error naming only the errno (torch's
+#: ``from_file`` says "unable to resize file <…>: File too large (27)"), which is the limit too.
+_RLIMIT_ONLY = frozenset({"SANDBOX_FILE_SIZE_LIMIT", "SANDBOX_OPEN_FILES_LIMIT"})
+
 
 def limit_outcome(outcome: Outcome, stopped_for: str | None, returncode: int, tail: Sequence[str],
                   limits: Limits) -> Outcome:
@@ -46,14 +51,29 @@ def limit_outcome(outcome: Outcome, stopped_for: str | None, returncode: int, ta
         code = "SANDBOX_OUTPUT_LIMIT" if "MAX_LOG_MB" in stopped_for else "SANDBOX_DISK_LIMIT"
         return Outcome(ErrorClass.COMPILE, code, one_line(f"the compile {stopped_for}"))
     if outcome.error_class not in (ErrorClass.INFRA, ErrorClass.UNKNOWN):
-        return outcome
+        return _named_by_compile_error(outcome, limits)
     text = "\n".join([*tail, outcome.message or ""])
     for code, pattern, setting, field, what in _EVIDENCE:
         value = getattr(limits, field)
         if value is None or (field == "memory_bytes" and not limits.memory_set):
             continue
         if pattern.search(text) or (code == "SANDBOX_FILE_SIZE_LIMIT" and returncode == -signal.SIGXFSZ):
-            return Outcome(ErrorClass.COMPILE, code,
-                           f"the compile needed {what} (limit {value}, {setting}); raise the setting on the "
-                           f"workers and retry the build if the model really needs it")
+            return _hit(code, what, value, setting)
     return outcome
+
+
+def _named_by_compile_error(outcome: Outcome, limits: Limits) -> Outcome:
+    """A compile error whose own message (never the model's log, which may say anything) names the errno of
+    one of :data:`_RLIMIT_ONLY`: that limit."""
+    if outcome.error_class != ErrorClass.COMPILE:
+        return outcome
+    for code, pattern, setting, field, what in _EVIDENCE:
+        if code in _RLIMIT_ONLY and pattern.search(outcome.message or ""):
+            return _hit(code, what, getattr(limits, field), setting)
+    return outcome
+
+
+def _hit(code: str, what: str, value: int, setting: str) -> Outcome:
+    return Outcome(ErrorClass.COMPILE, code, f"the compile needed {what} (limit {value}, {setting}); raise the "
+                                             f"setting on the workers and retry the build if the model really "
+                                             f"needs it")
