@@ -78,6 +78,7 @@ def get_artifact(key: str) -> Response:
 
 
 def _signed_document(key: str, name: str, what: str) -> Response:
+    readers.require_key(key)  # under the team boundary, another team's artifact answers as an unknown key
     entry = web().published(key)  # 404 problems for an unknown or unpublished key
     raw = web().services.store.read_document(name)
     if raw is None:
