@@ -207,6 +207,11 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
                         private={work_dir.parent / INDUCTOR_CACHE_NAME: inductor_cache})
         policy = Policy.from_settings(settings)
         env = child_environment(os.environ, claim.target)
+        # torch keeps caches under TMPDIR (/tmp/torchinductor_<user>) that every compile would otherwise share:
+        # a compile's temporary files are its own (the sandbox gives it a private /tmp; without it, this).
+        private_tmp = tmp / "tmp"
+        private_tmp.mkdir()
+        env["TMPDIR"] = str(private_tmp)
         started = time.monotonic()
         sandbox = sandbox_for(policy, mounts, env)
         child = CompilerProcess([sys.executable, "-m", "workers.compile_child", str(request_path)],

@@ -579,3 +579,29 @@ def test_a_compile_that_prints_past_the_output_limit_is_stopped_and_its_log_boun
                                                                 LogLine.stream == "service")))
     assert kept is not None and kept <= 1024 * 1024
     assert any("the rest of its output is not kept" in line for line in notes)
+
+
+def test_with_the_sandbox_off_a_compile_runs_as_the_worker_and_leaves_nothing(
+        services: Services, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """COMPILESVC_SANDBOX=off (an operator isolating compiles another way): the compile runs unsandboxed,
+    as the worker's user, and the attempt's directories (its private TMPDIR among them) are removed."""
+    import torch
+
+    class Where(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return input_ids * attention_mask
+
+    path = tmp_path / "where.pt"
+    torch.jit.save(torch.jit.script(Where()), str(path))
+    services.settings.sandbox = "off"
+    uri = f"blob:sha256:{services.store.put_file(path).sha256}"
+    result = Submitter(services).submit(parse_spec({
+        "model": {"uri": uri, "format": "torchscript"}, "target": "cpu", "sdk": "2.13.0",
+        "compiler": {"backend": "torchscript"}, "buckets": [{"batch_size": 1, "seq_len": 16}],
+    }))
+    row = bucket(services, result)
+    caplog.set_level(logging.INFO, logger="workers.runner")
+    assert run_compile(services, row.id, WORKER).status == "succeeded"
+    started = [r for r in caplog.records if r.getMessage() == "compiler started"]
+    assert [r.sandboxed for r in started] == [False]  # type: ignore[attr-defined]
+    assert list(work_root().iterdir()) == []  # the attempt's directories, its TMPDIR among them, are gone
