@@ -64,8 +64,8 @@ class CompilerProcess:
                  sandbox: Sandbox | None = None):
         self.sandbox = sandbox
         self._logs = logs
-        #: Why the runner stopped the child for a limit of the sandbox (None: it did not).
-        self.limit: str | None = None
+        #: The limit the runner stopped the child for, as (code, why) (None: it did not).
+        self.limit: tuple[str, str] | None = None
         limits: Callable[[], None] | None = None
         if sandbox is not None:
             sandbox.hand_over()
@@ -105,11 +105,16 @@ class CompilerProcess:
             self.signal_group(signal.SIGKILL)
         self.proc.wait()
 
-    def _over_limit(self) -> str | None:
-        """A limit the runner watches itself: bytes on disk (the sandbox's), bytes printed (the sink's)."""
+    def _over_limit(self) -> tuple[str, str] | None:
+        """A limit the runner watches itself, as (code, why): bytes on disk (the sandbox's), bytes printed (the
+        sink's, when it counts them)."""
         assert self.sandbox is not None
+        if why := self.sandbox.over_disk_limit():
+            return "SANDBOX_DISK_LIMIT", why
         printed = getattr(self._logs, "over_limit", None)
-        return self.sandbox.over_disk_limit() or (printed() if printed is not None else None)
+        if printed is not None and (why := printed()):
+            return "SANDBOX_OUTPUT_LIMIT", why
+        return None
 
     def wait(self, timeout: float, stop: threading.Event, grace: float) -> tuple[int, bool]:
         """Wait for the child; kill the group on ``stop`` or after ``timeout`` seconds.

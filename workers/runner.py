@@ -201,19 +201,18 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
 
         # The child sees its model and request read-only, writes only its work and output directories, and
         # gets a private inductor cache at the path the cpu backend uses (that path is in what it generates).
-        inductor_cache = tmp / "inductor-cache"
-        inductor_cache.mkdir()
+        private = tmp / "inductor-cache", tmp / "tmp"
+        for directory in private:
+            directory.mkdir()
         mounts = Mounts(read_only=[model_dir, request_path], writable=[work_dir, out_dir],
-                        private={work_dir.parent / INDUCTOR_CACHE_NAME: inductor_cache})
-        policy = Policy.from_settings(settings)
+                        private={work_dir.parent / INDUCTOR_CACHE_NAME: private[0]})
         env = child_environment(os.environ, claim.target)
-        # torch keeps caches under TMPDIR (/tmp/torchinductor_<user>) that every compile would otherwise share:
-        # a compile's temporary files are its own (the sandbox gives it a private /tmp; without it, this).
-        private_tmp = tmp / "tmp"
-        private_tmp.mkdir()
-        env["TMPDIR"] = str(private_tmp)
+        sandbox = sandbox_for(Policy.from_settings(settings), mounts, env)
+        if sandbox is None:
+            # torch keeps caches under TMPDIR (/tmp/torchinductor_<user>) that every compile would otherwise
+            # share: a compile's temporary files are its own (the sandbox gives it a private /tmp).
+            env["TMPDIR"] = str(private[1])
         started = time.monotonic()
-        sandbox = sandbox_for(policy, mounts, env)
         child = CompilerProcess([sys.executable, "-m", "workers.compile_child", str(request_path)],
                                 cwd=work_dir, env=env, logs=logs, sandbox=sandbox)
         logger.info("compiler started", extra={"pid": child.proc.pid, "sandboxed": sandbox is not None,
@@ -227,7 +226,7 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
         outcome = classify(returncode, result, list(logs.tail), timed_out, keeper.cancelled)
         if sandbox is not None and not outcome.ok:
-            outcome = limit_outcome(outcome, child.limit, returncode, list(logs.tail), policy.limits)
+            outcome = limit_outcome(outcome, child.limit, returncode, list(logs.tail), sandbox.policy.limits)
         logger.info("compiler finished", extra={"returncode": returncode, "seconds": round(wall, 2),
                                                 "error_class": outcome.error_class, "code": outcome.code})
         logs.service(f"compiler exited with {returncode} after {wall:.1f}s: "

@@ -41,15 +41,16 @@ _EVIDENCE: tuple[tuple[str, re.Pattern[str], str, str, str], ...] = (
 _RLIMIT_ONLY = frozenset({"SANDBOX_FILE_SIZE_LIMIT", "SANDBOX_OPEN_FILES_LIMIT"})
 
 
-def limit_outcome(outcome: Outcome, stopped_for: str | None, returncode: int, tail: Sequence[str],
+def limit_outcome(outcome: Outcome, stopped_for: tuple[str, str] | None, returncode: int, tail: Sequence[str],
                   limits: Limits) -> Outcome:
     """``outcome`` of a sandboxed run, or the limit it ran into (see the module docstring).
 
-    ``stopped_for``: why the runner stopped the child for a limit it watches itself (disk), if it did.
+    ``stopped_for``: the (code, why) of a limit the runner watches itself (disk, output) and stopped the
+    child for, if it did.
     """
     if stopped_for is not None:
-        code = "SANDBOX_OUTPUT_LIMIT" if "MAX_LOG_MB" in stopped_for else "SANDBOX_DISK_LIMIT"
-        return Outcome(ErrorClass.COMPILE, code, one_line(f"the compile {stopped_for}"))
+        code, why = stopped_for
+        return Outcome(ErrorClass.COMPILE, code, one_line(f"the compile {why}"))
     if outcome.error_class not in (ErrorClass.INFRA, ErrorClass.UNKNOWN):
         return _named_by_compile_error(outcome, limits)
     text = "\n".join([*tail, outcome.message or ""])
