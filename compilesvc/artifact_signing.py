@@ -100,7 +100,7 @@ def verify_artifact(trusted: TrustedKeys, bundle: bytes, manifest: ArtifactManif
     if statement.get("predicateType") != SIGNATURE_PREDICATE or not isinstance(predicate, dict):
         raise BadSignature(f"the signature of artifact {key} (key {key_id}) is not a model signature", key_id)
     ours = predicate.get("compilesvc") or {}
-    if ours.get("artifact_key") != key:
+    if ours.get("artifact_key") != key or [s.get("name") for s in statement.get("subject") or []] != [key]:
         raise BadSignature(f"the signature offered for artifact {key} signs artifact "
                            f"{ours.get('artifact_key')} (key {key_id})", key_id)
     if ours.get("manifest_sha256") != manifest_digest(manifest):
@@ -111,6 +111,19 @@ def verify_artifact(trusted: TrustedKeys, bundle: bytes, manifest: ArtifactManif
         if signed.get(name) != digest:
             raise BadSignature(f"{name} of artifact {key}: its sha256 {digest} is not the one key {key_id} "
                                "signed", key_id)
+    return verified
+
+
+def verify_provenance(trusted: TrustedKeys, bundle: bytes, key: str) -> Verified:
+    """Check ``bundle`` as the provenance of artifact ``key``: signed by a trusted key, an SLSA provenance,
+    and about this artifact (a validly signed statement of another artifact is not this one's)."""
+    verified = trusted.verify(bundle, what=f"the provenance of artifact {key}")
+    statement, key_id = verified.statement, verified.key_id
+    predicate = statement.get("predicate") or {}
+    parameters = (predicate.get("buildDefinition") or {}).get("externalParameters") or {}
+    if statement.get("predicateType") != SLSA_PREDICATE or parameters.get("artifact_key") != key:
+        raise BadSignature(f"the provenance offered for artifact {key} (key {key_id}) is not an SLSA provenance "
+                           f"of that artifact", key_id)
     return verified
 
 

@@ -177,8 +177,13 @@ def publish_if_complete(store: ArtifactStore, sessions: sessionmaker[Session], a
         if not buckets or any(b.state != BucketState.SUCCEEDED for b, _ in buckets):
             return False
     name = artifact_manifest_name(artifact.key)
-    manifest = create_or_read(store, name, build_artifact_manifest(store, artifact, buckets),
-                              parse_artifact_manifest)
+    built = build_artifact_manifest(store, artifact, buckets)
+    manifest = create_or_read(store, name, built, parse_artifact_manifest)
+    if manifest.buckets != built.buckets:
+        # An earlier writer's manifest is signed only if it names what the ledger's buckets published: a
+        # manifest that got into the store some other way must not get our signature.
+        raise StoreError(f"{name} in the store names other buckets or files than the set's own: not signed, "
+                         f"not published (compilesvc sign-artifacts explains such a set; rebuild it)")
     if signer is not None:  # None only where the deployment says so (settings.publish_unsigned)
         sign_published(store, signer, manifest, [b for b, _ in buckets])
     with transaction(sessions) as session:

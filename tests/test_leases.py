@@ -20,17 +20,19 @@ from sqlalchemy import event, func, select, update
 
 from compilesvc import events, failures, leases, registry
 from compilesvc.artifact_signing import SLSA_PREDICATE, verify_artifact
+from compilesvc.bucket_compiles import positioned_buckets
 from compilesvc.config import Settings
 from compilesvc.control import cancel_build, retry_build
 from compilesvc.db import transaction
 from compilesvc.ledger.models import Artifact, BucketCompile, BucketFailure, Build, Event, Outbox, utcnow
 from compilesvc.manifest import BucketManifest, FileEntry, parse_artifact_manifest
-from compilesvc.publishing import publish_if_complete
+from compilesvc.publishing import build_artifact_manifest, publish_if_complete
 from compilesvc.reaper import reap
 from compilesvc.services import Services
 from compilesvc.signing import TrustedKeys
 from compilesvc.spec_parsing import parse_spec
 from compilesvc.states import IllegalTransition
+from compilesvc.store import StoreError
 from compilesvc.store.base import (
     artifact_manifest_name,
     artifact_provenance_name,
@@ -552,6 +554,23 @@ def test_a_deployment_that_publishes_unsigned_writes_no_signature(services: Serv
     assert publish_if_complete(services.store, services.sessions, artifact_id, signer=None) is True
     assert services.store.read_document(artifact_manifest_name(result.artifact_key)) is not None
     assert services.store.read_document(artifact_signature_name(result.artifact_key)) is None
+
+
+def test_a_manifest_planted_in_the_store_is_neither_signed_nor_published(services: Services) -> None:
+    """A manifest already under the set's name that names other files (written by something other than
+    this set's publish) gets no signature: publishing it would put the service's name on it."""
+    result = submit(services, buckets=1)
+    artifact_id = complete_without_publishing(services, result)
+    with services.sessions() as session:
+        artifact = session.get_one(Artifact, artifact_id)
+        built = build_artifact_manifest(services.store, artifact, positioned_buckets(session, artifact_id))
+    planted = built.model_copy(deep=True)
+    planted.buckets[0].files[0].sha256 = "ee" * 32
+    assert services.store.create_document(artifact_manifest_name(result.artifact_key), planted.to_bytes())
+    with pytest.raises(StoreError, match="not signed"):
+        publish_if_complete(services.store, services.sessions, artifact_id, signer=services.signer)
+    assert services.store.read_document(artifact_signature_name(result.artifact_key)) is None
+    assert artifact_state(services, result.artifact_key) == "building"
 
 
 def test_reaper_does_not_claim_a_set_a_worker_published_meanwhile(pg_services: Services) -> None:

@@ -15,7 +15,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from compilesvc.artifact_signing import ArtifactSigner, signature_statement, verify_artifact
+from compilesvc.artifact_signing import (
+    ArtifactSigner,
+    provenance_statement,
+    signature_statement,
+    verify_artifact,
+    verify_provenance,
+)
 from compilesvc.keys import artifact_key_of, bucket_key_of
 from compilesvc.manifest import ArtifactBucketEntry, ArtifactManifest, FileEntry
 from compilesvc.signing import (
@@ -135,6 +141,26 @@ def test_verify_artifact_names_what_differs(tmp_path: Path) -> None:
     elsewhere = manifest_of({"model.pt": b"compiled"}, model="ef" * 32)
     with pytest.raises(BadSignature, match=f"signs artifact {elsewhere.key}"):
         verify_artifact(trusted, ArtifactSigner(key, "b").sign_manifest(elsewhere), manifest)
+
+
+def test_a_provenance_is_shown_only_for_the_artifact_it_is_about(tmp_path: Path) -> None:
+    """The build page's check: a validly signed provenance of another artifact (or a signature statement)
+    copied beside this artifact's manifest is not this artifact's provenance."""
+    key = SigningKey.load_or_generate(tmp_path / "k.pem")
+    trusted = TrustedKeys({key.key_id: key.public_key})
+    signer = ArtifactSigner(key, "b")
+    manifest = manifest_of({"model.pt": b"compiled"})
+    other = manifest_of({"model.pt": b"compiled"}, model="ef" * 32)
+
+    def provenance(of: ArtifactManifest) -> bytes:
+        return signer.sign_provenance(provenance_statement(of, builder_id="b", workers=["w"], started_on=None,
+                                                           finished_on=None))
+
+    assert verify_provenance(trusted, provenance(manifest), manifest.key).key_id == key.key_id
+    with pytest.raises(BadSignature, match="not an SLSA provenance of that artifact"):
+        verify_provenance(trusted, provenance(other), manifest.key)
+    with pytest.raises(BadSignature, match="not an SLSA provenance of that artifact"):
+        verify_provenance(trusted, signer.sign_manifest(manifest), manifest.key)
 
 
 @pytest.mark.slow

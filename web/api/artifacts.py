@@ -67,7 +67,11 @@ BUNDLE_SCHEMA: dict[str, Any] = {
 def get_artifact(key: str) -> Response:
     g.artifact_key = key
     ctx = web()
-    readers.require_key(key)  # before the manifest: another team's artifact answers as an unknown key
+    # Before the manifest: another team's artifact answers as an unknown key. A key remembered as absent
+    # (neither ledger nor store had it) is answered 404 from memory below without asking whose it is, so a
+    # fleet polling for a key nobody built costs no query under the team boundary either.
+    if not (ctx.manifests.get(key) is None and ctx.manifests.known_absent(key)):
+        readers.require_key(key)
     entry = ctx.published(key, remember_absence=True)
     ttl = ctx.settings.url_ttl_seconds
     headers = {"ETag": f'W/"{entry.etag}"', "Cache-Control": f"private, max-age={ttl // 2}, immutable"}

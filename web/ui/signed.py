@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from compilesvc.artifact_signing import provenance_summary
+from compilesvc.artifact_signing import provenance_summary, verify_provenance
 from compilesvc.signing import KeyFileError, SignatureError, TrustedKeys
 from compilesvc.states import ArtifactState
 from compilesvc.store.base import StoreError, artifact_provenance_name
@@ -40,7 +40,7 @@ def provenance_view(ctx: WebContext, artifact_key: str, state: str) -> dict[str,
     if raw is None:
         return {"problem": "published without a signature or provenance (see docs/deploy.md, signing keys)"}
     try:
-        verified = _trusted(ctx).verify(raw, what="the provenance")
+        verified = verify_provenance(_trusted(ctx), raw, artifact_key)
     except (SignatureError, KeyFileError) as exc:
         return {"problem": str(exc)}
     summary = provenance_summary(verified)
