@@ -143,19 +143,12 @@ class TokenCache:
         """The principal of a live UI session: the session row is trusted for ``ttl`` like a token, and its
         token is then checked as :meth:`by_id` checks it (so a revocation here ends it here at once)."""
         key = "s:" + ui_sessions.session_hash(secret)
-        entry = self._entries.get(key)
-        if entry is not None and entry[1] >= time.monotonic():
-            token_id = entry[0].token_id
-        else:
-            with self.services.sessions() as db:
-                found = ui_sessions.live_token_id(db, secret)
-            if found is None:
-                return None
-            principal = self.by_id(found)
-            if principal is not None and self.ttl > 0:
-                self._entries.put(key, (principal, time.monotonic() + self.ttl))
-            return principal
-        return self.by_id(token_id)
+        cached = self._cached(key)
+        if cached is not None:
+            return self.by_id(cached.token_id)
+        with self.services.sessions() as db:
+            found = ui_sessions.live_token_id(db, secret)
+        return self._remember(key, self.by_id(found)) if found is not None else None
 
     def forget_session(self, secret: str) -> None:
         """Stop trusting a session this process ended (logout)."""
