@@ -31,7 +31,8 @@ from compilesvc.config import Settings
 from compilesvc.db import make_engine, make_sessionmaker, transaction
 from compilesvc.demo import demo_model_bytes, demo_spec
 from compilesvc.migrate import upgrade
-from compilesvc.signing import GENERATED_KEY_NAME, TRUSTED_KEYS_ENV, KeyFileError, SigningKey, public_key_path
+from compilesvc.services import publishing_key
+from compilesvc.signing import GENERATED_KEY_NAME, TRUSTED_KEYS_ENV, KeyFileError, public_key_path
 from compilesvc.states import BuildState
 
 
@@ -113,12 +114,12 @@ def signing_key_note(settings: Settings) -> str:
     """Make the signing key now, before the children race for it, and say how a fleet trusts it."""
     if settings.publish_unsigned:
         return "artifacts are published unsigned (COMPILESVC_PUBLISH_UNSIGNED): fleets refuse them"
-    path = settings.signing_key_file or settings.data_dir / GENERATED_KEY_NAME
     try:
-        key = SigningKey.load(path) if settings.signing_key_file else SigningKey.load_or_generate(path)
+        key = publishing_key(settings)
     except KeyFileError as exc:
         raise DevError(str(exc)) from None
-    public = public_key_path(path)
+    assert key is not None
+    public = public_key_path(settings.signing_key_file or settings.data_dir / GENERATED_KEY_NAME)
     if not public.exists():
         return f"artifacts are signed by key {key.key_id}; give fleets its public key (docs/fleet.md)"
     return (f"artifacts are signed by key {key.key_id}; fleets trust it with: "

@@ -3,10 +3,12 @@ from :class:`~compilesvc.config.Settings`. The API, the relay/reaper and the wor
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from celery import Celery
+from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -18,8 +20,17 @@ from compilesvc.dispatch import make_producer
 from compilesvc.hostinfo import host_isa
 from compilesvc.model_identity import ModelResolver
 from compilesvc.outbox import OutboxRelay
-from compilesvc.signing import GENERATED_KEY_NAME, SigningKey
+from compilesvc.signing import GENERATED_KEY_NAME, KeyFileError, SigningKey, TrustedKeys
 from compilesvc.store import ArtifactStore, open_store
+
+
+def publishing_key(settings: Settings) -> SigningKey | None:
+    """The key a process publishing with ``settings`` signs with; None with ``publish_unsigned``."""
+    if settings.publish_unsigned:
+        return None
+    if settings.signing_key_file is not None:
+        return SigningKey.load(settings.signing_key_file)
+    return SigningKey.load_or_generate(settings.data_dir / GENERATED_KEY_NAME)
 
 
 @dataclass
@@ -49,13 +60,18 @@ class Services:
         """The key that signs what this process publishes: ``signing_key_file``, else one generated in
         data_dir like the secret key (a per-host key that fleets do not trust until its public key is
         given to them, so a forgotten setting fails closed); None only with ``publish_unsigned``."""
-        settings = self.settings
-        if settings.publish_unsigned:
-            return None
-        path = settings.signing_key_file
-        key = SigningKey.load(path) if path is not None else \
-            SigningKey.load_or_generate(settings.data_dir / GENERATED_KEY_NAME)
-        return ArtifactSigner(key, builder_id=settings.public_url)
+        key = publishing_key(self.settings)
+        return None if key is None else ArtifactSigner(key, builder_id=self.settings.public_url)
+
+    def trusted_keys(self) -> TrustedKeys:
+        """The keys this service accepts as its own: ``COMPILESVC_TRUSTED_KEYS`` (e.g. the previous key of
+        a rotation) and the key it signs with. An unreadable trusted-keys setting leaves the signing key."""
+        keys: dict[str, ec.EllipticCurvePublicKey] = {}
+        with contextlib.suppress(KeyFileError):
+            keys.update(TrustedKeys.from_environment().keys)
+        if self.signer is not None:
+            keys[self.signer.key.key_id] = self.signer.key.public_key
+        return TrustedKeys(keys)
 
     @cached_property
     def build_recorder(self) -> BuildRecorder:

@@ -15,7 +15,6 @@ URL in a reused answer at least that long to run; ``If-None-Match`` with the tag
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from flask import Blueprint, Response, g, request
@@ -25,7 +24,7 @@ from compilesvc import team_reads
 from compilesvc.keys import KEY_SCHEMA
 from compilesvc.ledger.models import Artifact, BucketCompile
 from compilesvc.model_pins import ModelRefError
-from compilesvc.signing import KeyFileError, TrustedKeys, public_pem
+from compilesvc.signing import public_pem
 from compilesvc.spec import CompileSpec
 from compilesvc.states import ArtifactState
 from compilesvc.store.base import artifact_provenance_name, artifact_signature_name
@@ -126,15 +125,10 @@ def get_provenance(key: str) -> Response:
            responses={200: SigningKeysOut})
 def signing_keys() -> Response:
     services = web().services
-    keys: dict[str, dict[str, Any]] = {}
-    signer = services.signer
-    if signer is not None:
-        keys[signer.key.key_id] = {"key_id": signer.key.key_id, "public_key": signer.key.public_pem.decode(),
-                                   "current": True}
-    with contextlib.suppress(KeyFileError):
-        for key_id, key in TrustedKeys.from_environment().keys.items():
-            keys.setdefault(key_id, {"key_id": key_id, "public_key": public_pem(key).decode(), "current": False})
-    return respond(SigningKeysOut, {"keys": list(keys.values())})
+    current = services.signer.key.key_id if services.signer is not None else None
+    keys = [{"key_id": key_id, "public_key": public_pem(key).decode(), "current": key_id == current}
+            for key_id, key in services.trusted_keys().keys.items()]
+    return respond(SigningKeysOut, {"keys": sorted(keys, key=lambda k: not k["current"])})
 
 
 @bp.post("/resolve")

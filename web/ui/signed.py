@@ -8,24 +8,13 @@ verifiable) instead.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from compilesvc.artifact_signing import provenance_summary, verify_provenance
-from compilesvc.signing import KeyFileError, SignatureError, TrustedKeys
+from compilesvc.signing import KeyFileError, SignatureError
 from compilesvc.states import ArtifactState
 from compilesvc.store.base import StoreError, artifact_provenance_name
 from web.context import WebContext
-
-
-def _trusted(ctx: WebContext) -> TrustedKeys:
-    keys: dict[str, Any] = {}
-    with contextlib.suppress(KeyFileError):  # the page still verifies with the service's own key
-        keys.update(TrustedKeys.from_environment().keys)
-    signer = ctx.services.signer
-    if signer is not None:
-        keys[signer.key.key_id] = signer.key.public_key
-    return TrustedKeys(keys)
 
 
 def provenance_view(ctx: WebContext, artifact_key: str, state: str) -> dict[str, Any] | None:
@@ -40,7 +29,7 @@ def provenance_view(ctx: WebContext, artifact_key: str, state: str) -> dict[str,
     if raw is None:
         return {"problem": "published without a signature or provenance (see docs/deploy.md, signing keys)"}
     try:
-        verified = verify_provenance(_trusted(ctx), raw, artifact_key)
+        verified = verify_provenance(ctx.services.trusted_keys(), raw, artifact_key)
     except (SignatureError, KeyFileError) as exc:
         return {"problem": str(exc)}
     summary = provenance_summary(verified)
