@@ -62,12 +62,12 @@ def manifest_digest(manifest: ArtifactManifest) -> str:
 def signed_files(manifest: ArtifactManifest) -> list[tuple[str, str]]:
     """(path in a fetched directory, sha256) of every compiled file, in model-signing's order (by path
     components, as its manifest sorts ``PurePosixPath`` keys)."""
-    files = [(f"bucket-{b.position}/{f.path}", f.sha256) for b in manifest.buckets for f in b.files]
+    files = [(b.placed(f), f.sha256) for b in manifest.buckets for f in b.files]
     return sorted(files, key=lambda item: PurePosixPath(item[0]).parts)
 
 
 def _log_paths(manifest: ArtifactManifest) -> list[str]:
-    return [f"bucket-{b.position}/{b.log.path}" for b in manifest.buckets if b.log is not None]
+    return [b.placed(b.log) for b in manifest.buckets if b.log is not None]
 
 
 def signature_statement(manifest: ArtifactManifest, digest: str | None = None) -> dict[str, Any]:
@@ -148,7 +148,7 @@ def provenance_statement(manifest: ArtifactManifest, *, builder_id: str, workers
     dependencies += [{"name": name, "uri": f"pkg:pypi/{name}@{version}"} for name, version in toolchain.items()]
     byproducts: list[dict[str, Any]] = [{"name": MANIFEST_FILE, "digest": {"sha256": digest},
                                          "mediaType": "application/json"}]
-    byproducts += [{"name": f"bucket-{b.position}/{b.log.path}", "digest": {"sha256": b.log.sha256}}
+    byproducts += [{"name": b.placed(b.log), "digest": {"sha256": b.log.sha256}}
                    for b in manifest.buckets if b.log is not None]
     byproducts += [{"name": name, "digest": {"sha256": digest}} for name, digest in (bucket_manifests or {}).items()]
     metadata: dict[str, Any] = {"invocationId": manifest.key}

@@ -47,6 +47,7 @@ from compilesvc.fleet import (
 )
 from compilesvc.fleet._cache import Placed, placed_files
 from compilesvc.spec_parsing import SpecError, load_spec_file
+from compilesvc.store.base import SHA256_RE
 from compilesvc.store.hashing import copy_hashing
 
 MIB = 1024 * 1024
@@ -182,7 +183,7 @@ def fetch(key: str | None, spec_path: Path | None, dest: Path | None, replace: b
     """
     if (key is None) == (spec_path is None):
         raise BadInput("give an artifact KEY or --spec SPEC (one of them)")
-    if key is not None and (len(key) != 64 or not all(c in "0123456789abcdef" for c in key)):
+    if key is not None and not SHA256_RE.match(key):
         raise BadInput(f"{key!r} is not an artifact key (64 lowercase hex digits)")
     ref: Any = key
     if spec_path is not None:

@@ -60,6 +60,16 @@ class ArtifactBucketEntry(_Doc):
     versions: dict[str, Any] = Field(default_factory=dict)
     compile_seconds: float | None = None
 
+    def placed(self, entry: FileEntry) -> str:
+        """Where ``entry`` lies in a fetched artifact directory: ``bucket-<position>/<path>`` (the layout
+        the fleet cache, the signature and ``compilesvc verify`` share)."""
+        return f"{bucket_dir(self.position)}/{entry.path}"
+
+
+def bucket_dir(position: int) -> str:
+    """A bucket's directory in a fetched artifact directory."""
+    return f"bucket-{position}"
+
 
 class ArtifactManifest(_Doc):
     schema_: str = Field(default=ARTIFACT_MANIFEST_SCHEMA, alias="schema")

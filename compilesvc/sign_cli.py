@@ -21,7 +21,6 @@ ledger or the store failed; 2 a bad option or setting.
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING
 
 import click
@@ -37,6 +36,8 @@ def _check_files(store: ArtifactStore, manifest: ArtifactManifest) -> str | None
     """Why ``manifest`` cannot be signed as it is in the store (None: every file verified)."""
     from compilesvc.manifest import ManifestMismatch, parse_bucket_manifest
     from compilesvc.store import BlobNotFound
+    from compilesvc.store.hashing import StreamHash
+
     for bucket in manifest.buckets:
         raw = store.read_document(bucket.manifest)
         if raw is None:
@@ -48,15 +49,15 @@ def _check_files(store: ArtifactStore, manifest: ArtifactManifest) -> str | None
         if own.files != bucket.files:
             return f"bucket {bucket.position}'s files differ from its bucket manifest {bucket.manifest}"
         for entry in [*bucket.files, *([bucket.log] if bucket.log is not None else [])]:
-            digest, size = hashlib.sha256(), 0
+            hashed = StreamHash()
             try:
                 for chunk in store.iter_blob(entry.sha256):
-                    digest.update(chunk)
-                    size += len(chunk)
+                    hashed.update(chunk)
             except BlobNotFound:
-                return f"bucket-{bucket.position}/{entry.path}: its blob {entry.sha256} is missing"
-            if digest.hexdigest() != entry.sha256 or size != entry.size:
-                return f"bucket-{bucket.position}/{entry.path}: the stored bytes differ from the manifest"
+                return f"{bucket.placed(entry)}: its blob {entry.sha256} is missing"
+            stored = hashed.result()
+            if stored.sha256 != entry.sha256 or stored.size != entry.size:
+                return f"{bucket.placed(entry)}: the stored bytes differ from the manifest"
     return None
 
 

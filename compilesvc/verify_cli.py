@@ -40,10 +40,7 @@ from compilesvc.fleet import (
 from compilesvc.fleet._cache import file_matches
 from compilesvc.manifest import ArtifactManifest, ManifestMismatch, parse_artifact_manifest, safe_relative
 from compilesvc.signing import KeyFileError, SignatureError, TrustedKeys
-
-
-def _is_key(text: str) -> bool:
-    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+from compilesvc.store.base import SHA256_RE
 
 
 def _trusted() -> TrustedKeys:
@@ -88,7 +85,7 @@ def verify_directory(directory: Path, trusted: TrustedKeys) -> tuple[ArtifactMan
     expected = {SIGNATURE_FILE, "manifest.json"}
     for bucket in manifest.buckets:
         logs = [bucket.log] if bucket.log is not None else []
-        expected.update(f"bucket-{bucket.position}/{e.path}" for e in [*bucket.files, *logs])
+        expected.update(bucket.placed(e) for e in [*bucket.files, *logs])
     # As the standard verifier does: a file the signature does not cover is refused, not ignored (a serving
     # process may load what lies beside the model).
     for found in sorted(directory.rglob("*")):
@@ -99,7 +96,7 @@ def verify_directory(directory: Path, trusted: TrustedKeys) -> tuple[ArtifactMan
     for bucket in manifest.buckets:
         logs = [bucket.log] if bucket.log is not None else []
         for entry in [*bucket.files, *logs]:
-            relative = safe_relative(f"bucket-{bucket.position}/{entry.path}")
+            relative = safe_relative(bucket.placed(entry))
             path = directory / relative
             if entry in logs and not path.exists():
                 continue  # logs are fetched only on request
@@ -130,7 +127,7 @@ def verify(target: str, cache_dir: Path | None, offline: bool, api: str | None) 
         click.echo(f"{manifest.key}: signature by key {key_id} verified; {checked} file(s) match the signed "
                    f"manifest in {directory}")
         return
-    if not _is_key(target):
+    if not SHA256_RE.match(target):
         raise BadInput(f"{target!r} is neither an artifact key (64 lowercase hex digits) nor a directory")
     try:
         artifact = ArtifactSet.open(target, cache_dir=cache_dir, api_url=api, offline=offline,

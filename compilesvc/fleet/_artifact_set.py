@@ -17,7 +17,7 @@ from compilesvc.fleet._fetch import DEFAULT_PARALLEL, Fetcher, FetchReport, Prog
 from compilesvc.fleet._host import HostCheck, HostReport, enforce
 from compilesvc.fleet._remote import FleetError, Remote, Untrusted
 from compilesvc.fleet._select import Shape, order_key, select
-from compilesvc.manifest import ArtifactBucketEntry, ArtifactManifest
+from compilesvc.manifest import ArtifactBucketEntry, ArtifactManifest, bucket_dir
 from compilesvc.signing import KeyFileError, TrustedKeys
 
 HOST_CHECK_ENV = "COMPILESVC_HOST_CHECK"
@@ -76,7 +76,7 @@ class LocalBucket:
 
 
 def _bucket(directory: Path, entry: ArtifactBucketEntry) -> LocalBucket:
-    base = directory / f"bucket-{entry.position}"
+    base = directory / bucket_dir(entry.position)
     return LocalBucket(position=entry.position, key=entry.key, directory=base, inputs=tuple(entry.inputs),
                        files={f.path: base / f.path for f in entry.files},
                        roles={f.path: f.role for f in entry.files}, versions=dict(entry.versions))

@@ -87,7 +87,7 @@ def placed_files(manifest: ArtifactManifest, *, with_logs: bool = False) -> list
     for bucket in manifest.buckets:
         entries = [*bucket.files, *([bucket.log] if with_logs and bucket.log is not None else [])]
         for entry in entries:
-            out.append(Placed(safe_relative(f"bucket-{bucket.position}/{entry.path}"), entry))
+            out.append(Placed(safe_relative(bucket.placed(entry)), entry))
     return out
 
 

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")  # \Z: "$" would let a trailing newline through
 
 
 class UrlSigner(Protocol):
