@@ -118,13 +118,6 @@ def may_read_campaigns(reader: Reader) -> bool:
     return not reader.bounded
 
 
-def may_read_artifact_id(session: Session, reader: Reader, artifact_id: int) -> bool:
-    if not reader.bounded:
-        return True
-    return session.scalar(select(Build.id).where(Build.artifact_id == artifact_id,
-                                                 *build_conditions(reader)).limit(1)) is not None
-
-
 def may_read_key(session: Session, reader: Reader, key: str) -> bool:
     """Whether the artifact with ``key`` is readable: one indexed query (the key, then its builds). A key the
     ledger does not know (a manifest only in the store) has no build, so a bounded reader cannot read it."""

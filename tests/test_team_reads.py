@@ -78,8 +78,6 @@ def test_builds_artifacts_and_pins_of_each_team(sessions: sessionmaker[Session])
         assert {a.key for a in list_artifacts(session, ArtifactFilter(), reader=VISION).items} == {mine.key, shared.key}
         assert team_reads.may_read_key(session, NLP, shared.key) and not team_reads.may_read_key(session, NLP, mine.key)
         assert not team_reads.may_read_key(session, VISION, legacy.key)
-        assert team_reads.may_read_artifact_id(session, VISION, mine.id)
-        assert not team_reads.may_read_artifact_id(session, NLP, mine.id)
 
         def pins(reader: Reader) -> set[str]:
             return set(session.scalars(select(RetentionPin.value).where(*team_reads.pin_conditions(reader))))
