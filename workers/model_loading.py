@@ -198,9 +198,25 @@ def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = DEFAULT_EXTR
                                              "top-level directory")
 
 
+#: The weight files ``from_pretrained`` reads from a local directory, in its order of preference:
+#: transformers' SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME
+#: (transformers/utils/__init__.py; modeling_utils.py's _get_resolved_checkpoint_files tries them in turn).
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                   "pytorch_model.bin.index.json")
+
+
+def check_hf_weights(root: Path) -> None:
+    """An hf-dir without weights is the user's mistake, the same on every worker: a compile error now, not
+    transformers' "no file named model.safetensors" OSError, which reads as the host's file trouble."""
+    if not any((root / name).is_file() for name in HF_WEIGHT_FILES):
+        raise CompileFailure("HF_DIR_NO_WEIGHTS", "hf-dir archive has config.json but no weights beside it: "
+                                                  f"add one of {', '.join(HF_WEIGHT_FILES)}")
+
+
 def _load_hf_dir(path: Path, work_dir: Path, input_names: Sequence[str], limits: ExtractLimits) -> nn.Module:
     # Extract first: an unusable archive is the model's fault on every worker, a missing transformers is not.
     root = safe_extract(path, work_dir / "hf-model", limits)
+    check_hf_weights(root)
     try:
         import transformers  # optional: only hf-dir models need it
     except ImportError as exc:
@@ -210,7 +226,10 @@ def _load_hf_dir(path: Path, work_dir: Path, input_names: Sequence[str], limits:
     try:
         model = transformers.AutoModel.from_pretrained(str(root), local_files_only=True)
     except Exception as exc:
-        raise_if_host_trouble(exc)
+        # transformers reports what a local model directory lacks (a shard its index names, say) as a bare
+        # OSError without an errno: the model's fault. The host's own I/O failures carry one.
+        if not (isinstance(exc, OSError) and exc.errno is None):
+            raise_if_host_trouble(exc)
         raise CompileFailure("MODEL_LOAD_ERROR", f"transformers cannot load the hf-dir model: {exc}") from exc
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):

@@ -15,6 +15,7 @@ from torch._inductor.exc import CppCompileError, InductorError
 from compilesvc.demo import demo_spec
 from compilesvc.hostinfo import host_isa
 from compilesvc.spec_parsing import parse_spec
+from compilesvc.states import ErrorClass
 from tests.workers import DEMO_MODEL, ChildRun, run_child, run_children, text_inputs
 from workers.backends.base import CompileFailure, InfraError, InputDesc
 from workers.backends.cpu import _inductor_failure, trace_bucket
@@ -317,6 +318,19 @@ def test_hf_dir_root_is_found_and_transformers_is_required(tmp_path: Path) -> No
         assert "transformers is not installed on this worker" in missing.value.message
     else:
         pytest.skip("transformers is installed here; the missing-package path cannot be shown")
+
+
+def test_an_hf_dir_without_weights_is_a_final_compile_error_on_the_first_attempt(tmp_path: Path) -> None:
+    # Seen: transformers' "no file named model.safetensors" OSError was read as the host's file trouble,
+    # retried three times and reported as an outage (exit 3). It is the archive's fault on every worker.
+    archive = _tar(tmp_path / "noweights.tar.gz", {"tiny/config.json": b'{"model_type": "bert"}',
+                                                  "tiny/tokenizer.json": b"{}"})
+    run = run_child(tmp_path, "noweights", model_path=str(archive), model_format="hf-dir",
+                    inputs=text_inputs(1, 8))
+    assert run.result is not None and run.result["status"] == "compile_error", run.describe()
+    assert run.result["code"] == "HF_DIR_NO_WEIGHTS" and "model.safetensors" in run.result["message"]
+    outcome = classify(run.returncode, run.result, run.lines[-50:], timed_out=False, cancelled=False)
+    assert outcome.error_class == ErrorClass.COMPILE
 
 
 def test_a_cpp_compile_error_is_reported_by_its_output_not_its_command(capsys: pytest.CaptureFixture[str]) -> None:
