@@ -12,11 +12,12 @@ work itself failed (model file unreadable, model lookup, database migration).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -33,6 +34,7 @@ from compilesvc.spec_parsing import SpecError, load_spec_file
 
 if TYPE_CHECKING:
     from compilesvc.config import Settings
+    from compilesvc.services import Services
 
 ENTRY_POINT_GROUP = "compilesvc.commands"
 #: How many spec errors one ``error:`` line lists before summarising the rest.
@@ -182,6 +184,33 @@ def _settings() -> Settings:
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
         )
         raise click.UsageError(f"invalid COMPILESVC_* settings: {errors}") from None
+
+
+@contextlib.contextmanager
+def ledger_services() -> Iterator[Services]:
+    """The services of a command that works on the ledger itself (``gc``, ``tokens --ledger``,
+    ``sign-artifacts``), closed afterwards. Run outside the directory of a ``compilesvc dev``, the embedded
+    default would make an empty ledger and fail on its first query: a ledger that is not there, or has no
+    tables yet, is refused first, creating nothing."""
+    settings = _settings()
+    if not settings.database_url:
+        path = (settings.data_dir / "compilesvc.db").resolve()
+        if not path.is_file():
+            raise BadInput(f"no ledger at {path}: run this in the directory `compilesvc dev` runs in (its data is "
+                           "in ./.compilesvc), or set COMPILESVC_DATABASE_URL and COMPILESVC_STORE_URL to your "
+                           "service's")
+    from sqlalchemy import inspect
+
+    from compilesvc.services import Services
+
+    services = Services.from_settings(settings)
+    try:
+        if not inspect(services.engine).has_table("alembic_version"):
+            where = services.engine.url.render_as_string(hide_password=True)
+            raise BadInput(f"the ledger at {where} has no tables: run `compilesvc migrate` against it first")
+        yield services
+    finally:
+        services.close()
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})

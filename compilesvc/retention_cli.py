@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from compilesvc.api_client import ApiError
-from compilesvc.cli import BadInput, CommandFailed, _settings
+from compilesvc.cli import BadInput, CommandFailed, _settings, ledger_services
 from compilesvc.client import API_OPTION, connect
 
 MIB = 1024 * 1024
@@ -46,22 +46,20 @@ def gc_command(dry_run: bool, min_age_days: float | None, unfetched_days: float 
     from sqlalchemy.exc import SQLAlchemyError
 
     from compilesvc import retention
-    from compilesvc.services import Services
     from compilesvc.store import StoreError
 
-    settings = _settings()
     try:
-        policy = retention.Policy.from_settings(settings, min_age_days=min_age_days, unfetched_days=unfetched_days,
-                                                retired=retired, grace_seconds=grace_seconds)
+        policy = retention.Policy.from_settings(_settings(), min_age_days=min_age_days,
+                                                unfetched_days=unfetched_days, retired=retired,
+                                                grace_seconds=grace_seconds)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
-    services = Services.from_settings(settings)
-    try:
-        report = retention.run(services.sessions, services.store, policy, dry_run=dry_run, started_by="compilesvc gc")
-    except (SQLAlchemyError, StoreError) as exc:
-        raise CommandFailed(f"gc stopped: {type(exc).__name__}: {exc}") from None
-    finally:
-        services.close()
+    with ledger_services() as services:
+        try:
+            report = retention.run(services.sessions, services.store, policy, dry_run=dry_run,
+                                   started_by="compilesvc gc")
+        except (SQLAlchemyError, StoreError) as exc:
+            raise CommandFailed(f"gc stopped: {type(exc).__name__}: {exc}") from None
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:

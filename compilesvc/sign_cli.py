@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from compilesvc.cli import BadInput, CommandFailed, _settings
+from compilesvc.cli import BadInput, CommandFailed, ledger_services
 
 if TYPE_CHECKING:  # the command's imports are made when it runs: `compilesvc --help` stays light
     from compilesvc.manifest import ArtifactManifest
@@ -76,62 +76,59 @@ def sign_artifacts(keys: tuple[str, ...], every: bool, dry_run: bool) -> None:
     from compilesvc.ledger.models import Artifact
     from compilesvc.manifest import ManifestMismatch, parse_artifact_manifest
     from compilesvc.publishing import sign_published
-    from compilesvc.services import Services
     from compilesvc.signing import KeyFileError
     from compilesvc.states import ArtifactState
     from compilesvc.store import StoreError
     from compilesvc.store.base import artifact_manifest_name, artifact_provenance_name, artifact_signature_name
 
-    services = Services.from_settings(_settings())
     failed = 0
     try:
-        try:
-            signer = services.signer
-        except KeyFileError as exc:
-            raise CommandFailed(str(exc)) from None
-        if signer is None:
-            raise BadInput("publish_unsigned is set: there is no signing key to sign with")
-        with services.sessions() as session:
-            query = select(Artifact.id, Artifact.key).where(Artifact.state == ArtifactState.PUBLISHED)
-            if keys:
-                query = query.where(Artifact.key.in_(keys))
-            rows = session.execute(query.order_by(Artifact.id)).all()
-        missing = set(keys) - {key for _, key in rows}
-        for key in sorted(missing):
-            click.echo(f"{key}: not a published artifact", err=True)
-            failed += 1
-        for artifact_id, key in rows:
-            store = services.store
-            if store.read_document(artifact_signature_name(key)) is not None and \
-                    store.read_document(artifact_provenance_name(key)) is not None:
-                click.echo(f"{key}: already signed")
-                continue
-            raw = store.read_document(artifact_manifest_name(key))
-            if raw is None:
-                click.echo(f"{key}: not signed: its manifest is missing from the store", err=True)
-                failed += 1
-                continue
+        with ledger_services() as services:
             try:
-                manifest = parse_artifact_manifest(raw, key)
-            except ManifestMismatch as exc:
-                click.echo(f"{key}: not signed: {exc}", err=True)
-                failed += 1
-                continue
-            why = _check_files(store, manifest)
-            if why is not None:
-                click.echo(f"{key}: not signed: {why}; rebuild it", err=True)
-                failed += 1
-                continue
-            if dry_run:
-                click.echo(f"{key}: verified; would sign with key {signer.key.key_id}")
-                continue
+                signer = services.signer
+            except KeyFileError as exc:
+                raise CommandFailed(str(exc)) from None
+            if signer is None:
+                raise BadInput("publish_unsigned is set: there is no signing key to sign with")
             with services.sessions() as session:
-                buckets = [bucket for bucket, _ in positioned_buckets(session, artifact_id)]
-            sign_published(store, signer, manifest, buckets)
-            click.echo(f"{key}: verified and signed with key {signer.key.key_id}")
+                query = select(Artifact.id, Artifact.key).where(Artifact.state == ArtifactState.PUBLISHED)
+                if keys:
+                    query = query.where(Artifact.key.in_(keys))
+                rows = session.execute(query.order_by(Artifact.id)).all()
+            missing = set(keys) - {key for _, key in rows}
+            for key in sorted(missing):
+                click.echo(f"{key}: not a published artifact", err=True)
+                failed += 1
+            for artifact_id, key in rows:
+                store = services.store
+                if store.read_document(artifact_signature_name(key)) is not None and \
+                        store.read_document(artifact_provenance_name(key)) is not None:
+                    click.echo(f"{key}: already signed")
+                    continue
+                raw = store.read_document(artifact_manifest_name(key))
+                if raw is None:
+                    click.echo(f"{key}: not signed: its manifest is missing from the store", err=True)
+                    failed += 1
+                    continue
+                try:
+                    manifest = parse_artifact_manifest(raw, key)
+                except ManifestMismatch as exc:
+                    click.echo(f"{key}: not signed: {exc}", err=True)
+                    failed += 1
+                    continue
+                why = _check_files(store, manifest)
+                if why is not None:
+                    click.echo(f"{key}: not signed: {why}; rebuild it", err=True)
+                    failed += 1
+                    continue
+                if dry_run:
+                    click.echo(f"{key}: verified; would sign with key {signer.key.key_id}")
+                    continue
+                with services.sessions() as session:
+                    buckets = [bucket for bucket, _ in positioned_buckets(session, artifact_id)]
+                sign_published(store, signer, manifest, buckets)
+                click.echo(f"{key}: verified and signed with key {signer.key.key_id}")
     except StoreError as exc:
         raise CommandFailed(f"the store failed: {exc}") from None
-    finally:
-        services.close()
     if failed:
         raise CommandFailed(f"{failed} artifact(s) not signed (see above)")

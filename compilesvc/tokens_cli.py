@@ -17,7 +17,7 @@ import click
 
 from compilesvc import tokens
 from compilesvc.api_client import ApiError
-from compilesvc.cli import BadInput, CommandFailed, _settings
+from compilesvc.cli import BadInput, CommandFailed, ledger_services
 from compilesvc.client import API_OPTION, connect
 
 _DURATION = re.compile(r"(\d+)([smhdw]?)")
@@ -45,19 +45,6 @@ def _row_json(row: Any) -> dict[str, Any]:
             "hint": row.hint, "created_at": when(row.created_at), "created_by": row.created_by,
             "expires_at": when(row.expires_at), "last_used_at": when(row.last_used_at),
             "revoked_at": when(row.revoked_at)}
-
-
-class _Ledger:
-    """The ledger, opened from the settings, for one command."""
-
-    def __enter__(self) -> Any:
-        from compilesvc.db import make_engine, make_sessionmaker
-
-        self.engine = make_engine(_settings().resolved_database_url)
-        return make_sessionmaker(self.engine)
-
-    def __exit__(self, *exc: object) -> None:
-        self.engine.dispose()
 
 
 def _ledger_failed(exc: Exception) -> CommandFailed:
@@ -91,9 +78,9 @@ def create(name: str, owner: str, team: str | None, scopes: tuple[str, ...], exp
         from compilesvc.db import transaction
         from compilesvc.ledger.models import utcnow
 
-        with _Ledger() as sessions:
+        with ledger_services() as services:
             try:
-                with transaction(sessions) as session:
+                with transaction(services.sessions) as session:
                     made = tokens.create_token(
                         session, name=name, owner=owner, team=team, scopes=scope_list,
                         expires_at=utcnow() + timedelta(seconds=seconds) if seconds else None,
@@ -123,9 +110,9 @@ def create(name: str, owner: str, team: str | None, scopes: tuple[str, ...], exp
 def list_command(include_revoked: bool, as_json: bool, ledger: bool, api: str | None) -> None:
     """List tokens (never their secrets)."""
     if ledger:
-        with _Ledger() as sessions:
+        with ledger_services() as services:
             try:
-                with sessions() as session:
+                with services.sessions() as session:
                     items = [_row_json(row) for row in tokens.list_tokens(session, include_revoked=include_revoked)]
             except Exception as exc:
                 raise _ledger_failed(exc) from None
@@ -152,9 +139,9 @@ def revoke(token_id: int, ledger: bool, api: str | None) -> None:
     if ledger:
         from compilesvc.db import transaction
 
-        with _Ledger() as sessions:
+        with ledger_services() as services:
             try:
-                with transaction(sessions) as session:
+                with transaction(services.sessions) as session:
                     row = tokens.revoke(session, token_id)
                     doc = _row_json(row) if row is not None else None
             except Exception as exc:

@@ -421,3 +421,22 @@ def test_core_never_imports_web_or_workers() -> None:
     pattern = re.compile(r"^\s*(from|import)\s+(web|workers)\b", re.M)
     offenders = [p for p in (REPO / "compilesvc").rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
+
+
+@pytest.mark.parametrize("command", [("gc", "--dry-run"), ("tokens", "list", "--ledger"), ("sign-artifacts", "--all")])
+def test_a_ledger_command_outside_a_dev_directory_says_where_to_run_and_creates_nothing(
+        run: Run, tmp_path: Path, command: tuple[str, ...]) -> None:
+    # Seen: `gc --dry-run` made ./.compilesvc and died on a raw "no such table: gc_runs".
+    result = run(*command)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: no ledger at ") and "COMPILESVC_DATABASE_URL" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "data").exists()  # COMPILESVC_DATA_DIR (clean_env): nothing made
+
+
+def test_a_ledger_without_tables_is_refused_with_the_migrate_command(run: Run, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    result = run("gc", "--dry-run", env=clean_env(tmp_path, COMPILESVC_DATABASE_URL=url))
+    assert result.returncode == 2, result.stderr
+    assert "has no tables: run `compilesvc migrate`" in result.stderr
+    assert inspect(create_engine(url)).get_table_names() == []
