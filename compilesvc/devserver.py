@@ -13,8 +13,10 @@ process table, so the core never imports the web or worker code.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -126,6 +128,38 @@ def signing_key_note(settings: Settings) -> str:
             f"export {TRUSTED_KEYS_ENV}={public}")
 
 
+#: Held (flock) by the ``compilesvc dev`` that runs on a data directory, for as long as it runs.
+LOCK_FILE = "dev.lock"
+
+
+def hold_data_dir(data_dir: Path) -> int:
+    """Refuse to be a second ``dev`` on ``data_dir``: its demo would be answered by the first one's API and
+    its children would fight over the ledger and the port. The lock dies with this process."""
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise DevError(f"another compilesvc dev (pid {holder}) runs on {data_dir}: stop it (Ctrl-C), or give this "
+                       "one another --data-dir and --port") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd  # the lock lasts as long as this descriptor is open
+
+
+def check_port_free(port: int) -> None:
+    """The API's port, tried before anything starts: taken, the API child would die on "Address already in
+    use" after the other processes started."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds: TIME_WAIT is no owner
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise DevError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): stop what listens there, or "
+                           "pass another --port") from None
+
+
 def run_demo(base: str, children: Children, log_dir: Path, token: str) -> dict[str, Any]:
     """Upload the bundled model, submit its spec and wait for the build; returns the finished build."""
     spec = demo_spec()
@@ -170,6 +204,15 @@ def dev(demo: bool, port: int, data_dir: Path | None, exit_after_demo: bool) -> 
     data_dir = (data_dir or Settings().data_dir).resolve()
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    lock = hold_data_dir(data_dir)
+    try:
+        check_port_free(port)
+        _run(demo, port, data_dir, log_dir, exit_after_demo)
+    finally:
+        os.close(lock)
+
+
+def _run(demo: bool, port: int, data_dir: Path, log_dir: Path, exit_after_demo: bool) -> None:
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "COMPILESVC_DATA_DIR": str(data_dir), "COMPILESVC_PUBLIC_URL": base,
            "COMPILESVC_HEARTBEAT_SECONDS": os.environ.get("COMPILESVC_HEARTBEAT_SECONDS", "2")}

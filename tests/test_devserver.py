@@ -89,3 +89,35 @@ def test_the_admin_token_is_made_once_and_replaced_when_it_stops_working(tmp_pat
             assert len(list_tokens(session)) == 1  # the revoked one is not listed
     finally:
         engine.dispose()
+
+
+@pytest.mark.slow
+def test_a_second_dev_is_refused_before_it_starts_anything(tmp_path: Path) -> None:
+    # Seen: a second `make dev` reported the first one's demo as its own, then died on "Address already in use".
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILESVC_", "AWS_", "TORCHINDUCTOR_"))}
+    port = free_port()
+    first = subprocess.Popen([COMPILESVC, "dev", "--port", str(port), "--data-dir", str(tmp_path / "one")], env=env,
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert first.stdout is not None
+        for line in first.stdout:
+            if line.startswith("compilesvc is up"):
+                break
+        else:
+            pytest.fail(f"the first dev did not start (exit {first.wait()})")
+
+        def second(data_dir: Path) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([COMPILESVC, "dev", "--demo", "--exit-after-demo", "--port", str(port),
+                                   "--data-dir", str(data_dir)], env=env, cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=60)
+
+        same_dir = second(tmp_path / "one")
+        assert same_dir.returncode == 1, same_dir.stdout + same_dir.stderr
+        assert f"another compilesvc dev (pid {first.pid}) runs on {tmp_path / 'one'}" in same_dir.stderr
+        assert "demo" not in same_dir.stdout
+        same_port = second(tmp_path / "two")
+        assert same_port.returncode == 1 and f"port {port} on 127.0.0.1 is in use" in same_port.stderr
+        assert first.poll() is None  # the first one is untouched
+    finally:
+        first.terminate()
+        first.wait(60)
