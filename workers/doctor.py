@@ -155,6 +155,11 @@ def toolchain_check(facts: dict[str, Any]) -> Check:
                                     f"torch-neuronx {versions['torch-neuronx']}, torch {versions['torch']}")
 
 
+def no_neuron_toolchain(facts: dict[str, Any]) -> bool:
+    """Neither neuronx-cc nor torch-neuronx: a cpu host, or a Neuron host whose environment is not active."""
+    return facts["neuronx_cc_path"] is None and facts["versions"]["torch-neuronx"] is None
+
+
 def release_check(release: str | None, installed: dict[str, str | None]) -> Check:
     """The configured release against the installed packages and this environment: the verdict a worker
     gets before it registers (:func:`workers.versions.neuron_refusals`), so a FAIL here is a worker that
@@ -311,6 +316,12 @@ def render_text(report: dict[str, Any]) -> str:
     failed = [c for c in checks if c["status"] == FAIL]
     verdict = f"FAIL ({len(failed)} of {len(checks)} checks failed)" if failed else "PASS"
     lines = [f"compilesvc doctor: {verdict}", ""]
+    if no_neuron_toolchain(report["host"]):
+        torch = report["host"]["versions"].get("torch")
+        lines += ["This host has no Neuron toolchain (neither neuronx-cc nor torch-neuronx), so it cannot compile "
+                  "for Neuron.",
+                  f"A worker here serves the cpu target{f' (torch {torch})' if torch else ''}. To compile for "
+                  "Neuron, activate or install the Neuron SDK (docs/neuron-hosts.md) and run doctor again.", ""]
     width = max(len(c["name"]) for c in checks)
     lines += [f"{c['status']:<4}  {c['name']:<{width}}  {c['detail']}  [{c['seconds']:.1f} s]" for c in checks]
     host = report["host"]
@@ -325,13 +336,15 @@ def render_text(report: dict[str, Any]) -> str:
               f"  neuronx-cc          {host['neuronx_cc_path'] or 'not on PATH'}",
               f"  versions            {versions}"]
     for check in failed:
+        if not (check["error_class"] or check["output_tail"]):
+            continue  # its line above says all there is (the toolchain, the release)
         lines += ["", f"FAIL {check['name']}: class {check['error_class'] or '-'}, code {check['code'] or '-'}"]
         if check["output_tail"]:
             lines.append(f"  last {len(check['output_tail'])} lines of its output:")
             lines += [f"    {line}" for line in check["output_tail"]]
     if report["work_dir"]:
         lines += ["", f"work dirs kept in {report['work_dir']}"]
-    elif failed:
+    elif any(c["output_tail"] for c in failed):
         lines += ["", "the work dirs named above are gone: run again with --keep DIR to keep them"]
     return "\n".join(lines)
 
@@ -383,12 +396,17 @@ def doctor(target: str | None, as_json: bool, keep: Path | None, flags: tuple[st
     checks.append(release_check(facts["configured_release"], facts["versions"]))
     sdk = facts["configured_release"] or "unconfigured"  # the child checks a request's sdk only against the host's
     with work_root(keep) as root:
-        _progress(f"tracing the demo model for {target} (work dir {root})")
-        trace, trace_request = trace_check(root, target, sdk, list(flags), timeout)
-        checks.append(trace)
-        _progress("compiling the bundled HLO module with neuronx-cc")
-        checks.append(neuronx_cc_check(root, target, sdk, list(flags), timeout))
-        checks.append(load_check(root, trace, trace_request, facts["neuron_devices"], facts, timeout))
+        if no_neuron_toolchain(facts):
+            # Two compiles that can only fail the same way say nothing the toolchain line did not.
+            checks += [Check(name, SKIP, "no Neuron toolchain on this host (see toolchain)")
+                       for name in ("trace", "neuronx-cc", "load")]
+        else:
+            _progress(f"tracing the demo model for {target} (work dir {root})")
+            trace, trace_request = trace_check(root, target, sdk, list(flags), timeout)
+            checks.append(trace)
+            _progress("compiling the bundled HLO module with neuronx-cc")
+            checks.append(neuronx_cc_check(root, target, sdk, list(flags), timeout))
+            checks.append(load_check(root, trace, trace_request, facts["neuron_devices"], facts, timeout))
         failed = any(c.status == FAIL for c in checks)
         report = {"status": "fail" if failed else "pass", "exit_code": EXIT_FAILED if failed else EXIT_OK,
                   "checks": [asdict(c) for c in checks], "host": facts,

@@ -176,6 +176,21 @@ def test_no_neuronx_cc_on_path_is_a_clear_failure(env: dict[str, str], tmp_path:
         "FAIL", "infra", "NEURONX_CC_MISSING")
 
 
+def test_a_host_without_any_neuron_toolchain_says_so_in_a_few_lines(tmp_path: Path) -> None:
+    # Seen: on a cpu host, a wall of FAIL/SKIP, two compiles that could only fail, and "class -, code -".
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("COMPILESVC_") and k != "PYTHONPATH"}
+    plain["COMPILESVC_NEURON_DEVICE_GLOB"] = str(tmp_path / "no-devices" / "neuron[0-9]*")
+    run = doctor(plain, tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "This host has no Neuron toolchain (neither neuronx-cc nor torch-neuronx)" in run.stdout
+    assert "A worker here serves the cpu target (torch " in run.stdout and "docs/neuron-hosts.md" in run.stdout
+    checks = checks_of(run.stdout)
+    assert checks["toolchain"][0] == "FAIL"
+    assert {checks[name][0] for name in ("trace", "neuronx-cc", "load")} == {"SKIP"}
+    assert "class -" not in run.stdout and "--keep DIR" not in run.stdout
+    assert "tracing" not in run.stderr  # no compile was started
+
+
 def test_bad_usage_exits_2_with_one_error_line(env: dict[str, str], tmp_path: Path) -> None:
     wrong_target = doctor(env, tmp_path, "--target", "cpu")
     assert wrong_target.returncode == 2 and wrong_target.stdout == ""
