@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from compilesvc.ledger.models import Build
 from tests.doubles.neuron._release import RELEASES, coded
+from tests.fixtures.docs import doc_block
 from tests.fixtures.netcut import CuttingProxy
 from tests.fixtures.ports import free_port
 from tests.fixtures.tokens import BOOTSTRAP_TOKEN
@@ -60,3 +62,43 @@ def test_a_ci_pipeline_gets_the_documented_exit_statuses(make_cluster: MakeClust
     with cluster.services.sessions() as session:
         submitters = {build.submitted_by for build in session.query(Build)}
     assert submitters == {"ci-vision"}  # every build is the pipeline token's owner's
+
+
+def test_the_documented_retry_wrapper_retries_only_exit_3_and_keeps_every_status(make_cluster: MakeCluster,
+                                                                                 tmp_path: Path) -> None:
+    # Seen: "… && break; [ $? = 3 ] || exit $?" turned three exit-3s into a green job, and a 2 into a 1.
+    wrapper = doc_block("ci.md", "To retry only infrastructure failures")
+    cluster = make_cluster()
+    cluster.start_worker("w1", concurrency=1)
+    cluster.start_relay()
+    api_port = free_port()
+    cluster.start_api(api_port, workers=1)
+    uri = cluster.upload(HLO_MODEL, "model.hlo.pb")
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "sleep").write_text('#!/bin/sh\necho "$@" >> "$SLEPT"\n')  # the wrapper's 60 s waits, recorded
+    (shims / "sleep").chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILESVC_", "AWS_"))}
+    base.update({"COMPILESVC_API_URL": f"http://127.0.0.1:{api_port}", "COMPILESVC_TOKEN": BOOTSTRAP_TOKEN,
+                 "COMPILESVC_CONFIG": str(tmp_path / "no-config.toml"),
+                 "PATH": f"{shims}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"})
+
+    def job(name: str, spec: dict[str, object]) -> tuple[int, str, list[str]]:
+        work = tmp_path / name
+        work.mkdir()
+        (work / "spec.yaml").write_text(json.dumps(spec))  # JSON is YAML
+        env = {**base, "GITHUB_OUTPUT": str(work / "output"), "SLEPT": str(work / "slept")}
+        # GitHub runs a `run:` step as `bash --noprofile --norc -eo pipefail {0}`.
+        run = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", wrapper], env=env,
+                             cwd=work, capture_output=True, text=True, timeout=300)
+        slept = (work / "slept").read_text().split() if (work / "slept").exists() else []
+        output = (work / "output").read_text() if (work / "output").exists() else ""
+        return run.returncode, output, slept
+
+    status, output, slept = job("built", cluster.hlo_spec("ok", uri=uri))
+    assert (status, slept) == (0, []) and re.fullmatch(r"key=[0-9a-f]{64}\n", output), output
+    assert job("invalid", {"target": "cpu", "buckets": []}) == (2, "", [])  # not retried, and still a 2
+    assert job("fails", cluster.hlo_spec("ncc-error", uri=uri))[:2] == (1, "")
+    # No live worker serves this SDK release: the service refuses with exit 3 at once, three times.
+    status, output, slept = job("no-worker", {**cluster.hlo_spec("ok", uri=uri), "sdk": "2.26.1"})
+    assert (status, output, slept) == (3, "", ["60", "60"])
