@@ -1,0 +1,40 @@
+"""docs/ci.md's pipeline definitions, as a user pastes them, against the CI systems' own schemas
+(check-jsonschema's vendored copies of SchemaStore's GitHub workflow and GitLab CI schemas: offline)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.docs import doc_block
+
+CHECK_JSONSCHEMA = Path(sys.executable).with_name("check-jsonschema")
+
+
+@pytest.mark.parametrize(("heading", "schema"), [("## GitHub Actions", "vendor.github-workflows"),
+                                                 ("## GitLab CI", "vendor.gitlab-ci")])
+def test_the_ci_jobs_validate_against_their_schemas(heading: str, schema: str, tmp_path: Path) -> None:
+    job = tmp_path / "job.yml"
+    job.write_text(doc_block("ci.md", heading, lang="yaml"))
+    run = subprocess.run([str(CHECK_JSONSCHEMA), "--builtin-schema", schema, str(job)], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_ci_jobs_bound_their_time_beyond_the_submit_timeout() -> None:
+    # A job without a timeout waits on a hung runner for the CI system's default (GitHub: 6 h).
+    github = yaml.safe_load(doc_block("ci.md", "## GitHub Actions", lang="yaml"))["jobs"]["neuron-artifact"]
+    gitlab = yaml.safe_load(doc_block("ci.md", "## GitLab CI", lang="yaml"))["compile"]
+    assert github["timeout-minutes"] * 60 > 14400 and gitlab["timeout"] == "4h 10m"
+    assert "--timeout 14400" in str(github["steps"]) and "--timeout 14400" in str(gitlab["script"])
+
+
+def test_the_spec_names_the_format_the_jobs_export() -> None:
+    # The jobs export model.pt2 (torch.export.save): an exported program, not TorchScript.
+    spec = yaml.safe_load(doc_block("ci.md", "## The spec", lang="yaml"))
+    assert spec["model"]["format"] == "exported-program"
+    assert "--out model.pt2" in doc_block("ci.md", "## GitHub Actions", lang="yaml")
