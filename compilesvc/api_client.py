@@ -102,8 +102,26 @@ def _api_error(status: int, body: bytes) -> ApiError:
         return ApiError(f"HTTP {status}: {body[:200].decode(errors='replace')}", status)
     text = f"HTTP {status} {problem.get('title', '')}: {problem.get('detail', '')}".strip()
     for err in problem.get("errors", [])[:5]:
-        text += f"; {err.get('field')}: {err.get('message')}"
+        said = f"{err.get('field')}: {err.get('message')}"
+        if said not in text:  # a detail that already lists its one field error says it once
+            text += f"; {said}"
     return ApiError(text, status, problem)
+
+
+def _auth_error(error: ApiError, token: str | None, token_source: str) -> ApiError:
+    """A 401 or 403 told as what the person at the command line does about it: the API's own words are for
+    HTTP callers ("send 'Authorization: Bearer <token>'")."""
+    scope = error.problem.get("required_scope")
+    needs = f" with the {scope} scope" if scope else ""
+    if error.status == 401 and token is None:
+        text = (f"no API token: set COMPILESVC_TOKEN (or token in the config file, docs/ci.md) to a token{needs}; "
+                "an admin makes one with `compilesvc tokens create`")
+    elif error.status == 401:
+        text = (f"the API refused the token from {token_source}: it is unknown, expired or revoked; ask an admin "
+                f"for a new one{needs} (`compilesvc tokens create`)")
+    else:
+        text = f"the token from {token_source} may not do this: {error.problem.get('detail', '')}; use a token{needs}"
+    return ApiError(text, error.status, error.problem)
 
 
 def backoff(attempt: int) -> float:
@@ -122,11 +140,14 @@ class Api:
     problems as :class:`ApiError`, transport failures retried ``retries`` times with backoff."""
 
     def __init__(self, base: str, timeout: float = 30.0, *, retries: int = TRANSPORT_RETRIES,
-                 token: str | None = None):
+                 token: str | None = None, token_source: str | None = None):
         self.base = base.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self.token = token
+        #: Where the command line's token came from (COMPILESVC_TOKEN, the config file): with it, a 401 or
+        #: 403 says what to set or ask for. None: a program's own client, told the API's words.
+        self.token_source = token_source
         self._opener = urllib.request.build_opener(_RefuseApiRedirects(self.base))
 
     def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, *,
@@ -160,7 +181,10 @@ class Api:
                 if passing and attempt < self.retries:
                     time.sleep(_retry_after(exc, attempt))
                     continue
-                raise _api_error(exc.code, body_bytes) from None
+                error = _api_error(exc.code, body_bytes)
+                if exc.code in (401, 403) and self.token_source is not None:
+                    error = _auth_error(error, self.token, self.token_source)
+                raise error from None
             except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
                 if attempt == self.retries:
                     reason = getattr(exc, "reason", exc)

@@ -26,7 +26,7 @@ import click
 from compilesvc.api_client import Api, ApiError
 from compilesvc.cli import SpecUsageError
 from compilesvc.client import API_OPTION, connect
-from compilesvc.follow import Exit, Follower, bucket_name, failure_report, outcome
+from compilesvc.follow import Exit, Follower, bucket_detail, bucket_name, failure_report, outcome
 from compilesvc.spec_parsing import SpecError, load_spec_file
 from compilesvc.states import BucketState, BuildState
 
@@ -102,7 +102,8 @@ def document(client: Api, build: dict[str, Any], result: Exit | None, *, timed_o
         "artifact_url": f"{client.base}/v1/artifacts/{key}" if published else None,
         "buckets": [{"position": b.get("position"), "inputs": b.get("inputs"), "state": b.get("state"),
                      "attempts": b.get("attempts"), "error_class": b.get("error_class"),
-                     "error_code": b.get("error_code"), "error_message": b.get("error_message")}
+                     "error_code": b.get("error_code"), "error_message": b.get("error_message"),
+                     "origin": b.get("origin")}
                     for b in build.get("buckets", [])],
     }
 
@@ -216,6 +217,12 @@ def submit(spec_path: str, api: str | None, wait: bool, as_json: bool, timeout: 
     build_id = accepted["build_id"]
     replayed = " (the first answer to this Idempotency-Key)" if accepted.get("replayed") else ""
     reporter.line(f"build {build_id} {accepted['outcome']}{replayed}: {build_page(client, build_id)}")
+    try:
+        # The build as GET describes it: a hit's buckets and where each bucket came from (the POST answer,
+        # the submit's hot path, has neither).
+        accepted = {**accepted, **client.request("GET", f"/v1/builds/{build_id}")}
+    except ApiError as exc:
+        reporter.line(f"warning: {exc.message}; following from the submit's answer")
     if wait:
         build, timed_out = follow(client, accepted, timeout=timeout, poll=poll, logs=logs, reporter=reporter)
         finish(client, build, as_json=as_json, timed_out=timed_out, reporter=reporter)
@@ -247,15 +254,30 @@ def status(build_id: int, api: str | None, wait: bool, as_json: bool, timeout: f
         build, timed_out = follow(client, build, timeout=timeout, poll=poll, logs=False, reporter=reporter)
         finish(client, build, as_json=as_json, timed_out=timed_out, reporter=reporter)
         return
-    if build["state"] != BuildState.BUILDING:
-        finish(client, build, as_json=as_json, timed_out=False, reporter=reporter)
-        return
+    ended = build["state"] != BuildState.BUILDING
     if as_json:
-        click.echo(json.dumps(document(client, build, None)))
+        if ended:
+            finish(client, build, as_json=True, timed_out=False, reporter=Reporter(quiet=True))
+        else:
+            click.echo(json.dumps(document(client, build, None)))
         return
-    click.echo(f"build {build_id} {build['state']} ({build['outcome']}), artifact {build['artifact_key']}")
+    click.echo(f"build {build_id} {build['state']} ({build['outcome']}): {build_page(client, build_id)}")
+    click.echo(f"artifact {build['artifact_key']} ({build['artifact_state']})")
     for bucket in build.get("buckets", []):
-        click.echo(f"  {bucket_name(bucket)}: {bucket['state']} (attempts {bucket.get('attempts', 0)})")
+        attempts = int(bucket.get("attempts") or 0)
+        tries = f", {attempts} attempts" if attempts > 1 else ""
+        click.echo(f"  {bucket_name(bucket)}: {bucket['state']}{bucket_detail(bucket)}{tries}")
+    if not ended:
+        return
+    result = outcome(build)
+    if result == Exit.CANCELLED:
+        raise Failed(f"build {build_id} was cancelled: `compilesvc retry {build_id}` builds its cancelled "
+                     "compiles again", result)
+    if result != Exit.OK:
+        failed = {str(b.get("key")) for b in build.get("buckets", []) if b.get("state") == BucketState.FAILED}
+        for line in failure_report(build, log_tails(client, build, failed))[1:]:
+            reporter.line(line)
+        raise Failed(f"build {build_id} {build['state']} ({RESULTS[result]})", result)
 
 
 @click.command("logs")

@@ -26,7 +26,8 @@ def connect(api: str | None, timeout: float = 30.0) -> Api:
         config = client_config.load(api)
     except client_config.ConfigError as exc:
         raise BadInput(str(exc)) from None
-    return Api(config.api_url, timeout, token=config.token)
+    return Api(config.api_url, timeout, token=config.token,
+               token_source=config.token_source or client_config.TOKEN_ENV)
 
 
 @click.command("upload")

@@ -47,6 +47,31 @@ def bucket_name(bucket: dict[str, Any]) -> str:
     return f"bucket {bucket.get('position')} ({shape_text(bucket.get('inputs') or [])})"
 
 
+def bucket_detail(bucket: dict[str, Any]) -> str:
+    """What a bucket's state line adds to its state: where it runs, how long it took, why it failed, and where a
+    bucket this build did not compile came from (``origin``, GET /v1/builds/{id}): a reused bucket did not
+    just take its compile time."""
+    state = bucket.get("state")
+    origin = bucket.get("origin") or {}
+    how, source = origin.get("how"), origin.get("from_build")
+    elsewhere = f" from build {source}" if source is not None else ""
+    if state == BucketState.RUNNING:
+        attempts = int(bucket.get("attempts") or 0)
+        return f" on {bucket.get('worker_id')}" + (f", attempt {attempts}" if attempts > 1 else "")
+    if state == BucketState.SUCCEEDED:
+        if how == "reused":
+            return f" (reused{elsewhere})"
+        if how == "imported":
+            return " (imported from the store)"
+        took = f" in {bucket['compile_seconds']:.1f} s" if bucket.get("compile_seconds") is not None else ""
+        return took + (f" (build {source}'s compile)" if how == "joined" and source is not None else "")
+    if state == BucketState.FAILED:
+        code = f" {bucket['error_code']}" if bucket.get("error_code") else ""
+        remembered = f" (a failure remembered{elsewhere})" if how == "failed" else ""
+        return f": {bucket.get('error_class')}{code}{remembered}"
+    return ""
+
+
 def outcome(build: dict[str, Any]) -> Exit:
     """What a finished build means for the job that waited for it."""
     state = build.get("state")
@@ -97,16 +122,8 @@ class Follower:
             if before == now:
                 continue
             self.bucket_states[position] = now
-            detail = ""
-            if now[0] == BucketState.RUNNING:
-                detail = f" on {bucket.get('worker_id')}" + (f", attempt {now[1]}" if now[1] > 1 else "")
-            elif now[0] == BucketState.SUCCEEDED and bucket.get("compile_seconds") is not None:
-                detail = f" in {bucket['compile_seconds']:.1f} s"
-            elif now[0] == BucketState.FAILED:
-                code = f" {bucket['error_code']}" if bucket.get("error_code") else ""
-                detail = f": {bucket.get('error_class')}{code}"
             was = f"{before[0]} -> " if before else ""
-            lines.append(f"{bucket_name(bucket)}: {was}{now[0]}{detail}")
+            lines.append(f"{bucket_name(bucket)}: {was}{now[0]}{bucket_detail(bucket)}")
         state = build.get("state")
         if state != self.build_state:
             if self.build_state is not None:

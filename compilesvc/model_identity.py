@@ -101,7 +101,8 @@ class ModelResolver:
             raise RuntimeError("ModelResolver needs an artifact store to pin blob: models")
         size = self.store.blob_size(sha256)
         if size is None:
-            raise ModelRefError(f"blob sha256:{sha256} is not uploaded; POST /v1/models first")
+            raise ModelRefError(f"blob sha256:{sha256} is not uploaded: upload the model first "
+                                "(`compilesvc upload FILE`, or POST /v1/models)")
         return PinnedModel(ref.uri, ref.format, sha256, size, {"kind": "blob", "sha256": sha256})
 
     def _pin_file(self, ref: ModelRef) -> PinnedModel:

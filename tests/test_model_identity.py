@@ -99,7 +99,8 @@ def test_blob_present_and_missing(settings: Settings, store: LocalStore, tmp_pat
     with pytest.raises(ModelRefError) as raised:
         resolver.pin(ref(f"blob:sha256:{missing}"))
     assert raised.value.field == "model.uri"
-    assert str(raised.value) == f"model.uri: blob sha256:{missing} is not uploaded; POST /v1/models first"
+    assert str(raised.value) == (f"model.uri: blob sha256:{missing} is not uploaded: upload the model first "
+                                 "(`compilesvc upload FILE`, or POST /v1/models)")
 
 
 # -- s3:// ---------------------------------------------------------------------------------------------

@@ -169,9 +169,10 @@ class TokenCache:
             self._entries.put(key, (principal, 0.0))
 
 
-def unauthorized(detail: str, *, invalid: bool = False) -> Problem:
+def unauthorized(detail: str, *, invalid: bool = False, scope: str | None = None) -> Problem:
     challenge = 'Bearer realm="compilesvc"' + (', error="invalid_token"' if invalid else "")
-    return Problem("unauthorized", detail, headers={"WWW-Authenticate": challenge})
+    extra = {"required_scope": scope} if scope else {}
+    return Problem("unauthorized", detail, headers={"WWW-Authenticate": challenge}, **extra)
 
 
 def forbidden(principal: Principal, permission: Permission) -> Problem:
@@ -285,7 +286,7 @@ def _authorize() -> WerkzeugResponse | None:
             if request.blueprint == "ui" and request.method == "GET":
                 return redirect(url_for("ui.login", next=request.full_path.rstrip("?")), 303)
             raise unauthorized(f"this needs a token with the {scope_for(permission)} scope: send "
-                               "'Authorization: Bearer <token>'")
+                               "'Authorization: Bearer <token>'", scope=scope_for(permission))
         if not principal.allows(permission):
             raise forbidden(principal, permission)
         if g.by_cookie and request.method not in SAFE_METHODS:

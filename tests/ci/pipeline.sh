@@ -39,7 +39,9 @@ import json, sys
 doc = json.load(open(sys.argv[2]))
 assert doc["key"] == sys.argv[1] and doc["outcome"] == "hit" and doc["result"] == "succeeded", doc
 assert doc["exit_code"] == 0 and doc["artifact_url"].endswith("/v1/artifacts/" + sys.argv[1]), doc
-assert [b["state"] for b in doc["buckets"]] == [], doc  # a hit compiles nothing
+# A hit compiles nothing: every bucket is the first build's.
+assert [(b["state"], b["origin"]["how"]) for b in doc["buckets"]] == [("succeeded", "reused")] * len(doc["buckets"]), doc
+assert doc["buckets"], doc
 PY
 
 # 4. A model that does not compile: exit 1, and the compiler's own message in the output.

@@ -102,3 +102,61 @@ def test_the_documented_retry_wrapper_retries_only_exit_3_and_keeps_every_status
     # No live worker serves this SDK release: the service refuses with exit 3 at once, three times.
     status, output, slept = job("no-worker", {**cluster.hlo_spec("ok", uri=uri), "sdk": "2.26.1"})
     assert (status, output, slept) == (3, "", ["60", "60"])
+
+
+def test_the_cli_says_what_happened_and_what_to_do_next(make_cluster: MakeCluster, tmp_path: Path) -> None:
+    # Seen: `status` of a finished build printed only the key and of a cancelled one "error: build 4 cancelled";
+    # a hit's --json had "buckets": []; reused buckets "succeeded in 5.0 s"; no token: "send an HTTP header".
+    cluster = make_cluster()
+    cluster.start_worker("w1", concurrency=2)
+    cluster.start_relay()
+    api_port = free_port()
+    cluster.start_api(api_port, workers=1)
+    uri = cluster.upload(HLO_MODEL, "model.hlo.pb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILESVC_", "AWS_"))}
+    env.update({"COMPILESVC_API_URL": f"http://127.0.0.1:{api_port}", "COMPILESVC_TOKEN": BOOTSTRAP_TOKEN,
+                "COMPILESVC_CONFIG": str(tmp_path / "no-config.toml")})
+
+    def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(Path(sys.executable).with_name("compilesvc")), *args], env={**env, **extra},
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    def spec(name: str, document: dict[str, object]) -> str:
+        (tmp_path / name).write_text(json.dumps(document))
+        return name
+
+    ok = spec("ok.json", cluster.hlo_spec("ok", buckets=2, uri=uri))
+    built = cli("submit", ok, "--poll", "0.3")
+    assert built.returncode == 0, built.stderr
+    key = built.stdout.strip()
+    status = cli("status", "1")
+    assert status.returncode == 0, status.stderr
+    assert f"artifact {key} (published)" in status.stdout
+    assert len(re.findall(r"^  bucket \d \(input_ids: .*\): succeeded in \d+\.\d s$", status.stdout, re.M)) == 2
+
+    hit = cli("submit", ok, "--json")
+    assert hit.returncode == 0, hit.stderr
+    assert re.findall(r"^bucket \d \(.*\): succeeded \(reused from build 1\)$", hit.stderr, re.M), hit.stderr
+    doc = json.loads(hit.stdout)
+    assert doc["outcome"] == "hit" and [b["state"] for b in doc["buckets"]] == ["succeeded", "succeeded"]
+    assert {(b["origin"]["how"], b["origin"]["from_build"]) for b in doc["buckets"]} == {("reused", 1)}
+
+    slow = spec("slow.json", cluster.hlo_spec("slow:60", uri=uri))
+    queued = cli("submit", slow, "--no-wait")
+    assert queued.returncode == 0, queued.stderr
+    build_id = queued.stdout.strip()
+    assert cli("cancel", build_id).returncode == 0
+    cancelled = cli("status", build_id)
+    assert cancelled.returncode == 4, cancelled.stderr
+    assert f"build {build_id} cancelled" in cancelled.stdout and ": cancelled" in cancelled.stdout
+    assert cancelled.stderr.strip() == (f"error: build {build_id} was cancelled: `compilesvc retry {build_id}` "
+                                        "builds its cancelled compiles again")
+
+    no_token = cli("status", "1", COMPILESVC_TOKEN="")
+    assert no_token.returncode == 2
+    assert no_token.stderr.startswith("error: no API token: set COMPILESVC_TOKEN") and "Authorization" not in \
+        no_token.stderr
+    missing = {**cluster.hlo_spec("ok", uri=uri), "model": {"uri": f"blob:sha256:{'1' * 64}", "format": "hlo"}}
+    never_uploaded = cli("submit", spec("missing.json", missing))
+    assert never_uploaded.returncode == 2
+    assert never_uploaded.stderr.count("is not uploaded") == 1 and "compilesvc upload FILE" in never_uploaded.stderr
