@@ -58,14 +58,21 @@ def write_acl(path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
                           timeout=30)
 
 
+def acl_redis(workdir: Path) -> PrivateRedis:
+    """redis-server on a free port (not started yet), started by start.sh as the container starts it, so
+    with the users users.sh makes from :data:`PASSWORDS`; its :meth:`~PrivateRedis.client` is the admin's."""
+    env = script_env(REDIS_ENTRYPOINT="redis-server", REDIS_CONFIG_DIR=str(workdir / "config"))
+    return PrivateRedis(workdir, launcher=["sh", str(SCRIPTS / "start.sh")], env=env,
+                        admin=("admin", PASSWORDS["admin"]))
+
+
+def broker_url(server: PrivateRedis, user: str) -> str:
+    return server.url_as(user, PASSWORDS[user])
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
-    """redis-server on a free port, started by start.sh (as the container starts it), its users from users.sh."""
-    workdir = tmp_path_factory.mktemp("redis-users")
-    env = script_env(REDIS_ENTRYPOINT="redis-server", REDIS_CONFIG_DIR=str(workdir / "config"))
-    server = PrivateRedis(workdir, launcher=["sh", str(SCRIPTS / "start.sh")], env=env,
-                          admin=("admin", PASSWORDS["admin"]))
-    server.start()
+    server = acl_redis(tmp_path_factory.mktemp("redis-users")).start()
     try:
         yield server
     finally:
@@ -88,11 +95,11 @@ def queue() -> str:
 
 
 def as_user(server: PrivateRedis, user: str) -> redis.Redis:
-    return redis.Redis.from_url(server.url_as(user, PASSWORDS[user]), socket_timeout=5, socket_connect_timeout=5)
+    return redis.Redis.from_url(broker_url(server, user), socket_timeout=5, socket_connect_timeout=5)
 
 
 def settings(server: PrivateRedis, user: str, tmp_path: Path, **overrides: Any) -> Settings:
-    return Settings(data_dir=tmp_path, broker_url=server.url_as(user, PASSWORDS[user]), **overrides)
+    return Settings(data_dir=tmp_path, broker_url=broker_url(server, user), **overrides)
 
 
 def publish(settings: Settings, queue: str, bucket_id: int) -> None:
@@ -247,7 +254,8 @@ def test_the_default_user_cannot_log_in(server: PrivateRedis) -> None:
             redis.Redis(host="127.0.0.1", port=server.port, username="default", password=password,
                         socket_timeout=5).ping()
     with pytest.raises(redis.exceptions.AuthenticationError):  # a user's name with another's password
-        redis.Redis.from_url(server.url_as("api", PASSWORDS["worker"]), socket_timeout=5).ping()
+        redis.Redis.from_url(broker_url(server, "api").replace(PASSWORDS["api"], PASSWORDS["worker"]),
+                             socket_timeout=5).ping()
 
 
 def test_the_healthcheck_pings_as_its_own_user(server: PrivateRedis) -> None:
