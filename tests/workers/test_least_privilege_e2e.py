@@ -23,9 +23,9 @@ from tests.fixtures.ports import free_port
 from tests.fixtures.private_services import PrivateRedis
 from tests.fixtures.s3server import ACCESS_KEY, SECRET_KEY, WeedProcess
 from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
+from tests.fixtures.waiting import wait_for
 from tests.test_redis_users import acl_redis, broker_url, denials
 from tests.test_s3_identities import BUCKET, KEYS, PREFIX, client, write_config
-from tests.fixtures.waiting import wait_for
 from tests.workers.conftest import Cluster, cluster_factory
 
 MakeCluster = Callable[..., Cluster]
