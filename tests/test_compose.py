@@ -16,6 +16,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -282,7 +283,8 @@ def test_neuron_worker_is_behind_a_profile_with_a_neuron_device(services: dict[s
 
 #: Credentials, which each service gets on its own (docs/security.md, "Compose: least privilege").
 CREDENTIALS = {"COMPILESVC_DATABASE_URL", "PGPASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-               "COMPILESVC_SECRET_KEY", "COMPILESVC_BOOTSTRAP_TOKEN", "COMPILESVC_SIGNING_KEY_FILE"}
+               "COMPILESVC_SECRET_KEY", "COMPILESVC_BOOTSTRAP_TOKEN", "COMPILESVC_SIGNING_KEY_FILE",
+               "COMPILESVC_BROKER_URL"}
 WORKERS = ("worker-cpu", "worker-neuron")
 
 
@@ -332,6 +334,51 @@ def test_each_service_holds_only_its_own_credentials(raw: dict[str, Any], servic
     assert pg_env["POSTGRES_API_PASSWORD"] == secrets["postgres-api-password"]
     assert any(v.endswith(":/docker-entrypoint-initdb.d/10-compilesvc-roles.sh:ro")
                for v in services["postgres"]["volumes"])
+
+
+#: The Redis user of each compilesvc service (docker/redis/users.sh); the one-shot jobs use no broker.
+REDIS_USERS = {"api": "api", "relay": "relay", "worker-cpu": "worker", "worker-neuron": "worker"}
+
+
+def test_each_service_has_its_own_redis_user(raw: dict[str, Any], services: dict[str, dict[str, Any]],
+                                            tmp_path: Path) -> None:
+    """Each long-running service reaches Redis as its own user, in its own broker URL; no service holds the
+    admin password or logs in as ``default``, and the redis service makes exactly those users."""
+    secrets = interpolate(raw["x-secrets"], {})
+    admin_password = secrets["redis-password"]
+    users: dict[str, str] = {}
+    for name in COMPILESVC_SERVICES:
+        env = environment(services[name])
+        assert admin_password not in env.values(), name
+        url = env.get("COMPILESVC_BROKER_URL")
+        if url is None:
+            continue
+        parts = urlsplit(url)
+        assert parts.scheme == "redis" and parts.hostname == "redis" and parts.path == "/0", url
+        assert parts.username and parts.username != "default", f"{name} logs in as the default user"
+        assert parts.password == secrets[f"redis-{parts.username}-password"] != admin_password, name
+        users[name] = parts.username
+    assert users == REDIS_USERS
+    redis = services["redis"]
+    assert redis["entrypoint"] == ["/bin/sh", "/compilesvc/start.sh"]
+    assert "./docker/redis:/compilesvc:ro" in redis["volumes"]
+    assert "--requirepass" not in redis["command"], "the users' ACL replaces the one password"
+    redis_env = environment(redis)
+    for user in ("", *sorted(set(REDIS_USERS.values()))):
+        variable, secret = (f"REDIS_{user.upper()}_PASSWORD", f"redis-{user}-password") if user else \
+            ("REDIS_PASSWORD", "redis-password")
+        assert redis_env[variable] == secrets[secret], variable
+    healthcheck = " ".join(redis["healthcheck"]["test"])
+    assert "--user healthcheck" in healthcheck and "grep -q PONG" in healthcheck
+    # The users the ACL script makes from compose's own values: every URL's user is one of them.
+    acl = tmp_path / "users.acl"
+    done = subprocess.run(["sh", str(ROOT / "docker" / "redis" / "users.sh"), str(acl)], capture_output=True,
+                          text=True, timeout=30, env={"PATH": os.environ["PATH"], **redis_env,
+                                                      "ALLOW_PLACEHOLDER_SECRETS": "true",
+                                                      "REDIS_HEALTHCHECK_PASSWORD": "generated-at-start"})
+    assert done.returncode == 0, done.stderr
+    made = {line.split()[1]: line.split()[2] for line in acl.read_text().splitlines()}
+    assert made == {"default": "off", "admin": "on", "healthcheck": "on", **{u: "on" for u in REDIS_USERS.values()}}
 
 
 def test_the_store_is_published_on_one_internal_address_only(services: dict[str, dict[str, Any]]) -> None:
@@ -387,7 +434,8 @@ def test_secrets_are_placeholders(raw: dict[str, Any]) -> None:
     for name, value in secrets.items():
         if "password" in name or "secret" in name:
             assert value.startswith("change-me"), name
-    assert "change-me" in interpolate(raw["x-compilesvc-env"], {})["COMPILESVC_BROKER_URL"]
+    for name in ("x-broker-api", "x-broker-relay", "x-broker-worker"):
+        assert (urlsplit(interpolate(raw[name], {})).password or "").startswith("change-me"), name
     for line in ENV_EXAMPLE.read_text().splitlines():
         if line.startswith("#"):
             continue

@@ -24,6 +24,11 @@ WORKER_ONLY_CONFIG: dict[str, Any] = {
     "worker_disable_rate_limits": True,
     # No events or results: the ledger is the record (and Flower would keep only 10,000 tasks anyway).
     "worker_send_task_events": False,
+    # No remote control either: nothing sends workers commands (a cancel goes through the ledger, and the
+    # registry is the ledger's), and without it a worker's Redis user needs no pub/sub and no binding scripts
+    # (docker/redis/users.sh). With --without-heartbeat and --without-gossip (workers/cli.py) the worker
+    # publishes no events at all.
+    "worker_enable_remote_control": False,
     "task_send_sent_event": False,
     "task_track_started": False,
     # Our runner logs JSON itself; don't turn stray prints into WARNING records.

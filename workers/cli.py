@@ -176,10 +176,11 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     log.info("worker registered", extra={"queues": queue_list, "slots": concurrency})
     nodename = worker_id if "@" in worker_id else f"{worker_id}@%h"
     # --quiet drops Celery's multi-line banner on stdout: every line a worker prints is JSON, and the
-    # "worker registered" line above already names the queues and slots.
+    # "worker registered" line above already names the queues and slots. No gossip, mingle or event
+    # heartbeats: the ledger is the registry (RegistryHeartbeat), and the broker user may not publish events.
     argv = ["--quiet", "worker", "-Q", ",".join(queue_list), "-c", str(concurrency), "--prefetch-multiplier=1",
-            "-n", nodename, "--without-gossip", "--without-mingle", "-O", "fair", "-l", loglevel.upper(),
-            "--pool", pool]
+            "-n", nodename, "--without-gossip", "--without-mingle", "--without-heartbeat", "-O", "fair",
+            "-l", loglevel.upper(), "--pool", pool]
     exit_code: int | None = None
     try:
         exit_code = worker_app().worker_main(argv)

@@ -33,6 +33,7 @@ def test_worker_config_is_safe_for_hours_long_tasks(tmp_path: Path) -> None:
         assert timeout > conf.task_time_limit
     assert conf.worker_cancel_long_running_tasks_on_connection_loss is False  # see compilesvc.dispatch
     assert conf.task_ignore_result is True and conf.worker_send_task_events is False
+    assert conf.worker_enable_remote_control is False  # nothing broadcasts; the worker's Redis user has no pub/sub
 
 
 def test_compiles_go_to_the_queue_decided_at_submit(tmp_path: Path) -> None:

@@ -231,9 +231,9 @@ def test_duplicate_delivery_runs_nothing(make_cluster: MakeCluster) -> None:
 
 
 def test_a_broker_disconnect_does_not_stop_a_running_compile(make_cluster: MakeCluster) -> None:
-    """Redis drops the worker's connections mid-compile: the compile runs on and finishes once (Celery
-    redelivers its unacked message on reconnect; the claim makes that a no-op), and the reconnected worker
-    takes new work."""
+    """Redis drops the worker's connections mid-compile: the compile runs on and finishes once (busy with it,
+    the worker reads nothing from Redis, so it acknowledges over a new connection; were the message
+    redelivered, the claim would make that a no-op), and the reconnected worker takes new work."""
     cluster = make_cluster()
     worker = cluster.start_worker("w1", concurrency=1)
     first = cluster.submit(cluster.hlo_spec("slow:3"))
@@ -247,8 +247,6 @@ def test_a_broker_disconnect_does_not_stop_a_running_compile(make_cluster: MakeC
     client.close()
     done = cluster.wait_bucket(first.buckets[0].key, ("succeeded", "failed", "queued"), timeout=30)
     assert (done.state, done.attempts) == ("succeeded", 1)
-    wait_for(lambda: worker.logged("duplicate delivery: nothing to claim", bucket_compile_id=bucket.id), 10,
-             "the redelivered message to find nothing to claim")
     second = cluster.submit(cluster.hlo_spec("ok"))
     assert cluster.wait_artifact(second.artifact_key, ("published", "failed"), 30).state == "published"
     assert len(compiler_pids(worker, bucket.id)) == 1
