@@ -71,26 +71,26 @@ class SubscribersNotInstalled(RuntimeError):
                          "compilesvc.services.install_subscribers() at the process's start (Services does it)")
 
 
-#: The subscribers of each entity, in installation order; None until :func:`install`.
-_by_entity: dict[str, tuple[Subscriber, ...]] | None = None
+#: The installed subscribers, in order, and those of each entity (in the same order); None until :func:`install`.
+_installed: tuple[Subscriber, ...] | None = None
+_by_entity: dict[str, tuple[Subscriber, ...]] = {}
 
 
 def install(subscribers: Sequence[Subscriber]) -> None:
     """Make ``subscribers`` (in this order) the ones every transition is offered to, replacing any before."""
-    global _by_entity
+    global _installed, _by_entity
     entities = {entity for subscriber in subscribers for entity in subscriber.entities}
     _by_entity = {entity: tuple(s for s in subscribers if entity in s.entities) for entity in entities}
+    _installed = tuple(subscribers)
 
 
 def installed() -> tuple[Subscriber, ...]:
-    """The installed subscribers, in order (each once)."""
-    if _by_entity is None:
-        return ()
-    return tuple(dict.fromkeys(s for group in _by_entity.values() for s in group))
+    """The installed subscribers, in order."""
+    return _installed or ()
 
 
 def _subscribers(entity: str) -> tuple[Subscriber, ...]:
-    if _by_entity is None:
+    if _installed is None:
         raise SubscribersNotInstalled
     return _by_entity.get(entity, ())
 
