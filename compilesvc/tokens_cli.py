@@ -51,6 +51,7 @@ class _Ledger:
     """The ledger, opened from the settings, for one command."""
 
     def __enter__(self) -> Any:
+        # SQLAlchemy loads for --ledger alone: the tokens commands otherwise talk to the API (start-up cost).
         from compilesvc.db import make_engine, make_sessionmaker
 
         self.engine = make_engine(_settings().resolved_database_url)
@@ -88,7 +89,7 @@ def create(name: str, owner: str, team: str | None, scopes: tuple[str, ...], exp
     except tokens.TokenError as exc:
         raise BadInput(str(exc)) from None
     if ledger:
-        from compilesvc.db import transaction
+        from compilesvc.db import transaction  # with --ledger alone, as _Ledger
         from compilesvc.ledger.models import utcnow
 
         with _Ledger() as sessions:
@@ -150,7 +151,7 @@ def revoke(token_id: int, ledger: bool, api: str | None) -> None:
     """Revoke token ID (see `compilesvc tokens list`); API processes stop accepting it within
     COMPILESVC_TOKEN_CACHE_SECONDS."""
     if ledger:
-        from compilesvc.db import transaction
+        from compilesvc.db import transaction  # with --ledger alone, as _Ledger
 
         with _Ledger() as sessions:
             try:
