@@ -7,9 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Engine, event, select
 
 from compilesvc import campaigns, events, webhooks
 from compilesvc.build_records import BuildRecord, BuildRecorder, births
@@ -24,6 +27,15 @@ from tests.test_dedupe import complete_bucket, spec_doc, upload_model
 
 HOOK = "http://127.0.0.1:9/hook"
 WATCHER = "http://127.0.0.1:9/deploy"
+
+
+@contextmanager
+def listening(engine: Engine, name: str, listener: Callable[..., Any]) -> Iterator[None]:
+    event.listen(engine, name, listener)
+    try:
+        yield
+    finally:
+        event.remove(engine, name, listener)
 
 
 def deliveries(services: Services) -> list[tuple[str, str]]:
@@ -69,8 +81,12 @@ def test_group_committed_builds_go_through_the_subscribers(services: Services) -
     plain = record(artifact_id, 1)
     assert not events.wanted(births([plain]))  # a hit wants nothing: its batch stays one autocommit statement
     recorder = BuildRecorder(services.engine)
+    statements: list[str] = []
     try:
-        recorder.record(plain)
+        with listening(services.engine, "before_cursor_execute", lambda *args: statements.append(args[2])):
+            recorder.record(plain)
+        if services.engine.dialect.name == "postgresql":  # the hit's design: one statement, no BEGIN/COMMIT
+            assert len(statements) == 1 and "INSERT INTO events" in statements[0]
         hooked = BuildRecord(row=dict(record(artifact_id, 2).row), labels={}, detail={"outcome": "hit"},
                              callbacks=(HOOK,))
         assert events.wanted(births([hooked]))
