@@ -30,9 +30,11 @@ from typing import Any, cast
 import orjson
 from sqlalchemy import Connection, Engine, Table, func, insert, select, text
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
-from compilesvc.ledger.models import Build, BuildLabel, Event
-from compilesvc.states import check_transition
+from compilesvc import events
+from compilesvc.events import Transition
+from compilesvc.ledger.models import Build, BuildLabel
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,6 @@ _KEEP_IDLE_SECONDS = 60.0
 _BUILDS = cast(Table, Build.__table__)
 _INSERT_BUILDS = insert(_BUILDS).returning(_BUILDS.c.id, sort_by_parameter_order=True)
 _INSERT_LABELS = insert(cast(Table, BuildLabel.__table__))
-_INSERT_EVENTS = insert(cast(Table, Event.__table__))
 
 #: The builds' columns a record may set (all but the id).
 _BUILD_COLUMNS = [column.name for column in _BUILDS.columns if column.name != "id"]
@@ -86,6 +87,8 @@ class BuildRecord:
     row: dict[str, Any]
     labels: dict[str, str]
     detail: dict[str, Any]
+    #: Its callback URLs (the webhooks subscriber records them); a group-committed record has none.
+    callbacks: tuple[str, ...] = ()
     done: Future[int] = field(default_factory=Future)
     #: Set when a leader has written it, or when it is at the head of the line and leads (:class:`BuildRecorder`).
     turn: threading.Event = field(default_factory=threading.Event)
@@ -112,22 +115,26 @@ def _insert_builds_sqlite(conn: Connection, records: list[BuildRecord]) -> list[
     return ids
 
 
-def insert_build_details(conn: Connection, records: list[BuildRecord], build_ids: list[int]) -> None:
-    """Insert the labels and creation events of builds already inserted under ``build_ids``."""
+def births(records: list[BuildRecord], build_ids: list[int] | None = None) -> list[Transition]:
+    """The records' creation events (with ids 0 before the builds are inserted: checks do not read them)."""
+    ids = build_ids if build_ids is not None else [0] * len(records)
+    return [Transition("build", build_id, None, record.row["state"], record.detail, record.callbacks)
+            for record, build_id in zip(records, ids, strict=True)]
+
+
+def insert_build_details(bind: Session | Connection, records: list[BuildRecord], build_ids: list[int]) -> None:
+    """Insert the labels and creation events of builds already inserted under ``build_ids`` (the events through
+    :func:`compilesvc.events.record_all`, which tells their subscribers)."""
     labels = [{"build_id": build_id, "name": name, "value": value}
               for record, build_id in zip(records, build_ids, strict=True) for name, value in record.labels.items()]
     if labels:
-        conn.execute(_INSERT_LABELS, labels)
-    for record in records:
-        check_transition("build", None, record.row["state"])
-    conn.execute(_INSERT_EVENTS, [{"entity": "build", "entity_id": build_id, "from_state": None,
-                                   "to_state": record.row["state"], "detail": record.detail}
-                                  for record, build_id in zip(records, build_ids, strict=True)])
+        bind.execute(_INSERT_LABELS, labels)
+    events.record_all(bind, births(records, build_ids))
 
 
 def write_records(conn: Connection, records: list[BuildRecord]) -> list[int]:
-    """Insert the records' builds, labels and creation events in ``conn``'s transaction; the builds' ids, in
-    order. On Postgres in one statement (:data:`_PG_WRITE`)."""
+    """Insert the records' builds, labels and creation events in ``conn``'s transaction and tell the events'
+    subscribers; the builds' ids, in order. On Postgres in one statement (:data:`_PG_WRITE`)."""
     if conn.dialect.name == "postgresql":
         return _write_postgres(conn, records)
     build_ids = insert_builds(conn, records)
@@ -213,17 +220,11 @@ class BuildRecorder:
 
     def _write(self, batch: list[BuildRecord]) -> None:
         try:
-            conn = self._connection()
-            try:
-                if self._engine.dialect.name == "postgresql":
+            if events.wanted(births(batch)):  # a subscriber writes too: in one transaction with the builds
+                with self._engine.begin() as conn:
                     build_ids = write_records(conn, batch)
-                    conn.commit()  # autocommit: only ends the transaction SQLAlchemy began for the statement
-                else:
-                    with conn.begin():
-                        build_ids = write_records(conn, batch)
-            except BaseException:
-                self.close()
-                raise
+            else:
+                build_ids = self._write_on_kept_connection(batch)
         except Exception as exc:
             if len(batch) > 1 and not _unavailable(exc):
                 # One bad record must not fail its neighbours: write each alone, so only it gets the error.
@@ -237,17 +238,33 @@ class BuildRecorder:
         for record, build_id in zip(batch, build_ids, strict=True):
             record.done.set_result(build_id)
 
+    def _write_on_kept_connection(self, batch: list[BuildRecord]) -> list[int]:
+        """The batch on the leaders' connection, on Postgres in autocommit: nothing but the builds is written."""
+        conn = self._connection()
+        try:
+            if self._engine.dialect.name == "postgresql":
+                build_ids = write_records(conn, batch)
+                conn.commit()  # autocommit: only ends the transaction SQLAlchemy began for the statement
+                return build_ids
+            with conn.begin():
+                return write_records(conn, batch)
+        except BaseException:
+            self.close()
+            raise
+
 
 def _write_postgres(conn: Connection, batch: list[BuildRecord]) -> list[int]:
-    """The batch in one statement (:data:`_PG_WRITE`) on ``conn``; the builds' ids in order."""
-    for record in batch:
-        check_transition("build", None, record.row["state"])
+    """The batch in one statement (:data:`_PG_WRITE`, which writes the events too) on ``conn``, then the
+    events' subscribers; the builds' ids in order."""
+    events.check(births(batch))
     rows = orjson.dumps([{**_defaults(record.row), **record.row, "_labels": record.labels, "_detail": record.detail}
                          for record in batch],
                         # As json.dumps would: a key that is not a string as one; datetimes in RFC 3339 with
                         # their offset, which Postgres reads as the same instant.
                         option=orjson.OPT_NON_STR_KEYS).decode()
-    return list(conn.execute(_PG_WRITE, {"rows": rows}).scalars())
+    build_ids = list(conn.execute(_PG_WRITE, {"rows": rows}).scalars())
+    events.notify(conn, births(batch, build_ids))
+    return build_ids
 
 
 def _defaults(row: dict[str, Any]) -> dict[str, Any]:

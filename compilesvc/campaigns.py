@@ -9,7 +9,7 @@ the new release refuses (a flag it no longer has, a model that is gone) is an it
 
 The campaign is ``finished`` when every item's build has ended (or its submit was refused): the build
 transition that ends the last one finishes it, in the same transaction (:func:`on_build_transition`,
-called by :func:`compilesvc.events.record`), under a lock on the campaign row, so two builds ending at
+a subscriber of :mod:`compilesvc.events`), under a lock on the campaign row, so two builds ending at
 once cannot both miss it. A retried build reopens a finished campaign. :func:`progress` counts what was
 built, hit, failed (with the compiler's error) and refused.
 """
@@ -160,12 +160,19 @@ def start(sessions: sessionmaker[Session], selection: Selection, submit: SubmitD
     return campaign_id
 
 
-def on_build_transition(session: Session, build_id: int, to_state: str) -> None:
-    """In the transaction moving a build to ``to_state`` (its row still has the old state): finish or
-    reopen the campaign it belongs to, if any."""
+def on_build_transition(session: Session, transition: events.Transition) -> None:
+    """In the transaction moving a build (its row still has the old state): finish or reopen the campaign
+    it belongs to, if any."""
+    build_id = transition.entity_id
     campaign_id = session.scalar(select(CampaignItem.campaign_id).where(CampaignItem.build_id == build_id))
     if campaign_id is not None:
-        settle(session, campaign_id, moving=(build_id, to_state))
+        settle(session, campaign_id, moving=(build_id, transition.to_state))
+
+
+#: Builds that move finish or reopen their campaign. A build just created is no campaign's item yet: its
+#: item names it once the submit returns, and :func:`start` settles the campaign then.
+BUILDS = events.Subscriber("campaigns", frozenset({"build"}), lambda t: t.from_state is not None,
+                           on_build_transition)
 
 
 def settle(session: Session, campaign_id: int, moving: tuple[int, str] | None = None) -> None:

@@ -28,6 +28,7 @@ import click
 import compilesvc
 from compilesvc import neuron_releases
 from compilesvc.api_client import ApiError
+from compilesvc.hostinfo import host_isa
 from compilesvc.keys import KEY_SCHEMA, compute_keys, explain
 from compilesvc.spec import ISA_RE, CompileSpec
 from compilesvc.spec_parsing import SpecError, load_spec_file
@@ -173,6 +174,7 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 def _settings() -> Settings:
+    # Imported when a command reads settings: `--help` and the client's commands never load pydantic-settings.
     from pydantic import ValidationError
 
     from compilesvc.config import Settings
@@ -221,6 +223,7 @@ def main() -> None:
 def model_sha256(spec: CompileSpec, settings: Settings | None = None) -> str:
     """The content identity of the spec's model (what the key names instead of the URI), computed exactly as
     the service computes it (:func:`compilesvc.model_identity.content_sha256_for_key`)."""
+    # Only `key` with a model loads these (the store and boto3 come with them): start-up cost, not a cycle.
     from compilesvc.model_identity import content_sha256_for_key
     from compilesvc.model_pins import ModelRefError
 
@@ -272,8 +275,6 @@ def key_command(spec_path: str, explain_: bool, as_json: bool, isa: str | None, 
     if salt is None:
         salt = settings.key_salt
     if isa is None:
-        from compilesvc.hostinfo import host_isa
-
         isa = host_isa()
     sha = model_sha256(spec, settings)
     try:
@@ -300,6 +301,7 @@ def migrate_command(database_url: str | None, grant_api: str | None, grant_worke
     --grant-worker, grant those roles their rights on every table (compilesvc/ledger_roles.py)."""
     if (grant_api is None) != (grant_worker is None):
         raise click.UsageError("--grant-api and --grant-worker go together")
+    # SQLAlchemy and Alembic load for `migrate` alone: the client's commands share this module.
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -349,7 +351,7 @@ def neuron_releases_group() -> None:
 def _read_sdk_manifest(source: str) -> Any:
     """The SDK's n2-manifest.json document from a path or an http(s) URL."""
     if urlsplit(source).scheme in ("http", "https"):
-        import urllib.request
+        import urllib.request  # only for a manifest given by URL: it brings http.client and ssl
 
         try:
             with urllib.request.urlopen(source, timeout=60) as response:

@@ -24,6 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from compilesvc.hostinfo import host_memory_bytes
 from compilesvc.neuronx_cc_options import parse_extra_flags
+from compilesvc.placeholder_secrets import placeholders, refusal
 from compilesvc.spec import DEFAULT_MAX_ELEMENTS_PER_BUCKET, DEFAULT_MAX_ELEMENTS_PER_INPUT, ElementLimits
 
 
@@ -248,7 +249,7 @@ class Settings(BaseSettings):
     @field_validator("submit_rate_limit")
     @classmethod
     def _rate_limit(cls, value: str) -> str:
-        from limits import parse_many
+        from limits import parse_many  # only when Settings are built: importing config stays light
 
         try:
             parse_many(value)
@@ -365,8 +366,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _no_placeholder_secrets(self) -> Settings:
-        from compilesvc.placeholder_secrets import placeholders, refusal
-
         if not self.allow_placeholder_secrets:
             found = placeholders({
                 "secret_key": self.secret_key, "database_url": self.database_url, "broker_url": self.broker_url,

@@ -9,11 +9,11 @@ int64[2, 128])``), never by a key prefix. :func:`outcome` maps a finished build 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from compilesvc.keys import shape_text
 from compilesvc.states import BucketState, BuildState
 
 
@@ -37,10 +37,6 @@ EXIT_FOR_ERROR_CLASS = {
     "model": Exit.INFRA,            # the pinned model bytes vanished or changed: resubmitting pins them again
     "cancelled": Exit.CANCELLED,
 }
-
-
-def shape_text(inputs: Iterable[dict[str, Any]]) -> str:
-    return ", ".join(f"{i.get('name')}: {i.get('dtype')}{list(i.get('shape', []))}" for i in inputs)
 
 
 def bucket_name(bucket: dict[str, Any]) -> str:

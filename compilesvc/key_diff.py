@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from compilesvc.follow import shape_text
+from compilesvc.keys import shape_text
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build
 from compilesvc.states import Outcome
 from compilesvc.team_reads import EVERYTHING, Reader, build_conditions

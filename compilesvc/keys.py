@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +98,11 @@ def set_material(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt
         "toolchain": toolchain,
         "flags": canonical_flags(spec.compiler.args),
     }
+
+
+def shape_text(inputs: Iterable[dict[str, Any]]) -> str:
+    """A bucket's inputs (as key material has them) for people: ``input_ids: int64[2, 128], mask: …``."""
+    return ", ".join(f"{i.get('name')}: {i.get('dtype')}{list(i.get('shape', []))}" for i in inputs)
 
 
 def bucket_key_of(material: dict[str, Any], inputs: list[dict[str, Any]]) -> str:

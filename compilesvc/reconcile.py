@@ -98,7 +98,7 @@ class RedisView:
 
     def _connect(self) -> Any:
         if self._client is None:
-            import redis
+            import redis  # only when the broker is Redis: a filesystem broker's relay never needs it
 
             connection = self._producer.connection_for_write()
             channel = connection.default_channel

@@ -43,6 +43,7 @@ def gc_command(dry_run: bool, min_age_days: float | None, unfetched_days: float 
                grace_seconds: float | None, as_json: bool) -> None:
     """Delete unpinned artifacts the retention policy releases, then the manifests and blobs nothing live
     names any more (docs/deploy.md, "Retention"). Never a pinned artifact or one a build in flight holds."""
+    # The ledger and the store load when gc runs, not when the CLI lists its commands (start-up cost).
     from sqlalchemy.exc import SQLAlchemyError
 
     from compilesvc import retention

@@ -1,5 +1,7 @@
-"""The service container: one place that builds the engine, sessions, store, model resolver and producer
-from :class:`~compilesvc.config.Settings`. The API, the relay/reaper and the workers each hold one."""
+"""The service container and composition root: one place that builds the engine, sessions, store, model
+resolver and producer from :class:`~compilesvc.config.Settings`, and that installs what reacts to a state
+change (:func:`install_subscribers`). The API, the relay/reaper, the workers and every command that writes
+to the ledger each hold one."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from compilesvc import campaigns, events, webhooks
 from compilesvc.artifact_signing import ArtifactSigner
 from compilesvc.build_records import BuildRecorder
 from compilesvc.config import Settings
@@ -22,6 +25,19 @@ from compilesvc.model_identity import ModelResolver
 from compilesvc.outbox import OutboxRelay
 from compilesvc.signing import GENERATED_KEY_NAME, KeyFileError, SigningKey, TrustedKeys
 from compilesvc.store import ArtifactStore, open_store
+
+#: What a state change sets off, in this order (:mod:`compilesvc.events` calls them in it): a build's own
+#: callbacks; then its campaign, finished or reopened (which records the campaign's move, and so
+#: notifies ``campaign.finished`` before the next one runs); then the service-wide subscriptions of what
+#: just happened (``artifact.published``, ``build.failed``, ``campaign.finished``).
+SUBSCRIBERS: tuple[events.Subscriber, ...] = (webhooks.BUILD_CALLBACKS, campaigns.BUILDS, webhooks.SUBSCRIPTIONS)
+
+
+def install_subscribers() -> None:
+    """Install :data:`SUBSCRIBERS` in this process (again is harmless). :class:`Services` does it, so every
+    process holding one writes events with their consequences; one that does not gets
+    :class:`~compilesvc.events.SubscribersNotInstalled` at its first event."""
+    events.install(SUBSCRIBERS)
 
 
 def publishing_key(settings: Settings) -> SigningKey | None:
@@ -43,6 +59,9 @@ class Services:
     #: The Celery app outbox rows are sent through; None builds a send-only one on first use. A worker passes
     #: its own app, so its requeues go out on the connection pool it already holds.
     celery_app: Celery | None = None
+
+    def __post_init__(self) -> None:
+        install_subscribers()
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, *, pre_ping: bool = False,

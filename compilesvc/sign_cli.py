@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the command's imports are made when it runs: `compilesvc --
 
 def _check_files(store: ArtifactStore, manifest: ArtifactManifest) -> str | None:
     """Why ``manifest`` cannot be signed as it is in the store (None: every file verified)."""
-    from compilesvc.manifest import ManifestMismatch, parse_bucket_manifest
+    from compilesvc.manifest import ManifestMismatch, parse_bucket_manifest  # when it runs (see TYPE_CHECKING)
     from compilesvc.store import BlobNotFound
     from compilesvc.store.hashing import StreamHash
 
@@ -70,6 +70,7 @@ def sign_artifacts(keys: tuple[str, ...], every: bool, dry_run: bool) -> None:
     their provenance (see docs/deploy.md, "Signing keys")."""
     if bool(keys) == every:
         raise BadInput("give artifact KEYS or --all (one of them)")
+    # When it runs, not when the CLI lists its commands: the ledger, the store and the signer (start-up cost).
     from sqlalchemy import select
 
     from compilesvc.bucket_compiles import positioned_buckets

@@ -44,6 +44,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from compilesvc import client_config
+
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -231,8 +233,6 @@ class TrustedKeys:
         explicit = os.environ.get(TRUSTED_KEYS_ENV, "").strip()
         if explicit:
             return cls.from_paths([p for p in explicit.split(os.pathsep) if p], TRUSTED_KEYS_ENV)
-        from compilesvc import client_config
-
         try:
             configured = client_config.trusted_key_paths()
         except client_config.ConfigError as exc:

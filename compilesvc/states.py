@@ -1,8 +1,10 @@
 """The ledger's state machines: which states exist, which moves between them are allowed, and who makes each.
 
-This module is the one place that names a state. The schema's CHECK constraints are generated from these
-enums (:func:`check_constraint`), and :func:`compilesvc.events.record`, which every transition writes in
-its transaction, refuses a move this table does not list, so a new transition cannot slip in unseen.
+This module is the one place that names a state. It is plain constants (the standard library only), so a
+client reading a build's states loads no database code. The schema's CHECK constraints are generated from
+these enums by the ledger (:func:`compilesvc.ledger.models.check_constraint`), and
+:func:`compilesvc.events.record`, which every transition writes in its transaction, refuses a move this
+table does not list, so a new transition cannot slip in unseen.
 
 Bucket compile (one row per bucket key; the unit a worker compiles)::
 
@@ -39,8 +41,6 @@ itself; a retry moves a failed or cancelled build back to building.
 from __future__ import annotations
 
 from enum import StrEnum
-
-from sqlalchemy import CheckConstraint
 
 
 class BucketState(StrEnum):
@@ -180,8 +180,3 @@ def check_transition(entity: str, from_state: str | None, to_state: str) -> None
     if allowed is None or (from_state, to_state) not in allowed:
         raise IllegalTransition(f"{entity}: {from_state!r} -> {to_state!r} is not a transition of its state machine")
 
-
-def check_constraint(column: str, states: type[StrEnum], name: str) -> CheckConstraint:
-    """The schema's CHECK that ``column`` holds one of ``states`` (named by the naming convention)."""
-    values = ", ".join(f"'{s.value}'" for s in states)
-    return CheckConstraint(f"{column} IN ({values})", name=name)

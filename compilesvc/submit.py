@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from compilesvc import events, idempotency, provenance, set_changes
@@ -38,7 +38,6 @@ from compilesvc.joins import InFlight, join_batch
 from compilesvc.keys import KeySet, compute_keys, digest
 from compilesvc.ledger.models import Artifact, BucketCompile, Build, utcnow
 from compilesvc.ledger.sql import insert_ignore
-from compilesvc.ledger.webhooks import Webhook
 from compilesvc.manifest import ArtifactManifest, BucketManifest, parse_bucket_manifest
 from compilesvc.model_pins import PinnedModel
 from compilesvc.publishing import publish_if_complete
@@ -54,7 +53,7 @@ from compilesvc.states import (
 from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
 from compilesvc.submit_rows import SubmitContext
 from compilesvc.tokens import Principal
-from compilesvc.webhooks import check_callbacks, enqueue_terminal, subscription_rows
+from compilesvc.webhooks import check_callbacks
 
 log = logging.getLogger(__name__)
 
@@ -389,18 +388,14 @@ class Submitter:
     def _add_build(self, session: Session, ctx: SubmitContext, record: BuildRecord) -> int | None:
         """Record one submission in ``session``'s transaction; None when its Idempotency-Key was taken
         meanwhile (the caller rolls back and replays)."""
-        conn = session.connection()
-        [build_id] = insert_builds(conn, [record])
-        if ctx.callbacks:
-            session.execute(insert(Webhook), subscription_rows(build_id, ctx.callbacks))
+        [build_id] = insert_builds(session.connection(), [record])
         if ctx.idempotency_key and ctx.principal is not None:
             status = 200 if record.row["outcome"] == Outcome.HIT else 202  # as web.api.builds answers
             if not idempotency.claim(session, ctx.principal.token_id, ctx.idempotency_key, ctx.request_hash,
                                      build_id, status, self.settings.idempotency_key_seconds):
                 return None
-        insert_build_details(conn, [record], [build_id])
-        if ctx.callbacks:  # a build born ended (a hit) notifies at once
-            enqueue_terminal(session, build_id, record.row["state"])
+        # Its creation event tells the subscribers: its callbacks are recorded, and notified if it is born ended.
+        insert_build_details(session, [record], [build_id])
         return build_id
 
 

@@ -87,4 +87,5 @@ class SubmitContext:
         }
         row["buckets_reused"], row["buckets_compiled"] = (
             (len(self.keys.bucket_keys), 0) if provenance is None else counts(provenance))
-        return BuildRecord(row=row, labels=dict(self.spec.labels), detail={"outcome": outcome})
+        return BuildRecord(row=row, labels=dict(self.spec.labels), detail={"outcome": outcome},
+                           callbacks=self.callbacks)

@@ -75,7 +75,7 @@ def create(name: str, owner: str, team: str | None, scopes: tuple[str, ...], exp
     except tokens.TokenError as exc:
         raise BadInput(str(exc)) from None
     if ledger:
-        from compilesvc.db import transaction
+        from compilesvc.db import transaction  # with --ledger alone (start-up cost)
         from compilesvc.ledger.models import utcnow
 
         with ledger_services() as services:
@@ -137,7 +137,7 @@ def revoke(token_id: int, ledger: bool, api: str | None) -> None:
     """Revoke token ID (see `compilesvc tokens list`); API processes stop accepting it within
     COMPILESVC_TOKEN_CACHE_SECONDS."""
     if ledger:
-        from compilesvc.db import transaction
+        from compilesvc.db import transaction  # with --ledger alone (start-up cost)
 
         with ledger_services() as services:
             try:

@@ -7,10 +7,12 @@ A build names callback URLs in its spec (``callbacks``), and an operator may nam
 reaches ``succeeded``, ``failed`` or ``cancelled`` (a hit is born succeeded), :func:`enqueue_terminal`
 writes one ``webhook_deliveries`` row per URL *in the transaction that moves the build*, so a delivery is
 never lost to a crash and never made for a move that rolled back (the outbox pattern, as for dispatch).
-Subscriptions (``event_subscriptions``) get theirs the same way from :func:`enqueue_event`, called by
-:func:`compilesvc.events.record` in the transaction that publishes the artifact, fails the build or
-finishes the campaign. The relay sends due deliveries (:func:`deliver_due`), each try recorded in
-``webhook_attempts``, retrying a failure (no answer, a non-2xx) with backoff until ``webhook_max_attempts``.
+Subscriptions (``event_subscriptions``) get theirs the same way from :func:`enqueue_event`, in the
+transaction that publishes the artifact, fails the build or finishes the campaign. Both are subscribers of
+:mod:`compilesvc.events` (:data:`BUILD_CALLBACKS`, :data:`SUBSCRIPTIONS`), installed by
+:func:`compilesvc.services.install_subscribers`. The relay sends due deliveries (:func:`deliver_due`), each
+try recorded in ``webhook_attempts``, retrying a failure (no answer, a non-2xx) with backoff until
+``webhook_max_attempts``.
 
 Every delivery is the same bytes on every try, with ``Compilesvc-Webhook-Id`` (the delivery, for the
 receiver's dedupe), ``Compilesvc-Webhook-Timestamp`` and ``Compilesvc-Webhook-Signature: v1=<hex>``, the
@@ -40,11 +42,14 @@ from urllib.parse import urlsplit
 from sqlalchemy import Table, insert, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from compilesvc import campaigns
 from compilesvc.db import transaction
+from compilesvc.events import Subscriber, Transition
+from compilesvc.ledger.campaigns import Campaign
 from compilesvc.ledger.models import Artifact, Build, UTCDateTime, utcnow
 from compilesvc.ledger.webhooks import EventSubscription, Webhook, WebhookAttempt, WebhookDelivery
 from compilesvc.refusals import SubmitRefused
-from compilesvc.states import BuildState, ServiceEvent
+from compilesvc.states import ArtifactState, BuildState, CampaignState, ServiceEvent
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +134,42 @@ def enqueue_terminal(session: Session, build_id: int, state: str) -> None:
     ))
 
 
+def _wants_build_callbacks(transition: Transition) -> bool:
+    if transition.from_state is None:  # born: its URLs to record, notified at once if it is born ended
+        return bool(transition.callbacks)
+    return transition.to_state in TERMINAL
+
+
+def _on_build(session: Session, transition: Transition) -> None:
+    if transition.callbacks:
+        session.execute(insert(Webhook), subscription_rows(transition.entity_id, transition.callbacks))
+    enqueue_terminal(session, transition.entity_id, transition.to_state)
+
+
+#: A build's own callbacks: recorded when it is created, notified when it ends.
+BUILD_CALLBACKS = Subscriber("build callbacks", frozenset({"build"}), _wants_build_callbacks, _on_build)
+
+#: The transitions that are service-wide events.
+SERVICE_EVENTS: dict[tuple[str, str], ServiceEvent] = {
+    ("artifact", ArtifactState.PUBLISHED): ServiceEvent.ARTIFACT_PUBLISHED,
+    ("build", BuildState.FAILED): ServiceEvent.BUILD_FAILED,
+    ("campaign", CampaignState.FINISHED): ServiceEvent.CAMPAIGN_FINISHED,
+}
+
+
+def _wants_service_event(transition: Transition) -> bool:
+    return (transition.entity, transition.to_state) in SERVICE_EVENTS
+
+
+def _on_service_event(session: Session, transition: Transition) -> None:
+    enqueue_event(session, SERVICE_EVENTS[transition.entity, transition.to_state], transition.entity_id)
+
+
+#: The URLs subscribed service-wide to what just happened.
+SUBSCRIPTIONS = Subscriber("event subscriptions", frozenset(entity for entity, _ in SERVICE_EVENTS),
+                           _wants_service_event, _on_service_event)
+
+
 def enqueue_event(session: Session, event: ServiceEvent, subject_id: int) -> None:
     """In the transaction that made ``event`` (about artifact, build or campaign ``subject_id``): a delivery
     per URL subscribed to it (one INSERT … SELECT; nothing when nobody is)."""
@@ -197,9 +238,6 @@ def _artifact_document(session: Session, artifact: Artifact, base: str) -> dict[
 
 
 def _campaign_document(session: Session, campaign_id: int, base: str) -> dict[str, Any]:
-    from compilesvc import campaigns  # campaigns records events, which enqueue deliveries: imported late
-    from compilesvc.ledger.campaigns import Campaign
-
     campaign = session.get_one(Campaign, campaign_id)
     progress = campaigns.progress(session, campaign)
     counts = {name: getattr(progress, name) for name in

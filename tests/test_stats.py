@@ -48,7 +48,7 @@ def test_windows_are_clock_aligned_bins_ending_with_the_current_one() -> None:
 
 
 def _artifact(session: Session, target: str = "inf2") -> Artifact:
-    artifact = Artifact(key=f"a{next(_keys)}".ljust(64, "0"), state="published", target=target, sdk="2.20.0",
+    artifact = Artifact(key=f"a{next(_keys):063d}", state="published", target=target, sdk="2.20.0",
                         backend="trace", model_sha256="f" * 64, material={}, components={})
     session.add(artifact)
     session.flush()
@@ -73,7 +73,7 @@ def _compile(session: Session, artifact: Artifact, *, origin: Build | None, queu
              seconds: float | None = None, state: str = "succeeded", imported: bool = False) -> BucketCompile:
     if started_at is None and finished_at is not None and not imported:
         started_at = queued_at  # it ran here (an imported compile never started on this ledger's workers)
-    compile_ = BucketCompile(key=f"b{next(_keys)}".ljust(64, "0"), state=state, target=artifact.target,
+    compile_ = BucketCompile(key=f"b{next(_keys):063d}", state=state, target=artifact.target,
                              sdk=artifact.sdk, backend="trace", queue="q", model={}, material={}, inputs=[],
                              queued_at=queued_at, started_at=started_at, finished_at=finished_at,
                              compile_seconds=seconds, origin_build_id=origin.id if origin else None,

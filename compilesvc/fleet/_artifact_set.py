@@ -162,6 +162,7 @@ def _key_of(ref: Any, fetcher: Fetcher) -> str:
 
 def _spec_document(ref: Any) -> dict[str, Any]:
     """A spec given as a file, a mapping or a CompileSpec, as the JSON document the API resolves."""
+    # Only a fleet naming its artifact by spec loads pydantic and the release tables (start-up cost).
     from compilesvc.spec import CompileSpec
     from compilesvc.spec_parsing import SpecError, load_spec_file, parse_spec
 

@@ -1,1 +1,10 @@
-"""The SQL ledger: typed tables (:mod:`compilesvc.ledger.models`) shared by every process."""
+"""The SQL ledger: typed tables shared by every process (:mod:`compilesvc.ledger.models`, and the tables of
+webhooks, campaigns, retention and UI sessions in modules of their own).
+
+Every table module is imported here, so whichever ledger module a process imports first, the whole schema is
+on ``Base.metadata`` (foreign keys between modules resolve, and migrations compare every table).
+"""
+
+from compilesvc.ledger import campaigns, models, retention, ui_sessions, webhooks
+
+__all__ = ["campaigns", "models", "retention", "ui_sessions", "webhooks"]

@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from compilesvc.ledger.models import Base, BigId, Json, utcnow
-from compilesvc.states import CampaignState, check_constraint
+from compilesvc.ledger.models import Base, BigId, Json, check_constraint, utcnow
+from compilesvc.states import CampaignState
 
 
 class Campaign(Base):

@@ -1,5 +1,6 @@
 """Ledger tables: artifacts, bucket compiles, builds, events, workers, log lines, outbox, model pins, API
-tokens and idempotency keys (webhooks, campaigns and retention have modules of their own here).
+tokens and idempotency keys (webhooks, campaigns, retention and UI sessions have modules of their own
+here; the package imports them all, so every table is on :data:`Base.metadata` whichever is imported first).
 
 Unique constraints carry the dedupe: one ``artifacts`` row per artifact key, one ``bucket_compiles`` row per
 bucket key, one ``builds`` row per idempotency key. A bucket compile may belong to many artifacts (a set
@@ -14,12 +15,14 @@ of a failure is never hidden by the last.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     Float,
     ForeignKey,
@@ -42,12 +45,17 @@ from compilesvc.states import (
     BuildState,
     ErrorClass,
     Outcome,
-    check_constraint,
 )
 
 # Autoincrementing 64-bit ids; SQLite only autoincrements "INTEGER PRIMARY KEY".
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 Json = JSON().with_variant(JSONB(), "postgresql")
+
+
+def check_constraint(column: str, states: type[StrEnum], name: str) -> CheckConstraint:
+    """The schema's CHECK that ``column`` holds one of ``states`` (named by the naming convention)."""
+    values = ", ".join(f"'{s.value}'" for s in states)
+    return CheckConstraint(f"{column} IN ({values})", name=name)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -391,9 +399,3 @@ class IdempotencyKey(Base):
 
     __table_args__ = (Index("ix_idempotency_keys_created_at", "created_at"),)
 
-
-# Tables kept in modules of their own register on the same metadata (imported last: they use Base).
-from compilesvc.ledger import campaigns as _campaigns  # noqa: E402, F401
-from compilesvc.ledger import retention as _retention  # noqa: E402, F401
-from compilesvc.ledger import ui_sessions as _ui_sessions  # noqa: E402, F401
-from compilesvc.ledger import webhooks as _webhooks  # noqa: E402, F401

@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from compilesvc.ledger.models import Base, BigId, Json, utcnow
-from compilesvc.states import PinKind, check_constraint
+from compilesvc.ledger.models import Base, BigId, Json, check_constraint, utcnow
+from compilesvc.states import PinKind
 
 
 class RetentionPin(Base):

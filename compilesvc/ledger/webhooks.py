@@ -11,8 +11,8 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from compilesvc.ledger.models import Base, BigId, utcnow
-from compilesvc.states import ServiceEvent, check_constraint
+from compilesvc.ledger.models import Base, BigId, check_constraint, utcnow
+from compilesvc.states import ServiceEvent
 
 
 class Webhook(Base):
