@@ -249,6 +249,10 @@ class Sandbox:
                      "--clear-groups", "--"]
         return args + command
 
+    def process_cwd(self, cwd: Path) -> Path:
+        """Where the process this sandbox starts begins: bubblewrap's own root (``--chdir`` sets the child's)."""
+        return Path("/")
+
     def environment(self, cwd: Path) -> dict[str, str]:
         """The child's environment inside: ``HOME`` and ``TMPDIR`` point at what it may write, and ``PATH``
         finds this interpreter's ``python3`` first (a launcher such as pyenv's shims needs files outside the
@@ -282,6 +286,12 @@ class Sandbox:
             return (f"wrote {used} bytes, more than the sandbox's disk limit of {self.policy.limits.disk_bytes} "
                     f"(COMPILESVC_SANDBOX_MAX_DISK_MB)")
         return None
+
+
+def output_limit_why(max_bytes: int) -> str:
+    """Why a compile that printed more than ``max_bytes`` is stopped (the runner's and the pod runner's words)."""
+    return (f"printed more than {max_bytes} bytes of output, the sandbox's output limit "
+            f"(COMPILESVC_SANDBOX_MAX_LOG_MB)")
 
 
 def _tree_bytes(directory: Path) -> int:
