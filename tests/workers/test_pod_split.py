@@ -40,15 +40,34 @@ from workers.spool_process import SpoolUnavailable, probe
 REPO = Path(__file__).resolve().parents[2]
 
 
+#: The compile container, as far as a root test can build one: a PID namespace of its own with the runner as
+#: PID 1, the root filesystem read-only except the spool's attempts and heartbeat, its models read-only, the
+#: worker's own files (``$HIDE``) absent (an empty tmpfs over each), no CAP_SYS_ADMIN to undo any of it.
+CONTAINER = """set -e
+mount --make-rprivate /
+for path in $HIDE; do mount -t tmpfs -o ro,size=4k none "$path"; done
+for part in attempts runner models; do mkdir -p "$SPOOL/$part"; mount --bind "$SPOOL/$part" "$SPOOL/$part"; done
+mount -o remount,bind,ro "$SPOOL/models"
+mount -o remount,bind,ro /
+exec setpriv --bounding-set=-sys_admin --inh-caps=-sys_admin "$@"
+"""
+
+
 class Runner:
     """A compile runner process, as the compile container's entry point."""
 
-    def __init__(self, spool: Path, *, pid_namespace: bool = False, extra_env: dict[str, str] | None = None):
+    def __init__(self, spool: Path, *, pid_namespace: bool = False, extra_env: dict[str, str] | None = None,
+                 container_hiding: list[Path] | None = None):
         env = {k: v for k, v in child_environment(os.environ).items() if k != "PYTHONUNBUFFERED"}
         env.update(extra_env or {})
         argv = [sys.executable, "-m", "workers.compile_runner", "--spool", str(spool)]
         if pid_namespace:  # the runner as PID 1 of its own PID namespace, as in its container
             argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
+        if container_hiding is not None:
+            setup = {"SPOOL": str(spool), "HIDE": " ".join(str(p) for p in container_hiding)}
+            argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--", "sh", "-c", CONTAINER,
+                    "container", *argv]
+            env = {**env, **setup}
         self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
@@ -288,3 +307,41 @@ def test_a_forged_status_link_is_not_followed(spool: Path, tmp_path: Path) -> No
     link = tmp_path / STATUS
     link.symlink_to(target)
     assert read_document(link) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="building the compile container's mounts takes root")
+def test_tests_attacks_models_through_the_pod_find_nothing_and_write_nothing(
+        pod: Services, spool: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hostile models of tests/attacks, compiled through a runner in a stand-in for its container: the
+    worker's environment and files are not there to read, and nothing outside the attempt can be written."""
+    worker_only = tmp_path / "worker-only"
+    worker_only.mkdir()
+    token = worker_only / "admin-token"
+    token.write_text("csvc_admin-token-secret-of-the-worker")
+    monkeypatch.setenv("COMPILESVC_DATABASE_URL", "postgresql://svc:ledger-password-secret@db/compilesvc")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("untouched")
+    store = tmp_path / "store"
+    hidden = [worker_only, store, pod.settings.data_dir]
+    for path in hidden:
+        path.mkdir(exist_ok=True)
+    runner = Runner(spool, container_hiding=hidden)
+    try:
+        attacks = {
+            "read-worker-file": Hostile("read", str(token), 36),
+            "read-via-worker-proc-root": Hostile("read", f"/proc/{os.getpid()}/root{token}", 36),
+            "read-via-worker-proc-cwd": Hostile("read", f"/proc/{os.getpid()}/cwd/README.md", 16),
+            "write-outside-the-attempt": Hostile("write", str(outside), 9),
+            "write-the-store": Hostile("write", str(next(store.rglob("*.pt"), store / "blobs" / "x")), 16),
+        }
+        for name, model in attacks.items():
+            outcome = run_compile(pod, torchscript_submit(pod, tmp_path, model, name), WORKER)
+            assert (outcome.status, outcome.error_class) == ("failed", "compile"), (name, outcome)
+            for secret in ("admin-token-secret", "ledger-password-secret"):
+                assert secret not in (outcome.message or ""), name
+        assert outside.read_text() == "untouched"
+        with pod.sessions() as session:
+            logged = "\n".join(session.scalars(select(LogLine.line)))
+        assert "admin-token-secret" not in logged and "ledger-password-secret" not in logged
+    finally:
+        runner.kill()
