@@ -30,8 +30,9 @@ Why bubblewrap: a Debian package, no daemon and no setuid (it runs on unprivileg
 tool Flatpak builds on, and one process per compile with a start cost of milliseconds. nsjail and gVisor
 need a build or a runtime of their own; a container per compile needs a container engine on the worker.
 Where user namespaces cannot be had (a Kubernetes pod without them, Docker's default seccomp profile),
-:func:`probe` fails and the worker refuses to start unless ``COMPILESVC_SANDBOX=off`` says the operator
-isolates compiles some other way (docs/deploy.md gives the pod-level layout).
+:func:`probe` fails and the worker refuses to start unless ``COMPILESVC_SANDBOX=pod`` hands compiles to a
+secret-less compile container of its pod (:mod:`workers.compile_runner`, :mod:`workers.spool_process`) or
+``COMPILESVC_SANDBOX=off`` says the operator isolates compiles some other way (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -334,6 +335,7 @@ def probe(policy: Policy, env: Mapping[str, str], scratch: Path) -> None:
             f"the compile sandbox does not start on this host ({reason}). bubblewrap needs unprivileged user "
             f"namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; in a "
             f"container, a seccomp and AppArmor profile that allow them), and the sandbox user "
-            f"(COMPILESVC_SANDBOX_USER) must be able to run this Python. Or set COMPILESVC_SANDBOX=off if "
-            f"this worker is isolated another way (docs/deploy.md, 'Compile isolation')")
+            f"(COMPILESVC_SANDBOX_USER) must be able to run this Python. Or set COMPILESVC_SANDBOX=pod with a "
+            f"compile container beside this worker, or COMPILESVC_SANDBOX=off if this worker is isolated "
+            f"another way (docs/deploy.md, 'Compile isolation')")
 

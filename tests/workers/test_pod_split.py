@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -29,6 +30,7 @@ from compilesvc.store.base import bucket_manifest_name
 from compilesvc.submit import Submitter
 from tests.attacks.payloads import Hostile
 from tests.fixtures.ledger import empty_tables
+from tests.fixtures.waiting import wait_for
 from tests.workers.test_pipeline import processes_of
 from tests.workers.test_runner import WORKER, bucket, run_in_thread, services, submit  # noqa: F401 - fixture
 from workers.child_env import child_environment
@@ -57,8 +59,10 @@ class Runner:
     """A compile runner process, as the compile container's entry point."""
 
     def __init__(self, spool: Path, *, pid_namespace: bool = False, extra_env: dict[str, str] | None = None,
-                 container_hiding: list[Path] | None = None):
-        env = {k: v for k, v in child_environment(os.environ).items() if k != "PYTHONUNBUFFERED"}
+                 container_hiding: list[Path] | None = None, environ: dict[str, str] | None = None):
+        # What a compile container's image gives it (PATH, locale, the Neuron double's variables), no more.
+        scrubbed = child_environment(os.environ if environ is None else environ)
+        env = {k: v for k, v in scrubbed.items() if k != "PYTHONUNBUFFERED"}
         env.update(extra_env or {})
         argv = [sys.executable, "-m", "workers.compile_runner", "--spool", str(spool)]
         if pid_namespace:  # the runner as PID 1 of its own PID namespace, as in its container
@@ -343,5 +347,26 @@ def test_tests_attacks_models_through_the_pod_find_nothing_and_write_nothing(
         with pod.sessions() as session:
             logged = "\n".join(session.scalars(select(LogLine.line)))
         assert "admin-token-secret" not in logged and "ledger-password-secret" not in logged
+    finally:
+        runner.kill()
+
+
+def test_a_worker_in_pod_mode_refuses_to_start_without_a_runner_and_compiles_with_one(
+        make_cluster: Any, spool: Path) -> None:
+    """The real `compilesvc worker` (Postgres ledger, Redis broker): exit 78 when no runner answers its
+    probe; beside a runner, it takes a submitted compile and publishes it."""
+    cluster = make_cluster(sandbox="pod", compile_spool=str(spool), compile_runner_pickup_seconds=2,
+                           compile_runner_stale_seconds=3)
+    alone = cluster.start_worker("alone", concurrency=1, wait=False)
+    assert alone.proc.wait(60) == 78
+    assert "compile runner does not answer" in alone.log_path.read_text()
+    runner = Runner(spool, environ=cluster.env)
+    try:
+        worker = cluster.start_worker("pod", concurrency=1)
+        assert worker.logged("compile runner ready")
+        result = cluster.submit(cluster.hlo_spec())
+        done = cluster.wait_bucket(result.buckets[0].key, ("succeeded", "failed"), timeout=90)
+        assert done.state == "succeeded", done.error_message
+        wait_for(lambda: spool_is_empty(spool), 30, "the worker to wipe the attempt")  # after it recorded it
     finally:
         runner.kill()
