@@ -8,6 +8,7 @@ manifest gives it (it refuses service settings: workers.compile_runner).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,10 @@ def test_the_compile_container_holds_no_secret_and_no_setting() -> None:
     assert "env" not in compile_ and "envFrom" not in compile_
     secret_volumes = {v["name"] for v in spec["volumes"] if "secret" in v}
     assert secret_volumes and not {m["name"] for m in compile_["volumeMounts"]} & secret_volumes
-    assert refused_environment({}) == []  # what it is given: nothing the runner refuses
+    # What it gets: the image's own variables (docker/Dockerfile*), none of which the runner refuses.
+    image_env = {name: "x" for dockerfile in MANIFEST.parents[2].glob("docker/Dockerfile*")
+                 for name in re.findall(r"^(?:ENV\s+|\s+)([A-Z][A-Z0-9_]*)=", dockerfile.read_text(), re.M)}
+    assert "COMPILESVC_DATA_DIR" in image_env and refused_environment(image_env) == []
     worker_env = {e["name"]: e.get("value", "") for e in container("worker")["env"]}
     assert refused_environment(worker_env)  # the worker's own would be refused there
 

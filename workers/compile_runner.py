@@ -64,18 +64,27 @@ POLL_SECONDS = 0.2
 #: first; this is for a worker that died without asking).
 BACKSTOP_SECONDS = 30.0
 KILL_GRACE_SECONDS = 5.0
-#: Service settings a compile container may hold: the ones the compile child itself may get.
-_CREDENTIAL_PREFIXES = ("COMPILESVC_", "AWS_", "PG", "REDIS", "CELERY", "DATABASE_URL", "BROKER_URL")
-_CREDENTIAL_WORDS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL")
+#: Settings that reach the service or carry a credential (compilesvc/config.py, the AWS chain, libpq). The
+#: image's own harmless settings (COMPILESVC_DATA_DIR, COMPILESVC_SANDBOX_READ_PATHS …) may stay: the runner
+#: reads none of them and the compile child gets only workers.child_env's allow-list.
+SERVICE_SETTINGS = frozenset({
+    "COMPILESVC_DATABASE_URL", "COMPILESVC_BROKER_URL", "COMPILESVC_STORE_URL", "COMPILESVC_S3_ENDPOINT_URL",
+    "COMPILESVC_SECRET_KEY", "COMPILESVC_BOOTSTRAP_TOKEN", "COMPILESVC_SIGNING_KEY_FILE",
+    "COMPILESVC_WEBHOOK_SECRET", "DATABASE_URL", "BROKER_URL", "REDIS_URL", "PGPASSWORD", "PGPASSFILE",
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+})
+_SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY")
 
 
 def refused_environment(environ: Mapping[str, str]) -> list[str]:
-    """The names in ``environ`` a compile container must not hold: the service's settings and credentials
-    (every ``COMPILESVC_*`` the compile child would not get, AWS, Postgres and broker variables) and
-    anything named like a secret."""
+    """The names in ``environ`` a compile container must not hold: the service's connection settings and
+    credentials (:data:`SERVICE_SETTINGS`), and anything named like a secret that the compile child would
+    not get anyway."""
     return sorted(name for name in environ
-                  if (name.upper().startswith(_CREDENTIAL_PREFIXES) and not allowed(name))
-                  or any(word in name.upper() for word in _CREDENTIAL_WORDS))
+                  if name.upper() in SERVICE_SETTINGS
+                  or (any(word in name.upper() for word in _SECRET_WORDS) and not allowed(name)))
 
 
 def own_network_namespace() -> list[str]:
@@ -153,10 +162,20 @@ def run_attempt(directory: Path, netns: list[str]) -> bool:
         os.close(os.open(run / CLAIMED, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
     except OSError:  # taken, or not an attempt
         return False
+    try:
+        _run_claimed(directory, netns)
+    except Exception as exc:  # a malformed attempt (or one a compile planted) must not stop the runner
+        log.exception("attempt not run", extra={"attempt": directory.name})
+        with contextlib.suppress(OSError):
+            write_document(run / STATUS, {"error": f"{type(exc).__name__}: {exc}"[:500]})
+    return True
+
+
+def _run_claimed(directory: Path, netns: list[str]) -> None:
+    run = directory / RUN
     control = read_document(directory / CONTROL)
     if control is None:
-        write_document(run / STATUS, {"error": "no readable control.json"})
-        return True
+        raise ValueError("no readable control.json")
     limits = Limits(**control["limits"])
     env = child_environment(os.environ, control.get("target"))
     if control.get("probe"):
@@ -188,7 +207,6 @@ def run_attempt(directory: Path, netns: list[str]) -> bool:
     write_document(run / STATUS, {"returncode": returncode, "timed_out": timed_out, "cancelled": cancel.is_set(),
                                   "limit": list(child.limit) if child.limit else None})
     log.info("compile finished", extra={"attempt": directory.name, "returncode": returncode})
-    return True
 
 
 def next_attempt(spool: Path) -> Path | None:
