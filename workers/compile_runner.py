@@ -189,7 +189,8 @@ def _run_claimed(directory: Path, netns: list[str]) -> None:
 
     def watch_cancel() -> None:
         while not finished.wait(POLL_SECONDS):
-            if os.path.lexists(directory / CANCEL):
+            # A cancel, or the attempt wiped under it (a restarted worker sweeps the spool): stop.
+            if os.path.lexists(directory / CANCEL) or not os.path.isdir(directory / RUN):
                 cancel.set()
                 return
 
