@@ -205,7 +205,8 @@ def _run_claimed(directory: Path, netns: list[str]) -> None:
     finally:
         finished.set()
         _leave_nothing(child)
-    write_document(run / STATUS, {"returncode": returncode, "timed_out": timed_out, "cancelled": cancel.is_set(),
+    write_document(run / STATUS, {"returncode": returncode, "signal": -returncode if returncode < 0 else None,
+                                  "timed_out": timed_out, "cancelled": cancel.is_set(),
                                   "limit": list(child.limit) if child.limit else None})
     log.info("compile finished", extra={"attempt": directory.name, "returncode": returncode})
 
