@@ -185,9 +185,18 @@ class Settings(BaseSettings):
                                         "archive may expand to (checked past 64 MiB).")
     relay_interval_seconds: float = Field(default=0.5, gt=0)
     # The compile sandbox (workers/sandbox.py, docs/security.md): a compile runs the model, so it runs isolated.
-    sandbox: Literal["bwrap", "off"] = Field(
+    sandbox: Literal["bwrap", "pod", "off"] = Field(
         default="bwrap", description="bwrap: every compile child runs in bubblewrap (the worker refuses to start "
-                                     "where it cannot); off: the operator isolates compiles another way.")
+                                     "where it cannot); pod: a compile runner in a secret-less container of the "
+                                     "pod runs it (workers/compile_runner.py); off: the operator isolates "
+                                     "compiles another way.")
+    # COMPILESVC_SANDBOX=pod: the volume shared with the compile container (docs/deploy.md, "Compile isolation").
+    compile_spool: Path | None = Field(
+        default=None, description="pod mode: the spool directory shared with the compile runner's container.")
+    compile_runner_pickup_seconds: float = Field(
+        default=30.0, gt=0, description="pod mode: an attempt the runner has not taken within this is infra.")
+    compile_runner_stale_seconds: float = Field(
+        default=15.0, gt=0, description="pod mode: a runner heartbeat older than this means the runner is gone.")
     sandbox_user: str = Field(default="nobody", description="Whom a root worker runs compiles as (name or uid[:gid]).")
     sandbox_memory_mb: int = Field(default=0, ge=0, description="Address space of one compile process; 0: host RAM.")
     sandbox_max_processes: int = Field(default=1024, ge=16, description="Processes of the sandbox user.")

@@ -100,6 +100,9 @@ def _check_sandbox(settings: Settings) -> None:
 
     try:
         policy = Policy.from_settings(settings)
+        if settings.sandbox == "pod":
+            _check_compile_runner(settings, policy)
+            return
         if not policy.enabled:
             log.warning("compile sandbox is off (COMPILESVC_SANDBOX=off): compiles run as this worker's user, "
                         "with its files and network; isolate this worker another way (docs/deploy.md)")
@@ -110,6 +113,26 @@ def _check_sandbox(settings: Settings) -> None:
         log.error("refusing to start", extra={"detail": str(exc)})
         raise SandboxRefused(f"refusing to start: {exc}") from None
     log.info("compile sandbox ready", extra={"sandbox": "bwrap", "user": policy.user if os.geteuid() == 0 else None})
+
+
+def _check_compile_runner(settings: Settings, policy: Any) -> None:
+    """COMPILESVC_SANDBOX=pod: the spool is there and the pod's compile runner answers a probe attempt."""
+    from workers.sandbox import SandboxUnavailable
+    from workers.spool_process import SpoolUnavailable, probe, sweep_spool
+
+    if settings.compile_spool is None:
+        raise SandboxUnavailable("COMPILESVC_SANDBOX=pod needs COMPILESVC_COMPILE_SPOOL, the directory shared "
+                                 "with the compile container (docs/deploy.md, 'Compile isolation')")
+    try:
+        swept = sweep_spool(settings.compile_spool)
+        if swept:
+            log.info("removed leftovers from the compile spool", extra={"entries": swept})
+        probe(settings.compile_spool, policy.limits, pickup_seconds=settings.compile_runner_pickup_seconds,
+              stale_seconds=settings.compile_runner_stale_seconds)
+    except (SpoolUnavailable, OSError) as exc:
+        raise SandboxUnavailable(f"the pod's compile runner does not answer ({exc}); start it beside this worker "
+                                 f"(python -m workers.compile_runner --spool {settings.compile_spool})") from None
+    log.info("compile runner ready", extra={"sandbox": "pod", "spool": str(settings.compile_spool)})
 
 
 def default_worker_name() -> str:

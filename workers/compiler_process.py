@@ -66,12 +66,15 @@ class CompilerProcess:
         self._logs = logs
         #: The limit the runner stopped the child for, as (code, why) (None: it did not).
         self.limit: tuple[str, str] | None = None
+        #: Why the attempt failed for want of infrastructure rather than by the compile (never, here: a
+        #: child of this process cannot get lost; workers.spool_process's can).
+        self.lost: str | None = None
         limits: Callable[[], None] | None = None
         if sandbox is not None:
             sandbox.hand_over()
             argv, env = sandbox.argv(argv, cwd), sandbox.environment(cwd)
             limits = sandbox.preexec()
-            cwd = Path("/")  # bubblewrap's own; --chdir sets the child's
+            cwd = sandbox.process_cwd(cwd)
         self.proc = subprocess.Popen(
             argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True, preexec_fn=_die_with_parent(os.getpid(), limits),
@@ -82,6 +85,10 @@ class CompilerProcess:
         self._reader = threading.Thread(target=logs.pump, args=(self._stdout,), name=f"pump-{self.pgid}",
                                         daemon=True)
         self._reader.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
 
     @property
     def returncode(self) -> int:

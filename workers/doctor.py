@@ -216,10 +216,13 @@ def compile_child(name: str, root: Path, request: dict[str, Any], timeout: float
     request_path.write_text(json.dumps(request, indent=1, sort_keys=True))
     out_dir.mkdir()
     env = child_environment(os.environ, request["target"])
-    # The worker's own sandbox (COMPILESVC_SANDBOX*), so the check compiles exactly as a worker would.
+    # The worker's own sandbox (COMPILESVC_SANDBOX*), so the check compiles exactly as a worker would; under
+    # the pod split (no bubblewrap in this container) the doctor's own, trusted model compiles here directly.
     mounts = Mounts(read_only=[request_path, Path(request["model_path"])], writable=[work_dir, out_dir])
+    settings = Settings()
+    sandbox = sandbox_for(Policy.from_settings(settings), mounts, env) if settings.sandbox != "pod" else None
     run = run_process([sys.executable, "-m", "workers.compile_child", str(request_path)], work_dir, env,
-                      base / "compile.log", timeout, sandbox_for(Policy.from_settings(Settings()), mounts, env))
+                      base / "compile.log", timeout, sandbox)
     return run, request
 
 

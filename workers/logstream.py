@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.db import transaction
 from compilesvc.logs import append_lines
+from workers.sandbox import output_limit_why
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,7 @@ class LogStream:
     def over_limit(self) -> str | None:
         """Why the compile must stop for what it printed, if it printed too much."""
         if self.max_bytes is not None and self._compiler_bytes > self.max_bytes:
-            return (f"printed more than {self.max_bytes} bytes of output, the sandbox's output limit "
-                    f"(COMPILESVC_SANDBOX_MAX_LOG_MB)")
+            return output_limit_why(self.max_bytes)
         return None
 
     def service(self, line: str) -> None:

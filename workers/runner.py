@@ -18,7 +18,9 @@
    a new session/process group so the whole compiler tree can be killed, a hard timeout, an environment
    built from an allow-list (:mod:`workers.child_env`; plus, for Neuron targets,
    ``NEURON_PLATFORM_TARGET_OVERRIDE`` from process start: :func:`workers.child_env.child_environment_for`),
-   and the worker's death taking the child with it (``PR_SET_PDEATHSIG``).
+   and the worker's death taking the child with it (``PR_SET_PDEATHSIG``). With ``COMPILESVC_SANDBOX=pod``
+   the pod's compile runner starts it instead, in a container without secrets (:mod:`workers.spool_process`),
+   and what it left is copied out of the shared spool without following links before it is published.
    Output streams line by line into the central log (:mod:`workers.logstream`).
 5. **Classify** (:func:`workers.classify.classify`).
 6. **Publish** on success (:mod:`compilesvc.publishing`; an unreachable store is waited for as at fetch,
@@ -40,7 +42,8 @@ import os
 import stat
 import sys
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from compilesvc import backoff, leases
+from compilesvc.config import Settings
 from compilesvc.db import transaction
 from compilesvc.failures import ArchivedLog, Phase, shorten
 from compilesvc.logs import append_lines
@@ -71,6 +75,8 @@ from workers.retries import (
 )
 from workers.sandbox import Mounts, Policy, sandbox_for
 from workers.sandbox_limits import limit_outcome
+from workers.spool import copy_outputs
+from workers.spool_process import SpoolAttempt, SpoolProcess, spool_attempt
 from workers.workdirs import INDUCTOR_CACHE_NAME, OWNER_LOCK, attempt_dirs, sweep_orphaned_attempts, work_root
 
 __all__ = ["OWNER_LOCK", "ClaimNotRecorded", "RunResult", "run_compile",
@@ -139,8 +145,9 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str) -> R
                                           "target": claim.target, "sdk": claim.sdk, "backend": claim.backend})
     keeper = LeaseKeeper(services, claim, logger).start()
     try:
-        with attempt_dirs(claim.bucket_id) as (files, work_dir):
-            return _run_claimed(services, claim, worker_id, keeper, files, work_dir, logger)
+        with attempt_dirs(claim.bucket_id) as (files, work_dir), \
+                _compile_dirs(services.settings, claim.bucket_id, files, work_dir) as dirs:
+            return _run_claimed(services, claim, worker_id, keeper, files, dirs, logger)
     except Exception as exc:
         # A bug or an unexpected library error: record it as infra (retried) rather than waiting for the
         # lease to expire, unless the ledger itself is what failed.
@@ -153,12 +160,39 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str) -> R
         keeper.close()
 
 
+@dataclass(frozen=True)
+class _Dirs:
+    """Where a compile reads its model and request and writes its work and outputs: the worker's own job
+    and work dirs, or (``COMPILESVC_SANDBOX=pod``) an attempt in the spool shared with the compile runner."""
+
+    model: Path
+    out: Path
+    work: Path
+    request: Path
+    spooled: SpoolAttempt | None = None
+
+    def staged(self, path: Path) -> Path:
+        """Where the worker writes ``path`` before the compile starts."""
+        return self.spooled.staged(path) if self.spooled is not None and path.is_relative_to(self.spooled.dir) \
+            else path
+
+
+@contextmanager
+def _compile_dirs(settings: Settings, bucket_id: int, files: Path, work_dir: Path) -> Iterator[_Dirs]:
+    if settings.sandbox != "pod":
+        for directory in (files / "model", files / "out"):
+            directory.mkdir()
+        yield _Dirs(files / "model", files / "out", work_dir, files / "request.json")
+        return
+    assert settings.compile_spool is not None  # checked at worker start
+    with spool_attempt(settings.compile_spool, bucket_id) as spooled:
+        yield _Dirs(spooled.model_dir, spooled.out, spooled.work, spooled.request, spooled)
+
+
 def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper: LeaseKeeper, tmp: Path,
-                 work_dir: Path, logger: logging.LoggerAdapter[Any]) -> RunResult:
+                 dirs: _Dirs, logger: logging.LoggerAdapter[Any]) -> RunResult:
     settings = services.settings
-    model_dir, out_dir = tmp / "model", tmp / "out"
-    for directory in (model_dir, out_dir):
-        directory.mkdir()
+    model_dir, out_dir, work_dir = dirs.model, dirs.out, dirs.work
     logs = LogStream(services.sessions, claim.bucket_id, claim.attempt, tmp / LOG_NAME,
                      max_bytes=settings.sandbox_max_log_mb * 1024 * 1024)
     try:
@@ -196,27 +230,14 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             "extract_limits": {"max_bytes": settings.hf_extract_max_bytes, "max_files": settings.hf_extract_max_files,
                                "max_ratio": settings.hf_extract_max_ratio},
         }
-        request_path = tmp / "request.json"
-        request_path.write_text(json.dumps(request, indent=1, sort_keys=True))
+        request_path = dirs.request
+        dirs.staged(request_path).write_text(json.dumps(request, indent=1, sort_keys=True))
 
-        # The child sees its model and request read-only, writes only its work and output directories, and
-        # gets a private inductor cache at the path the cpu backend uses (that path is in what it generates).
-        private = tmp / "inductor-cache", tmp / "tmp"
-        for directory in private:
-            directory.mkdir()
-        mounts = Mounts(read_only=[model_dir, request_path], writable=[work_dir, out_dir],
-                        private={work_dir.parent / INDUCTOR_CACHE_NAME: private[0]})
-        env = child_environment(os.environ, claim.target)
-        sandbox = sandbox_for(Policy.from_settings(settings), mounts, env)
-        if sandbox is None:
-            # torch keeps caches under TMPDIR (/tmp/torchinductor_<user>) that every compile would otherwise
-            # share: a compile's temporary files are its own (the sandbox gives it a private /tmp).
-            env["TMPDIR"] = str(private[1])
+        policy = Policy.from_settings(settings)
         started = time.monotonic()
-        child = CompilerProcess([sys.executable, "-m", "workers.compile_child", str(request_path)],
-                                cwd=work_dir, env=env, logs=logs, sandbox=sandbox)
-        logger.info("compiler started", extra={"pid": child.proc.pid, "sandboxed": sandbox is not None,
-                                               "job_dir": str(tmp)})
+        child = _start(settings, claim, dirs, tmp, logs, policy)
+        logger.info("compiler started", extra={"pid": child.pid, "sandboxed": settings.sandbox != "off",
+                                               "job_dir": str(dirs.spooled.dir if dirs.spooled else tmp)})
         returncode, timed_out = child.wait(settings.compile_timeout_seconds, keeper.stop, KILL_GRACE_SECONDS)
         wall = time.monotonic() - started
         result = _read_result(work_dir / RESULT_NAME)
@@ -225,8 +246,10 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             logs.close()
             return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
         outcome = classify(returncode, result, list(logs.tail), timed_out, keeper.cancelled)
-        if sandbox is not None and not outcome.ok:
-            outcome = limit_outcome(outcome, child.limit, returncode, list(logs.tail), sandbox.policy.limits)
+        if settings.sandbox != "off" and not outcome.ok:
+            outcome = limit_outcome(outcome, child.limit, returncode, list(logs.tail), policy.limits)
+        if child.lost is not None and not (keeper.cancelled or timed_out):  # the runner's failing, not the model's
+            outcome = Outcome("infra", "COMPILE_RUNNER_LOST", child.lost)
         logger.info("compiler finished", extra={"returncode": returncode, "seconds": round(wall, 2),
                                                 "error_class": outcome.error_class, "code": outcome.code})
         logs.service(f"compiler exited with {returncode} after {wall:.1f}s: "
@@ -234,9 +257,39 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
         if not outcome.ok or result is None:
             return _fail(services, claim, outcome, logs, logger)
         result.setdefault("compile_seconds", round(wall, 3))
+        if dirs.spooled is not None:
+            try:  # publish the worker's own copy: no link the compile left is followed, no file changes later
+                out_dir = copy_outputs(out_dir, result, tmp / "out")
+            except OSError as exc:
+                return _fail(services, claim, Outcome("compile", "BAD_OUTPUT", shorten(str(exc))), logs, logger)
         return _succeed(services, claim, worker_id, out_dir, result, keeper, logs, logger)
     finally:
         logs.close()
+
+
+def _start(settings: Settings, claim: leases.Claim, dirs: _Dirs, tmp: Path, logs: LogStream,
+           policy: Policy) -> CompilerProcess | SpoolProcess:
+    """The compile child of this attempt, started in the worker's sandbox, or handed to the pod's runner."""
+    if dirs.spooled is not None:
+        return SpoolProcess(dirs.spooled, logs=logs, limits=policy.limits, timeout=settings.compile_timeout_seconds,
+                            target=claim.target, max_log_bytes=settings.sandbox_max_log_mb * 1024 * 1024,
+                            pickup_seconds=settings.compile_runner_pickup_seconds,
+                            stale_seconds=settings.compile_runner_stale_seconds)
+    # The child sees its model and request read-only, writes only its work and output directories, and
+    # gets a private inductor cache at the path the cpu backend uses (that path is in what it generates).
+    private = tmp / "inductor-cache", tmp / "tmp"
+    for directory in private:
+        directory.mkdir()
+    mounts = Mounts(read_only=[dirs.model, dirs.request], writable=[dirs.work, dirs.out],
+                    private={dirs.work.parent / INDUCTOR_CACHE_NAME: private[0]})
+    env = child_environment(os.environ, claim.target)
+    sandbox = sandbox_for(policy, mounts, env)
+    if sandbox is None:
+        # torch keeps caches under TMPDIR (/tmp/torchinductor_<user>) that every compile would otherwise
+        # share: a compile's temporary files are its own (the sandbox gives it a private /tmp).
+        env["TMPDIR"] = str(private[1])
+    return CompilerProcess([sys.executable, "-m", "workers.compile_child", str(dirs.request)],
+                           cwd=dirs.work, env=env, logs=logs, sandbox=sandbox)
 
 
 def _read_result(path: Path) -> dict[str, Any] | None:

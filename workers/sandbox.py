@@ -30,8 +30,9 @@ Why bubblewrap: a Debian package, no daemon and no setuid (it runs on unprivileg
 tool Flatpak builds on, and one process per compile with a start cost of milliseconds. nsjail and gVisor
 need a build or a runtime of their own; a container per compile needs a container engine on the worker.
 Where user namespaces cannot be had (a Kubernetes pod without them, Docker's default seccomp profile),
-:func:`probe` fails and the worker refuses to start unless ``COMPILESVC_SANDBOX=off`` says the operator
-isolates compiles some other way (docs/deploy.md gives the pod-level layout).
+:func:`probe` fails and the worker refuses to start unless ``COMPILESVC_SANDBOX=pod`` hands compiles to a
+secret-less compile container of its pod (:mod:`workers.compile_runner`, :mod:`workers.spool_process`) or
+``COMPILESVC_SANDBOX=off`` says the operator isolates compiles some other way (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -249,6 +250,10 @@ class Sandbox:
                      "--clear-groups", "--"]
         return args + command
 
+    def process_cwd(self, cwd: Path) -> Path:
+        """Where the process this sandbox starts begins: bubblewrap's own root (``--chdir`` sets the child's)."""
+        return Path("/")
+
     def environment(self, cwd: Path) -> dict[str, str]:
         """The child's environment inside: ``HOME`` and ``TMPDIR`` point at what it may write, and ``PATH``
         finds this interpreter's ``python3`` first (a launcher such as pyenv's shims needs files outside the
@@ -282,6 +287,12 @@ class Sandbox:
             return (f"wrote {used} bytes, more than the sandbox's disk limit of {self.policy.limits.disk_bytes} "
                     f"(COMPILESVC_SANDBOX_MAX_DISK_MB)")
         return None
+
+
+def output_limit_why(max_bytes: int) -> str:
+    """Why a compile that printed more than ``max_bytes`` is stopped (the runner's and the pod runner's words)."""
+    return (f"printed more than {max_bytes} bytes of output, the sandbox's output limit "
+            f"(COMPILESVC_SANDBOX_MAX_LOG_MB)")
 
 
 def _tree_bytes(directory: Path) -> int:
@@ -324,6 +335,7 @@ def probe(policy: Policy, env: Mapping[str, str], scratch: Path) -> None:
             f"the compile sandbox does not start on this host ({reason}). bubblewrap needs unprivileged user "
             f"namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; in a "
             f"container, a seccomp and AppArmor profile that allow them), and the sandbox user "
-            f"(COMPILESVC_SANDBOX_USER) must be able to run this Python. Or set COMPILESVC_SANDBOX=off if "
-            f"this worker is isolated another way (docs/deploy.md, 'Compile isolation')")
+            f"(COMPILESVC_SANDBOX_USER) must be able to run this Python. Or set COMPILESVC_SANDBOX=pod with a "
+            f"compile container beside this worker, or COMPILESVC_SANDBOX=off if this worker is isolated "
+            f"another way (docs/deploy.md, 'Compile isolation')")
 

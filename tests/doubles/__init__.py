@@ -58,6 +58,9 @@ please supply compiler argument target" RuntimeError; neuronx-cc rejects unknown
 ``slow:N``
     the compiler prints a progress line every 0.25 s for N seconds (float), then succeeds. For the
     runner's timeout and cancel tests: it runs as a grandchild in the child's process group.
+``linger:group`` / ``linger:session``
+    the compiler starts a process that sleeps 300 s (its command line names ``double-linger``) in its own
+    process group or in a session of its own, then succeeds: for what a runner leaves behind.
 ``exit:N``
     the compiler prints the internal-error banner with no code and exits N: an unknown failure.
 ``missing-lib``
