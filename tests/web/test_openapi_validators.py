@@ -9,10 +9,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from openapi_spec_validator import validate
 
 from tests.web.node_tools import node_tool
 from tests.web.support import Env
+from web.openapi import operation
 
 #: Spectral warnings we keep: (rule, path prefix) -> why. Any other warning fails the test.
 KEPT_WARNINGS: dict[tuple[str, str], str] = {
@@ -64,3 +66,10 @@ def _kept(finding: dict[str, Any]) -> bool:
     where = ".".join(map(str, finding["path"]))
     return any(finding["code"] == rule and where.startswith(prefix) for rule, prefix in KEPT_WARNINGS)
 
+
+
+def test_an_operation_with_an_undeclared_tag_or_no_description_is_refused_at_declaration() -> None:
+    with pytest.raises(ValueError, match="tag 'nope' is not one of"):
+        operation(summary="s", tag="nope", description="d")
+    with pytest.raises(ValueError, match="no description"):
+        operation(summary="s", tag="builds", description="")
