@@ -19,6 +19,7 @@ from tests.web.node_tools import node_tool
 
 pytestmark = pytest.mark.slow
 
+AXE = "axe-core/axe.min.js"  # under .ci/node/node_modules
 VIEWPORTS = {"laptop": {"width": 1366, "height": 768}, "phone": {"width": 390, "height": 844}}
 
 
@@ -76,9 +77,6 @@ def axe_page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     opened.set_default_timeout(30_000)
     yield opened
     context.close()
-
-
-AXE = "axe-core/axe.min.js"
 
 
 def serious_violations(page: Any) -> list[str]:
