@@ -20,7 +20,8 @@ dev: install sandbox-tools
 sandbox-tools:
 	.ci/sandbox-tools
 
-# System tools of the tests (nginx for the reverse-proxy tests): installed when missing, where possible.
+# System tools of the tests (nginx for the reverse-proxy tests, Chromium for the browser suite) and their Node
+# tools (Spectral, axe-core: `npm ci` into .ci/node): installed when missing, where possible.
 test-tools:
 	.ci/test-tools
 

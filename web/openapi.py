@@ -45,8 +45,8 @@ REF = "#/components/schemas/{model}"
 @dataclass(frozen=True)
 class Op:
     summary: str
-    tag: str
-    description: str = ""
+    tag: str  # one of TAGS
+    description: str  # what the summary leaves out: the document has one for every operation
     request: type[BaseModel] | None = None
     request_media: str = "application/json"
     request_schema: dict[str, Any] | None = None  # for non-JSON bodies (uploads)
@@ -65,10 +65,31 @@ class Op:
     access: str | None = None
 
 
+#: The document's tags, in the order readers see them: every operation's tag must be one of these.
+TAGS: dict[str, str] = {
+    "builds": "Submit compile specs and follow, cancel and retry the builds they start.",
+    "logs": "A build's compile logs: pages to poll, or a live Server-Sent Events stream.",
+    "models": "Upload the model files specs refer to.",
+    "artifacts": "Published artifacts: manifests, download URLs, signatures and provenance; resolving a spec "
+                 "to its keys without building.",
+    "campaigns": "Roll published artifacts forward to another Neuron SDK release.",
+    "retention": "Pins that keep artifacts from garbage collection.",
+    "subscriptions": "Service-wide event subscriptions: signed webhooks for every build's changes.",
+    "tokens": "API tokens: make, list and revoke them.",
+    "system": "Health, readiness, metrics, and the workers and queues.",
+}
+
+
 def operation(**kwargs: Any) -> Callable[[F], F]:
     """Declare a view's operation: its query string and headers are read into their models before it runs
-    (and passed as ``query=`` and ``headers=``), and the declaration is its OpenAPI description."""
+    (and passed as ``query=`` and ``headers=``), and the declaration is its OpenAPI description. A tag
+    the document does not declare (:data:`TAGS`) or an operation without a description is refused here,
+    when the module is imported, rather than published."""
     op = Op(**kwargs)
+    if op.tag not in TAGS:
+        raise ValueError(f"operation {op.summary!r}: tag {op.tag!r} is not one of web.openapi.TAGS")
+    if not op.description:
+        raise ValueError(f"operation {op.summary!r}: no description (the document gives one for every operation)")
 
     def wrap(view: F) -> F:
         @functools.wraps(view)
@@ -193,10 +214,8 @@ def build_spec(app: Flask) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     param_defs: dict[str, Any] = {}
     for path, method, op, path_params in sorted(operations, key=lambda o: (o[0], o[1])):
-        item: dict[str, Any] = {"summary": op.summary, "tags": [op.tag],
+        item: dict[str, Any] = {"summary": op.summary, "description": op.description, "tags": [op.tag],
                                 "operationId": f"{method}_{re.sub(r'[^a-zA-Z0-9]+', '_', path).strip('_')}"}
-        if op.description:
-            item["description"] = op.description
         params = list(path_params)
         if op.query is not None:
             params += _model_params(op.query, "query", param_defs)
@@ -253,6 +272,11 @@ def build_spec(app: Flask) -> dict[str, Any]:
                            "RFC 9457 problem details (application/problem+json).",
         },
         "jsonSchemaDialect": "https://spec.openapis.org/oas/3.1/dialect/base",
+        # Where clients reach this deployment (COMPILESVC_PUBLIC_URL): the paths below are relative to it.
+        "servers": [{"url": settings.public_url.rstrip("/") or "/",
+                     "description": "This deployment (COMPILESVC_PUBLIC_URL)"}],
+        "tags": [{"name": name, "description": text} for name, text in TAGS.items()
+                 if any(item.get("tags") == [name] for ops in paths.values() for item in ops.values())],
         "paths": paths,
         "components": {"schemas": {**param_defs, **components}, "securitySchemes": SECURITY_SCHEMES},
     }

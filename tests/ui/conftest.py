@@ -1,4 +1,4 @@
-"""The browser suite's fixtures: one real service per module (:mod:`tests.ui.stack`), seeded with real
+"""The browser suite's fixtures: one real service per test process (:mod:`tests.ui.stack`), seeded with real
 builds, and Chromium driven by Playwright. Screenshots of every step go to
 ``$COMPILESVC_TEST_ARTIFACTS/ui`` (default ``.test-artifacts/ui`` in the repository).
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("COMPILESVC_TEST_ARTIFACTS", REPO / ".test-artifacts")) / "ui"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStack]:
     with running_stack(tmp_path_factory.mktemp("ui") / "data") as running:
         seed(running)
@@ -89,7 +89,8 @@ def page(browser: Any, request: pytest.FixtureRequest, csp_violations: list[str]
 
 
 def shoot(page: Any, name: str) -> Path:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    """The whole page as ``ARTIFACTS/<name>.png`` (``name`` may name a subdirectory)."""
     path = ARTIFACTS / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(path), full_page=True)
     return path

@@ -82,6 +82,25 @@ def test_history_shows_cache_outcome_duration_and_error(make_env: EnvFactory, sq
     assert 'data-live' in page(env, "/")  # running rows refresh themselves
 
 
+def cache_of(build_html: str) -> str:
+    """What a build page's summary says under Cache."""
+    match = re.search(r'<dt>Cache</dt><dd[^>]*>(.*?)</dd>', build_html, re.S)
+    assert match is not None
+    return text_of(match.group(1))
+
+
+def test_a_build_page_and_the_history_say_the_same_about_the_cache(make_env: EnvFactory, sqlite_url: str) -> None:
+    """Issue 27: a set that reused 2 of its 3 buckets read "new set" on its page and "partly reused (2 of 3)"
+    in the history; both now take the words from compilesvc.provenance.cache_outcome."""
+    env = make_env(sqlite_url)
+    ids = scenario(env)
+    history = page(env, "/")
+    for name, build_id in ids.items():
+        listed = re.search(rf'<tr id="build-{build_id}".*?<td class="[^"]*\bcache\b[^"]*">(.*?)</td>', history, re.S)
+        assert listed is not None and cache_of(page(env, f"/builds/{build_id}")) == text_of(listed.group(1)), name
+    assert cache_of(page(env, f"/builds/{ids['bigger']}")) == "partly reused (2 of 3)"
+
+
 def test_build_page_says_where_each_bucket_came_from(make_env: EnvFactory, sqlite_url: str) -> None:
     env = make_env(sqlite_url)
     ids = scenario(env)
@@ -90,7 +109,7 @@ def test_build_page_says_where_each_bucket_came_from(make_env: EnvFactory, sqlit
     assert "bucket input_ids: int64[4, 64], attention_mask: int64[4, 64] is new" in bigger
 
     hit = page(env, f"/builds/{ids['hit']}")
-    assert f'href="/builds/{ids["built"]}"' in hit and "every bucket reused, nothing compiled" in text_of(hit)
+    assert f'href="/builds/{ids["built"]}"' in hit and cache_of(hit) == "hit"
     # A hit shows no compile log as its own: it points at the builds whose compiles it reused.
     assert 'id="log"' not in hit and f'href="/builds/{ids["built"]}#compile-log"' in hit
     assert "Lines of buckets 0, 1 are from the earlier compiles this build reused" in text_of(

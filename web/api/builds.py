@@ -242,6 +242,11 @@ def miss(build_id: int) -> Response:
 @bp.get("/<ledger_id:build_id>")
 @operation(summary="A build: state, buckets, events, and the artifact once published", tag="builds",
            access=Permission.READ,
+           description="The build's state and cache outcome, each bucket's compile (state, attempts, worker, "
+                       "times, the failure history, and where it came from: compiled by this build, joined, "
+                       "reused or a remembered failure), the state changes in order, and the published "
+                       "artifact with download URLs once every bucket succeeded. 404 for a build this token's "
+                       "team may not read, as for one that does not exist.",
            responses={200: BuildOut}, problems=(404,))
 def get_build(build_id: int) -> Response:
     g.build_id = build_id
@@ -287,6 +292,9 @@ def cancel(build_id: int) -> Response:
 
 @bp.post("/<ledger_id:build_id>/retry")
 @operation(summary="Retry a build's failed or cancelled compiles", tag="builds", access=Permission.SUBMIT,
+           description="Queues the build's failed and cancelled compiles again (a compile error is cached for its "
+                       "key until someone retries it) and makes the build `building` again; the compiles that "
+                       "succeeded are kept. 409 when there is nothing to retry.",
            responses={202: BuildStateOut}, problems=(404, 409),
            response_headers={202: {"Location": "The build's status URL."}})
 def retry(build_id: int) -> Response:
@@ -300,6 +308,9 @@ def _build_state(ctx: WebContext, build_id: int, who: Reader) -> str | None:
 
 @bp.get("/<ledger_id:build_id>/logs")
 @operation(summary="Compile log lines of a build, in order", tag="logs", query=LogsQuery, access=Permission.READ,
+           description="A page of the central log of every compile of the build (each line names its bucket "
+                       "key, attempt and stream). Poll with `after` set to the previous `next_after`; "
+                       "`finished` is true once the build is over and every line was returned.",
            responses={200: LogPage}, problems=(400, 404))
 def logs(build_id: int, query: LogsQuery) -> Response:
     g.build_id = build_id

@@ -91,6 +91,8 @@ def rollforward() -> Response:
 
 @bp.get("")
 @operation(summary="Campaigns, newest first", tag="campaigns", access=Permission.READ, query=CampaignListQuery,
+           description="Roll-forward campaigns with their SDK releases, selection and progress counts; empty "
+                       "for a token that may not read every team's builds.",
            responses={200: CampaignList})
 def list_campaigns(query: CampaignListQuery) -> Response:
     ctx = web()
@@ -102,6 +104,9 @@ def list_campaigns(query: CampaignListQuery) -> Response:
 
 @bp.get("/<ledger_id:campaign_id>")
 @operation(summary="A campaign and its progress", tag="campaigns", access=Permission.READ,
+           description="The campaign's selection and progress: built, hit, failed (with the compiler's error) "
+                       "and refused items. 404 for an unknown campaign, and for a token that may not read every "
+                       "team's builds.",
            responses={200: CampaignOut}, problems=(404,))
 def get_campaign(campaign_id: int) -> Response:
     ctx = web()

@@ -30,7 +30,9 @@ def pin_json(row: RetentionPin) -> dict[str, Any]:
 
 
 @bp.get("")
-@operation(summary="Retention pins", tag="retention", access=Permission.READ, responses={200: PinList})
+@operation(summary="Retention pins", tag="retention", access=Permission.READ, responses={200: PinList},
+           description="The pins that keep artifacts from `compilesvc gc`, those this token's team may read, "
+                       "oldest first.")
 def list_pins() -> Response:
     with web().services.sessions() as session:
         rows = session.scalars(select(RetentionPin).where(*team_reads.pin_conditions(readers.reader()))
@@ -58,6 +60,8 @@ def create_pin() -> Response:
 
 @bp.delete("/<ledger_id:pin_id>")
 @operation(summary="Remove a pin", tag="retention", access=Permission.ADMIN, responses={200: PinOut},
+           description="Answers the removed pin. The artifacts it kept fall under the retention policy again "
+                       "from the next `compilesvc gc`.",
            problems=(404,))
 def delete_pin(pin_id: int) -> Response:
     with transaction(web().services.sessions) as session:

@@ -38,7 +38,9 @@ def subscription_json(session: Session, row: EventSubscription) -> dict[str, Any
 
 @bp.get("")
 @operation(summary="Event subscriptions and their recent deliveries", tag="subscriptions",
-           access=Permission.ADMIN, responses={200: SubscriptionList})
+           access=Permission.ADMIN, responses={200: SubscriptionList},
+           description="Every service-wide subscription (a URL and the event it receives) with its recent "
+                       "deliveries and their state: what a receiver was sent and whether it answered.")
 def list_subscriptions() -> Response:
     with web().services.sessions() as session:
         rows = session.scalars(select(EventSubscription).order_by(EventSubscription.id)).all()

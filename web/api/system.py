@@ -37,7 +37,9 @@ BROKER_TIMEOUT_SECONDS = 2.0
 
 
 @bp.get("/healthz")
-@operation(summary="Liveness (static)", tag="system", responses={200: HealthOut}, access=PUBLIC)
+@operation(summary="Liveness (static)", tag="system", responses={200: HealthOut}, access=PUBLIC,
+           description="200 whenever the process serves HTTP; it checks nothing else (`/readyz` does). For a "
+                       "liveness probe.")
 def healthz() -> Response:
     return Response(_HEALTH_BODY, mimetype="application/json")
 
@@ -59,6 +61,8 @@ def _check_store(ctx: WebContext) -> None:
 
 @bp.get("/readyz")
 @operation(summary="Readiness: ledger, broker and store reachable", tag="system", access=PUBLIC,
+           description="Checks each dependency and names each one's result; 503 when any is unreachable, so a "
+                       "load balancer stops sending requests to this process.",
            responses={200: ReadyOut}, problems=(503,))
 def readyz() -> Response:
     ctx = web()
@@ -85,14 +89,18 @@ def readyz() -> Response:
 
 @bp.get("/metrics")
 @operation(summary="Prometheus metrics", tag="system", responses={200: CONTENT_TYPE_LATEST.split(";")[0]},
-           access=METRICS)
+           access=METRICS,
+           description="This API process's metrics in the Prometheus text format. Needs no token unless "
+                       "`COMPILESVC_PUBLIC_METRICS` is false (then a read token).")
 def metrics() -> Response:
     return Response(generate_latest(web().metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 @bp.get("/v1/workers")
 @operation(summary="Workers and queues", tag="system", query=WorkersQuery, responses={200: WorkersOut},
-           access=Permission.READ)
+           access=Permission.READ,
+           description="The registered workers (live ones, with a recent heartbeat, unless `all`), what each can "
+                       "compile and runs now, and each queue's depth, naming the queues no live worker serves.")
 def workers(query: WorkersQuery) -> Response:
     ctx = web()
     include_all = query.all

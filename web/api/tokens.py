@@ -31,6 +31,8 @@ def token_json(row: ApiToken) -> dict[str, Any]:
 
 @bp.get("")
 @operation(summary="API tokens (never their secrets)", tag="tokens", access=Permission.ADMIN, query=TokenListQuery,
+           description="Each token's name, owner, team, scopes and expiry; revoked ones only with `all`. "
+                       "Secrets are stored hashed and shown only when a token is made.",
            responses={200: TokenList})
 def list_tokens(query: TokenListQuery) -> Response:
     with web().services.sessions() as session:

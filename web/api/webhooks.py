@@ -19,6 +19,8 @@ bp = Blueprint("webhooks", __name__, url_prefix="/v1/builds")
 
 @bp.get("/<ledger_id:build_id>/webhooks")
 @operation(summary="A build's webhooks: URLs, deliveries and every try", tag="builds", access=Permission.READ,
+           description="The callback URLs of the build's spec, each delivery (the event, its state) and every "
+                       "attempt with the receiver's status or the error: why a callback did not arrive.",
            responses={200: WebhookDeliveries}, problems=(404,))
 def build_webhooks(build_id: int) -> Response:
     g.build_id = build_id

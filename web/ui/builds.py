@@ -137,6 +137,7 @@ def build_page(build_id: int) -> str:
                            components=artifact.components, material=artifact.material, log_after=tail,
                            log_tail=LOG_TAIL, remembered=remembered, compiled_any=How.COMPILED in hows,
                            may_control=who is not None and who.may_control(team), key_owner=key_owner,
+                           cache=cache_outcome(detail.build.outcome, detail.build.provenance),
                            timeline=timeline(build),
                            provenance=provenance_view(ctx, artifact.key, build["artifact_state"]))
 

@@ -26,6 +26,9 @@ from web.ui.filters import duration
 WIDTH, HEIGHT = 760, 220
 LEFT, RIGHT, TOP, BOTTOM = 64, 8, 10, 26
 ROW, LABEL_WIDTH = 22, 220
+#: A horizontal chart's right margin: its last value label is centred on the plot's right edge, and half of
+#: the widest ("2 min 30 s") must fit beside it.
+VALUE_LABEL_RIGHT = 40
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ def bar_chart(labels: Sequence[str], series: Sequence[Series], *, stacked: bool,
     """Horizontal bars per category (models and targets, error classes): stacked, or one under another."""
     lanes = 1 if stacked else len(series)
     height = TOP + BOTTOM + ROW * lanes * max(len(labels), 1)
-    plot_w, plot_h = WIDTH - LABEL_WIDTH - RIGHT, height - TOP - BOTTOM
+    plot_w, plot_h = WIDTH - LABEL_WIDTH - VALUE_LABEL_RIGHT, height - TOP - BOTTOM
     top = nice_ceiling(_peak(series, len(labels), stacked), durations=axis is axis_seconds)
     bars: list[Bar] = []
     for i, k, one, value, below in _segments(labels, series, stacked):
