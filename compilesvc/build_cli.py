@@ -216,7 +216,10 @@ def submit(spec_path: str, api: str | None, wait: bool, as_json: bool, timeout: 
     accepted = call(client, "POST", path, spec.model_dump(mode="json", exclude_none=True), headers)
     build_id = accepted["build_id"]
     replayed = " (the first answer to this Idempotency-Key)" if accepted.get("replayed") else ""
-    reporter.line(f"build {build_id} {accepted['outcome']}{replayed}: {build_page(client, build_id)}")
+    told = accepted["outcome"]
+    if told == "join" and accepted.get("state") == BuildState.FAILED:
+        told = f"failed before: its failure is remembered until `compilesvc retry {build_id}`"
+    reporter.line(f"build {build_id} {told}{replayed}: {build_page(client, build_id)}")
     try:
         # The build as GET describes it: a hit's buckets and where each bucket came from (the POST answer,
         # the submit's hot path, has neither).

@@ -71,6 +71,22 @@ class CommandFailed(click.ClickException):
     """The command's work failed (exit status 1)."""
 
 
+#: Top-level modules of the ``server`` extra (pyproject.toml; tests/test_client_install.py keeps the two in
+#: step): a command that imports one runs part of the service, not the client.
+SERVER_PACKAGES = frozenset({"sqlalchemy", "alembic", "psycopg", "boto3", "botocore", "s3transfer", "celery",
+                             "kombu", "redis", "flask", "werkzeug", "prometheus_client", "gunicorn", "http_sfv",
+                             "limits"})
+
+
+def _needs_server(name: str) -> click.Command:
+    def refuse() -> None:
+        raise BadInput(f"`compilesvc {name}` runs part of the service, which this client install lacks: "
+                       "pip install 'compilesvc[server]'")
+
+    return click.Command(name, callback=refuse, help="(needs the server install: compilesvc[server])",
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+
+
 class _Main(click.Group):
     """The root group: built-in commands, lazily loaded plugin commands, one-line errors."""
 
@@ -97,6 +113,11 @@ class _Main(click.Group):
             if ep is not None:
                 try:
                     loaded = ep.load()
+                except ModuleNotFoundError as exc:
+                    if (exc.name or "").partition(".")[0] not in SERVER_PACKAGES:
+                        _warn(f"skipping command {name!r} ({ep.value}): {type(exc).__name__}: {exc}")
+                    else:  # listed, with what to install, rather than missing as if mistyped
+                        command = _needs_server(name)
                 except Exception as exc:  # any import-time failure of someone else's module
                     _warn(f"skipping command {name!r} ({ep.value}): {type(exc).__name__}: {exc}")
                 else:
@@ -144,6 +165,10 @@ class _Main(click.Group):
             _fail(str(exc.message), exc.exit_code)
         except click.Abort:
             _fail("aborted", 1)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] not in SERVER_PACKAGES:
+                raise
+            _fail(f"this needs the server install ({exc.name} is missing): pip install 'compilesvc[server]'", 2)
         except ValueError as exc:
             from compilesvc.signing import KeyFileError  # here: most commands never load cryptography
 

@@ -27,17 +27,17 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.orm import Session, sessionmaker
-
 from compilesvc.config import Settings
 from compilesvc.model_pins import ModelChangedError, ModelRefError, PinnedModel
-from compilesvc.s3_models import S3Models
 from compilesvc.spec import ModelRef
 from compilesvc.store.base import SHA256_RE, ArtifactStore
 from compilesvc.store.hashing import CHUNK_SIZE, copy_hashing, verified_file
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from compilesvc.s3_models import S3Models
 
 BLOB_PREFIX = "blob:sha256:"
 _PIN_ATTEMPTS = 3
@@ -73,9 +73,21 @@ class ModelResolver:
         self.settings = settings
         self.store = store
         self.sessions = sessions
-        self.s3 = S3Models(settings, sessions, s3_client=s3_client)
+        self._s3_client = s3_client
+        self._s3: S3Models | None = None
         self._file_hashes: dict[tuple[str, int, int], str] = {}
         self._lock = threading.Lock()
+
+    @property
+    def s3(self) -> S3Models:
+        """S3 models, made on first use: boto3 and the ledger's tables load only for an ``s3://`` model, so
+        ``compilesvc key`` on a client install (no server packages) hashes file and blob models without
+        them."""
+        if self._s3 is None:
+            from compilesvc.s3_models import S3Models
+
+            self._s3 = S3Models(self.settings, self.sessions, s3_client=self._s3_client)
+        return self._s3
 
     @property
     def s3_client(self) -> S3Client:

@@ -333,8 +333,10 @@ class Submitter:
             elif artifact.state == ArtifactState.BUILDING:
                 outcome = Outcome.JOIN
             else:  # failed, cancelled or deleted: reopen unless a bucket failed for good (negative cache)
-                outcome = Outcome.JOIN
                 outbox_ids = set_changes.reopen(session, artifact, ctx, queued)
+                # Compiles queued again are this build's own work (new); a remembered failure, or a compile
+                # still running, is something this build follows (join).
+                outcome = Outcome.NEW if queued else Outcome.JOIN
             if not shared:
                 set_changes.settle(session, artifact)
             # Read once: what this build got of each bucket, and the states `finalize` looks at.

