@@ -250,16 +250,20 @@ class Settings(BaseSettings):
     @classmethod
     def _database_url(cls, value: str | None) -> str | None:
         if value and value.startswith("sqlite"):
-            from compilesvc.db import sqlite_timeout  # SQLAlchemy: only when a SQLite URL is given
-
+            try:
+                from compilesvc.db import sqlite_timeout  # SQLAlchemy: only when a SQLite URL is given
+            except ModuleNotFoundError:  # a client install: the server checks it when it starts
+                return value
             sqlite_timeout(value)  # a ValueError names the bad timeout
         return value
 
     @field_validator("submit_rate_limit")
     @classmethod
     def _rate_limit(cls, value: str) -> str:
-        from limits import parse_many  # only when Settings are built: importing config stays light
-
+        try:
+            from limits import parse_many  # only when Settings are built: importing config stays light
+        except ModuleNotFoundError:  # a client install, which limits nothing: the API checks it when it starts
+            return value
         try:
             parse_many(value)
         except ValueError:
