@@ -39,6 +39,7 @@ from compilesvc.spec_parsing import parse_spec
 from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_FLAGS_SETTING
+from tests.fixtures.ports import free_port
 from tests.fixtures.tokens import BOOTSTRAP_TOKEN
 from tests.fixtures.waiting import wait_for
 
@@ -140,6 +141,24 @@ class Cluster:
 
         wait_for(ready, timeout, "the API to be ready", interval=0.2)
         return api
+
+    def start_service(self, concurrency: int = 2) -> int:
+        """A worker, the relay and one API process: the service as a CI job or a fleet host meets it. Returns
+        the API's port, which its download URLs name (``COMPILESVC_PUBLIC_URL``)."""
+        self.start_worker("w1", concurrency=concurrency)
+        self.start_relay()
+        port = free_port()
+        self.start_api(port, workers=1, env={"COMPILESVC_PUBLIC_URL": f"http://127.0.0.1:{port}"})
+        return port
+
+    @staticmethod
+    def client_env(port: int, tmp: Path) -> dict[str, str]:
+        """A CLI client's environment for the API on ``port``: the caller's, with no service setting, the
+        bootstrap token and no config file."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILESVC_", "AWS_"))}
+        env.update({"COMPILESVC_API_URL": f"http://127.0.0.1:{port}", "COMPILESVC_TOKEN": BOOTSTRAP_TOKEN,
+                    "COMPILESVC_CONFIG": str(tmp / "no-config.toml")})
+        return env
 
     def dump_stacks(self) -> None:
         """SIGUSR1 to every process of every group: workers print all Python stacks (faulthandler)."""

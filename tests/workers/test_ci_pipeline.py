@@ -26,10 +26,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "ci" / "pipeline.sh"
 
 def test_a_ci_pipeline_gets_the_documented_exit_statuses(make_cluster: MakeCluster, tmp_path: Path) -> None:
     cluster = make_cluster()
-    cluster.start_worker("w1", concurrency=2)
-    cluster.start_relay()
-    api_port = free_port()
-    cluster.start_api(api_port, workers=1)
+    api_port = cluster.start_service()
     work = tmp_path / "pipeline"
     work.mkdir()
     proxy = CuttingProxy(api_port, work / "cut-next-submit")
@@ -69,19 +66,13 @@ def test_the_documented_retry_wrapper_retries_only_exit_3_and_keeps_every_status
     # Seen: "… && break; [ $? = 3 ] || exit $?" turned three exit-3s into a green job, and a 2 into a 1.
     wrapper = doc_block("ci.md", "To retry only infrastructure failures")
     cluster = make_cluster()
-    cluster.start_worker("w1", concurrency=1)
-    cluster.start_relay()
-    api_port = free_port()
-    cluster.start_api(api_port, workers=1)
+    base = cluster.client_env(cluster.start_service(concurrency=1), tmp_path)
     uri = cluster.upload(HLO_MODEL, "model.hlo.pb")
     shims = tmp_path / "bin"
     shims.mkdir()
     (shims / "sleep").write_text('#!/bin/sh\necho "$@" >> "$SLEPT"\n')  # the wrapper's 60 s waits, recorded
     (shims / "sleep").chmod(0o755)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILESVC_", "AWS_"))}
-    base.update({"COMPILESVC_API_URL": f"http://127.0.0.1:{api_port}", "COMPILESVC_TOKEN": BOOTSTRAP_TOKEN,
-                 "COMPILESVC_CONFIG": str(tmp_path / "no-config.toml"),
-                 "PATH": f"{shims}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"})
+    base["PATH"] = f"{shims}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
 
     def job(name: str, spec: dict[str, object]) -> tuple[int, str, list[str]]:
         work = tmp_path / name
@@ -108,14 +99,8 @@ def test_the_cli_says_what_happened_and_what_to_do_next(make_cluster: MakeCluste
     # Seen: `status` of a finished build printed only the key and of a cancelled one "error: build 4 cancelled";
     # a hit's --json had "buckets": []; reused buckets "succeeded in 5.0 s"; no token: "send an HTTP header".
     cluster = make_cluster()
-    cluster.start_worker("w1", concurrency=2)
-    cluster.start_relay()
-    api_port = free_port()
-    cluster.start_api(api_port, workers=1)
+    env = cluster.client_env(cluster.start_service(), tmp_path)
     uri = cluster.upload(HLO_MODEL, "model.hlo.pb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILESVC_", "AWS_"))}
-    env.update({"COMPILESVC_API_URL": f"http://127.0.0.1:{api_port}", "COMPILESVC_TOKEN": BOOTSTRAP_TOKEN,
-                "COMPILESVC_CONFIG": str(tmp_path / "no-config.toml")})
 
     def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(Path(sys.executable).with_name("compilesvc")), *args], env={**env, **extra},

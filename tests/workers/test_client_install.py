@@ -9,7 +9,6 @@ checked, not only those of ``--help``."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,9 +18,7 @@ from pathlib import Path
 
 from compilesvc.cli import SERVER_PACKAGES
 from tests.doubles.compiler_flags import DOUBLE_FLAGS_SETTING
-from tests.fixtures.ports import free_port
 from tests.fixtures.signing import trust_env
-from tests.fixtures.tokens import BOOTSTRAP_TOKEN
 from tests.workers.conftest import HLO_MODEL, Cluster
 
 MakeCluster = Callable[..., Cluster]
@@ -58,16 +55,10 @@ def test_the_client_install_declares_no_server_package_and_the_cli_knows_them_al
 
 def test_a_ci_job_and_a_fleet_host_work_from_the_client_install(make_cluster: MakeCluster, tmp_path: Path) -> None:
     cluster = make_cluster()
-    cluster.start_worker("w1", concurrency=1)
-    cluster.start_relay()
-    api_port = free_port()
-    # The local store's download URLs name the API that serves them.
-    cluster.start_api(api_port, workers=1, env={"COMPILESVC_PUBLIC_URL": f"http://127.0.0.1:{api_port}"})
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILESVC_", "AWS_"))}
-    env.update({"COMPILESVC_API_URL": f"http://127.0.0.1:{api_port}", "COMPILESVC_TOKEN": BOOTSTRAP_TOKEN,
-                "COMPILESVC_CONFIG": str(tmp_path / "no-config.toml"), "COMPILESVC_CACHE_DIR": str(tmp_path / "cache"),
+    env = cluster.client_env(cluster.start_service(concurrency=1), tmp_path)
+    env.update({"COMPILESVC_CACHE_DIR": str(tmp_path / "cache"), **trust_env(cluster.services),
                 # `key` checks flags as the service does: the service here accepts the double's flag.
-                "COMPILESVC_EXTRA_COMPILER_FLAGS": DOUBLE_FLAGS_SETTING, **trust_env(cluster.services)})
+                "COMPILESVC_EXTRA_COMPILER_FLAGS": DOUBLE_FLAGS_SETTING})
 
     def client(*args: str) -> subprocess.CompletedProcess[str]:
         run = subprocess.run([sys.executable, "-c", BLOCKED_CLIENT, *args], env=env, cwd=tmp_path,
