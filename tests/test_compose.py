@@ -463,6 +463,7 @@ def test_cpu_image_installs_the_pinned_torch_from_the_cpu_index() -> None:
     assert _arg_default(DOCKERFILE, "PYTHON_IMAGE") == "python:3.11-slim"
     assert re.search(r"^USER compilesvc$", text, re.MULTILINE)
     assert 'ENTRYPOINT ["compilesvc"]' in text
+    assert "p['optional-dependencies']['server']" in text  # the image runs the service, not only the client
 
 
 def test_neuron_image_defaults_agree_with_compose(services: dict[str, dict[str, Any]]) -> None:
@@ -472,7 +473,7 @@ def test_neuron_image_defaults_agree_with_compose(services: dict[str, dict[str, 
     assert _arg_default(DOCKERFILE_NEURON, "NEURON_DLC_IMAGE").startswith("public.ecr.aws/neuron/")
     text = DOCKERFILE_NEURON.read_text()
     assert "pip.repos.neuron.amazonaws.com" in text
-    assert '"/src[neuron]"' in text and "[cpu" not in text
+    assert '"/src[server,neuron]"' in text and "cpu]" not in text  # the worker's packages, not the cpu torch pin
     # The DLC's Python must be able to install compilesvc (requires-python).
     assert re.search(r"-py3(1[1-9])-", args["NEURON_DLC_TAG"]), "compilesvc needs Python >= 3.11"
 
