@@ -31,6 +31,14 @@ from compilesvc.signing import SignatureError, TrustedKeys, Verified
 DEFAULT_PARALLEL = 4
 
 
+@dataclass(frozen=True)
+class _Signed:
+    """A signature bundle, as the cache keeps it, and what verifying it said."""
+
+    verified: Verified
+    bundle: bytes
+
+
 class NotCached(FleetError):
     """Offline (or with a read-only cache) and the artifact is not in the cache."""
 
@@ -151,13 +159,13 @@ class Fetcher:
         self.cache.publish(published.manifest, placed, bundle)
         return report
 
-    def _check(self, bundle: bytes, manifest: ArtifactManifest) -> tuple[Verified, bytes]:
+    def _check(self, bundle: bytes, manifest: ArtifactManifest) -> _Signed:
         try:
-            return verify_artifact(self.trusted, bundle, manifest), bundle
+            return _Signed(verify_artifact(self.trusted, bundle, manifest), bundle)
         except SignatureError as exc:
             raise Untrusted(str(exc), exc.key_id) from None
 
-    def _cached_signature(self, key: str, manifest: ArtifactManifest) -> tuple[Verified, bytes]:
+    def _cached_signature(self, key: str, manifest: ArtifactManifest) -> _Signed:
         """The cached entry's signature, verified; an entry cached before signatures gets its signature
         from the API (checked the same way, then kept), or is refused offline."""
         bundle = self.cache.read_signature(key)
@@ -169,7 +177,7 @@ class Fetcher:
         checked = self._check(self.remote.signature(key), manifest)
         with contextlib.suppress(OSError):
             if self.cache.writable():
-                self.cache.write_signature(key, checked[1])
+                self.cache.write_signature(key, checked.bundle)
         return checked
 
     def _published(self, key: str) -> Published:
@@ -177,10 +185,10 @@ class Fetcher:
         return self.remote.published(key)
 
     def _report(self, key: str, manifest: ArtifactManifest, placed: list[Placed],
-                signature: tuple[Verified, bytes]) -> FetchReport:
+                signature: _Signed) -> FetchReport:
         return FetchReport(key, self.cache.artifact_dir(key), manifest, files=len(placed),
-                           bytes=sum(p.entry.size for p in placed), key_id=signature[0].key_id,
-                           signature=signature[1])
+                           bytes=sum(p.entry.size for p in placed), key_id=signature.verified.key_id,
+                           signature=signature.bundle)
 
     def _discard(self, key: str) -> None:
         directory = self.cache.artifact_dir(key)
