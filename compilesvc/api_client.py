@@ -188,7 +188,9 @@ class Api:
             except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
                 if attempt == self.retries:
                     reason = getattr(exc, "reason", exc)
-                    raise ApiError(f"cannot reach the API at {self.base}: {reason}") from None
+                    where = " (--api, COMPILESVC_API_URL or the config file)" if self.token_source else ""
+                    raise ApiError(f"cannot reach the API at {self.base}: {reason}; check the address{where}, or "
+                                   "try again later") from None
                 time.sleep(backoff(attempt))
         raise AssertionError("unreachable")
 

@@ -55,6 +55,8 @@ expect_exit 2 invalid -- compilesvc submit "$SPEC_INVALID"
 # 6. The API is down: exit 3, after the client retried.
 expect_exit 3 down -- env COMPILESVC_API_URL="$API_DOWN_URL" compilesvc submit "$SPEC_OK"
 grep -q "cannot reach the API" down.err || fail "no reason given for exit 3: $(cat down.err)"
+grep -q "check the address (--api, COMPILESVC_API_URL or the config file), or try again later" down.err \
+    || fail "exit 3 does not say what to do: $(cat down.err)"
 
 # 7. The network loses the answer to a submit: the client retries with the same Idempotency-Key, so there
 #    is one build.
