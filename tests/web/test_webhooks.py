@@ -4,11 +4,9 @@ recorded and shown by the API; the docs' verification snippet accepts them; refu
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,11 +17,11 @@ from compilesvc.db import transaction
 from compilesvc.ledger.models import utcnow
 from compilesvc.ledger.webhooks import WebhookDelivery
 from compilesvc.webhooks import ID_HEADER, verify
+from tests.fixtures.docs import doc_block
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, fail_build, spec_for
 from tests.web.test_submit import assert_problem
 
-API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 SECRET = "whsec-test-0123456789"
 
 
@@ -73,11 +71,8 @@ def relay_pass(env: Env) -> int:
 
 def docs_verify() -> Any:
     """The verification snippet of docs/api.md, as a receiver would paste it."""
-    text = API_DOC.read_text()
-    code = re.search(r"```python\n(import hashlib, hmac, time\n.*?)```", text, re.S)
-    assert code is not None, "docs/api.md lost its verification snippet"
     scope: dict[str, Any] = {}
-    exec(code[1], scope)
+    exec(doc_block("api.md", "so a captured delivery cannot be replayed later", lang="python"), scope)
     return scope["verify"]
 
 
