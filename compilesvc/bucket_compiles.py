@@ -40,6 +40,7 @@ class BucketView:
     compile_id: int | None = None
     queued_at: datetime | None = None
     origin_build_id: int | None = None  # the build that queued it last (compilesvc.provenance)
+    cancel_requested: bool = False  # running, told to stop: the worker has not ended it yet
 
     @property
     def id(self) -> int | None:
@@ -53,7 +54,8 @@ class BucketView:
                    error_message=bucket.error_message, worker_id=bucket.worker_id,
                    started_at=bucket.started_at, finished_at=bucket.finished_at,
                    compile_seconds=bucket.compile_seconds, failures=tuple(history), compile_id=bucket.id,
-                   queued_at=bucket.queued_at, origin_build_id=bucket.origin_build_id)
+                   queued_at=bucket.queued_at, origin_build_id=bucket.origin_build_id,
+                   cancel_requested=bool(bucket.cancel_requested))
 
 
 def positioned_buckets(session: Session, artifact_id: int) -> list[tuple[BucketCompile, int]]:
@@ -72,7 +74,7 @@ _VIEW_COLUMNS = (BucketCompile.id, BucketCompile.key, BucketCompile.inputs, Buck
                  BucketCompile.attempts, BucketCompile.error_class, BucketCompile.error_code,
                  BucketCompile.error_message, BucketCompile.worker_id, BucketCompile.started_at,
                  BucketCompile.finished_at, BucketCompile.compile_seconds, BucketCompile.queued_at,
-                 BucketCompile.origin_build_id)
+                 BucketCompile.origin_build_id, BucketCompile.cancel_requested)
 
 
 def bucket_views(session: Session, artifact_id: int, *, history: bool = True) -> list[BucketView]:

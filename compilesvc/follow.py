@@ -53,7 +53,8 @@ def bucket_detail(bucket: dict[str, Any]) -> str:
     elsewhere = f" from build {source}" if source is not None else ""
     if state == BucketState.RUNNING:
         attempts = int(bucket.get("attempts") or 0)
-        return f" on {bucket.get('worker_id')}" + (f", attempt {attempts}" if attempts > 1 else "")
+        stopping = " (cancelled, stopping)" if bucket.get("cancel_requested") else ""
+        return f" on {bucket.get('worker_id')}" + (f", attempt {attempts}" if attempts > 1 else "") + stopping
     if state == BucketState.SUCCEEDED:
         if how == "reused":
             return f" (reused{elsewhere})"

@@ -89,6 +89,8 @@ class BucketOut(_Out):
     error_code: str | None
     error_message: str | None
     worker_id: str | None = None
+    cancel_requested: bool = Field(default=False, description="A running compile told to stop (its build was "
+                                                               "cancelled); the worker has not ended it yet.")
     started_at: datetime | None = None
     finished_at: datetime | None = None
     compile_seconds: float | None = None

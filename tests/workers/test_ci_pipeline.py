@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -131,9 +132,18 @@ def test_the_cli_says_what_happened_and_what_to_do_next(make_cluster: MakeCluste
     assert queued.returncode == 0, queued.stderr
     build_id = queued.stdout.strip()
     assert cli("cancel", build_id).returncode == 0
-    cancelled = cli("status", build_id)
-    assert cancelled.returncode == 4, cancelled.stderr
-    assert f"build {build_id} cancelled" in cancelled.stdout and ": cancelled" in cancelled.stdout
+    # A compile already running is stopped by its worker: until then its line says so, then it reads cancelled.
+    deadline = time.monotonic() + 60
+    while True:
+        cancelled = cli("status", build_id)
+        assert cancelled.returncode == 4, cancelled.stderr
+        assert f"build {build_id} cancelled" in cancelled.stdout
+        running = re.findall(r"^  bucket 0 \(.*\): running on .*$", cancelled.stdout, re.M)
+        assert all(line.endswith("(cancelled, stopping)") for line in running), cancelled.stdout
+        if not running or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert re.search(r"^  bucket 0 \(.*\): cancelled$", cancelled.stdout, re.M), cancelled.stdout
     assert cancelled.stderr.strip() == (f"error: build {build_id} was cancelled: `compilesvc retry {build_id}` "
                                         "builds its cancelled compiles again")
 

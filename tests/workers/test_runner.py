@@ -410,12 +410,12 @@ def test_a_changed_model_fails_until_a_new_submit_pins_the_same_bytes_again(serv
     with services.sessions() as session:
         assert session.scalars(select(Artifact.state)).one() == "failed"
 
-    # The same bytes from another place: same key, so the failed compile is requeued with the new pin.
+    # The same bytes from another place: same key, so the failed compile is compiled anew with the new pin.
     again = tmp_path / "again" / "model.hlo.pb"
     again.parent.mkdir()
     again.write_bytes(b"pinned bytes")
     second = submit(services, uri=again.as_uri())
-    assert (second.artifact_key, second.outcome, second.buckets[0].state) == (first.artifact_key, "join", "queued")
+    assert (second.artifact_key, second.outcome, second.buckets[0].state) == (first.artifact_key, "new", "queued")
     row = bucket(services, second)
     assert row.model["uri"] == again.as_uri()
     assert run_compile(services, row.id, WORKER).status == "succeeded"
