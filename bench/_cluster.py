@@ -31,8 +31,8 @@ import requests
 
 from bench._proc import cpu_seconds
 from bench.api_throughput import free_port
-from compilesvc.config import Settings
-from compilesvc.migrate import upgrade
+from compilesvc.config.settings import Settings
+from compilesvc.ledger.migrate import upgrade
 from compilesvc.services import Services
 from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_FLAGS_SETTING

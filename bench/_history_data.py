@@ -12,7 +12,7 @@ import uuid
 
 from sqlalchemy import Engine, create_engine, text
 
-from compilesvc.db import make_engine
+from compilesvc.ledger.engine import make_engine
 
 ADMIN_URL = os.environ.get("COMPILESVC_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 MODELS = 400  # distinct models; popularity is skewed (model-0 is in ~14% of artifacts)

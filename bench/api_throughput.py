@@ -79,7 +79,7 @@ def free_port() -> int:
 
 def prepare(workdir: Path, ledger: str) -> tuple[dict[str, str], dict[str, Any], str, str | None]:
     """Ledger + store with one published artifact. Returns (env, spec, artifact key, pg url to drop)."""
-    from compilesvc.migrate import upgrade
+    from compilesvc.ledger.migrate import upgrade
     from compilesvc.services import Services
     from tests.web.support import Env, complete_build, make_settings, spec_for
     from web.app import create_app

@@ -18,9 +18,9 @@ import time
 from sqlalchemy import select, text
 
 from bench._table import record
-from compilesvc.db import make_engine, make_sessionmaker, transaction
+from compilesvc.ledger.engine import make_engine, make_sessionmaker, transaction
+from compilesvc.ledger.migrate import upgrade
 from compilesvc.ledger.models import BucketCompile
-from compilesvc.migrate import upgrade
 from tests.fixtures.ledger import create_pg_database, drop_pg_database
 
 

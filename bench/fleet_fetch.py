@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request would bury the table
 
-    from compilesvc.migrate import upgrade
+    from compilesvc.ledger.migrate import upgrade
     from compilesvc.services import Services
     from tests.fixtures.s3server import start_weed, stop_weed
     from tests.fixtures.settings import make_settings

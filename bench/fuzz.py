@@ -33,7 +33,7 @@ from typing import Any
 
 from bench import _table
 from bench._cluster import interrupt_on_signals
-from compilesvc.migrate import upgrade
+from compilesvc.ledger.migrate import upgrade
 from tests.fixtures.ledger import create_pg_database, drop_pg_database
 from tests.web.conformance import MODES, SCOPES, Fuzzer, Tally, close_env, fuzz_env, has_inputs
 

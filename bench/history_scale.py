@@ -3,7 +3,7 @@
 Creates two throwaway Postgres databases (a small one, 1,000 builds by default, and one with ``--rows``
 builds), migrates both with the real migrations, bulk-loads them in SQL (``INSERT … SELECT`` over
 ``generate_series``, with the secondary indexes rebuilt afterwards), ``VACUUM ANALYZE``s, and then times the
-real :mod:`compilesvc.history` and :mod:`compilesvc.stats` calls (the stats for the day and the week
+real :mod:`compilesvc.insights.history` and :mod:`compilesvc.insights.stats` calls (the stats for the day and the week
 windows), each in a fresh session as the API would make them. It prints, per query, the p50, p95 and p99
 latency at both sizes and their ratio (keyset pagination and window-bounded stats should keep the ratio
 near 1), then ``EXPLAIN (ANALYZE, BUFFERS)`` of every statement those calls run on the large database, and
@@ -34,23 +34,23 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bench._history_data import create_database, drop_database, load
 from bench._table import record
-from compilesvc.db import make_engine, make_sessionmaker
-from compilesvc.history import (
+from compilesvc.insights.history import (
     HistoryFilter,
     count_by_state,
     encode_cursor,
     get_build_detail,
     list_builds,
 )
-from compilesvc.migrate import upgrade
-from compilesvc.stats import WINDOWS, Window, compile_times, failures, outcomes, queue_wait, window
+from compilesvc.insights.stats import WINDOWS, Window, compile_times, failures, outcomes, queue_wait, window
+from compilesvc.ledger.engine import make_engine, make_sessionmaker
+from compilesvc.ledger.migrate import upgrade
 
 PAGE = 50
 
 # Targets for a call's p99 at 1,000,000 builds, client side (fresh session, query, ORM objects). Chosen
 # here, as no doc sets a number: a history page is paged through interactively, so a call stays well under the
 # ~100 ms a click feels instant within, beside rendering; the Stats page runs its four reads per window at
-# once, and a read past 100 ms was the cost limit compilesvc.stats' docstring records as fixed.
+# once, and a read past 100 ms was the cost limit compilesvc.insights.stats' docstring records as fixed.
 HISTORY_P99_MS = 50.0
 STATS_P99_MS = 100.0
 
@@ -180,7 +180,7 @@ def time_query(engine: Engine, sessions: sessionmaker[Session], query: Query, re
         samples.append((time.perf_counter_ns() - started) / 1e6)
     samples.sort()
 
-    def rank(p: float) -> float:  # nearest rank, as compilesvc.stats computes its percentiles
+    def rank(p: float) -> float:  # nearest rank, as compilesvc.insights.stats computes its percentiles
         return samples[max(0, math.ceil(p * len(samples)) - 1)]
 
     return Timing(statistics.median(samples), rank(0.95), rank(0.99),
@@ -216,7 +216,7 @@ def _is_setting(statement: str) -> bool:
 @contextmanager
 def recorded_statements(engine: Engine) -> Iterator[list[tuple[str, Any]]]:
     """Captures the SQL and parameters the ORM sends, to EXPLAIN exactly those statements (with the
-    transaction-local settings the call made before them, such as compilesvc.stats turning JIT off)."""
+    transaction-local settings the call made before them, such as compilesvc.insights.stats turning JIT off)."""
     seen: list[tuple[str, Any]] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:

@@ -78,7 +78,7 @@ from bench._pipeline_runs import (
 )
 from bench._table import record
 from compilesvc.demo import demo_model_bytes
-from compilesvc.dispatch import queue_name
+from compilesvc.dispatch.routing import queue_name
 from tests.workers.conftest import NEURON_SDK
 
 BENCH = "pipeline"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from bench import _table
-from compilesvc.config import Settings
+from compilesvc.config.settings import Settings
 from compilesvc.demo import MODEL_FILE, demo_model_bytes, demo_spec
 from workers.child_env import child_environment
 from workers.compiler_process import CompilerProcess

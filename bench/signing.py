@@ -2,7 +2,7 @@
 
 Two figures against the issue's targets (issue 25, "Done when"):
 
-- **signing per publish**: :func:`compilesvc.publishing.sign_published` as a publish runs it, on a real local
+- **signing per publish**: :func:`compilesvc.compiles.publishing.sign_published` as a publish runs it, on a real local
   store: building the model-signing statement and the SLSA provenance, two ECDSA P-256 signatures and two
   create-only documents (each fsynced, as the local store writes every document). Median of ``--rounds``
   (the documents are deleted between rounds, so every round signs). Target ≤ 5 ms. Recorded twice: the whole
@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from bench._table import record
-from compilesvc.artifact_signing import ArtifactSigner, manifest_digest, provenance_statement
+from compilesvc.compiles.publishing import sign_published
 from compilesvc.fleet import ArtifactCache, Fetcher, Verify
 from compilesvc.fleet._cache import placed_files
-from compilesvc.keys import artifact_key_of, bucket_key_of
 from compilesvc.ledger.models import BucketCompile
-from compilesvc.manifest import ArtifactBucketEntry, ArtifactManifest, BucketManifest, FileEntry
-from compilesvc.publishing import sign_published
-from compilesvc.signing import SigningKey, TrustedKeys
+from compilesvc.signing.artifacts import ArtifactSigner, manifest_digest, provenance_statement
+from compilesvc.signing.keys import SigningKey, TrustedKeys
+from compilesvc.spec.keys import artifact_key_of, bucket_key_of
+from compilesvc.spec.manifest import ArtifactBucketEntry, ArtifactManifest, BucketManifest, FileEntry
 from compilesvc.store.base import artifact_provenance_name, artifact_signature_name, bucket_manifest_name
 from compilesvc.store.local import LocalStore
 

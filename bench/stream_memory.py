@@ -49,7 +49,7 @@ def _status_kib(field: str) -> int:
 
 
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
-    from compilesvc.config import Settings
+    from compilesvc.config.settings import Settings
     from compilesvc.store import open_store
 
     settings = Settings(

@@ -1,5 +1,5 @@
 """``python -m compilesvc``: the same CLI as the ``compilesvc`` console script."""
 
-from compilesvc.cli import main
+from compilesvc.cli.main import main
 
 main()

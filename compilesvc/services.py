@@ -1,5 +1,5 @@
 """The service container and composition root: one place that builds the engine, sessions, store, model
-resolver and producer from :class:`~compilesvc.config.Settings`, and that installs what reacts to a state
+resolver and producer from :class:`~compilesvc.config.settings.Settings`, and that installs what reacts to a state
 change (:func:`install_subscribers`). The API, the relay/reaper, the workers and every command that writes
 to the ledger each hold one."""
 
@@ -14,19 +14,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from compilesvc import campaigns, events, webhooks
-from compilesvc.artifact_signing import ArtifactSigner
-from compilesvc.build_records import BuildRecorder
-from compilesvc.config import Settings
-from compilesvc.db import make_engine, make_sessionmaker
-from compilesvc.dispatch import make_producer
+from compilesvc.config.settings import Settings
+from compilesvc.dispatch.outbox import OutboxRelay
+from compilesvc.dispatch.routing import make_producer
 from compilesvc.hostinfo import host_isa
-from compilesvc.model_identity import ModelResolver
-from compilesvc.outbox import OutboxRelay
-from compilesvc.signing import GENERATED_KEY_NAME, KeyFileError, SigningKey, TrustedKeys
+from compilesvc.ledger import events
+from compilesvc.ledger.build_records import BuildRecorder
+from compilesvc.ledger.engine import make_engine, make_sessionmaker
+from compilesvc.lifecycle import campaigns
+from compilesvc.notify import webhooks
+from compilesvc.pinning.identity import ModelResolver
+from compilesvc.signing.artifacts import ArtifactSigner
+from compilesvc.signing.keys import GENERATED_KEY_NAME, KeyFileError, SigningKey, TrustedKeys
 from compilesvc.store import ArtifactStore, open_store
 
-#: What a state change sets off, in this order (:mod:`compilesvc.events` calls them in it): a build's own
+#: What a state change sets off, in this order (:mod:`compilesvc.ledger.events` calls them in it): a build's own
 #: callbacks; then its campaign, finished or reopened (which records the campaign's move, and so
 #: notifies ``campaign.finished`` before the next one runs); then the service-wide subscriptions of what
 #: just happened (``artifact.published``, ``build.failed``, ``campaign.finished``).
@@ -36,7 +38,7 @@ SUBSCRIBERS: tuple[events.Subscriber, ...] = (webhooks.BUILD_CALLBACKS, campaign
 def install_subscribers() -> None:
     """Install :data:`SUBSCRIBERS` in this process (again is harmless). :class:`Services` does it, so every
     process holding one writes events with their consequences; one that does not gets
-    :class:`~compilesvc.events.SubscribersNotInstalled` at its first event."""
+    :class:`~compilesvc.ledger.events.SubscribersNotInstalled` at its first event."""
     events.install(SUBSCRIBERS)
 
 

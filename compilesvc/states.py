@@ -3,7 +3,7 @@
 This module is the one place that names a state. It is plain constants (the standard library only), so a
 client reading a build's states loads no database code. The schema's CHECK constraints are generated from
 these enums by the ledger (:func:`compilesvc.ledger.models.check_constraint`), and
-:func:`compilesvc.events.record`, which every transition writes in its transaction, refuses a move this
+:func:`compilesvc.ledger.events.record`, which every transition writes in its transaction, refuses a move this
 table does not list, so a new transition cannot slip in unseen.
 
 Bucket compile (one row per bucket key; the unit a worker compiles)::
@@ -21,8 +21,8 @@ Bucket compile (one row per bucket key; the unit a worker compiles)::
     queued ──cancel──▶ cancelled;   (new) ──import──▶ succeeded (a manifest found in the store)
     succeeded ──retention──▶ deleted ──a submit that needs it──▶ queued
 
-A queued compile is never stuck on a lost message: the reconciler (:mod:`compilesvc.reconcile`) re-sends
-one whose message is neither queued nor held by a worker, and the reaper (:mod:`compilesvc.reaper`) takes
+A queued compile is never stuck on a lost message: the reconciler (:mod:`compilesvc.compiles.reconcile`) re-sends
+one whose message is neither queued nor held by a worker, and the reaper (:mod:`compilesvc.compiles.reaper`) takes
 back a running one whose lease ran out.
 
 Artifact (one row per artifact key; a set of bucket compiles)::
@@ -112,7 +112,7 @@ class ErrorClass(StrEnum):
 
 
 #: Failures a worker's attempt is retried after (with a backoff), while attempts remain; an unknown failure
-#: only ``unknown_failure_retries`` times (:func:`compilesvc.leases.fail`).
+#: only ``unknown_failure_retries`` times (:func:`compilesvc.compiles.leases.fail`).
 RETRIED: frozenset[ErrorClass] = frozenset({ErrorClass.INFRA, ErrorClass.TIMEOUT, ErrorClass.UNKNOWN})
 #: Failures that are the key's answer until an explicit retry (the negative cache): the compiler's verdict on
 #: the model, or on a flag of the spec. Both are deterministic for the key (the flags and the SDK release

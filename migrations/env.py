@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import pool
 
-from compilesvc.config import Settings
-from compilesvc.db import make_engine, normalise_url
+from compilesvc.config.settings import Settings
+from compilesvc.ledger.engine import make_engine, normalise_url
 from compilesvc.ledger.models import Base
 
 config = context.config

@@ -32,8 +32,8 @@ SLOW_MODULES = (
     "tests/workers/test_runner.py",
     "tests/workers/test_toolchain.py",
     "tests/web/test_server_errors.py",
-    "tests/test_devserver.py",
-    "tests/test_upload_sweep.py",
+    "tests/cli/test_dev.py",
+    "tests/store/test_upload_sweep.py",
 )
 
 

@@ -14,8 +14,9 @@ SERVER_ONLY = ("sqlalchemy", "boto3", "botocore", "celery", "kombu", "flask")
 #: The client's commands (docs/ci.md, docs/fleet.md): they talk to the API over HTTP, or read a local cache.
 CLIENT_COMMANDS = ("submit", "status", "logs", "cancel", "retry", "builds", "upload", "fetch", "verify",
                    "rollforward", "campaigns")
-CLIENT_MODULES = ("compilesvc.cli", "compilesvc.build_cli", "compilesvc.campaigns_cli", "compilesvc.client",
-                  "compilesvc.fetch_cli", "compilesvc.verify_cli", "compilesvc.follow", "compilesvc.fleet")
+CLIENT_MODULES = ("compilesvc.cli.main", "compilesvc.cli.builds", "compilesvc.cli.campaigns",
+                  "compilesvc.cli.connection", "compilesvc.cli.fetch", "compilesvc.cli.verify",
+                  "compilesvc.client.follow", "compilesvc.fleet")
 
 
 def imported_top_level(stderr: str) -> set[str]:

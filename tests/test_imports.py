@@ -1,6 +1,6 @@
 """Every module of the core imports on its own, first, in a fresh interpreter: an import cycle that
 the order of a whole test run (or of a process's start) happens to hide still breaks whoever imports the
-other end first. Found when ``pytest tests/test_devserver.py`` alone failed to collect (compilesvc.artifacts
+other end first. Found when ``pytest tests/cli/test_dev.py`` alone failed to collect (compilesvc.lifecycle.artifacts
 -> events -> campaigns -> retention -> artifacts). The core only: web and workers import it, and re-importing
 them module by module (workers' backends bring torch) costs CI several times as long."""
 

@@ -19,12 +19,13 @@ from flask import Flask, Response, g, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.routing import BaseConverter, ValidationError
 
-from compilesvc import states, tokens
-from compilesvc.config import Settings
-from compilesvc.db import transaction
-from compilesvc.fetch_stats import DEFAULT_INTERVAL_SECONDS, FetchRecorder
+from compilesvc import states
+from compilesvc.access import tokens
+from compilesvc.builds.submit import Submitter
+from compilesvc.config.settings import Settings
+from compilesvc.ledger.engine import transaction
+from compilesvc.lifecycle.fetch_stats import DEFAULT_INTERVAL_SECONDS, FetchRecorder
 from compilesvc.services import Services
-from compilesvc.submit import Submitter
 from web import auth, problems, ratelimit, security_headers, ui
 from web.api import artifacts, blobs, builds, campaigns, pins, subscriptions, system, webhooks
 from web.api import tokens as tokens_api

@@ -4,13 +4,13 @@ Every view declares its access: :func:`web.openapi.operation`'s ``access=`` for 
 :func:`access` for the rest. One ``before_request`` hook (:func:`install`) enforces it before any view
 code runs, in this order:
 
-1. **Access.** A :class:`compilesvc.tokens.Permission`, or one of :data:`PUBLIC`, :data:`SIGNED_URL` (the
+1. **Access.** A :class:`compilesvc.access.tokens.Permission`, or one of :data:`PUBLIC`, :data:`SIGNED_URL` (the
    URL's signature is the credential), :data:`METRICS` (public unless ``public_metrics`` is off). A view
    that declares nothing needs ``admin``: forgetting a declaration closes an endpoint, never opens it.
    ``open_reads`` opens the read and artifact permissions to requests without a token; a token sent to
    them anyway must be valid (401 otherwise).
 2. **The token.** ``Authorization: Bearer <token>``, or a UI session cookie made by the login page (a
-   signed cookie carrying a server-side session's secret, :mod:`compilesvc.ui_sessions`: logout ends the
+   signed cookie carrying a server-side session's secret, :mod:`compilesvc.access.ui_sessions`: logout ends the
    session for every copy of the cookie, and the token is re-checked, so revoking it ends them too). No token:
    401; a token that is unknown, expired or revoked: 401 with the same words (an answer never tells which
    tokens exist); a token without the permission: 403 naming the scope it needs. A checked token is
@@ -35,11 +35,11 @@ from flask import Flask, Request, current_app, g, redirect, request, session, ur
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from compilesvc import tokens, ui_sessions
-from compilesvc.config import Settings
-from compilesvc.db import transaction
+from compilesvc.access import tokens, ui_sessions
+from compilesvc.access.tokens import Permission, Principal
+from compilesvc.config.settings import Settings
+from compilesvc.ledger.engine import transaction
 from compilesvc.services import Services
-from compilesvc.tokens import Permission, Principal
 from web.context import LRU, web
 from web.problems import Problem
 
@@ -297,7 +297,7 @@ def _authorize() -> WerkzeugResponse | None:
 
 def start_session(principal: Principal) -> None:
     """Log the browser in as ``principal`` (the UI's login form, once the token is checked): a new
-    server-side session (:mod:`compilesvc.ui_sessions`) whose secret the signed cookie carries."""
+    server-side session (:mod:`compilesvc.access.ui_sessions`) whose secret the signed cookie carries."""
     with transaction(web().services.sessions) as db:
         secret = ui_sessions.start(db, principal.token_id, SESSION_LIFETIME)
     session.clear()

@@ -112,7 +112,7 @@ def serve(host: str, port: int, workers: int, threads: int, timeout: int, header
         raise click.UsageError("--reuse-port needs SO_REUSEPORT, which this platform does not have")
     from pydantic import ValidationError
 
-    from compilesvc.config import Settings
+    from compilesvc.config.settings import Settings
 
     level = jsonlog.level_from_env()
     jsonlog.configure(level, service="api")
@@ -122,7 +122,7 @@ def serve(host: str, port: int, workers: int, threads: int, timeout: int, header
         errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
         raise click.UsageError(f"invalid COMPILESVC_* settings: {errors}") from None
     if run_migrations:
-        from compilesvc.migrate import upgrade
+        from compilesvc.ledger.migrate import upgrade
 
         url = settings.resolved_database_url
         if url.startswith("sqlite:///"):

@@ -20,15 +20,15 @@ import orjson
 from flask import current_app
 from sqlalchemy import select
 
-from compilesvc.artifacts import describe, describe_layout, read_manifest, with_urls
-from compilesvc.config import Settings
-from compilesvc.fetch_stats import FetchRecorder
+from compilesvc.builds.submit import PUBLISHED_TRUST_SECONDS, Prepared, Submitter
+from compilesvc.config.settings import Settings
 from compilesvc.ledger.models import Artifact
-from compilesvc.manifest import ArtifactManifest
+from compilesvc.lifecycle.artifacts import describe, describe_layout, read_manifest, with_urls
+from compilesvc.lifecycle.fetch_stats import FetchRecorder
 from compilesvc.services import Services
+from compilesvc.spec.manifest import ArtifactManifest
 from compilesvc.states import ArtifactState
 from compilesvc.store.base import ArtifactStore, StoreError, UrlSigner
-from compilesvc.submit import PUBLISHED_TRUST_SECONDS, Prepared, Submitter
 from web.metrics import ApiMetrics
 from web.problems import Problem
 from web.schemas import ArtifactOut
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from web.ratelimit import SubmitLimiter
 
 DEFAULT_MANIFEST_CACHE_SIZE = 2048
-#: Submit bodies seen lately, prepared (:class:`compilesvc.submit.Prepared`): CI pipelines resubmit the
+#: Submit bodies seen lately, prepared (:class:`compilesvc.builds.submit.Prepared`): CI pipelines resubmit the
 #: same bytes, and a cache-hit submit is then parse-, validation- and key-free.
 DEFAULT_PREPARED_CACHE_SIZE = 1024
 #: How long a key found neither in the ledger nor in the store is answered 404 without asking the store.
@@ -57,7 +57,7 @@ class _Unsigned:
 
 
 class Described:
-    """A published manifest laid out for clients once (:func:`compilesvc.artifacts.describe_layout`), to be
+    """A published manifest laid out for clients once (:func:`compilesvc.lifecycle.artifacts.describe_layout`), to be
     signed and encoded per request: the hot path pays one signature per file and an orjson encoding, not a
     model dump.
 
@@ -127,7 +127,7 @@ class LRU(Generic[K, V]):
 
 class ManifestCache:
     """Parsed published manifests (with their client layout) by artifact key, in an :class:`LRU`; the
-    submitter reads published manifests through it too (:class:`compilesvc.artifacts.PublishedManifests`).
+    submitter reads published manifests through it too (:class:`compilesvc.lifecycle.artifacts.PublishedManifests`).
 
     Only *published* manifests may enter (callers check the ledger or read the create-only manifest
     document first). A manifest never changes, but retention may delete its artifact: an entry is trusted

@@ -19,8 +19,8 @@ from typing import Annotated, Any, TypeVar
 from flask import request
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from compilesvc.history import HistoryFilter
-from compilesvc.spec_parsing import validation_errors
+from compilesvc.insights.history import HistoryFilter
+from compilesvc.spec.parsing import validation_errors
 from web.problems import Problem
 
 M = TypeVar("M", bound=BaseModel)
@@ -84,7 +84,7 @@ class SubmitHeaders(Headers):
 
 
 class BuildListQuery(HistoryFilter):
-    """GET /v1/builds: the history filters (:class:`compilesvc.history.HistoryFilter`, where they are
+    """GET /v1/builds: the history filters (:class:`compilesvc.insights.history.HistoryFilter`, where they are
     defined), a page size and the cursor. Like the filters, an empty ``cursor`` means none."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")

@@ -27,8 +27,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from compilesvc.dispatch.registry import live_workers
 from compilesvc.ledger.models import BucketCompile
-from compilesvc.registry import live_workers
 from compilesvc.states import BucketState
 
 log = logging.getLogger(__name__)

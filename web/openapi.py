@@ -6,7 +6,7 @@ the query string and headers into their models before the view runs (400 ``inval
 and passes them as ``query=`` and ``headers=``; :func:`build_spec` walks ``app.url_map``, so a route cannot
 exist without appearing in the document, and collects every model's JSON Schema through pydantic
 (``models_json_schema``). The document therefore says what the code enforces: the request body of
-POST /v1/builds *is* :class:`compilesvc.spec.CompileSpec`'s schema, and a parameter is documented by the
+POST /v1/builds *is* :class:`compilesvc.spec.compile_spec.CompileSpec`'s schema, and a parameter is documented by the
 model that reads it.
 
 Why not a library: flask-openapi3 4.3 generates a model's JSON Schema on every request it validates, which
@@ -31,8 +31,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from compilesvc import __version__
-from compilesvc.config import Settings
-from compilesvc.tokens import Permission
+from compilesvc.access.tokens import Permission
+from compilesvc.config.settings import Settings
 from web.auth import METRICS, PUBLIC, SIGNED_URL, checks_sent_token, needed
 from web.inputs import NO_NUL_PATTERN, read_headers, read_query
 from web.problems import PROBLEM_TYPES, ProblemType
@@ -60,7 +60,7 @@ class Op:
     #: The problem a query that does not parse is (default 400 ``invalid-request``).
     invalid_query: str = "invalid-request"
     response_headers: dict[int, dict[str, str]] = field(default_factory=dict)  # status -> {header: description}
-    #: Who may call it (:mod:`web.auth`): a :class:`compilesvc.tokens.Permission`, or public / signed-url /
+    #: Who may call it (:mod:`web.auth`): a :class:`compilesvc.access.tokens.Permission`, or public / signed-url /
     #: metrics. Checked before the view runs; None means admin.
     access: str | None = None
 

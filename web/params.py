@@ -15,8 +15,8 @@ import orjson
 from flask import Response, current_app, request
 from pydantic import BaseModel, ValidationError
 
-from compilesvc.spec import CompileSpec
-from compilesvc.spec_parsing import SpecError, parse_for_service, validation_errors
+from compilesvc.spec.compile_spec import CompileSpec
+from compilesvc.spec.parsing import SpecError, parse_for_service, validation_errors
 from web.context import web
 from web.problems import Problem
 

@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.exceptions import ClientDisconnected, HTTPException
 
-from compilesvc.manifest import ManifestMismatch
+from compilesvc.spec.manifest import ManifestMismatch
 from compilesvc.store.base import StoreError
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from limits import parse_many
 from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import SlidingWindowCounterRateLimiter
 
-from compilesvc.config import Settings
-from compilesvc.tokens import Principal
+from compilesvc.access.tokens import Principal
+from compilesvc.config.settings import Settings
 from web.problems import Problem
 
 log = logging.getLogger(__name__)

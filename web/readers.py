@@ -1,4 +1,4 @@
-"""The request's side of the team boundary for reads (:mod:`compilesvc.team_reads`): who the request reads
+"""The request's side of the team boundary for reads (:mod:`compilesvc.access.team_reads`): who the request reads
 as, the one 404 for a build or an artifact it may not read, and the build ids a page may name.
 
 The views call these; the conditions themselves are the core's. Whatever a reader may not read is answered
@@ -14,10 +14,10 @@ from flask import current_app, g
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from compilesvc import team_reads
+from compilesvc.access import team_reads
+from compilesvc.access.team_reads import Reader, VisibleKeys
+from compilesvc.builds.provenance import Origin
 from compilesvc.ledger.models import Build
-from compilesvc.provenance import Origin
-from compilesvc.team_reads import Reader, VisibleKeys
 from web.auth import current_principal
 from web.context import web
 from web.problems import Problem

@@ -1,6 +1,6 @@
 """Pydantic models of what the API accepts and answers; ``/openapi.json`` is generated from them.
 
-Request bodies are validated by the core's own models (:class:`compilesvc.spec.CompileSpec`); query
+Request bodies are validated by the core's own models (:class:`compilesvc.spec.compile_spec.CompileSpec`); query
 strings and headers by :mod:`web.inputs`' models, so the document cannot drift from what is enforced. Every
 JSON response is validated against its model here and serialised from it (:func:`web.params.respond`; the
 artifact lookup's cached layout once per manifest), so the document cannot drift from what is answered.
@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from compilesvc import states
-from compilesvc.tokens import TEXT_PATTERN
+from compilesvc.access.tokens import TEXT_PATTERN
 
 # The state machines' enums (compilesvc/states.py), as the documented response schemas' enums.
 BuildState = Literal[tuple(s.value for s in states.BuildState)]  # type: ignore[valid-type]

@@ -1,9 +1,9 @@
-"""The workers' Celery app: the shared configuration of :func:`compilesvc.dispatch.celery_config` and
+"""The workers' Celery app: the shared configuration of :func:`compilesvc.dispatch.routing.celery_config` and
 worker-only settings. The app is built on first use (:func:`worker_app`); the task in :mod:`workers.tasks`
 is a shared task, so it binds to whichever app runs it.
 
 Celery is only the doorbell here. Which compile runs, how often, and who owns it is decided by the
-ledger's leases (:mod:`compilesvc.leases`); so redelivery, result storage and task events are all off or
+ledger's leases (:mod:`compilesvc.compiles.leases`); so redelivery, result storage and task events are all off or
 as cheap as possible, and nothing depends on Celery remembering anything.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 from celery import Celery
 
-from compilesvc.config import Settings
-from compilesvc.dispatch import celery_config
+from compilesvc.config.settings import Settings
+from compilesvc.dispatch.routing import celery_config
 
 WORKER_ONLY_CONFIG: dict[str, Any] = {
     # Reserve no more messages than there are free slots: a reserved-but-not-started message would wait

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from compilesvc.flags import FlagError, canonical_flags
+from compilesvc.spec.flags import FlagError, canonical_flags
 
 ALLOWED = frozenset({
     "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "LOGNAME", "PYTHONPATH", "LD_LIBRARY_PATH",

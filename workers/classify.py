@@ -14,7 +14,7 @@ Principles:
 - **A broken host never fails a key for good.** Rows that show the compiler never ran or could not finish
   (a missing shared library, a signal, a full disk, host memory) come before the compiler's codes.
 - **No evidence, no verdict.** What matches no row is *unknown*: retried a bounded number of times
-  (``unknown_failure_retries``, :func:`compilesvc.leases.fail`), then reported as unknown; never cached.
+  (``unknown_failure_retries``, :func:`compilesvc.compiles.leases.fail`), then reported as unknown; never cached.
 
 Runner rules before the table (:func:`classify`): cancelled -> ``cancelled``; timed out -> ``timeout``;
 exit 0 with an ``ok`` result -> success, without one -> infra ``PROTOCOL``; child killed by a signal ->
@@ -190,7 +190,7 @@ TABLE: tuple[Row, ...] = (
                            r"\bunsupported\s+(?:operator|op)\b|supported XLA operators only", re.IGNORECASE),
         applies=_not_an_infra_exception),
     Row("unknown", E.UNKNOWN, "{unknown}", "anything else: a nonzero exit or an exception with none of the above",
-        "no evidence: retried unknown_failure_retries times (compilesvc/config.py), then final as 'unknown'; "
+        "no evidence: retried unknown_failure_retries times (compilesvc/config/settings.py), then final as 'unknown'; "
         "never negatively cached",
         applies=lambda e: True),
 )

@@ -36,9 +36,10 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from compilesvc import jsonlog, registry
-from compilesvc.config import Settings
-from compilesvc.db import transaction
+from compilesvc import jsonlog
+from compilesvc.config.settings import Settings
+from compilesvc.dispatch import registry
+from compilesvc.ledger.engine import transaction
 from compilesvc.services import Services
 
 log = logging.getLogger("compilesvc.worker")

@@ -14,7 +14,7 @@ Request (JSON object)::
      "model_path": "/abs/model file",       # already downloaded and digest-checked by the runner
      "model_format": "torchscript" | "exported-program" | "hf-dir" | "hlo",
      "inputs": [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}, ...],
-     "args": ["--auto-cast=none", "-O2"],   # canonical flags (compilesvc.flags.canonical_flags)
+     "args": ["--auto-cast=none", "-O2"],   # canonical flags (compilesvc.spec.flags.canonical_flags)
      "tp_degree": 1,                        # optional, default 1
      "isa": "x86_64-avx512" | null,         # optional; aotinductor refuses a host with another ISA
      "max_parallel_rank_compiles": 4,       # optional; tp > 1 on parallel_model_trace: ranks compiling at once

@@ -64,7 +64,7 @@ POLL_SECONDS = 0.2
 #: first; this is for a worker that died without asking).
 BACKSTOP_SECONDS = 30.0
 KILL_GRACE_SECONDS = 5.0
-#: Settings that reach the service or carry a credential (compilesvc/config.py, the AWS chain, libpq). The
+#: Settings that reach the service or carry a credential (compilesvc/config/settings.py, the AWS chain, libpq). The
 #: image's own harmless settings (COMPILESVC_DATA_DIR, COMPILESVC_SANDBOX_READ_PATHS …) may stay: the runner
 #: reads none of them and the compile child gets only workers.child_env's allow-list.
 SERVICE_SETTINGS = frozenset({

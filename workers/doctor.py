@@ -42,12 +42,12 @@ from typing import IO, Any
 
 import click
 
-from compilesvc.cli import BadInput
-from compilesvc.config import Settings
+from compilesvc.cli.main import BadInput
+from compilesvc.config.settings import Settings
 from compilesvc.demo import MODEL_FILE, demo_model_bytes, demo_spec
 from compilesvc.hostinfo import host_isa, instance_type
-from compilesvc.spec import NEURON_TARGETS
-from compilesvc.spec_parsing import parse_spec
+from compilesvc.spec.compile_spec import NEURON_TARGETS
+from compilesvc.spec.parsing import parse_spec
 from workers.backends.neuron import neuron_devices
 from workers.child_env import child_environment
 from workers.classify import classify
@@ -64,7 +64,7 @@ from workers.versions import (
 )
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
-#: Exit status (2, bad usage, is click's UsageError via compilesvc.cli).
+#: Exit status (2, bad usage, is click's UsageError via compilesvc.cli.main).
 EXIT_OK, EXIT_FAILED = 0, 1
 #: Compiler output lines shown under a FAIL.
 TAIL_LINES = 20

@@ -1,7 +1,7 @@
 """The lease heartbeat of one compile attempt: a thread that renews the claim's lease and tells the attempt
 when it must stop (the lease was lost, or a user cancelled the build).
 
-Why a lease at all, and how it is fenced: :mod:`compilesvc.leases`.
+Why a lease at all, and how it is fenced: :mod:`compilesvc.compiles.leases`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Any
 
-from compilesvc import leases
-from compilesvc.db import transaction
+from compilesvc.compiles import leases
+from compilesvc.ledger.engine import transaction
 from compilesvc.services import Services
 
 

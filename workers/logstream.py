@@ -2,7 +2,7 @@
 central log (``log_lines``) in batches.
 
 The compiler can print thousands of lines, and a user watching a build wants them within a second. So
-lines are buffered and written with one multi-row INSERT per batch (:func:`compilesvc.logs.append_lines`):
+lines are buffered and written with one multi-row INSERT per batch (:func:`compilesvc.compiles.logs.append_lines`):
 whenever ``batch_lines`` are waiting, and otherwise every ``flush_interval`` seconds. The database is
 written only from the flusher thread, so a slow or failing database never blocks the pipe reader (and
 therefore never blocks the compiler on a full pipe). If the database is unreachable, lines wait (up to
@@ -27,8 +27,8 @@ from typing import IO
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from compilesvc.db import transaction
-from compilesvc.logs import append_lines
+from compilesvc.compiles.logs import append_lines
+from compilesvc.ledger.engine import transaction
 from workers.sandbox import output_limit_why
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Riding out infrastructure while an attempt holds its lease: the ledger (a restart, a failover) and the
 store (an outage while the model is fetched or the outputs are published).
 
-Both retry with the one backoff rule (:mod:`compilesvc.backoff`), each within a time budget, and each
+Both retry with the one backoff rule (:mod:`compilesvc.compiles.backoff`), each within a time budget, and each
 failed try of the store is added to the compile's failure history, so the build shows the outage.
 """
 
@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from compilesvc import backoff, failures, leases
-from compilesvc.db import transaction
-from compilesvc.logs import append_lines
+from compilesvc.compiles import backoff, failures, leases
+from compilesvc.compiles.logs import append_lines
+from compilesvc.ledger.engine import transaction
 from compilesvc.services import Services
 from compilesvc.states import ErrorClass
 from compilesvc.store import StoreUnavailable

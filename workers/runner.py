@@ -2,7 +2,7 @@
 
 :func:`run_compile` is everything the Celery task does. Its steps, and why they are in this order:
 
-1. **Claim** (:func:`compilesvc.leases.claim`): one conditional UPDATE, retried through a ledger restart
+1. **Claim** (:func:`compilesvc.compiles.leases.claim`): one conditional UPDATE, retried through a ledger restart
    (:mod:`workers.retries`). Nothing to claim means a duplicate delivery, a cancelled or finished compile:
    log it and return (the message is acked, nothing runs). A claim that never reached the ledger raises
    :class:`ClaimNotRecorded`, and the task gives its message back.
@@ -23,11 +23,11 @@
    and what it left is copied out of the shared spool without following links before it is published.
    Output streams line by line into the central log (:mod:`workers.logstream`).
 5. **Classify** (:func:`workers.classify.classify`).
-6. **Publish** on success (:mod:`compilesvc.publishing`; an unreachable store is waited for as at fetch,
+6. **Publish** on success (:mod:`compilesvc.compiles.publishing`; an unreachable store is waited for as at fetch,
    without compiling again): every output file as a blob, the full log as a blob, then the bucket manifest
    (create-only: if an earlier attempt already published it, theirs is reused), then the ledger
-   (:func:`compilesvc.leases.succeed`, fenced by the token), then any set that is now complete.
-   On failure: archive the log, record the failure (:func:`compilesvc.leases.fail`), relay a requeue.
+   (:func:`compilesvc.compiles.leases.succeed`, fenced by the token), then any set that is now complete.
+   On failure: archive the log, record the failure (:func:`compilesvc.compiles.leases.fail`), relay a requeue.
 
 Every write to the ledger carries the lease token; a lost lease ends the attempt without recording anything
 (its log lines stay in the central log, tagged with their attempt number).
@@ -50,15 +50,15 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from compilesvc import backoff, leases
-from compilesvc.config import Settings
-from compilesvc.db import transaction
-from compilesvc.failures import ArchivedLog, Phase, shorten
-from compilesvc.logs import append_lines
-from compilesvc.manifest import BucketManifest
-from compilesvc.model_pins import ModelRefError
-from compilesvc.publishing import LOG_NAME, PublishError, archive_log, publish_outputs, publish_ready_artifacts
+from compilesvc.compiles import backoff, leases
+from compilesvc.compiles.failures import ArchivedLog, Phase, shorten
+from compilesvc.compiles.logs import append_lines
+from compilesvc.compiles.publishing import LOG_NAME, PublishError, archive_log, publish_outputs, publish_ready_artifacts
+from compilesvc.config.settings import Settings
+from compilesvc.ledger.engine import transaction
+from compilesvc.pinning.pins import ModelRefError
 from compilesvc.services import Services
+from compilesvc.spec.manifest import BucketManifest
 from compilesvc.store import StoreError, bucket_manifest_name
 from workers.child_env import child_environment
 from workers.classify import Outcome, classify

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from glob import glob
 from pathlib import Path
 
-from compilesvc.config import Settings
+from compilesvc.config.settings import Settings
 
 #: System paths every compile needs (the C compiler, headers and libraries, the loader's cache), read-only.
 SYSTEM_READ_PATHS = ("/usr", "/etc/ld.so.cache", "/etc/alternatives", "/sys/devices/system/cpu")

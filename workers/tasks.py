@@ -1,6 +1,6 @@
 """The Celery task: a thin shell around :func:`workers.runner.run_compile`.
 
-The task's arguments beyond ``bucket_compile_id`` exist for routing (:func:`compilesvc.dispatch.route_task`)
+The task's arguments beyond ``bucket_compile_id`` exist for routing (:func:`compilesvc.dispatch.routing.route_task`)
 and for reading a queue by eye; the compile itself is described by the ledger row, which the runner claims.
 
 Each worker process builds one :class:`~compilesvc.services.Services` on first use, shared by its pool
@@ -20,7 +20,7 @@ from celery import Task, shared_task
 from celery.exceptions import Reject
 from celery.signals import worker_ready
 
-from compilesvc.dispatch import COMPILE_TASK
+from compilesvc.dispatch.routing import COMPILE_TASK
 from compilesvc.services import Services
 from workers.celery_app import worker_app
 from workers.runner import ClaimNotRecorded, run_compile

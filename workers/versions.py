@@ -11,7 +11,7 @@ therefore configuration: ``COMPILESVC_NEURON_SDK`` (set it from the DLAMI/contai
 the SDK). Without it the worker offers no Neuron targets, since it cannot say which queue is its own.
 
 The claim is checked (:func:`neuron_refusals`): the installed neuronx-cc, torch-neuronx, neuronx-distributed
-and libneuronxla must be the exact versions the release table (:mod:`compilesvc.neuron_releases`) lists for
+and libneuronxla must be the exact versions the release table (:mod:`compilesvc.spec.neuron_releases`) lists for
 that release, the release must be in the table, and the environment must hold no variable that changes
 compiler output (:mod:`workers.child_env`). Any of these wrong and the worker offers no Neuron target and
 ``compilesvc worker`` refuses to start (exit 78, one line per problem): a key names the toolchain a release
@@ -33,9 +33,9 @@ import subprocess
 import sys
 from typing import Any
 
-from compilesvc import neuron_releases
 from compilesvc.hostinfo import host_isa, instance_type
-from compilesvc.spec import BACKEND_FORMATS, NEURON_TARGETS, SDK_RE
+from compilesvc.spec import neuron_releases
+from compilesvc.spec.compile_spec import BACKEND_FORMATS, NEURON_TARGETS, SDK_RE
 from workers.child_env import output_changing_problems
 
 NEURON_SDK_ENV = "COMPILESVC_NEURON_SDK"
@@ -304,8 +304,8 @@ def detect_capabilities() -> dict[str, Any]:
 
 
 def capability_queues(caps: dict[str, Any]) -> list[str]:
-    """The compile queues a worker with ``caps`` consumes (:func:`compilesvc.dispatch.queue_name`)."""
-    from compilesvc.dispatch import queue_name
+    """The compile queues a worker with ``caps`` consumes (:func:`compilesvc.dispatch.routing.queue_name`)."""
+    from compilesvc.dispatch.routing import queue_name
 
     queues = set()
     for target in caps["targets"]:

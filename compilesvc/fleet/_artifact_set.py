@@ -10,15 +10,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from compilesvc import client_config
-from compilesvc.api_client import Api
+from compilesvc.client import config as client_config
+from compilesvc.client.api import Api
 from compilesvc.fleet._cache import ArtifactCache, Verify, default_cache_dir
 from compilesvc.fleet._fetch import DEFAULT_PARALLEL, Fetcher, FetchReport, Progress, spec_digest
 from compilesvc.fleet._host import HostCheck, HostReport, enforce
 from compilesvc.fleet._remote import FleetError, Remote, Untrusted
 from compilesvc.fleet._select import Shape, order_key, select
-from compilesvc.manifest import ArtifactBucketEntry, ArtifactManifest, bucket_dir
-from compilesvc.signing import KeyFileError, TrustedKeys
+from compilesvc.signing.keys import KeyFileError, TrustedKeys
+from compilesvc.spec.manifest import ArtifactBucketEntry, ArtifactManifest, bucket_dir
 
 HOST_CHECK_ENV = "COMPILESVC_HOST_CHECK"
 #: Retries of API calls at boot: enough for a restarting API, short enough that a cached set is not kept
@@ -103,7 +103,7 @@ class ArtifactSet:
         """The verified local copy of an artifact, fetched into the cache if it is not there.
 
         ``ref`` is an artifact key (64 hex digits) or a spec (a spec file's path, a dict, or a
-        :class:`compilesvc.spec.CompileSpec`), resolved to its key by the API, or offline by what the cache
+        :class:`compilesvc.spec.compile_spec.CompileSpec`), resolved to its key by the API, or offline by what the cache
         remembers from the last time it was fetched. A key (or a remembered spec) whose files are in the
         cache and verify is served with no network at all; the API is asked only for what is missing or
         damaged. ``cache_dir`` defaults to ``$COMPILESVC_CACHE_DIR`` (else ``~/.cache/compilesvc``) and may
@@ -163,8 +163,8 @@ def _key_of(ref: Any, fetcher: Fetcher) -> str:
 def _spec_document(ref: Any) -> dict[str, Any]:
     """A spec given as a file, a mapping or a CompileSpec, as the JSON document the API resolves."""
     # Only a fleet naming its artifact by spec loads pydantic and the release tables (start-up cost).
-    from compilesvc.spec import CompileSpec
-    from compilesvc.spec_parsing import SpecError, load_spec_file, parse_spec
+    from compilesvc.spec.compile_spec import CompileSpec
+    from compilesvc.spec.parsing import SpecError, load_spec_file, parse_spec
 
     try:
         if isinstance(ref, CompileSpec):

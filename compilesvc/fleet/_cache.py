@@ -5,7 +5,7 @@ Layout (``<root>/v1/``; a later layout gets its own directory, so an old reader 
     blobs/<2 hex>/<sha256>        file contents by sha256, shared by every artifact holding them (0444)
     artifacts/<key>/              an artifact, present only when complete:
         manifest.json               the canonical artifact manifest (its material derives <key>)
-        model.sig                   its signature (compilesvc.artifact_signing), checked at every open
+        model.sig                   its signature (compilesvc.signing.artifacts), checked at every open
         bucket-<position>/<path>    hard links to the blobs (copies where the file system has no links)
     specs/<sha256 of a spec>      the key a spec resolved to, so ``--spec`` works offline
     partial/<sha256>.part         downloads in progress or interrupted: the next writer resumes them
@@ -35,9 +35,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
-from compilesvc.artifact_signing import SIGNATURE_FILE
 from compilesvc.durable import fsync_dir, write_atomically
-from compilesvc.manifest import ArtifactManifest, FileEntry, ManifestMismatch, parse_artifact_manifest, safe_relative
+from compilesvc.signing.artifacts import SIGNATURE_FILE
+from compilesvc.spec.manifest import (
+    ArtifactManifest,
+    FileEntry,
+    ManifestMismatch,
+    parse_artifact_manifest,
+    safe_relative,
+)
 
 LAYOUT = "v1"
 MANIFEST = "manifest.json"

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from compilesvc.api_client import DOWNLOADS, backoff
-from compilesvc.manifest import FileEntry
+from compilesvc.client.api import DOWNLOADS, backoff
+from compilesvc.spec.manifest import FileEntry
 
 CHUNK = 1024 * 1024
 RETRIES = 5  # transport failures per file, each resuming where the last stopped

@@ -3,7 +3,7 @@ network at all), else from the API's manifest and the stores' URLs, every file i
 downloaded by one process however many start at once, damaged files fetched again.
 
 Before any file is used, the manifest's signature is checked against the trusted keys
-(:func:`compilesvc.artifact_signing.verify_artifact`): on every open of a cached entry (offline too), and
+(:func:`compilesvc.signing.artifacts.verify_artifact`): on every open of a cached entry (offline too), and
 before the first byte of a download. Files are then checked against that signed manifest.
 """
 
@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compilesvc.artifact_signing import verify_artifact
 from compilesvc.fleet._cache import ArtifactCache, CacheError, FilesDiffer, Placed, Verify, file_matches, placed_files
 from compilesvc.fleet._download import ContentDiffers, DownloadError, download
 from compilesvc.fleet._remote import FleetError, NotPublished, Published, Remote, Unreachable, Untrusted
-from compilesvc.manifest import ArtifactManifest, FileEntry
-from compilesvc.signing import SignatureError, TrustedKeys, Verified
+from compilesvc.signing.artifacts import verify_artifact
+from compilesvc.signing.keys import SignatureError, TrustedKeys, Verified
+from compilesvc.spec.manifest import ArtifactManifest, FileEntry
 
 DEFAULT_PARALLEL = 4
 

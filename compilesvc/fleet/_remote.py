@@ -11,8 +11,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from compilesvc.api_client import Api, ApiError
-from compilesvc.manifest import ArtifactManifest, ManifestMismatch, parse_artifact_manifest
+from compilesvc.client.api import Api, ApiError
+from compilesvc.spec.manifest import ArtifactManifest, ManifestMismatch, parse_artifact_manifest
 
 
 class FleetError(Exception):
@@ -59,7 +59,7 @@ def _failure(exc: ApiError, what: str) -> FleetError:
 
 
 class Remote:
-    """What the fleet asks the API (through :class:`compilesvc.api_client.Api`, with its retries)."""
+    """What the fleet asks the API (through :class:`compilesvc.client.api.Api`, with its retries)."""
 
     def __init__(self, api: Api):
         self.api = api

@@ -1,5 +1,5 @@
 """Ledger tables of campaigns: an operator's roll-forward of many artifacts from one SDK release to
-another, and one item per artifact it moves (:mod:`compilesvc.campaigns` owns the behaviour).
+another, and one item per artifact it moves (:mod:`compilesvc.lifecycle.campaigns` owns the behaviour).
 
 Registered on the same metadata as :mod:`compilesvc.ledger.models` (which imports this module last), so
 migrations and tests see every table.

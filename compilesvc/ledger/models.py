@@ -157,14 +157,14 @@ class BucketCompile(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(doc="When retention marked its files deleted.")
     origin_build_id: Mapped[int | None] = mapped_column(
-        BigInteger, doc="The build whose submit or retry last queued it (compilesvc.provenance).")
+        BigInteger, doc="The build whose submit or retry last queued it (compilesvc.builds.provenance).")
     model_name: Mapped[str | None] = mapped_column(
         String(200), doc="That build's model name (the statistics group compile times by it).")
 
     __table_args__ = (
         # The reaper's scan: running compiles whose lease ran out.
         Index("ix_bucket_compiles_state_lease", "state", "lease_expires_at"),
-        # The statistics' windows (compilesvc.stats): compile times by finish, queue waits by start.
+        # The statistics' windows (compilesvc.insights.stats): compile times by finish, queue waits by start.
         Index("ix_bucket_compiles_finished_at", "finished_at"),
         Index("ix_bucket_compiles_started_at_queued_at", "started_at", "queued_at"),  # index-only waits
         check_constraint("state", BucketState, "state"),
@@ -211,9 +211,9 @@ class Build(Base):
     buckets_compiled: Mapped[int | None] = mapped_column(
         Integer, doc="How many of its buckets it queued itself (none, for a hit or a join).")
     provenance: Mapped[dict[str, Any] | None] = mapped_column(
-        # None is SQL NULL (not JSON null), as Postgres' batch writer (compilesvc.build_records) stores it.
+        # None is SQL NULL (not JSON null), as Postgres' batch writer (compilesvc.ledger.build_records) stores it.
         JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql"),
-        doc="Per bucket compile id: how this build got it and from which build (compilesvc.provenance).")
+        doc="Per bucket compile id: how this build got it and from which build (compilesvc.builds.provenance).")
 
     __table_args__ = (
         # Keyset-paginated history: newest first by id, optionally filtered by one column.
@@ -223,7 +223,7 @@ class Build(Base):
         Index("ix_builds_model_sha256_id", "model_sha256", "id"),
         Index("ix_builds_model_name_id", "model_name", "id"),
         Index("ix_builds_submitted_by_id", "submitted_by", "id"),
-        # A team's builds, newest first: the history under the team boundary for reads (compilesvc.team_reads).
+        # A team's builds, newest first: the history under the team boundary for reads (compilesvc.access.team_reads).
         Index("ix_builds_team_id", "team", "id"),
         # A token's builds in flight (its concurrent-compile quota).
         Index("ix_builds_token_id_state", "token_id", "state"),
@@ -231,7 +231,7 @@ class Build(Base):
         Index("ix_builds_target_sdk_id", "target", "sdk", "id"),
         # An artifact's builds, newest first (its newest build and name on the artifacts page; cancel).
         Index("ix_builds_artifact_id_id", "artifact_id", "id"),
-        # The statistics' outcomes over a window (compilesvc.stats), read from the index alone.
+        # The statistics' outcomes over a window (compilesvc.insights.stats), read from the index alone.
         Index("ix_builds_created_at_outcome_reuse", "created_at", "outcome", "buckets_reused", "buckets_compiled"),
         check_constraint("state", BuildState, "state"),
         check_constraint("outcome", Outcome, "outcome"),
@@ -366,7 +366,7 @@ class BucketFailure(Base):
 
 
 class ApiToken(Base):
-    """An API token: only the sha256 of its secret is kept (:mod:`compilesvc.tokens`)."""
+    """An API token: only the sha256 of its secret is kept (:mod:`compilesvc.access.tokens`)."""
 
     __tablename__ = "api_tokens"
 

@@ -1,5 +1,5 @@
 """Ledger tables of retention: what must be kept whatever the policy says (pins), and every garbage
-collection with what it deleted (:mod:`compilesvc.retention` owns the behaviour).
+collection with what it deleted (:mod:`compilesvc.lifecycle.retention` owns the behaviour).
 
 Registered on the same metadata as :mod:`compilesvc.ledger.models`, which imports this module last.
 """

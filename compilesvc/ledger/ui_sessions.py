@@ -1,5 +1,5 @@
 """Ledger table of the UI's sessions: one row per login, so logging out or revoking the token ends it on
-the server, whatever copies of the cookie exist (:mod:`compilesvc.ui_sessions` owns the behaviour).
+the server, whatever copies of the cookie exist (:mod:`compilesvc.access.ui_sessions` owns the behaviour).
 
 Registered on the same metadata as :mod:`compilesvc.ledger.models`, which imports this module last.
 """

@@ -1,5 +1,5 @@
 """Ledger tables of notifications: a build's webhook URLs, service-wide event subscriptions, and the
-deliveries of both with every try (:mod:`compilesvc.webhooks` owns the behaviour).
+deliveries of both with every try (:mod:`compilesvc.notify.webhooks` owns the behaviour).
 
 Registered on the same metadata as :mod:`compilesvc.ledger.models`, which imports this module last.
 """

@@ -14,7 +14,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from compilesvc.config import Settings
+from compilesvc.config.settings import Settings
 from compilesvc.store.base import (
     SHA256_RE,
     ArtifactStore,

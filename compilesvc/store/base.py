@@ -25,7 +25,7 @@ SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")  # \Z: "$" would let a trailing newl
 
 
 class UrlSigner(Protocol):
-    """What laying out download URLs needs of a store (:func:`compilesvc.artifacts.describe`)."""
+    """What laying out download URLs needs of a store (:func:`compilesvc.lifecycle.artifacts.describe`)."""
 
     def blob_url(self, sha256: str, *, expires_in: int, filename: str | None = None) -> str: ...
 
@@ -129,12 +129,12 @@ def artifact_manifest_name(key: str) -> str:
 
 
 def artifact_signature_name(key: str) -> str:
-    """The artifact manifest's signature (a model-signing bundle, :mod:`compilesvc.artifact_signing`)."""
+    """The artifact manifest's signature (a model-signing bundle, :mod:`compilesvc.signing.artifacts`)."""
     return f"artifacts/{key}/model.sig"
 
 
 def artifact_provenance_name(key: str) -> str:
-    """The artifact's signed SLSA provenance (:mod:`compilesvc.artifact_signing`)."""
+    """The artifact's signed SLSA provenance (:mod:`compilesvc.signing.artifacts`)."""
     return f"artifacts/{key}/provenance.json"
 
 
@@ -228,7 +228,8 @@ class ArtifactStore(abc.ABC):
 
     @abc.abstractmethod
     def delete_blob(self, sha256: str) -> None:
-        """Remove a blob; nothing happens if it is not there. Only retention deletes (:mod:`compilesvc.retention`)."""
+        """Remove a blob; nothing happens if it is not there. Only retention deletes
+        (:mod:`compilesvc.lifecycle.retention`)."""
 
     @abc.abstractmethod
     def delete_document(self, name: str) -> None:

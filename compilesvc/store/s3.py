@@ -22,7 +22,7 @@ Guarantees, and how they are met:
   (:mod:`.s3_sweep`, run by the relay) aborts the leftover later.
 - **Classified failures.** botocore connection, credential and 5xx errors become
   :class:`StoreUnavailable`, other S3 failures :class:`StoreError`, so callers can tell infrastructure
-  failures from their own. :mod:`.s3_client` holds that classification, shared with :mod:`compilesvc.model_identity`.
+  failures from their own. :mod:`.s3_client` holds that classification, shared with :mod:`compilesvc.pinning.identity`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 store's writes create-only, and the classification of boto/s3transfer failures into
 :class:`~compilesvc.store.base.StoreError` (infrastructure) and its kinds.
 
-:class:`compilesvc.store.s3.S3Store` is built on these; :mod:`compilesvc.model_identity` shares the error
+:class:`compilesvc.store.s3.S3Store` is built on these; :mod:`compilesvc.pinning.identity` shares the error
 classification for models kept in S3.
 """
 

@@ -18,7 +18,7 @@
 # The file holds only the passwords' SHA-256 (Redis's `#<hash>` form), never the passwords.
 #
 # What each user sends (kombu's redis transport and redis-py, as pinned; observed with MONITOR and proved
-# by tests/test_redis_users.py and tests/workers/test_least_privilege_e2e.py):
+# by tests/deploy/test_redis_users.py and tests/workers/test_least_privilege_e2e.py):
 #   every one     PING (kombu checks each new channel), MULTI/EXEC (kombu's pipelines are transactions)
 #   publishing    declaring a compile queue: LLEN of its lists (a priority's list is <queue>\x06\x16<n>,
 #   (all three)   which compile.* covers), SADD to _kombu.binding.<queue> and _kombu.binding_permanent.<queue>;
@@ -27,7 +27,7 @@
 #   api           the submit rate limiter (`limits`, web/ratelimit.py): its Lua scripts (SCRIPT LOAD,
 #                 EVALSHA), whose GET/PTTL/EXISTS/SET/INCRBY/RENAME Redis checks against these rules too,
 #                 on compilesvc-limits:* only
-#   relay         the reconciler (compilesvc/reconcile.py): LRANGE of the queues, HGETALL unacked, ZRANGE
+#   relay         the reconciler (compilesvc/compiles/reconcile.py): LRANGE of the queues, HGETALL unacked, ZRANGE
 #                 unacked_index; read only
 #   worker        consuming: BRPOP on the queues (declared as above); delivered-but-unacked messages in the
 #                 `unacked` hash and `unacked_index` sorted set (HSET/ZADD, ack HDEL/ZREM); handing them

@@ -20,7 +20,7 @@
 #
 # What each service writes (compilesvc/store/base.py's names under PREFIX):
 #   api      blobs/ (model uploads it received and hashed) and artifacts/ (the manifest of an artifact
-#            whose buckets all exist already, compilesvc/submit.py); never buckets/ (compile results)
+#            whose buckets all exist already, compilesvc/builds/submit.py); never buckets/ (compile results)
 #   worker   blobs/ (outputs), buckets/ and artifacts/ manifests
 #   relay    blobs/ (aborting abandoned multipart uploads) and artifacts/ (late publishes, the reaper)
 set -eu

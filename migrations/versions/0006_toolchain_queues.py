@@ -6,7 +6,7 @@ Create Date: 2026-11-24 00:30:00.000000
 
 Keys hold the toolchain a release resolves to, so releases shipping the same packages share compiles;
 their queue is now named by the oldest such release and the kind of compile
-(:func:`compilesvc.dispatch.queue_name`), and the dispatch message carries the queue stored on the
+(:func:`compilesvc.dispatch.routing.queue_name`), and the dispatch message carries the queue stored on the
 compile. This rewrites the stored queue of every Neuron bucket compile, so that a retry or a re-send of a
 compile queued before the upgrade goes where the new workers listen (a message already in an old queue is
 found missing by the reconciler and sent again); dispatch messages not yet sent get the queue in their
@@ -51,8 +51,8 @@ def _neuron_rows() -> list[sa.Row]:
 
 
 def upgrade() -> None:
-    from compilesvc.dispatch import queue_name
-    from compilesvc.neuron_releases import NotShipped, UnknownRelease
+    from compilesvc.dispatch.routing import queue_name
+    from compilesvc.spec.neuron_releases import NotShipped, UnknownRelease
 
     queues: dict[int, str | None] = {}
     for row in _neuron_rows():

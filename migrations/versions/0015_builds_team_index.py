@@ -1,5 +1,5 @@
 """builds (team, id) index: under the team boundary for reads (COMPILESVC_TEAM_READS) a non-admin's history
-is one more keyset stream, a team's builds newest first (compilesvc.history, compilesvc.team_reads); without
+is one more keyset stream, a team's builds newest first (compilesvc.insights.history, compilesvc.access.team_reads); without
 the index a small team's page walks every team's newest builds to fill
 
 Revision ID: 0015_builds_team_index

@@ -2,7 +2,7 @@
 
 - ``embedded``: what ``compilesvc dev`` lays out: a SQLite ledger, the local artifact store, kombu's
   filesystem broker, the admin token (``<data dir>/admin-token``, made by
-  :func:`compilesvc.devserver.admin_token`) and the generated URL-signing key (``<data dir>/secret_key``)
+  :func:`compilesvc.cli.dev.admin_token`) and the generated URL-signing key (``<data dir>/secret_key``)
   all in one data directory.
 - ``s3``: Postgres (a database of its own, its URL carrying a password), Redis under a key prefix of its
   own, and the ``weed`` S3 server; the worker holds the S3 credentials, the ledger URL, the secret key and
@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 import requests
 
-from compilesvc.config import Settings
-from compilesvc.devserver import ADMIN_TOKEN_FILE, admin_token
-from compilesvc.migrate import upgrade
+from compilesvc.cli.dev import ADMIN_TOKEN_FILE, admin_token
+from compilesvc.config.settings import Settings
+from compilesvc.ledger.migrate import upgrade
 from compilesvc.store.base import artifact_manifest_name, blob_name
 from tests.fixtures.ledger import create_pg_database, drop_pg_database
 from tests.fixtures.ports import free_port
@@ -66,7 +66,7 @@ class Stack:
 
     @property
     def ledger_file(self) -> Path | None:
-        return self.data_dir / "compilesvc.db" if self.kind == "embedded" else None
+        return self.data_dir / "compilesvc.ledger.engine" if self.kind == "embedded" else None
 
     # -- the API, as a team sees it -----------------------------------------------------------------
 
@@ -187,5 +187,5 @@ def secret_file_paths(stack: Stack) -> dict[str, Path]:
     paths = {"credentials": stack.home / ".aws" / "credentials"}
     if stack.kind == "embedded":
         paths.update({"admin token": stack.data_dir / ADMIN_TOKEN_FILE, "secret key": stack.data_dir / "secret_key",
-                      "ledger": stack.data_dir / "compilesvc.db"})
+                      "ledger": stack.data_dir / "compilesvc.ledger.engine"})
     return paths

@@ -3,12 +3,12 @@
 ``--double-behaviour=<b>`` (see :mod:`tests.doubles`) is no neuronx-cc option, so a spec holding it is
 refused at submit unless the service accepts it as an extra option: processes read the setting
 ``COMPILESVC_EXTRA_COMPILER_FLAGS`` (:data:`DOUBLE_FLAGS_SETTING`), and tests that call
-:func:`compilesvc.spec.parse_spec` directly pass :data:`DOUBLE_FLAGS`. Production code knows nothing of it.
+:func:`compilesvc.spec.compile_spec.parse_spec` directly pass :data:`DOUBLE_FLAGS`. Production code knows nothing of it.
 """
 
 from __future__ import annotations
 
-from compilesvc.neuronx_cc_options import parse_extra_flags
+from compilesvc.spec.neuronx_cc_options import parse_extra_flags
 
 #: The value of ``COMPILESVC_EXTRA_COMPILER_FLAGS`` (``Settings.extra_compiler_flags``) for the double.
 DOUBLE_FLAGS_SETTING = "--double-behaviour"

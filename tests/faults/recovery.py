@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 import requests
 
 from bench import _table
-from compilesvc.config import Settings
-from compilesvc.daemon import default_reap_interval
+from compilesvc.cli.daemon import default_reap_interval
+from compilesvc.config.settings import Settings
 from tests.faults.scale import SCALE
 from tests.workers.conftest import Cluster
 

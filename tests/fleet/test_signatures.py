@@ -17,10 +17,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from compilesvc.artifact_signing import SLSA_PREDICATE, ArtifactSigner, manifest_digest
 from compilesvc.fleet import ArtifactSet, FilesDiffer, Untrusted
-from compilesvc.manifest import parse_artifact_manifest
-from compilesvc.signing import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys, public_key_path
+from compilesvc.signing.artifacts import SLSA_PREDICATE, ArtifactSigner, manifest_digest
+from compilesvc.signing.keys import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys, public_key_path
+from compilesvc.spec.manifest import parse_artifact_manifest
 from compilesvc.store.base import artifact_manifest_name, blob_name
 from tests.fixtures.signing import public_key_of
 from tests.fleet.conftest import FleetApi

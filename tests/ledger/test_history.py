@@ -1,4 +1,4 @@
-"""Build history (compilesvc.history) on Postgres and SQLite: ordering, keyset pagination, every filter
+"""Build history (compilesvc.insights.history) on Postgres and SQLite: ordering, keyset pagination, every filter
 alone and combined, cursors and limits, bounded state counts and the build detail."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from pydantic import ValidationError
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from compilesvc.db import make_engine, make_sessionmaker
-from compilesvc.history import (
+from compilesvc.insights.history import (
     MAX_LIMIT,
     HistoryError,
     HistoryFilter,
@@ -30,6 +29,7 @@ from compilesvc.history import (
     get_build_detail,
     list_builds,
 )
+from compilesvc.ledger.engine import make_engine, make_sessionmaker
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, BuildLabel, Event
 
 # SDK releases per target; 2.20.2 is shared by inf2 and trn1, so target and sdk filters overlap partially.

@@ -20,9 +20,9 @@ from sqlalchemy import JSON, insert, pool, text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import IntegrityError
 
-from compilesvc.db import make_engine
+from compilesvc.ledger.engine import make_engine
+from compilesvc.ledger.migrate import alembic_config, downgrade, upgrade
 from compilesvc.ledger.models import Base
-from compilesvc.migrate import alembic_config, downgrade, upgrade
 from compilesvc.states import ArtifactState, BucketState, BuildState, ErrorClass, Outcome
 from tests.fixtures.ledger import create_pg_database, drop_pg_database
 
@@ -236,10 +236,10 @@ def _row_counts(url: str) -> dict[str, int]:
 def test_a_populated_ledger_keeps_every_row_through_each_migration(empty_url: str, tmp_path: Path) -> None:
     """Migrations that rebuild SQLite tables (batch mode) must not cascade-delete or trip foreign keys; a
     downgrade that narrows a CHECK maps the newer values onto older ones instead of failing."""
-    from compilesvc import leases
-    from compilesvc.db import transaction
+    from compilesvc.compiles import leases
+    from compilesvc.ledger.engine import transaction
     from compilesvc.services import Services
-    from tests.test_leases import make_settings, submit
+    from tests.compiles.test_leases import make_settings, submit
 
     upgrade(empty_url)
     services = Services.from_settings(make_settings(tmp_path, empty_url))
@@ -287,9 +287,9 @@ def test_the_toolchain_queue_migration_moves_stored_queues_and_unsent_messages(e
                                                                                tmp_path: Path) -> None:
     """0006: a Neuron compile's stored queue and its unsent dispatch message follow the toolchain naming
     (and go back on downgrade), so a retry or a relay after the upgrade reaches the new workers."""
-    from compilesvc.dispatch import queue_name
+    from compilesvc.dispatch.routing import queue_name
     from compilesvc.services import Services
-    from tests.test_leases import make_settings, submit
+    from tests.compiles.test_leases import make_settings, submit
 
     upgrade(empty_url)
     services = Services.from_settings(make_settings(tmp_path, empty_url))
@@ -324,10 +324,10 @@ def test_the_provenance_migration_gives_existing_compiles_the_build_that_made_th
     """0013: compiles that ran before it get the first new build of a set containing them as their origin
     (and its model name), so later builds that reuse them say from where; compiles that never ran here
     (imported) get none."""
-    from compilesvc import leases
-    from compilesvc.db import transaction
+    from compilesvc.compiles import leases
+    from compilesvc.ledger.engine import transaction
     from compilesvc.services import Services
-    from tests.test_leases import make_settings, submit
+    from tests.compiles.test_leases import make_settings, submit
 
     upgrade(empty_url)
     services = Services.from_settings(make_settings(tmp_path, empty_url))

@@ -14,12 +14,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ProgrammingError
 
-from compilesvc.db import transaction
+from compilesvc.access.tokens import create_token
+from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Base
-from compilesvc.ledger_roles import WORKER_DENIED
-from compilesvc.tokens import create_token
+from compilesvc.ledger.roles import WORKER_DENIED
+from tests.cli.test_main import CLI, clean_env
 from tests.fixtures.ledger import PG_ADMIN_URL, create_pg_database, drop_pg_database
-from tests.test_cli import CLI, clean_env
 
 
 def _admin() -> Engine:

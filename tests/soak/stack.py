@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compilesvc.config import Settings
-from compilesvc.db import make_engine, make_sessionmaker
-from compilesvc.migrate import upgrade
+from compilesvc.config.settings import Settings
+from compilesvc.ledger.engine import make_engine, make_sessionmaker
+from compilesvc.ledger.migrate import upgrade
 from compilesvc.services import Services
 from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_FLAGS_SETTING

@@ -27,7 +27,7 @@ from typing import Any
 import botocore.auth
 import pytest
 
-from compilesvc.config import Settings
+from compilesvc.config.settings import Settings
 from compilesvc.store import ArtifactStore, LocalStore, S3Store, blob_name, open_store
 from compilesvc.store.signing import content_disposition, verify_blob_signature
 from tests.fixtures.s3server import S3Server

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from compilesvc.config import Settings
+from compilesvc.config.settings import Settings
 from compilesvc.store import (
     LocalStore,
     S3Store,

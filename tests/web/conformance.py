@@ -32,8 +32,8 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import FailureGroup
 from schemathesis.generation import GenerationMode
 
+from compilesvc.access.tokens import GRANTS, Permission, Scope
 from compilesvc.services import Services
-from compilesvc.tokens import GRANTS, Permission, Scope
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import Env, make_settings
 from web.app import create_app
@@ -69,7 +69,7 @@ def semantically_valid(case: Any, model_uri: str, spare_token_id: int) -> None:
     path, method = case.operation.path, case.operation.method.upper()
     if (method, path) in {("POST", "/v1/builds"), ("POST", "/v1/artifacts/resolve")} and isinstance(case.body, dict):
         # A spec must name a model that exists, and its target, release, backend and flags must go together
-        # (compilesvc.spec's cross-field rules); its buckets' element counts are bounded by settings.
+        # (compilesvc.spec.compile_spec's cross-field rules); its buckets' element counts are bounded by settings.
         case.body = {**case.body, **CPU_FRAME, "model": {"uri": model_uri, "format": "torchscript"}}
         for bucket in case.body.get("buckets") or []:
             for name in ("batch_size", "seq_len"):  # the {batch_size, seq_len} shorthand

@@ -21,15 +21,15 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
-from compilesvc import leases
-from compilesvc.config import Settings
-from compilesvc.db import transaction
-from compilesvc.failures import ArchivedLog
+from compilesvc.compiles import leases
+from compilesvc.compiles.failures import ArchivedLog
+from compilesvc.compiles.logs import append_lines
+from compilesvc.compiles.publishing import publish_ready_artifacts
+from compilesvc.config.settings import Settings
+from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import ArtifactBucket, BucketCompile, Build
-from compilesvc.logs import append_lines
-from compilesvc.manifest import BucketManifest, FileEntry
-from compilesvc.publishing import publish_ready_artifacts
 from compilesvc.services import Services
+from compilesvc.spec.manifest import BucketManifest, FileEntry
 from compilesvc.store.base import bucket_manifest_name
 from tests.fixtures.settings import make_settings as fixture_settings
 

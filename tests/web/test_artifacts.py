@@ -15,9 +15,9 @@ from typing import Any
 import requests
 from sqlalchemy import event, func, select
 
-from compilesvc.db import make_engine, make_sessionmaker
-from compilesvc.fetch_stats import FetchRecorder
+from compilesvc.ledger.engine import make_engine, make_sessionmaker
 from compilesvc.ledger.models import Artifact, Base, utcnow
+from compilesvc.lifecycle.fetch_stats import FetchRecorder
 from compilesvc.store.base import artifact_manifest_name
 from compilesvc.store.local import LocalStore
 from tests.fixtures.ports import free_port

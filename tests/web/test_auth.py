@@ -15,9 +15,9 @@ from flask.testing import FlaskClient
 from sqlalchemy import select, update
 from werkzeug.test import TestResponse
 
-from compilesvc.db import transaction
+from compilesvc.access.tokens import token_hash
+from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import ApiToken, Build, utcnow
-from compilesvc.tokens import token_hash
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, spec_for

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench._proc import children, cpu_of_each
-from compilesvc.cli import main
+from compilesvc.cli.main import main
 from tests.fixtures.serve import compilesvc_serve
 from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 from tests.web.support import spec_for

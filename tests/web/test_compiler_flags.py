@@ -1,5 +1,5 @@
 """Neuron compiler flags are judged at submit: a flag neuronx-cc would refuse is a 422 naming it, before
-anything is queued (compilesvc.neuronx_cc_options, compilesvc.flags.check_neuron_flags)."""
+anything is queued (compilesvc.spec.neuronx_cc_options, compilesvc.spec.flags.check_neuron_flags)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from compilesvc.webhooks import verify
+from compilesvc.notify.webhooks import verify
 from tests.web.conftest import EnvFactory
 from tests.web.support import complete_build, fail_build, spec_for
 from tests.web.test_submit import assert_problem

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
-from compilesvc.fetch_dest import MARKER
+from compilesvc.cli.fetch_dest import MARKER
 from tests.fixtures.relay import RecordingRelay
 from tests.fixtures.signing import trust_env
 from tests.fixtures.tokens import make_token

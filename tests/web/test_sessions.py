@@ -9,11 +9,11 @@ import time
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
-from compilesvc.db import transaction
+from compilesvc.access.tokens import token_hash
+from compilesvc.access.ui_sessions import session_hash
+from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import ApiToken, utcnow
 from compilesvc.ledger.ui_sessions import UiSession
-from compilesvc.tokens import token_hash
-from compilesvc.ui_sessions import session_hash
 from tests.fixtures.tokens import make_token
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env

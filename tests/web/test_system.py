@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from compilesvc import jsonlog, registry
-from compilesvc.db import transaction
+from compilesvc import jsonlog
+from compilesvc.dispatch import registry
+from compilesvc.ledger.engine import transaction
 from tests.fixtures.tokens import bearer
 from tests.web.support import Env, complete_build, spec_for
 from tests.web.test_submit import assert_problem

@@ -17,12 +17,13 @@ from pydantic import ValidationError
 from sqlalchemy import update
 from werkzeug.test import TestResponse
 
-from compilesvc import leases, registry
-from compilesvc.config import Settings
-from compilesvc.db import transaction
+from compilesvc.access.team_reads import EVERYTHING, Reader
+from compilesvc.compiles import leases
+from compilesvc.config.settings import Settings
+from compilesvc.dispatch import registry
+from compilesvc.insights.stats import Stats, collect
+from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Build
-from compilesvc.stats import Stats, collect
-from compilesvc.team_reads import EVERYTHING, Reader
 from tests.fixtures.s3server import S3Server
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.conftest import EnvFactory

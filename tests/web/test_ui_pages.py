@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from compilesvc import leases
-from compilesvc.db import transaction
+from compilesvc.compiles import leases
+from compilesvc.dispatch.registry import register
+from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Build
-from compilesvc.registry import register
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import Env, complete_build, fail_build, queued_buckets, spec_for
 from web.schemas import MissOut
@@ -91,7 +91,7 @@ def cache_of(build_html: str) -> str:
 
 def test_a_build_page_and_the_history_say_the_same_about_the_cache(make_env: EnvFactory, sqlite_url: str) -> None:
     """Issue 27: a set that reused 2 of its 3 buckets read "new set" on its page and "partly reused (2 of 3)"
-    in the history; both now take the words from compilesvc.provenance.cache_outcome."""
+    in the history; both now take the words from compilesvc.builds.provenance.cache_outcome."""
     env = make_env(sqlite_url)
     ids = scenario(env)
     history = page(env, "/")
@@ -219,7 +219,7 @@ def test_build_page_shows_the_verified_provenance(make_env: EnvFactory, sqlite_u
     assert f'href="/v1/artifacts/{submitted.json["artifact_key"]}/provenance"' in html  # type: ignore[index]
 
     # A provenance document the service did not sign is not shown as its provenance.
-    from compilesvc.signing import SigningKey
+    from compilesvc.signing.keys import SigningKey
     from compilesvc.store.base import artifact_provenance_name
 
     name = artifact_provenance_name(submitted.json["artifact_key"])  # type: ignore[index]

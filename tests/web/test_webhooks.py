@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from compilesvc.daemon import RelayLoop
-from compilesvc.db import transaction
+from compilesvc.cli.daemon import RelayLoop
+from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import utcnow
 from compilesvc.ledger.webhooks import WebhookDelivery
-from compilesvc.webhooks import ID_HEADER, verify
+from compilesvc.notify.webhooks import ID_HEADER, verify
 from tests.fixtures.docs import doc_block
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, fail_build, spec_for
@@ -65,7 +65,7 @@ def webhook_env(make_env: EnvFactory, ledger_url: str, **overrides: Any) -> Env:
 
 
 def relay_pass(env: Env) -> int:
-    """What the relay's webhook thread does each round (compilesvc.daemon.RelayLoop)."""
+    """What the relay's webhook thread does each round (compilesvc.cli.daemon.RelayLoop)."""
     return RelayLoop(env.services, env.services.relay).deliver_webhooks()
 
 

@@ -32,11 +32,11 @@ import redis
 import requests
 from sqlalchemy import select
 
-from compilesvc.config import Settings
+from compilesvc.builds.submit import SubmitResult, Submitter
+from compilesvc.config.settings import Settings
 from compilesvc.ledger.models import Artifact, BucketCompile, Event
 from compilesvc.services import Services
-from compilesvc.spec_parsing import parse_spec
-from compilesvc.submit import SubmitResult, Submitter
+from compilesvc.spec.parsing import parse_spec
 from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_FLAGS_SETTING
 from tests.fixtures.ports import free_port

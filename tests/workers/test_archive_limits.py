@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from compilesvc.config import Settings
+from compilesvc.config.settings import Settings
 from compilesvc.states import ErrorClass
 from tests.workers import run_child, text_inputs
 from workers.archive_limits import RATIO, RATIO_FLOOR_BYTES, TOO_LARGE, TOO_MANY_FILES, ArchiveLimitExceeded

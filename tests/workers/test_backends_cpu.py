@@ -14,7 +14,7 @@ from torch._inductor.exc import CppCompileError, InductorError
 
 from compilesvc.demo import demo_spec
 from compilesvc.hostinfo import host_isa
-from compilesvc.spec_parsing import parse_spec
+from compilesvc.spec.parsing import parse_spec
 from compilesvc.states import ErrorClass
 from tests.workers import DEMO_MODEL, ChildRun, run_child, run_children, text_inputs
 from workers.backends.base import CompileFailure, InfraError, InputDesc

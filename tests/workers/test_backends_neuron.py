@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from compilesvc.config import RANK_COMPILE_MEMORY_BYTES, Settings, default_parallel_rank_compiles
-from compilesvc.dispatch import queue_name
+from compilesvc.config.settings import RANK_COMPILE_MEMORY_BYTES, Settings, default_parallel_rank_compiles
+from compilesvc.dispatch.routing import queue_name
 from compilesvc.hostinfo import host_memory_bytes
 from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env, with_devices
 from tests.doubles.neuron._release import RELEASES

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from compilesvc.config import Settings
-from compilesvc.dispatch import COMPILE_TASK, make_producer, queue_name
+from compilesvc.config.settings import Settings
+from compilesvc.dispatch.routing import COMPILE_TASK, make_producer, queue_name
 from workers.celery_app import make_app
 
 
@@ -31,7 +31,7 @@ def test_worker_config_is_safe_for_hours_long_tasks(tmp_path: Path) -> None:
     for timeout in (conf.broker_transport_options["visibility_timeout"],
                     conf.result_backend_transport_options["visibility_timeout"], conf.visibility_timeout):
         assert timeout > conf.task_time_limit
-    assert conf.worker_cancel_long_running_tasks_on_connection_loss is False  # see compilesvc.dispatch
+    assert conf.worker_cancel_long_running_tasks_on_connection_loss is False  # see compilesvc.dispatch.routing
     assert conf.task_ignore_result is True and conf.worker_send_task_events is False
     assert conf.worker_enable_remote_control is False  # nothing broadcasts; the worker's Redis user has no pub/sub
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from compilesvc.failures import CUT_MARK, MAX_MESSAGE, shorten
+from compilesvc.compiles.failures import CUT_MARK, MAX_MESSAGE, shorten
 from compilesvc.states import ErrorClass
 from workers.backends.base import MAX_MESSAGE_CHARS, CompileFailure, one_line
 from workers.classify import TABLE, Evidence, Outcome, classify, judge

@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from compilesvc.cli import SERVER_PACKAGES
+from compilesvc.cli.main import SERVER_PACKAGES
 from tests.doubles.compiler_flags import DOUBLE_FLAGS_SETTING
 from tests.fixtures.signing import trust_env
 from tests.workers.conftest import HLO_MODEL, Cluster
@@ -35,7 +35,7 @@ class NoServer(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {{name!r}} (a client install)", name=name)
         return None
 sys.meta_path.insert(0, NoServer())
-from compilesvc.cli import main
+from compilesvc.cli.main import main
 sys.argv[0] = "compilesvc"
 main()
 """

@@ -108,9 +108,9 @@ def test_three_buckets_compile_in_parallel_and_serve_verified_artifacts(
     assert again.status_code == 200 and again.json()["outcome"] == "hit"
 
     # Signed by the publishing side's key (generated in the cluster's data dir, shared by its processes).
-    from compilesvc.artifact_signing import verify_artifact
-    from compilesvc.manifest import parse_artifact_manifest
-    from compilesvc.signing import GENERATED_KEY_NAME, SigningKey, TrustedKeys
+    from compilesvc.signing.artifacts import verify_artifact
+    from compilesvc.signing.keys import GENERATED_KEY_NAME, SigningKey, TrustedKeys
+    from compilesvc.spec.manifest import parse_artifact_manifest
 
     key_file = cluster.settings.data_dir / GENERATED_KEY_NAME
     signing = SigningKey.load(key_file)

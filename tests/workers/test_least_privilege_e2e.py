@@ -17,15 +17,15 @@ import pytest
 import requests
 from sqlalchemy import create_engine, text
 
-from compilesvc.ledger_roles import grant
+from compilesvc.ledger.roles import grant
+from tests.deploy.test_redis_users import acl_redis, broker_url, denials
 from tests.fixtures.ledger import PG_ADMIN_URL
 from tests.fixtures.ports import free_port
 from tests.fixtures.private_services import PrivateRedis
 from tests.fixtures.s3server import ACCESS_KEY, SECRET_KEY, WeedProcess
 from tests.fixtures.tokens import BOOTSTRAP_TOKEN, bearer
 from tests.fixtures.waiting import wait_for
-from tests.test_redis_users import acl_redis, broker_url, denials
-from tests.test_s3_identities import BUCKET, KEYS, PREFIX, client, write_config
+from tests.pinning.test_s3_models import BUCKET, KEYS, PREFIX, client, write_config
 from tests.workers.conftest import Cluster, cluster_factory
 
 MakeCluster = Callable[..., Cluster]

@@ -20,14 +20,14 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from compilesvc.artifacts import read_manifest
-from compilesvc.config import Settings
-from compilesvc.control import cancel_build, retry_build
-from compilesvc.dispatch import COMPILE_TASK, make_producer
+from compilesvc.builds.control import cancel_build, retry_build
+from compilesvc.config.settings import Settings
+from compilesvc.dispatch.outbox import OutboxRelay
+from compilesvc.dispatch.registry import live_workers
+from compilesvc.dispatch.routing import COMPILE_TASK, make_producer
 from compilesvc.ledger.models import Artifact, Build, Event, LogLine, Outbox
-from compilesvc.outbox import OutboxRelay
+from compilesvc.lifecycle.artifacts import read_manifest
 from compilesvc.refusals import NoCapableWorker
-from compilesvc.registry import live_workers
 from compilesvc.store import ArtifactStore
 from tests.doubles import neuron_double_env
 from tests.doubles.neuron._release import RELEASES, coded

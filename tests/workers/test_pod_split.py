@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from compilesvc.config import Settings
-from compilesvc.control import cancel_build
+from compilesvc.builds.control import cancel_build
+from compilesvc.builds.submit import Submitter
+from compilesvc.config.settings import Settings
 from compilesvc.ledger.models import LogLine
-from compilesvc.manifest import parse_bucket_manifest
 from compilesvc.services import Services
-from compilesvc.spec_parsing import parse_spec
+from compilesvc.spec.manifest import parse_bucket_manifest
+from compilesvc.spec.parsing import parse_spec
 from compilesvc.store.base import bucket_manifest_name
-from compilesvc.submit import Submitter
 from tests.attacks.payloads import Hostile
 from tests.fixtures.ledger import empty_tables
 from tests.fixtures.waiting import wait_for

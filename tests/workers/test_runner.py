@@ -16,19 +16,19 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, func, select, update
 
-from compilesvc import failures
-from compilesvc.artifact_signing import verify_artifact
-from compilesvc.config import Settings
-from compilesvc.control import cancel_build
-from compilesvc.db import make_sessionmaker
+from compilesvc.builds.control import cancel_build
+from compilesvc.builds.submit import SubmitResult, Submitter
+from compilesvc.compiles import failures
+from compilesvc.compiles.reaper import reap
+from compilesvc.config.settings import Settings
+from compilesvc.ledger.engine import make_sessionmaker
 from compilesvc.ledger.models import Artifact, BucketCompile, Event, LogLine, Outbox, utcnow
-from compilesvc.manifest import BucketManifest, FileEntry, parse_artifact_manifest, parse_bucket_manifest
-from compilesvc.reaper import reap
 from compilesvc.services import Services
-from compilesvc.signing import TrustedKeys
-from compilesvc.spec_parsing import parse_spec
+from compilesvc.signing.artifacts import verify_artifact
+from compilesvc.signing.keys import TrustedKeys
+from compilesvc.spec.manifest import BucketManifest, FileEntry, parse_artifact_manifest, parse_bucket_manifest
+from compilesvc.spec.parsing import parse_spec
 from compilesvc.store.base import artifact_manifest_name, artifact_signature_name, blob_name, bucket_manifest_name
-from compilesvc.submit import SubmitResult, Submitter
 from tests.doubles import neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_AND_REJECTED_FLAGS
 from tests.doubles.neuron._release import RELEASES

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import pytest
 
-from compilesvc.config import Settings
+from compilesvc.config.settings import Settings
 from compilesvc.states import ErrorClass
 from workers.child_env import child_environment
 from workers.classify import Outcome

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from compilesvc.neuron_releases import lookup
+from compilesvc.spec.neuron_releases import lookup
+from tests.cli.test_main import clean_env
 from tests.doubles import neuron_double_env
 from tests.doubles.neuron._release import RELEASES
-from tests.test_cli import clean_env
 from tests.workers import REPO, run_child, text_inputs
 from workers.child_env import child_environment, child_environment_for
 

@@ -5,7 +5,7 @@ to its keys without building anything.
 download URLs and serialises. See :class:`web.context.ManifestCache`.
 
 ``/signature`` and ``/provenance`` serve the publisher's signed documents as the store holds them
-(Sigstore bundles, :mod:`compilesvc.artifact_signing`): clients verify them against the public keys they
+(Sigstore bundles, :mod:`compilesvc.signing.artifacts`): clients verify them against the public keys they
 were configured with, never against anything this API says.
 
 A manifest never changes once published; only the URLs signed into each answer do. So an answer carries
@@ -20,15 +20,15 @@ from typing import Any
 from flask import Blueprint, Response, g, request
 from sqlalchemy import select
 
-from compilesvc import team_reads
-from compilesvc.keys import KEY_SCHEMA
+from compilesvc.access import team_reads
+from compilesvc.access.tokens import Permission
 from compilesvc.ledger.models import Artifact, BucketCompile
-from compilesvc.model_pins import ModelRefError
-from compilesvc.signing import public_pem
-from compilesvc.spec import CompileSpec
+from compilesvc.pinning.pins import ModelRefError
+from compilesvc.signing.keys import public_pem
+from compilesvc.spec.compile_spec import CompileSpec
+from compilesvc.spec.keys import KEY_SCHEMA
 from compilesvc.states import ArtifactState
 from compilesvc.store.base import artifact_provenance_name, artifact_signature_name
-from compilesvc.tokens import Permission
 from web import readers
 from web.api.builds import model_ref_problem
 from web.context import web

@@ -19,10 +19,10 @@ from typing import BinaryIO, cast
 from flask import Blueprint, Response, request, send_file
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from compilesvc.access.tokens import Permission
 from compilesvc.store.base import BlobTooLarge, ContentMismatch
 from compilesvc.store.local import LocalStore
 from compilesvc.store.signing import content_disposition, verify_blob_signature
-from compilesvc.tokens import Permission
 from web.auth import SIGNED_URL, current_principal
 from web.context import web
 from web.inputs import BlobQuery, UploadHeaders, UploadQuery

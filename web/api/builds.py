@@ -19,22 +19,23 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from compilesvc import key_diff, provenance
-from compilesvc.admission import QuotaExceeded
-from compilesvc.bucket_compiles import BucketView, bucket_views
-from compilesvc.control import BuildNotFound, cancel_build, retry_build
-from compilesvc.history import BuildDetail, InvalidCursor, InvalidLimit, get_build_detail, list_builds
+from compilesvc.access.team_reads import Reader
+from compilesvc.access.tokens import Permission, Principal
+from compilesvc.builds import provenance
+from compilesvc.builds.admission import QuotaExceeded
+from compilesvc.builds.control import BuildNotFound, cancel_build, retry_build
+from compilesvc.builds.submit import SubmitResult
+from compilesvc.compiles.bucket_compiles import BucketView, bucket_views
+from compilesvc.compiles.logs import read_build_logs
+from compilesvc.insights import key_diff
+from compilesvc.insights.history import BuildDetail, InvalidCursor, InvalidLimit, get_build_detail, list_builds
 from compilesvc.ledger.models import Artifact, Build
-from compilesvc.logs import read_build_logs
-from compilesvc.model_pins import ModelRefError
+from compilesvc.notify.webhooks import CallbackRefused
+from compilesvc.pinning.pins import ModelRefError
 from compilesvc.refusals import NoCapableWorker, SubmitRefused
 from compilesvc.services import Services
-from compilesvc.spec import CompileSpec
+from compilesvc.spec.compile_spec import CompileSpec
 from compilesvc.states import ArtifactState, BuildState, Outcome
-from compilesvc.submit import SubmitResult
-from compilesvc.team_reads import Reader
-from compilesvc.tokens import Permission, Principal
-from compilesvc.webhooks import CallbackRefused
 from web import readers
 from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
 from web.auth import current_principal
@@ -256,7 +257,7 @@ def get_build(build_id: int) -> Response:
 
 def run_control(build_id: int, action: Callable[[Services, int, Principal | None], object]) -> WebContext:
     """Cancel or retry (``action``) build ``build_id`` for the request's token (its team's builds, or any for
-    an admin: :mod:`compilesvc.control` decides), refusals as problems; the API's views and the UI's forms."""
+    an admin: :mod:`compilesvc.builds.control` decides), refusals as problems; the API's views and the UI's forms."""
     g.build_id = build_id
     ctx = web()
     if readers.reader().bounded:  # under the team boundary another team's build does not exist: 404, not 403

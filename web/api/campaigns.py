@@ -1,4 +1,4 @@
-"""``/v1/campaigns``: roll-forwards of artifacts to another SDK release (:mod:`compilesvc.campaigns`),
+"""``/v1/campaigns``: roll-forwards of artifacts to another SDK release (:mod:`compilesvc.lifecycle.campaigns`),
 started by an admin, followed by anyone who may read builds."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from flask import Blueprint, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from compilesvc import campaigns, team_reads
+from compilesvc.access import team_reads
+from compilesvc.access.tokens import Permission
 from compilesvc.ledger.campaigns import Campaign
 from compilesvc.ledger.models import Artifact
-from compilesvc.model_pins import ModelRefError
-from compilesvc.spec_parsing import SpecError, parse_for_service
-from compilesvc.tokens import Permission
+from compilesvc.lifecycle import campaigns
+from compilesvc.pinning.pins import ModelRefError
+from compilesvc.spec.parsing import SpecError, parse_for_service
 from web import readers
 from web.auth import current_principal
 from web.context import WebContext, web

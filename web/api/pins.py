@@ -1,4 +1,4 @@
-"""``/v1/pins``: what retention never deletes (:mod:`compilesvc.retention`): read by anyone who may read
+"""``/v1/pins``: what retention never deletes (:mod:`compilesvc.lifecycle.retention`): read by anyone who may read
 builds, changed by admins."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from typing import Any
 from flask import Blueprint, Response
 from sqlalchemy import select
 
-from compilesvc import team_reads
-from compilesvc.db import transaction
+from compilesvc.access import team_reads
+from compilesvc.access.tokens import Permission
+from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.retention import RetentionPin
 from compilesvc.ledger.sql import insert_ignore
-from compilesvc.tokens import Permission
 from web import readers
 from web.auth import current_principal
 from web.context import web

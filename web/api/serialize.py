@@ -7,11 +7,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from compilesvc.bucket_compiles import BucketView
+from compilesvc.builds.provenance import Origin
+from compilesvc.builds.submit import SubmitResult
+from compilesvc.compiles.bucket_compiles import BucketView
+from compilesvc.compiles.logs import LogEntry
 from compilesvc.ledger.models import BucketCompile, Build, Event
-from compilesvc.logs import LogEntry
-from compilesvc.provenance import Origin
-from compilesvc.submit import SubmitResult
 from web.context import WebContext
 
 

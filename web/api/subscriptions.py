@@ -1,5 +1,5 @@
 """``/v1/subscriptions``: URLs notified service-wide of ``artifact.published``, ``build.failed`` and
-``campaign.finished`` (:mod:`compilesvc.webhooks`), for deployment systems; admin only (a subscriber
+``campaign.finished`` (:mod:`compilesvc.notify.webhooks`), for deployment systems; admin only (a subscriber
 learns about every team's builds)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from flask import Blueprint, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from compilesvc.db import transaction
+from compilesvc.access.tokens import Permission
+from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.sql import insert_ignore
 from compilesvc.ledger.webhooks import EventSubscription, WebhookDelivery
-from compilesvc.tokens import Permission
-from compilesvc.webhooks import check_url
+from compilesvc.notify.webhooks import check_url
 from web.auth import current_principal
 from web.context import web
 from web.fleet_schemas import SubscriptionCreate, SubscriptionList, SubscriptionOut

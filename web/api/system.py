@@ -18,9 +18,9 @@ from sqlalchemy import select, text
 from werkzeug.exceptions import NotFound
 from werkzeug.wrappers import Response as WerkzeugResponse
 
+from compilesvc.access.tokens import Permission
+from compilesvc.dispatch.registry import live_workers, queue_depths
 from compilesvc.ledger.models import Worker
-from compilesvc.registry import live_workers, queue_depths
-from compilesvc.tokens import Permission
 from web.auth import METRICS, PUBLIC, access
 from web.context import WebContext, web
 from web.inputs import WorkersQuery

@@ -1,5 +1,5 @@
 """``/v1/tokens``: make, list and revoke API tokens (admin only). The secret of a new token is in the one
-answer that makes it; the ledger keeps its sha256 (:mod:`compilesvc.tokens`)."""
+answer that makes it; the ledger keeps its sha256 (:mod:`compilesvc.access.tokens`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 from flask import Blueprint, Response
 
-from compilesvc import tokens
-from compilesvc.db import transaction
+from compilesvc.access import tokens
+from compilesvc.access.tokens import Permission
+from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import ApiToken, utcnow
-from compilesvc.tokens import Permission
 from web.auth import current_principal
 from web.context import web
 from web.inputs import TokenListQuery

@@ -1,13 +1,13 @@
 """``GET /v1/builds/{id}/webhooks``: a build's webhook URLs, and every delivery with every try
-(:mod:`compilesvc.webhooks` sends them)."""
+(:mod:`compilesvc.notify.webhooks` sends them)."""
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, g
 from sqlalchemy import select
 
+from compilesvc.access.tokens import Permission
 from compilesvc.ledger.webhooks import Webhook, WebhookAttempt, WebhookDelivery
-from compilesvc.tokens import Permission
 from web import readers
 from web.context import web
 from web.openapi import operation

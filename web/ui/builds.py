@@ -14,10 +14,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from compilesvc import team_reads
-from compilesvc.bucket_compiles import positioned_buckets
-from compilesvc.control import cancel_build, retry_build
-from compilesvc.history import (
+from compilesvc.access import team_reads
+from compilesvc.access.tokens import Permission, Principal
+from compilesvc.builds.control import cancel_build, retry_build
+from compilesvc.builds.provenance import How, cache_outcome
+from compilesvc.compiles.bucket_compiles import positioned_buckets
+from compilesvc.compiles.logs import bucket_tail, read_build_logs, tail_after
+from compilesvc.insights.history import (
     BUILD_STATES,
     MAX_LIMIT,
     HistoryFilter,
@@ -27,13 +30,10 @@ from compilesvc.history import (
     list_builds,
 )
 from compilesvc.ledger.models import Build
-from compilesvc.logs import bucket_tail, read_build_logs, tail_after
-from compilesvc.provenance import How, cache_outcome
 from compilesvc.services import Services
-from compilesvc.spec import Target
-from compilesvc.spec_parsing import validation_errors
+from compilesvc.spec.compile_spec import Target
+from compilesvc.spec.parsing import validation_errors
 from compilesvc.states import Outcome
-from compilesvc.tokens import Permission, Principal
 from web import auth, readers
 from web.api.builds import document_of, load_build, miss_document, run_control
 from web.api.serialize import summary_json

@@ -9,7 +9,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from compilesvc.keys import shape_text
+from compilesvc.spec.keys import shape_text
 from web.ui import bp
 
 

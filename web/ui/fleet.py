@@ -12,13 +12,13 @@ from flask import current_app, render_template, request
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from compilesvc.artifact_index import ArtifactFilter, ArtifactRow, list_artifacts
-from compilesvc.history import MAX_LIMIT
+from compilesvc.access.tokens import Permission
+from compilesvc.dispatch.registry import live_workers, queue_depths, running_compiles
+from compilesvc.insights.artifact_index import ArtifactFilter, ArtifactRow, list_artifacts
+from compilesvc.insights.history import MAX_LIMIT
 from compilesvc.ledger.models import Worker
-from compilesvc.registry import live_workers, queue_depths, running_compiles
-from compilesvc.spec_parsing import validation_errors
+from compilesvc.spec.parsing import validation_errors
 from compilesvc.states import ArtifactState
-from compilesvc.tokens import Permission
 from web import auth, readers
 from web.context import web
 from web.ui import bp

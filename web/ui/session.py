@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from flask import redirect, render_template, request, session, url_for
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from compilesvc.tokens import Permission
+from compilesvc.access.tokens import Permission
 from web import auth
 from web.context import web
 from web.ui import bp

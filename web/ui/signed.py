@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from compilesvc.artifact_signing import provenance_summary, verify_provenance
-from compilesvc.signing import KeyFileError, SignatureError
+from compilesvc.signing.artifacts import provenance_summary, verify_provenance
+from compilesvc.signing.keys import KeyFileError, SignatureError
 from compilesvc.states import ArtifactState
 from compilesvc.store.base import StoreError, artifact_provenance_name
 from web.context import WebContext

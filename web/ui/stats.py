@@ -1,5 +1,5 @@
 """The Stats page: how submits were answered over time, compile seconds by model and target, failures by
-class and queue waits, for the last day or week (:mod:`compilesvc.stats` computes them).
+class and queue waits, for the last day or week (:mod:`compilesvc.insights.stats` computes them).
 
 Charts are inline SVG laid out here (no script, no external asset): this module turns numbers into bar
 geometry, the template draws it, titles each chart and shows the same numbers in a table beside it for
@@ -15,8 +15,8 @@ from datetime import datetime
 
 from flask import render_template, request
 
-from compilesvc.stats import WINDOWS, Stats, UnknownWindow, collect
-from compilesvc.tokens import Permission
+from compilesvc.access.tokens import Permission
+from compilesvc.insights.stats import WINDOWS, Stats, UnknownWindow, collect
 from web import auth, readers
 from web.context import web
 from web.ui import bp

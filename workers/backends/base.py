@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from compilesvc.failures import MAX_MESSAGE, shorten
-from compilesvc.spec import BACKEND_FORMATS, NEURON_TARGETS, InputSpec
+from compilesvc.compiles.failures import MAX_MESSAGE, shorten
+from compilesvc.spec.compile_spec import BACKEND_FORMATS, NEURON_TARGETS, InputSpec
 from compilesvc.states import ErrorClass
 
 #: Child exit codes (see :mod:`workers.compile_child`).
@@ -55,7 +55,7 @@ def log(message: str) -> None:
 
 def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """``text`` squeezed to one line of at most ``limit`` characters (for result.json messages); a longer one
-    keeps its head and its tail (:func:`compilesvc.failures.shorten`: the compiler's error is at the end)."""
+    keeps its head and its tail (:func:`compilesvc.compiles.failures.shorten`: the compiler's error is at the end)."""
     return shorten(" ".join(str(text).split()), limit)
 
 

@@ -1,6 +1,6 @@
 """The cpu target's backends: TorchScript tracing and AOTInductor, both with the worker's own torch.
 
-Owns how a cpu compile maps the spec's flags (:data:`compilesvc.spec.CPU_BACKEND_FLAGS`) onto torch, where
+Owns how a cpu compile maps the spec's flags (:data:`compilesvc.spec.compile_spec.CPU_BACKEND_FLAGS`) onto torch, where
 AOTInductor keeps its cache, and the load-and-run check each artifact gets before it is reported (what torch
 prints meanwhile is sorted out by :mod:`workers.backends.cpu_warnings`).
 
@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch._inductor.exc import CppCompileError
 
-from compilesvc.flags import canonical_flags, flag_names
 from compilesvc.hostinfo import host_isa
-from compilesvc.neuron_releases import base_version
-from compilesvc.spec import CPU_BACKEND_FLAGS
+from compilesvc.spec.compile_spec import CPU_BACKEND_FLAGS
+from compilesvc.spec.flags import canonical_flags, flag_names
+from compilesvc.spec.neuron_releases import base_version
 from workers.backends.base import (
     ArtifactFile,
     Backend,

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from compilesvc.neuron_releases import toolchain_differences
+from compilesvc.spec.neuron_releases import toolchain_differences
 from workers.backends.base import (
     ArtifactFile,
     Backend,
@@ -83,7 +83,7 @@ _EXIT_STATUS_RE = re.compile(r"(?:failed with|exit(?:ed)?(?: with)?(?: status| c
 
 def _check_sdk(request: CompileRequest) -> str | None:
     """The host's Neuron SDK release if configured. Another release is fine when it ships the same toolchain
-    for this compile (keys, and so queues, are shared by such releases: compilesvc.dispatch); a different
+    for this compile (keys, and so queues, are shared by such releases: compilesvc.dispatch.routing); a different
     toolchain means a misrouted request."""
     host = os.environ.get(NEURON_SDK_ENV, "").strip() or None
     if host is None:

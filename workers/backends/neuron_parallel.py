@@ -57,7 +57,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from compilesvc.neuron_releases import version_tuple
+from compilesvc.spec.neuron_releases import version_tuple
 from workers.backends.base import ArtifactFile, CompileRequest, InfraError, log
 from workers.backends.neuron import raise_for_trace_failure, read_compiler_logs
 from workers.backends.output_tee import OutputTee
@@ -210,7 +210,7 @@ def _parallel_model_trace(request: CompileRequest, tensors: tuple[Any, ...], wor
     if request.max_parallel_rank_compiles is not None:
         limit = request.max_parallel_rank_compiles
     else:
-        from compilesvc.config import default_parallel_rank_compiles
+        from compilesvc.config.settings import default_parallel_rank_compiles
 
         limit = default_parallel_rank_compiles()
     bound = max(1, min(request.tp_degree, limit))

@@ -1,0 +1,269 @@
+"""Campaigns: an operator moving a fleet's artifacts from one SDK release to another before the switch.
+
+A roll-forward selects every published artifact of ``from_sdk`` (narrowed by model name, labels, target,
+and optionally to the pinned ones or those fetched lately: what fleets load)
+and submits, for each, the spec of its newest matching build with ``sdk`` set to ``to_sdk``: the same
+model bytes, shapes and flags, compiled for the new release. Each submit is an ordinary one (hit, join or
+new; compiled by the new release's workers) and its build is linked to the campaign as an item; a spec
+the new release refuses (a flag it no longer has, a model that is gone) is an item with its refusal.
+
+The campaign is ``finished`` when every item's build has ended (or its submit was refused): the build
+transition that ends the last one finishes it, in the same transaction (:func:`on_build_transition`,
+a subscriber of :mod:`compilesvc.ledger.events`), under a lock on the campaign row, so two builds ending at
+once cannot both miss it. A retried build reopens a finished campaign. :func:`progress` counts what was
+built, hit, failed (with the compiler's error) and refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from compilesvc.access.tokens import Principal
+from compilesvc.ledger import events
+from compilesvc.ledger.campaigns import Campaign, CampaignItem
+from compilesvc.ledger.engine import transaction
+from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, BuildLabel, utcnow
+from compilesvc.lifecycle import retention
+from compilesvc.pinning.pins import ModelRefError
+from compilesvc.refusals import SubmitRefused
+from compilesvc.spec.parsing import SpecError
+from compilesvc.states import ArtifactState, BucketState, BuildState, CampaignState, Outcome
+
+log = logging.getLogger(__name__)
+
+ROLLFORWARD = "rollforward"
+#: The label every build of a campaign carries, so history filters find them (``label=campaign:<id>``).
+CAMPAIGN_LABEL = "campaign"
+ENDED = frozenset({BuildState.SUCCEEDED, BuildState.FAILED, BuildState.CANCELLED})
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which artifacts a roll-forward moves: those published for ``from_sdk``, optionally of one model
+    name, target and set of labels (every one must match a build of the artifact)."""
+
+    from_sdk: str
+    to_sdk: str
+    model: str | None = None
+    target: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    pinned: bool = False  # only artifacts a retention pin keeps
+    fetched_within_days: float | None = None  # only artifacts fetched by key this recently
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "target": self.target, "labels": dict(self.labels), "pinned": self.pinned,
+                "fetched_within_days": self.fetched_within_days}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An artifact to move, and the build whose spec is resubmitted for the new release."""
+
+    artifact_key: str
+    build_id: int
+    model_name: str | None
+    target: str
+    spec: dict[str, Any]
+
+
+def candidates(session: Session, selection: Selection) -> list[Candidate]:
+    """The artifacts ``selection`` picks, oldest first, each with its newest matching build."""
+    matching = (select(func.max(Build.id).label("build_id"))
+                .join(Artifact, Artifact.id == Build.artifact_id)
+                .where(Artifact.state == ArtifactState.PUBLISHED, Artifact.sdk == selection.from_sdk))
+    if selection.target:
+        matching = matching.where(Artifact.target == selection.target)
+    if selection.pinned:
+        matching = matching.where(retention.pinned())
+    if selection.fetched_within_days is not None:
+        matching = matching.where(Artifact.last_fetched_at >= utcnow() - timedelta(days=selection.fetched_within_days))
+    if selection.model:
+        matching = matching.where(Build.model_name == selection.model)
+    for name, value in sorted(selection.labels.items()):
+        label = select(BuildLabel.build_id).where(BuildLabel.build_id == Build.id, BuildLabel.name == name,
+                                                  BuildLabel.value == value)
+        matching = matching.where(label.exists())
+    newest = matching.group_by(Build.artifact_id).subquery()
+    rows = session.execute(
+        select(Build.id, Build.artifact_key, Build.model_name, Build.target, Build.spec)
+        .join(newest, newest.c.build_id == Build.id).order_by(Build.artifact_id)
+    ).all()
+    return [Candidate(row.artifact_key, row.id, row.model_name, row.target, dict(row.spec)) for row in rows]
+
+
+def rolled_spec(spec: dict[str, Any], to_sdk: str, campaign_id: int | None) -> dict[str, Any]:
+    """The spec for the new release: ``sdk`` replaced, its callbacks dropped (the campaign notifies), and
+    labelled with the campaign."""
+    document = {k: v for k, v in spec.items() if k != "callbacks"}
+    document["sdk"] = to_sdk
+    if campaign_id is not None:
+        document["labels"] = {**(spec.get("labels") or {}), CAMPAIGN_LABEL: str(campaign_id)}
+    return document
+
+
+#: Submits one spec document for a campaign (parsed with the service's limits and flags, submitted for the
+#: campaign's principal) and returns the build id, or raises a refusal (SubmitRefused, ModelRefError,
+#: SpecError).
+SubmitDocument = Callable[[dict[str, Any]], int]
+
+
+def refusal_text(exc: Exception) -> str:
+    if isinstance(exc, SpecError):
+        return f"the spec is invalid for the new release: {exc}"
+    if isinstance(exc, ModelRefError):
+        return f"{exc.field}: {exc.message}"
+    return str(exc)
+
+
+def start(sessions: sessionmaker[Session], selection: Selection, submit: SubmitDocument,
+          principal: Principal | None) -> int:
+    """Create a roll-forward campaign and submit every item; returns its id. Items are recorded before any
+    submit, so the campaign lists everything it set out to move even if a submit fails."""
+    with transaction(sessions) as session:
+        found = candidates(session, selection)
+        campaign = Campaign(kind=ROLLFORWARD, from_sdk=selection.from_sdk, to_sdk=selection.to_sdk,
+                            selection=selection.to_json(), state=CampaignState.RUNNING,
+                            created_by=principal.owner if principal else None,
+                            team=principal.team if principal else None,
+                            token_id=principal.token_id if principal else None)
+        session.add(campaign)
+        session.flush()
+        events.record(session, "campaign", campaign.id, None, CampaignState.RUNNING, from_sdk=selection.from_sdk,
+                      to_sdk=selection.to_sdk, total=len(found))
+        items = [CampaignItem(campaign_id=campaign.id, source_key=c.artifact_key, source_build_id=c.build_id)
+                 for c in found]
+        session.add_all(items)
+        session.flush()
+        campaign_id = campaign.id
+        planned = [(item.id, c) for item, c in zip(items, found, strict=True)]
+    for item_id, candidate in planned:
+        build_id, refusal = None, None
+        try:
+            build_id = submit(rolled_spec(candidate.spec, selection.to_sdk, campaign_id))
+        except (SubmitRefused, ModelRefError, SpecError) as exc:
+            refusal = refusal_text(exc)
+        except Exception as exc:  # the store or ledger failed mid-campaign: the item says so, the rest go on
+            log.exception("campaign submit failed", extra={"campaign_id": campaign_id,
+                                                           "source_key": candidate.artifact_key})
+            refusal = f"the submit failed ({type(exc).__name__}: {exc}); start the roll-forward again for it"
+        with transaction(sessions) as session:
+            item = session.get_one(CampaignItem, item_id)
+            item.build_id, item.refusal = build_id, refusal
+    with transaction(sessions) as session:
+        settle(session, campaign_id)  # builds that ended before their item named them (hits: at once)
+    return campaign_id
+
+
+def on_build_transition(session: Session, transition: events.Transition) -> None:
+    """In the transaction moving a build (its row still has the old state): finish or reopen the campaign
+    it belongs to, if any."""
+    build_id = transition.entity_id
+    campaign_id = session.scalar(select(CampaignItem.campaign_id).where(CampaignItem.build_id == build_id))
+    if campaign_id is not None:
+        settle(session, campaign_id, moving=(build_id, transition.to_state))
+
+
+#: Builds that move finish or reopen their campaign. A build just created is no campaign's item yet: its
+#: item names it once the submit returns, and :func:`start` settles the campaign then.
+BUILDS = events.Subscriber("campaigns", frozenset({"build"}), lambda t: t.from_state is not None,
+                           on_build_transition)
+
+
+def settle(session: Session, campaign_id: int, moving: tuple[int, str] | None = None) -> None:
+    """Finish the campaign when nothing in it is still to end; reopen it when something is again.
+    ``moving``: a build whose new state is not written yet, and that state."""
+    campaign = session.scalars(select(Campaign).where(Campaign.id == campaign_id).with_for_update()).one()
+    still_open = (select(func.count()).select_from(CampaignItem)
+                  .outerjoin(Build, Build.id == CampaignItem.build_id)
+                  .where(CampaignItem.campaign_id == campaign_id, CampaignItem.refusal.is_(None),
+                         (CampaignItem.build_id.is_(None)) | Build.state.not_in(list(ENDED))))
+    if moving is not None:
+        still_open = still_open.where((CampaignItem.build_id.is_(None)) | (CampaignItem.build_id != moving[0]))
+    open_items = (session.scalar(still_open) or 0) + (1 if moving is not None and moving[1] not in ENDED else 0)
+    if open_items == 0 and campaign.state == CampaignState.RUNNING:
+        events.record(session, "campaign", campaign.id, campaign.state, CampaignState.FINISHED)
+        campaign.state, campaign.finished_at = CampaignState.FINISHED, utcnow()
+    elif open_items and campaign.state == CampaignState.FINISHED:
+        events.record(session, "campaign", campaign.id, campaign.state, CampaignState.RUNNING, reason="reopened")
+        campaign.state, campaign.finished_at = CampaignState.RUNNING, None
+
+
+@dataclass
+class Progress:
+    """Where a campaign stands: counts by what happened to each item, and the failures and refusals."""
+
+    total: int = 0
+    submitted: int = 0
+    building: int = 0
+    built: int = 0  # compiled (new, or joined a compile) and published
+    hit: int = 0  # the new release's artifact existed already
+    failed: int = 0
+    cancelled: int = 0
+    refused: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    refusals: list[dict[str, Any]] = field(default_factory=list)
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+
+def progress(session: Session, campaign: Campaign) -> Progress:
+    out = Progress()
+    rows = session.execute(
+        select(CampaignItem.source_key, CampaignItem.refusal, CampaignItem.build_id, Build.state, Build.outcome,
+               Build.artifact_key, Build.artifact_id)
+        .outerjoin(Build, Build.id == CampaignItem.build_id)
+        .where(CampaignItem.campaign_id == campaign.id).order_by(CampaignItem.id)
+    ).all()
+    failed_ids = [row.artifact_id for row in rows if row.state == BuildState.FAILED]
+    errors = _first_failures(session, failed_ids)
+    out.total = len(rows)
+    for row in rows:
+        item: dict[str, Any] = {"source_key": row.source_key, "build_id": row.build_id, "state": row.state,
+                                "outcome": row.outcome, "artifact_key": row.artifact_key, "refusal": row.refusal}
+        out.items.append(item)
+        if row.refusal is not None:
+            out.refused += 1
+            out.refusals.append({"source_key": row.source_key, "refusal": row.refusal})
+            continue
+        if row.build_id is None:
+            continue
+        out.submitted += 1
+        if row.state == BuildState.BUILDING:
+            out.building += 1
+        elif row.state == BuildState.SUCCEEDED:
+            if row.outcome == Outcome.HIT:
+                out.hit += 1
+            else:
+                out.built += 1
+        elif row.state == BuildState.CANCELLED:
+            out.cancelled += 1
+        elif row.state == BuildState.FAILED:
+            out.failed += 1
+            out.failures.append({"source_key": row.source_key, "build_id": row.build_id,
+                                 "artifact_key": row.artifact_key, **errors.get(row.artifact_id, {})})
+    return out
+
+
+def _first_failures(session: Session, artifact_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """For each failed artifact, its first failed bucket (by position) and the compiler's error."""
+    if not artifact_ids:
+        return {}
+    rows = session.execute(
+        select(ArtifactBucket.artifact_id, ArtifactBucket.position, BucketCompile.inputs, BucketCompile.error_class,
+               BucketCompile.error_code, BucketCompile.error_message)
+        .join(BucketCompile, and_(BucketCompile.id == ArtifactBucket.bucket_compile_id,
+                                  BucketCompile.state == BucketState.FAILED))
+        .where(ArtifactBucket.artifact_id.in_(artifact_ids)).order_by(ArtifactBucket.position)
+    ).all()
+    found: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        found.setdefault(row.artifact_id, {"position": row.position, "inputs": row.inputs,
+                                           "error_class": row.error_class, "error_code": row.error_code,
+                                           "error_message": row.error_message})
+    return found

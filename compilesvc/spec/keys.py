@@ -1,0 +1,145 @@
+"""Artifact keys: full SHA-256 over a canonical serialization of everything that changes compiler output.
+
+A *bucket key* names one compile (one shape bucket); the *artifact key* names the set, derived from the
+sorted, de-duplicated bucket keys plus the set-level fields. Both are versioned by :data:`KEY_SCHEMA`;
+changing what goes into a key means bumping it. Labels, the model's display name, the URI spelling,
+bucket order, dict order and the hash seed never reach the hash.
+
+Every key carries its per-component digests (:attr:`KeySet.components`) so a cache miss can be explained
+by diffing two keys' components (``compilesvc key SPEC --explain``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from compilesvc.spec.compile_spec import ISA_RE, NEURON_TARGETS, CompileSpec
+from compilesvc.spec.flags import canonical_flags
+from compilesvc.spec.neuron_releases import toolchain_material
+
+KEY_SCHEMA = "compilesvc-key/3"
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def canonical_json(value: Any) -> bytes:
+    """Deterministic JSON: sorted keys, no whitespace, UTF-8. The only serialization keys are made of."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+@dataclass(frozen=True)
+class BucketKey:
+    key: str
+    inputs: list[dict[str, Any]]
+    position: int  # index of the bucket in the spec as submitted (display only)
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """The keys of one spec, with the material and per-component digests behind them."""
+
+    key: str
+    buckets: list[BucketKey]
+    material: dict[str, Any]
+    components: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bucket_keys(self) -> list[str]:
+        return sorted({b.key for b in self.buckets})
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "schema": KEY_SCHEMA,
+            "buckets": [{"key": b.key, "inputs": b.inputs} for b in self.buckets],
+            "components": self.components,
+        }
+
+
+def set_material(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt: str = "") -> dict[str, Any]:
+    """The set-level key material: everything in a key except a bucket's inputs.
+
+    Raises ValueError for a ``model_sha256`` that is not a SHA-256 hex digest, an unusable ISA, or a Neuron
+    release the release table does not know (:class:`compilesvc.spec.neuron_releases.UnknownRelease`).
+    """
+    # One spelling per digest: an upper-case hex digest of the same bytes must not make a second key.
+    sha = model_sha256.lower()
+    if not _SHA256_RE.match(sha):
+        raise ValueError(f"model_sha256 must be 64 hex digits, got {model_sha256!r}")
+    toolchain: dict[str, Any] = {
+        "target": spec.target,
+        "backend": spec.backend,
+        "tp_degree": spec.compiler.tp_degree,
+    }
+    if spec.target in NEURON_TARGETS:
+        # The exact packages the release resolves to, not its label: releases shipping the same toolchain
+        # share artifacts, and a table entry that changed would show as a changed key (docs/keys.md).
+        toolchain["neuron"] = toolchain_material(spec.sdk, spec.backend, spec.compiler.tp_degree)
+    else:
+        toolchain["sdk"] = spec.sdk  # the cpu target's sdk is the exact torch version already
+    if spec.backend == "aotinductor":
+        isa = spec.compiler.isa or default_isa
+        if not ISA_RE.fullmatch(isa):
+            raise ValueError(f"ISA must look like <arch>-<level> (e.g. x86_64-avx512), got {isa!r}")
+        toolchain["isa"] = isa
+    return {
+        "schema": KEY_SCHEMA,
+        "salt": salt,
+        "model": {"sha256": sha, "format": spec.model.format},
+        "toolchain": toolchain,
+        "flags": canonical_flags(spec.compiler.args),
+    }
+
+
+def shape_text(inputs: Iterable[dict[str, Any]]) -> str:
+    """A bucket's inputs (as key material has them) for people: ``input_ids: int64[2, 128], mask: …``."""
+    return ", ".join(f"{i.get('name')}: {i.get('dtype')}{list(i.get('shape', []))}" for i in inputs)
+
+
+def bucket_key_of(material: dict[str, Any], inputs: list[dict[str, Any]]) -> str:
+    """The bucket key of set-level ``material`` and one bucket's ``inputs``."""
+    return digest({**material, "inputs": inputs})
+
+
+def artifact_key_of(material: dict[str, Any], bucket_keys: list[str]) -> str:
+    """The artifact key of set-level ``material`` and its bucket keys (in any order, repeats allowed)."""
+    return digest({**material, "buckets": sorted(set(bucket_keys))})
+
+
+def compute_keys(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt: str = "") -> KeySet:
+    """Keys for ``spec`` whose model content hashes to ``model_sha256``.
+
+    ``default_isa`` fills in the ISA of cpu aotinductor specs that do not name one.
+    """
+    material = set_material(spec, model_sha256=model_sha256, default_isa=default_isa, salt=salt)
+    buckets = []
+    for position, bucket in enumerate(spec.buckets):
+        inputs = [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in bucket.inputs]
+        buckets.append(BucketKey(key=bucket_key_of(material, inputs), inputs=inputs, position=position))
+    bucket_keys = sorted({b.key for b in buckets})
+    artifact_key = artifact_key_of(material, bucket_keys)
+    components = {name: digest(material[name]) for name in ("schema", "salt", "model", "toolchain", "flags")}
+    components["buckets"] = digest(bucket_keys)
+    return KeySet(key=artifact_key, buckets=buckets, material=material, components=components)
+
+
+def explain(keys: KeySet) -> list[str]:
+    """Human-readable lines: each component's digest and the value it was computed from."""
+    lines = [f"artifact key  {keys.key}", f"schema        {keys.material['schema']}"]
+    for name in ("salt", "model", "toolchain", "flags"):
+        value = json.dumps(keys.material[name], sort_keys=True)
+        lines.append(f"{name:<13} {keys.components[name][:16]}  {value}")
+    lines.append(f"{'buckets':<13} {keys.components['buckets'][:16]}  ({len(keys.bucket_keys)} unique)")
+    for bucket in keys.buckets:
+        shapes = ", ".join(f"{i['name']}:{i['dtype']}{i['shape']}" for i in bucket.inputs)
+        lines.append(f"  bucket[{bucket.position}] {bucket.key}  {shapes}")
+    return lines

@@ -1,0 +1,289 @@
+"""The Neuron SDK release table: which exact packages each SDK release ships.
+
+Owns ``compilesvc/neuron_releases.json`` (our format, generated from the SDK's own release manifest,
+aws-neuron/aws-neuron-sdk ``src/helperscripts/n2-manifest.json``), the look-ups built on it, and the
+conversion behind ``compilesvc neuron-releases refresh``. Package versions are not release numbers (SDK
+2.27.1 ships neuronx-cc 2.22.12471.0, torch-neuronx 2.9.0.2.11.19912, …), and consecutive releases can ship
+identical packages (2.27.0/2.27.1, 2.24.0/2.24.1). Two consumers need the exact versions:
+
+- the key (:func:`toolchain_material`): a Neuron key names the toolchain a release resolves to, not the
+  release label (docs/keys.md, "Toolchain");
+- the worker: it checks that its installed packages are the release it claims before it registers
+  (:func:`installed_mismatches`, used by :mod:`workers.versions`).
+
+A release lists one torch-neuronx build per torch line (2.27.1: torch 2.7, 2.8 and 2.9). A trace artifact
+depends on which one ran, so the key pins one: the release's newest torch line (:attr:`Release.trace_torch_neuronx`,
+what the SDK's container images of that release ship); a worker with another line installed refuses to serve.
+
+torch-xla is not in the table: the SDK's manifest lists it for a few releases only (1.12/1.13 and 2.10
+onwards, checked 2026-11-24), and the torch-neuronx build the key pins is built against one torch line, whose
+torch-xla it depends on (not verified against a wheel here: the SDK cannot be installed).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+TABLE_FORMAT = "compilesvc-neuron-releases/1"
+TABLE_NAME = "neuron_releases.json"
+REFRESH_COMMAND = "compilesvc neuron-releases refresh --from <n2-manifest.json path or URL>"
+#: Where the SDK publishes the manifest the table is made from.
+SDK_MANIFEST_URL = ("https://raw.githubusercontent.com/aws-neuron/aws-neuron-sdk/master/"
+                    "src/helperscripts/n2-manifest.json")
+
+#: Our package names -> the names the SDK manifest uses for them (it spells neuronx_distributed with "_").
+PACKAGES = {
+    "neuronx-cc": ("neuronx-cc",),
+    "torch-neuronx": ("torch-neuronx",),
+    "neuronx-distributed": ("neuronx_distributed", "neuronx-distributed"),
+    "libneuronxla": ("libneuronxla",),
+    "aws-neuronx-runtime-lib": ("aws-neuronx-runtime-lib",),
+}
+#: Packages a release may list several builds of (one per torch line / per framework).
+MULTI = frozenset({"torch-neuronx", "libneuronxla"})
+
+
+class UnknownRelease(ValueError):
+    """A Neuron SDK release the table does not list."""
+
+    def __init__(self, release: str, known: list[str]):
+        self.release = release
+        newest = known[-1] if known else "none"
+        super().__init__(f"Neuron SDK release {release} is not in this service's release table (newest known: "
+                         f"{newest}); if it is a new release, refresh the table: {REFRESH_COMMAND}")
+
+
+class NotShipped(ValueError):
+    """The release does not ship a package the requested compile needs."""
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"2.9.0.2.11.19912+abc"`` -> ``(2, 9, 0, 2, 11, 19912)``: for ordering builds of one package."""
+    return tuple(int(part) if part.isdigit() else -1 for part in version.split("+")[0].split("."))
+
+
+def base_version(version: str) -> str:
+    """Without the ``+<build hash>`` local suffix pip and ``neuronx-cc --version`` print."""
+    return version.strip().split("+")[0]
+
+
+@dataclass(frozen=True)
+class Release:
+    """The exact packages of one SDK release (multi-build packages newest first)."""
+
+    release: str
+    neuronx_cc: str
+    torch_neuronx: tuple[str, ...]
+    neuronx_distributed: str | None
+    libneuronxla: tuple[str, ...]
+    runtime_lib: str | None  # aws-neuronx-runtime-lib, a system package: recorded, not checked
+
+    @property
+    def trace_torch_neuronx(self) -> str | None:
+        """The torch-neuronx build trace compiles of this release are keyed with: its newest torch line."""
+        return self.torch_neuronx[0] if self.torch_neuronx else None
+
+    def as_versions(self) -> dict[str, Any]:
+        """The release's packages as manifests record them (``neuron_release_packages``)."""
+        return {"release": self.release, "neuronx-cc": self.neuronx_cc, "torch-neuronx": list(self.torch_neuronx),
+                "neuronx-distributed": self.neuronx_distributed, "libneuronxla": list(self.libneuronxla),
+                "aws-neuronx-runtime-lib": self.runtime_lib}
+
+
+def _release_of(label: str, entry: Mapping[str, Any]) -> Release:
+    return Release(release=label, neuronx_cc=str(entry["neuronx-cc"]),
+                   torch_neuronx=tuple(entry.get("torch-neuronx") or ()),
+                   neuronx_distributed=entry.get("neuronx-distributed"),
+                   libneuronxla=tuple(entry.get("libneuronxla") or ()),
+                   runtime_lib=entry.get("aws-neuronx-runtime-lib"))
+
+
+def table_path() -> Path:
+    """The packaged table (the file ``refresh`` rewrites by default)."""
+    return Path(str(resources.files("compilesvc.spec").joinpath(TABLE_NAME)))
+
+
+@functools.lru_cache(maxsize=1)
+def table() -> dict[str, Release]:
+    """Every release in the packaged table, oldest first."""
+    document = json.loads(table_path().read_text(encoding="utf-8"))
+    if document.get("format") != TABLE_FORMAT:
+        raise RuntimeError(f"{table_path()} is not a {TABLE_FORMAT} document")
+    releases = document["releases"]
+    return {label: _release_of(label, releases[label]) for label in sorted(releases, key=version_tuple)}
+
+
+def lookup(release: str) -> Release:
+    """The packages of ``release``; :class:`UnknownRelease` (naming the refresh command) if not listed."""
+    releases = table()
+    try:
+        return releases[release]
+    except KeyError:
+        raise UnknownRelease(release, list(releases)) from None
+
+
+def toolchain_material(release: str, backend: str, tp_degree: int) -> dict[str, Any]:
+    """The exact toolchain a Neuron compile of ``release`` with ``backend`` runs: the key's ``neuron`` part.
+
+    Only what the backend runs: an HLO compile is neuronx-cc alone; trace adds torch-neuronx (whose version
+    names its torch, e.g. 2.9.0.x) and libneuronxla (the lowering plugin), and tp > 1 neuronx-distributed.
+    """
+    entry = lookup(release)
+    material: dict[str, Any] = {"neuronx-cc": entry.neuronx_cc}
+    if backend == "trace":
+        if entry.trace_torch_neuronx is None:
+            raise NotShipped(f"Neuron SDK {release} ships no torch-neuronx: the trace backend is not available "
+                             f"with it (compile an HLO model with the neuronx-cc backend)")
+        material["torch-neuronx"] = entry.trace_torch_neuronx
+        material["libneuronxla"] = sorted(entry.libneuronxla, key=version_tuple)
+        if tp_degree > 1:
+            if entry.neuronx_distributed is None:
+                raise NotShipped(f"Neuron SDK {release} ships no neuronx-distributed: trace with tp_degree > 1 "
+                                 f"is not available with it")
+            material["neuronx-distributed"] = entry.neuronx_distributed
+    return material
+
+
+@functools.lru_cache(maxsize=256)
+def toolchain_release(release: str, backend: str, tp_degree: int) -> str:
+    """The oldest release whose toolchain for this kind of compile is ``release``'s: the name its queue uses.
+
+    Keys hold the toolchain, not the label, so releases shipping identical packages share compiles; their
+    queue must be shared too, or a build joining a compile first queued under another label would wait on
+    a queue its own release's workers never read. Only what the compile runs counts (an HLO compile:
+    neuronx-cc alone), so two releases can share HLO queues and not trace queues.
+    """
+    material = toolchain_material(release, backend, tp_degree)
+    for label in table():
+        try:
+            if toolchain_material(label, backend, tp_degree) == material:
+                return label
+        except NotShipped:
+            continue
+    return release  # pragma: no cover - release itself always matches
+
+
+def toolchain_differences(requested: str, installed: str, backend: str, tp_degree: int) -> list[str]:
+    """How the toolchain a compile of ``requested`` runs differs from ``installed``'s (empty: identical)."""
+    want = toolchain_material(requested, backend, tp_degree)
+    try:
+        have = toolchain_material(installed, backend, tp_degree)
+    except NotShipped as exc:
+        return [str(exc)]
+    return [f"{package}: release {requested} has {want.get(package)}, this host's {installed} has "
+            f"{have.get(package)}" for package in sorted(want.keys() | have.keys())
+            if want.get(package) != have.get(package)]
+
+
+def installed_mismatches(release: str, installed: Mapping[str, str | None]) -> list[str]:
+    """Why the installed packages are not ``release``'s (empty: they are), one message per package.
+
+    ``installed`` maps our package names (:data:`PACKAGES`) to installed versions (None: not installed).
+    neuronx-cc and torch-neuronx must be installed and exact (torch-neuronx: the build keys pin, the
+    release's newest torch line); neuronx-distributed and libneuronxla are checked when installed.
+    """
+    entry = lookup(release)
+    problems = []
+
+    def differs(package: str, have: str | None, want: str | None, required: bool, note: str = "") -> None:
+        if have is None and not required:
+            return
+        have_base = base_version(have) if have else None
+        if have_base != want:
+            shown = have if have else "nothing"
+            ships = want if want else "nothing"
+            problems.append(f"{package}: installed {shown}, release {release} ships {ships}{note}")
+
+    differs("neuronx-cc", installed.get("neuronx-cc"), entry.neuronx_cc, True)
+    lines = ", ".join(entry.torch_neuronx)
+    differs("torch-neuronx", installed.get("torch-neuronx"), entry.trace_torch_neuronx, True,
+            f" (keys pin its newest torch line; the release lists {lines})" if len(entry.torch_neuronx) > 1 else "")
+    differs("neuronx-distributed", installed.get("neuronx-distributed"), entry.neuronx_distributed, False)
+    libxla = installed.get("libneuronxla")
+    if libxla is not None and base_version(libxla) not in entry.libneuronxla:
+        problems.append(f"libneuronxla: installed {libxla}, release {release} ships "
+                        f"{' or '.join(entry.libneuronxla) or 'nothing'}")
+    return problems
+
+
+# -- refresh: the SDK's manifest -> our table ---------------------------------------------------------------
+
+def from_sdk_manifest(document: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Our table entries from the SDK's ``n2-manifest.json`` document: every release that ships neuronx-cc.
+
+    Raises ValueError for a document that is not in the SDK's shape.
+    """
+    releases = document.get("neuron_releases") if isinstance(document, Mapping) else None
+    if not isinstance(releases, list):
+        raise ValueError("not an SDK release manifest: no \"neuron_releases\" list")
+    out: dict[str, dict[str, Any]] = {}
+    for item in releases:
+        try:
+            label = str(item["neuron_version"])
+            packages = list(item["packages"])
+        except (TypeError, KeyError) as exc:
+            raise ValueError(f"not an SDK release manifest: a release entry lacks {exc}") from None
+        found: dict[str, set[str]] = {name: set() for name in PACKAGES}
+        for package in packages:
+            name, version = package.get("name"), package.get("version")
+            instances = set(package.get("supported_instances") or ())
+            if instances and not instances - {"inf1"}:
+                continue  # the inf1 (neuron, not neuronx) build of a package: another SDK family
+            for ours, theirs in PACKAGES.items():
+                if name in theirs and version:
+                    found[ours].add(str(version))
+        if not found["neuronx-cc"]:
+            continue
+        entry: dict[str, Any] = {}
+        for ours, versions in found.items():
+            ordered = sorted(versions, key=version_tuple, reverse=True)
+            if ours in MULTI:
+                entry[ours] = ordered
+            elif len(ordered) > 1:
+                raise ValueError(f"release {label} lists several {ours} versions: {ordered}")
+            else:
+                entry[ours] = ordered[0] if ordered else None
+        out[label] = entry
+    if not out:
+        raise ValueError("the SDK manifest lists no release that ships neuronx-cc")
+    return out
+
+
+def refreshed_document(current: Mapping[str, Any] | None, sdk_document: Mapping[str, Any],
+                       source: str) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Our table document with ``sdk_document``'s releases merged into ``current``'s.
+
+    Returns (document, added release labels, changed release labels). Releases missing from the SDK's file
+    are kept: a release, once published, does not change, and dropping it would refuse its specs.
+    """
+    new = from_sdk_manifest(sdk_document)
+    old: dict[str, Any] = dict((current or {}).get("releases") or {})
+    added = sorted((label for label in new if label not in old), key=version_tuple)
+    changed = sorted((label for label in new if label in old and old[label] != new[label]), key=version_tuple)
+    merged = {**old, **new}
+    document = {
+        "format": TABLE_FORMAT,
+        "source": {
+            "from": source,
+            "upstream": "aws-neuron/aws-neuron-sdk src/helperscripts/n2-manifest.json",
+            "manifest_version": sdk_document.get("manifest_version"),
+            "manifest_date": sdk_document.get("manifest_date"),
+        },
+        "note": ("Generated by `compilesvc neuron-releases refresh`; do not edit by hand. Per SDK release, the "
+                 "exact versions of the packages compilesvc checks and keys by (multi-build packages newest "
+                 "first; aws-neuronx-runtime-lib is the non-inf1 build)."),
+        "releases": {label: merged[label] for label in sorted(merged, key=version_tuple)},
+    }
+    return document, added, changed
+
+
+def write_table(document: Mapping[str, Any], path: Path) -> None:
+    """Write a table document the way it is committed (stable order, one release per line group)."""
+    path.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    table.cache_clear()

@@ -1,0 +1,100 @@
+"""Why a key missed: the changes from the closest earlier artifact of the same model, read as a person would
+("sdk 2.20.0 → 2.21.0", "flag -O2 → -O3", "bucket … is new"), computed over real submits on both ledgers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compilesvc.builds.submit import Submitter
+from compilesvc.insights.key_diff import changes, explain_miss
+from compilesvc.ledger.models import Build
+from compilesvc.services import Services
+from compilesvc.spec.parsing import parse_spec
+from tests.builds.test_dedupe import upload_model
+
+ONE = [{"batch_size": 1, "seq_len": 128}]
+
+
+
+def neuron_spec(uri: str, *, sdk: str = "2.20.0", args: list[str] | None = None, target: str = "inf2",
+                buckets: list[dict[str, int]] | None = None, name: str = "bert") -> dict[str, Any]:
+    return {"model": {"uri": uri, "format": "exported-program", "name": name}, "target": target, "sdk": sdk,
+            "compiler": {"args": args if args is not None else ["-O2"]}, "buckets": buckets or ONE}
+
+
+def texts(services: Services, build_id: int) -> list[str] | None:
+    with services.sessions() as session:
+        compared = explain_miss(session, session.get_one(Build, build_id))
+    return None if compared is None else [change.text for change in compared.changes]
+
+
+def test_the_miss_names_what_changed_since_the_closest_artifact(services: Services) -> None:
+    submitter = Submitter(services)
+    uri = upload_model(services)
+    first = submitter.submit(parse_spec(neuron_spec(uri)))
+    assert texts(services, first.build_id) is None  # the model's first artifact: nothing to compare with
+
+    flags = submitter.submit(parse_spec(neuron_spec(uri, args=["-O3"])))
+    assert texts(services, flags.build_id) == ["flag -O2 → -O3"]
+
+    # Another target in between does not hide the closer artifact of the same target.
+    submitter.submit(parse_spec(neuron_spec(uri, target="trn1", args=["-O1", "--auto-cast=all"])))
+    sdk = submitter.submit(parse_spec(neuron_spec(uri, sdk="2.21.0", args=["-O3"])))
+    found = texts(services, sdk.build_id)
+    assert found is not None and found[0] == "sdk 2.20.0 → 2.21.0"
+    assert any(text.startswith("neuron neuronx-cc ") and "→" in text for text in found), found
+    assert not any("target" in text for text in found)
+
+    more = submitter.submit(parse_spec(neuron_spec(uri, args=["-O3"], buckets=[*ONE, {"batch_size": 4,
+                                                                                       "seq_len": 512}])))
+    assert texts(services, more.build_id) == [
+        "bucket input_ids: int64[4, 512], attention_mask: int64[4, 512] is new"]
+
+    revised = submitter.submit(parse_spec(neuron_spec(upload_model(services, b"revision 2"), args=["-O3"])))
+    found = texts(services, revised.build_id)
+    assert found is not None and len(found) == 1 and found[0].startswith("model sha256 ")
+
+    # A model matched by content when it has no name, and an unrelated model is never compared.
+    other = submitter.submit(parse_spec(neuron_spec(upload_model(services, b"another"), name="other")))
+    assert texts(services, other.build_id) is None
+
+
+def test_changes_reads_each_component() -> None:
+    before = {"schema": "compilesvc-key/3", "salt": "", "model": {"sha256": "a" * 64, "format": "hlo"},
+              "toolchain": {"target": "inf2", "backend": "neuronx-cc", "tp_degree": 1},
+              "flags": ["--auto-cast=matmult", "--model-type=transformer", "-O2"]}
+    after = {**before, "salt": "rotated", "model": {"sha256": "b" * 64, "format": "hlo"},
+             "toolchain": {**before["toolchain"], "tp_degree": 2},
+             "flags": ["--auto-cast=all", "--enable-fast-loading-neuron-binaries", "-O2"]}
+    one = [[{"name": "x", "dtype": "float32", "shape": [1, 8]}]]
+    two = [[{"name": "x", "dtype": "float32", "shape": [2, 8]}]]
+    found = [(c.component, c.text) for c in changes(before, one, "2.20.0", after, two, "2.20.0")]
+    assert found == [
+        ("salt", "the service's key salt changed (an operator disowned earlier artifacts)"),
+        ("model", "model sha256 aaaaaaaaaaaa… → bbbbbbbbbbbb…"),
+        ("toolchain", "tp_degree 1 → 2"),
+        ("flags", "flag --auto-cast=matmult → --auto-cast=all"),
+        ("flags", "flag --enable-fast-loading-neuron-binaries added"),
+        ("flags", "flag --model-type=transformer removed"),
+        ("buckets", "bucket x: float32[2, 8] is new"),
+        ("buckets", "bucket x: float32[1, 8] dropped"),
+    ]
+    # The release label alone (same toolchain) changes no key, so it is not reported.
+    assert changes(before, one, "2.27.0", before, one, "2.27.1") == []
+
+
+def test_a_cpu_release_is_said_once_and_options_with_several_values_are_one_flag() -> None:
+    base = {"schema": "compilesvc-key/3", "salt": "", "model": {"sha256": "a" * 64, "format": "torchscript"},
+            "toolchain": {"target": "cpu", "backend": "torchscript", "tp_degree": 1, "sdk": "2.12.0"},
+            "flags": ["--freeze"]}
+    newer = {**base, "toolchain": {**base["toolchain"], "sdk": "2.13.0"}}
+    assert [c.text for c in changes(base, [], "2.12.0", newer, [], "2.13.0")] == ["sdk 2.12.0 → 2.13.0"]
+
+    pipeline = {**base, "flags": ["--pipeline", "compile", "SaveTemps", "-O2"]}
+    more = {**base, "flags": ["--pipeline", "compile", "SaveTemps", "Verify", "-O2"]}
+    assert [c.text for c in changes(pipeline, [], "2.13.0", more, [], "2.13.0")] == [
+        "flag --pipeline compile SaveTemps → --pipeline compile SaveTemps Verify"]
+    # Values reordered: the key differs, so the change is shown, whole.
+    swapped = {**base, "flags": ["--pipeline", "SaveTemps", "compile", "-O2"]}
+    assert [c.text for c in changes(pipeline, [], "2.13.0", swapped, [], "2.13.0")] == [
+        "flag --pipeline compile SaveTemps → --pipeline SaveTemps compile"]
