@@ -31,6 +31,7 @@ test-tools:
 test: install test-tools sandbox-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/pytest -n auto --maxprocesses 4 --dist worksteal --durations=25
 
 # The edit loop: every test that neither compiles nor starts processes (tests/conftest.py), under a minute.

@@ -15,8 +15,9 @@ import orjson
 from flask import Response, current_app, request
 from pydantic import BaseModel, ValidationError
 
+from compilesvc.config.settings import Settings
 from compilesvc.spec.compile_spec import CompileSpec
-from compilesvc.spec.parsing import SpecError, parse_for_service, validation_errors
+from compilesvc.spec.parsing import SpecError, parse_spec, validation_errors
 from web.context import web
 from web.problems import Problem
 
@@ -169,6 +170,13 @@ def model_body(model: type[M], problem: str) -> M:
 def spec_body() -> CompileSpec:
     """The body as a validated CompileSpec; 422 ``spec-invalid`` with per-field errors otherwise."""
     return parse_spec_text(body_text())
+
+
+def parse_for_service(data: Any, settings: Settings) -> CompileSpec:
+    """:func:`~compilesvc.spec.parsing.parse_spec` with a service's own bounds on elements and its extra
+    compiler flags (what the API and the campaigns it runs accept). Here, not in the spec package, which
+    knows nothing of the service's settings."""
+    return parse_spec(data, settings.element_limits, settings.extra_flags)
 
 
 def parse_spec_text(text: str) -> CompileSpec:

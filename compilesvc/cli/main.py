@@ -219,7 +219,7 @@ def ledger_services() -> Iterator[Services]:
     tables yet, is refused first, creating nothing."""
     settings = _settings()
     if not settings.database_url:
-        path = (settings.data_dir / "compilesvc.ledger.engine").resolve()
+        path = (settings.data_dir / "compilesvc.db").resolve()
         if not path.is_file():
             raise BadInput(f"no ledger at {path}: run this in the directory `compilesvc dev` runs in (its data is "
                            "in ./.compilesvc), or set COMPILESVC_DATABASE_URL and COMPILESVC_STORE_URL to your "

@@ -310,7 +310,7 @@ class Settings(BaseSettings):
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url
-        return f"sqlite:///{(self.data_dir / 'compilesvc.ledger.engine').resolve()}"
+        return f"sqlite:///{(self.data_dir / 'compilesvc.db').resolve()}"
 
     @cached_property
     def resolved_store_url(self) -> str:

@@ -8,13 +8,10 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
-
-if TYPE_CHECKING:
-    from compilesvc.config.settings import Settings
 
 from compilesvc.spec.compile_spec import (
     DEFAULT_LIMITS,
@@ -102,12 +99,6 @@ def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
     text = ": ".join(part for part in (exc.context, exc.problem) if part) or "syntax error"
     mark = exc.problem_mark or exc.context_mark
     return f"{text} (line {mark.line + 1}, column {mark.column + 1})" if mark else text
-
-
-def parse_for_service(data: Any, settings: Settings) -> CompileSpec:
-    """:func:`parse_spec` with a service's own bounds on elements and its extra compiler flags (what the
-    API and the campaigns it runs accept)."""
-    return parse_spec(data, settings.element_limits, settings.extra_flags)
 
 
 def load_spec_file(path: str | Path, limits: ElementLimits | None = DEFAULT_LIMITS,

@@ -66,7 +66,7 @@ class Stack:
 
     @property
     def ledger_file(self) -> Path | None:
-        return self.data_dir / "compilesvc.ledger.engine" if self.kind == "embedded" else None
+        return self.data_dir / "compilesvc.db" if self.kind == "embedded" else None
 
     # -- the API, as a team sees it -----------------------------------------------------------------
 
@@ -187,5 +187,5 @@ def secret_file_paths(stack: Stack) -> dict[str, Path]:
     paths = {"credentials": stack.home / ".aws" / "credentials"}
     if stack.kind == "embedded":
         paths.update({"admin token": stack.data_dir / ADMIN_TOKEN_FILE, "secret key": stack.data_dir / "secret_key",
-                      "ledger": stack.data_dir / "compilesvc.ledger.engine"})
+                      "ledger": stack.data_dir / "compilesvc.db"})
     return paths

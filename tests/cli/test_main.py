@@ -353,7 +353,7 @@ def test_migrate_defaults_to_the_settings_database(run: Run, tmp_path: Path) -> 
     for _ in range(2):
         result = run("migrate")
         assert result.returncode == 0, result.stderr
-    assert (tmp_path / "data" / "compilesvc.ledger.engine").exists()
+    assert (tmp_path / "data" / "compilesvc.db").exists()
 
 
 def test_version(run: Run) -> None:

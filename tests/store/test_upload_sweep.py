@@ -29,7 +29,7 @@ def relay_once(tmp_path: Path, **settings: str) -> tuple[subprocess.CompletedPro
 
 def migrated(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir(exist_ok=True)
-    upgrade(f"sqlite:///{tmp_path / 'data' / 'compilesvc.ledger.engine'}")
+    upgrade(f"sqlite:///{tmp_path / 'data' / 'compilesvc.db'}")
 
 
 def test_relay_removes_abandoned_temp_files(tmp_path: Path) -> None:

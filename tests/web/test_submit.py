@@ -15,10 +15,10 @@ from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
 from compilesvc.ledger.models import Build
-from compilesvc.spec.parsing import parse_for_service
 from compilesvc.store.base import artifact_manifest_name
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import PUBLIC_URL, Env, complete_build, spec_for
+from web.params import parse_for_service
 from web.schemas import ArtifactOut, BuildAccepted, BuildOut, ProblemDetails
 
 

@@ -15,14 +15,14 @@ from compilesvc.ledger.campaigns import Campaign
 from compilesvc.ledger.models import Artifact
 from compilesvc.lifecycle import campaigns
 from compilesvc.pinning.pins import ModelRefError
-from compilesvc.spec.parsing import SpecError, parse_for_service
+from compilesvc.spec.parsing import SpecError
 from web import readers
 from web.auth import current_principal
 from web.context import WebContext, web
 from web.fleet_schemas import CampaignList, CampaignOut, RollforwardIn, RollforwardPlan
 from web.inputs import CampaignListQuery
 from web.openapi import operation
-from web.params import model_body, respond
+from web.params import model_body, parse_for_service, respond
 from web.problems import Problem
 
 bp = Blueprint("campaigns", __name__, url_prefix="/v1/campaigns")
