@@ -82,7 +82,7 @@ def prepare(workdir: Path, ledger: str) -> tuple[dict[str, str], dict[str, Any],
     from compilesvc.ledger.migrate import upgrade
     from compilesvc.services import Services
     from tests.web.support import Env, complete_build, make_settings, spec_for
-    from web.app import create_app
+    from web.server.app import create_app
 
     pg_url = None
     if ledger == "postgres":

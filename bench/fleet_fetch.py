@@ -89,7 +89,7 @@ def lookup_vs_presigned(workdir: Path, args: argparse.Namespace, s3: Any, databa
         assert answer.status == 200, answer.status
         # Each API worker's CPU during the load: wrk's few long-lived connections go to whichever worker
         # accepts them, and a worker that stalls meanwhile gets none (the other then serves alone, on one
-        # core: the 4.0x run, before web/httpworker.py closed connections off its event loop). The split is
+        # core: the 4.0x run, before web/server/httpworker.py closed connections off its event loop). The split is
         # printed beside the figure, so such a run reads as what it is.
         workers = children(served.pid)
         before = cpu_of_each(workers)
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.fixtures.signing import trust_env
     from tests.fixtures.tokens import make_token
     from tests.web.support import complete_build, spec_for
-    from web.app import create_app
+    from web.server.app import create_app
 
     workdir = Path(tempfile.mkdtemp(prefix="fleet-fetch-"))
     proc = None

@@ -14,7 +14,7 @@ named with it is the one to send). Figures (:mod:`bench._table`): cases executed
 Exit status 1 on any failure or 5xx.
 
 ``--open-reads`` runs under the settings that change who needs a token (``open_reads`` on,
-``public_metrics`` off): the document must then say so (web.openapi follows the settings).
+``public_metrics`` off): the document must then say so (web.contract.openapi follows the settings).
 
 Submits are neither rate-limited nor held to a compile quota (:func:`tests.web.conformance.fuzz_env`).
 """

@@ -3,9 +3,9 @@
 ``python -m bench.sandbox_cost [--starts N] [--rounds N] [--backend torchscript|aotinductor]``
 
 - **start**: the median wall time of starting the sandbox and running ``/bin/true`` in it (bubblewrap's
-  namespaces and mounts, the user switch), as :class:`workers.compiler_process.CompilerProcess` starts a
+  namespaces and mounts, the user switch), as :class:`workers.isolation.compiler_process.CompilerProcess` starts a
   compile child. Target: <= 0.2 s (issue 25).
-- **compile**: the compile child (``python -m workers.compile_child``) on the bundled demo model at its
+- **compile**: the compile child (``python -m workers.isolation.compile_child``) on the bundled demo model at its
   largest bucket, in the sandbox and without it, interleaved round by round (this host is noisy), each run
   with a fresh attempt directory; the ratio of the medians. Target: <= 1.03x. The run without the sandbox
   gets a fresh ``TMPDIR`` too, as the runner gives it: torch keeps an inductor cache under it
@@ -32,9 +32,9 @@ from typing import IO
 from bench import _table
 from compilesvc.config.settings import Settings
 from compilesvc.demo import MODEL_FILE, demo_model_bytes, demo_spec
-from workers.child_env import child_environment
-from workers.compiler_process import CompilerProcess
-from workers.sandbox import Mounts, Policy, Sandbox
+from workers.isolation.child_env import child_environment
+from workers.isolation.compiler_process import CompilerProcess
+from workers.isolation.sandbox import Mounts, Policy, Sandbox
 
 BENCH = "sandbox_cost"
 
@@ -65,7 +65,7 @@ def starts(policy: Policy, count: int, root: Path) -> list[float]:
 
 def one_compile(policy: Policy | None, backend: str, root: Path, shared_tmp: bool = False) -> float:
     """One compile of the demo model's largest bucket in a fresh attempt directory, laid out as the runner
-    lays it (workers.runner)."""
+    lays it (workers.compiling.runner)."""
     job = Path(tempfile.mkdtemp(prefix="job-", dir=root))
     work = Path(tempfile.mkdtemp(prefix="work-", dir=root))
     model_dir, out_dir, cache = job / "model", job / "out", job / "inductor-cache"
@@ -88,7 +88,7 @@ def one_compile(policy: Policy | None, backend: str, root: Path, shared_tmp: boo
     mounts = Mounts(read_only=[model_dir, request_path], writable=[work, out_dir],
                     private={work.parent / "compilesvc-inductor-cache": cache})
     sandbox = Sandbox(policy, mounts, env) if policy is not None else None
-    return _run([sys.executable, "-m", "workers.compile_child", str(request_path)], work, sandbox, env)
+    return _run([sys.executable, "-m", "workers.isolation.compile_child", str(request_path)], work, sandbox, env)
 
 
 def main(argv: list[str] | None = None) -> int:

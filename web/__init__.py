@@ -8,14 +8,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from web.app import create_app
+    from web.server.app import create_app
 
 __all__ = ["create_app"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "create_app":
-        from web.app import create_app
+        from web.server.app import create_app
 
         return create_app
     raise AttributeError(f"module 'web' has no attribute {name!r}")

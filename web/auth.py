@@ -1,6 +1,6 @@
 """Who is asking, and may they: authentication, each endpoint's access, CSRF, and the JSON-only rule.
 
-Every view declares its access: :func:`web.openapi.operation`'s ``access=`` for API endpoints, and
+Every view declares its access: :func:`web.contract.openapi.operation`'s ``access=`` for API endpoints, and
 :func:`access` for the rest. One ``before_request`` hook (:func:`install`) enforces it before any view
 code runs, in this order:
 
@@ -41,7 +41,7 @@ from compilesvc.config.settings import Settings
 from compilesvc.ledger.engine import transaction
 from compilesvc.services import Services
 from web.context import LRU, web
-from web.problems import Problem
+from web.contract.problems import Problem
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -58,7 +58,7 @@ INVALID_TOKEN = "the token is not valid (unknown, expired or revoked)"
 
 
 def access(level: Access) -> Callable[[F], F]:
-    """Declare the access of a view that has no :func:`web.openapi.operation` (UI pages, documents)."""
+    """Declare the access of a view that has no :func:`web.contract.openapi.operation` (UI pages, documents)."""
 
     def mark(view: F) -> F:
         view._access = level  # type: ignore[attr-defined]

@@ -29,13 +29,13 @@ from compilesvc.services import Services
 from compilesvc.spec.manifest import ArtifactManifest
 from compilesvc.states import ArtifactState
 from compilesvc.store.base import ArtifactStore, StoreError, UrlSigner
-from web.metrics import ApiMetrics
-from web.problems import Problem
-from web.schemas import ArtifactOut
+from web.contract.problems import Problem
+from web.contract.schemas import ArtifactOut
+from web.server.metrics import ApiMetrics
 
 if TYPE_CHECKING:
     from web.auth import TokenCache
-    from web.ratelimit import SubmitLimiter
+    from web.server.ratelimit import SubmitLimiter
 
 DEFAULT_MANIFEST_CACHE_SIZE = 2048
 #: Submit bodies seen lately, prepared (:class:`compilesvc.builds.submit.Prepared`): CI pipelines resubmit the
@@ -189,7 +189,7 @@ class WebContext:
     public_url: str
     streams: threading.BoundedSemaphore  # live log streams this process may serve at once
     tokens: TokenCache  # principals checked lately (web.auth)
-    submit_limiter: SubmitLimiter  # submits per token (web.ratelimit)
+    submit_limiter: SubmitLimiter  # submits per token (web.server.ratelimit)
     fetches: FetchRecorder  # lookups by key, written in batches (retention's "last fetched")
     openapi: dict[str, Any] | None = None  # built on first request to /openapi.json
 

@@ -20,7 +20,7 @@ from compilesvc.builds.provenance import Origin
 from compilesvc.ledger.models import Build
 from web.auth import current_principal
 from web.context import web
-from web.problems import Problem
+from web.contract.problems import Problem
 
 _VISIBLE_KEYS = "compilesvc.visible_keys"
 

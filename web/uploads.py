@@ -33,8 +33,8 @@ from gunicorn.http.errors import ParseException
 from werkzeug.exceptions import ClientDisconnected
 
 from compilesvc.store import ContentMismatch, DigestMismatch, SizeMismatch
-from web.inputs import UploadHeaders, UploadQuery, invalid
-from web.problems import Problem
+from web.contract.inputs import UploadHeaders, UploadQuery, invalid
+from web.contract.problems import Problem
 
 _SHA256_BYTES = 32
 

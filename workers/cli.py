@@ -1,6 +1,6 @@
 """``compilesvc worker``: detect what this host can compile, register, consume those queues.
 
-Startup: capabilities (:func:`workers.versions.detect_capabilities`) decide the queues (cpu:
+Startup: capabilities (:func:`workers.host.versions.detect_capabilities`) decide the queues (cpu:
 ``compile.cpu.<torch>`` and ``compile.cpu.<torch>.<isa>``; neuron: ``compile.<target>.<sdk>`` per target);
 the worker registers them in the ledger's ``workers`` table (which is what lets submits with
 ``require_live_worker`` accept work for them), heartbeats from a thread, and runs the Celery worker
@@ -9,11 +9,11 @@ in-process. On exit (SIGTERM: Celery's warm shutdown lets running compiles finis
 A host that claims a Neuron SDK release (``COMPILESVC_NEURON_SDK``) whose installed packages are another
 release's, that the release table does not know, or whose environment holds a variable that changes compiler
 output does not start: one ``error:`` line naming every problem, exit status 78
-(:func:`workers.versions.detect_capabilities`, ``neuron.refused``). Exit 2: bad options or settings, or
+(:func:`workers.host.versions.detect_capabilities`, ``neuron.refused``). Exit 2: bad options or settings, or
 nothing to compile.
 
 Why a thread pool by default: a task's thread does no compiling itself; it supervises the compiler's own
-process (:mod:`workers.runner`), so threads are all the concurrency it needs. Prefork would fork a parent
+process (:mod:`workers.compiling.runner`), so threads are all the concurrency it needs. Prefork would fork a parent
 that already runs threads (the registry heartbeat, database and broker clients) for nothing, and with it
 we saw pool processes sit idle while the main process believed it had handed them a task (the failure
 described in celery/billiard#389): a compile queued for hours with no one working on it. Threads also keep
@@ -94,10 +94,10 @@ class SandboxRefused(click.ClickException):
 
 
 def _check_sandbox(settings: Settings) -> None:
-    """Start a sandboxed interpreter as a compile would (workers.sandbox), or refuse to start."""
-    from workers.child_env import child_environment
-    from workers.sandbox import Policy, SandboxUnavailable, probe
-    from workers.workdirs import work_root
+    """Start a sandboxed interpreter as a compile would (workers.isolation.sandbox), or refuse to start."""
+    from workers.compiling.workdirs import work_root
+    from workers.isolation.child_env import child_environment
+    from workers.isolation.sandbox import Policy, SandboxUnavailable, probe
 
     try:
         policy = Policy.from_settings(settings)
@@ -118,8 +118,8 @@ def _check_sandbox(settings: Settings) -> None:
 
 def _check_compile_runner(settings: Settings, policy: Any) -> None:
     """COMPILESVC_SANDBOX=pod: the spool is there and the pod's compile runner answers a probe attempt."""
-    from workers.sandbox import SandboxUnavailable
-    from workers.spool_process import SpoolUnavailable, probe, sweep_spool
+    from workers.isolation.sandbox import SandboxUnavailable
+    from workers.isolation.spool_process import SpoolUnavailable, probe, sweep_spool
 
     if settings.compile_spool is None:
         raise SandboxUnavailable("COMPILESVC_SANDBOX=pod needs COMPILESVC_COMPILE_SPOOL, the directory shared "
@@ -132,7 +132,8 @@ def _check_compile_runner(settings: Settings, policy: Any) -> None:
               stale_seconds=settings.compile_runner_stale_seconds)
     except (SpoolUnavailable, OSError) as exc:
         raise SandboxUnavailable(f"the pod's compile runner does not answer ({exc}); start it beside this worker "
-                                 f"(python -m workers.compile_runner --spool {settings.compile_spool})") from None
+                                 "(python -m workers.isolation.compile_runner --spool "
+                                 f"{settings.compile_spool})") from None
     log.info("compile runner ready", extra={"sandbox": "pod", "spool": str(settings.compile_spool)})
 
 
@@ -154,7 +155,7 @@ def default_worker_name() -> str:
                    "nothing is forked; prefork is there for comparison.")
 def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str, pool: str) -> None:
     """Run a compile worker for the targets this host can compile."""
-    from workers.versions import capability_queues, detect_capabilities
+    from workers.host.versions import capability_queues, detect_capabilities
 
     worker_id = name or default_worker_name()
     # `kill -USR1 <pid>` prints every thread's Python stack to the log: the first thing to look at when a
@@ -186,7 +187,7 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     # Import the app (and so the task) only now: the settings above were validated with a clear message.
     from workers import tasks
     from workers.celery_app import worker_app
-    from workers.runner import sweep_orphaned_attempts
+    from workers.compiling.runner import sweep_orphaned_attempts
 
     tasks.configure(worker_id)
     swept = sweep_orphaned_attempts()

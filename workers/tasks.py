@@ -1,4 +1,4 @@
-"""The Celery task: a thin shell around :func:`workers.runner.run_compile`.
+"""The Celery task: a thin shell around :func:`workers.compiling.runner.run_compile`.
 
 The task's arguments beyond ``bucket_compile_id`` exist for routing (:func:`compilesvc.dispatch.routing.route_task`)
 and for reading a queue by eye; the compile itself is described by the ledger row, which the runner claims.
@@ -23,7 +23,7 @@ from celery.signals import worker_ready
 from compilesvc.dispatch.routing import COMPILE_TASK
 from compilesvc.services import Services
 from workers.celery_app import worker_app
-from workers.runner import ClaimNotRecorded, run_compile
+from workers.compiling.runner import ClaimNotRecorded, run_compile
 
 log = logging.getLogger(__name__)
 

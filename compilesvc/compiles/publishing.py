@@ -8,7 +8,7 @@ earlier attempt's or another publisher's document is as good as ours, and every 
 Publishing order is blobs, bucket manifests (workers), the artifact manifest, its signature and signed
 provenance (:func:`sign_published`, create-only too, by the publishing process's key), then the ledger. A crash
 anywhere in between leaves either nothing visible or a complete manifest that the next pass (worker,
-reaper or a submit) finds and records. Retrying a store that is down is :mod:`workers.retries`' job; the
+reaper or a submit) finds and records. Retrying a store that is down is :mod:`workers.compiling.retries`' job; the
 artifact's states are :mod:`compilesvc.lifecycle.artifacts`'.
 """
 

@@ -177,18 +177,19 @@ class Settings(BaseSettings):
         description="Most tensor-parallel ranks of one Neuron compile that compile at the same time (SDKs whose "
                     "tp > 1 path is parallel_model_trace, where each rank is a process with its own model and "
                     "compiler). Default: host memory / 16 GiB, at least 1. Not part of any key.")
-    # Caps on extracting an hf-dir model archive (workers/archive_limits.py); past one: a compile error.
+    # Caps on extracting an hf-dir model archive (workers/compiling/archive_limits.py); past one: a compile error.
     hf_extract_max_bytes: int = Field(default=256 * 1024**3, ge=1, description="Most bytes an hf-dir archive "
                                       "may expand to (default 256 GiB).")
     hf_extract_max_files: int = Field(default=10_000, ge=1, description="Most members an hf-dir archive may have.")
     hf_extract_max_ratio: float = Field(default=100.0, gt=0, description="Most times its own size an hf-dir "
                                         "archive may expand to (checked past 64 MiB).")
     relay_interval_seconds: float = Field(default=0.5, gt=0)
-    # The compile sandbox (workers/sandbox.py, docs/security.md): a compile runs the model, so it runs isolated.
+    # The compile sandbox (workers/isolation/sandbox.py, docs/security.md): a compile runs the model, so it runs
+    # isolated.
     sandbox: Literal["bwrap", "pod", "off"] = Field(
         default="bwrap", description="bwrap: every compile child runs in bubblewrap (the worker refuses to start "
                                      "where it cannot); pod: a compile runner in a secret-less container of the "
-                                     "pod runs it (workers/compile_runner.py); off: the operator isolates "
+                                     "pod runs it (workers/isolation/compile_runner.py); off: the operator isolates "
                                      "compiles another way.")
     # COMPILESVC_SANDBOX=pod: the volume shared with the compile container (docs/deploy.md, "Compile isolation").
     compile_spool: Path | None = Field(

@@ -9,7 +9,7 @@ identical packages (2.27.0/2.27.1, 2.24.0/2.24.1). Two consumers need the exact 
 - the key (:func:`toolchain_material`): a Neuron key names the toolchain a release resolves to, not the
   release label (docs/keys.md, "Toolchain");
 - the worker: it checks that its installed packages are the release it claims before it registers
-  (:func:`installed_mismatches`, used by :mod:`workers.versions`).
+  (:func:`installed_mismatches`, used by :mod:`workers.host.versions`).
 
 A release lists one torch-neuronx build per torch line (2.27.1: torch 2.7, 2.8 and 2.9). A trace artifact
 depends on which one ran, so the key pins one: the release's newest torch line (:attr:`Release.trace_torch_neuronx`,

@@ -24,7 +24,7 @@
 #   (all three)   which compile.* covers), SADD to _kombu.binding.<queue> and _kombu.binding_permanent.<queue>;
 #                 the message: LPUSH to the queue. Celery publishes to the default exchange, so no binding
 #                 is ever read back.
-#   api           the submit rate limiter (`limits`, web/ratelimit.py): its Lua scripts (SCRIPT LOAD,
+#   api           the submit rate limiter (`limits`, web/server/ratelimit.py): its Lua scripts (SCRIPT LOAD,
 #                 EVALSHA), whose GET/PTTL/EXISTS/SET/INCRBY/RENAME Redis checks against these rules too,
 #                 on compilesvc-limits:* only
 #   relay         the reconciler (compilesvc/compiles/reconcile.py): LRANGE of the queues, HGETALL unacked, ZRANGE

@@ -30,5 +30,5 @@ and prove that what a read gets does come out, so "nothing leaked" means the san
 What TorchScript cannot do at all: open a socket, fork or exec a process, list a directory, or read a file
 of no stated size (so ``/proc/*/environ`` is out of its reach even unsandboxed: those attacks stay, as the
 record that they fail). Network, fork-bomb and ``/proc`` visibility payloads are plain Python run inside
-the sandbox: tests/workers/test_sandbox.py covers them at the sandbox level.
+the sandbox: tests/workers/isolation/test_sandbox.py covers them at the sandbox level.
 """

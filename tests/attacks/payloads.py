@@ -1,7 +1,7 @@
 """Hostile TorchScript models: what a team with a ``submit`` token can make a worker run.
 
 The cpu backends load a ``torchscript`` model and run its ``forward`` once at the bucket's example inputs
-(:func:`workers.model_loading.run_forward`) before tracing it, then run the saved artifact again to compare.
+(:func:`workers.compiling.model_loading.run_forward`) before tracing it, then run the saved artifact again to compare.
 TorchScript is a restricted language: no ``open``, ``os``, ``socket`` or ``subprocess``, no try/except;
 what it has is every ATen operator, and ``aten::from_file(filename, shared, size)`` maps any file the
 process can open (``shared=True``: read-write, ``MAP_SHARED``, so writes reach the file; a missing file is

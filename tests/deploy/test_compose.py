@@ -36,8 +36,8 @@ ENV_PREFIX = "COMPILESVC_"
 #: COMPILESVC_* variables read directly from the environment rather than through Settings (each must
 #: still appear in the code that reads it: see test_environment_names_are_real).
 PROCESS_ENV = {
-    "COMPILESVC_NEURON_SDK",  # workers/versions.py: the host's Neuron SDK release
-    "COMPILESVC_NEURON_TARGETS",  # workers/versions.py
+    "COMPILESVC_NEURON_SDK",  # workers/host/versions.py: the host's Neuron SDK release
+    "COMPILESVC_NEURON_TARGETS",  # workers/host/versions.py
     "COMPILESVC_LOG_LEVEL",  # compilesvc/jsonlog.py
 }
 #: Services that run compilesvc long-term: all wait for the migration.

@@ -3,7 +3,7 @@
 Every document validates strictly against the Kubernetes API schema (kubernetes-validate), and the layout
 holds what the split stands on: the compile container gets no secret, no setting and no token, runs
 unprivileged on a read-only root, sees the models read-only, and its runner would start with what the
-manifest gives it (it refuses service settings: workers.compile_runner).
+manifest gives it (it refuses service settings: workers.isolation.compile_runner).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from compilesvc.config.settings import Settings
-from workers.compile_runner import refused_environment
+from workers.isolation.compile_runner import refused_environment
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "compile-worker-pod.yaml"
 
@@ -61,7 +61,7 @@ def test_the_compile_container_is_unprivileged_on_a_read_only_root_with_limits()
     assert context["allowPrivilegeEscalation"] is False and context["capabilities"]["drop"] == ["ALL"]
     assert context["seccompProfile"]["type"] == "RuntimeDefault"
     assert {"memory", "cpu"} <= set(compile_["resources"]["limits"])
-    assert compile_["command"][:3] == ["python", "-m", "workers.compile_runner"]
+    assert compile_["command"][:3] == ["python", "-m", "workers.isolation.compile_runner"]
 
 
 def test_the_spool_is_all_they_share_and_its_models_are_read_only_for_the_compile() -> None:

@@ -34,8 +34,8 @@ from compilesvc.compiles.reconcile import RedisView
 from compilesvc.config.settings import Settings
 from compilesvc.dispatch.routing import COMPILE_TASK, make_producer, task_id
 from tests.fixtures.private_services import PrivateRedis
-from web.problems import Problem
-from web.ratelimit import SubmitLimiter
+from web.contract.problems import Problem
+from web.server.ratelimit import SubmitLimiter
 from workers.celery_app import make_app
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -67,7 +67,7 @@ please supply compiler argument target" RuntimeError; neuronx-cc rejects unknown
     the compiler fails like a binary missing ``libxml2.so.2`` ("error while loading shared libraries"),
     exit 127.
 
-The host's trouble, not the model's (each row of workers/classify.py's table has a behaviour; sources in
+The host's trouble, not the model's (each row of workers/compiling/classify.py's table has a behaviour; sources in
 the double's comments). neuronx-cc reports an exception its passes raise through the driver's wrapper:
 the "An Internal Compiler Error has occurred" banner, ``[INTERNAL_ERROR] [NCC_INLA001] Unhandled exception
 with message: <str(exception)>`` (``[NLA001]`` before 2.21), ``Type: <class '...'>``, exit 70. trace raises

@@ -7,7 +7,7 @@ within 5x the idle p99 (the idle p99 counted as at least 20 ms: the machine is s
 
 - Through the reverse proxy: a real nginx running compose's configuration (docker/nginx/, rendered by
   tests/fixtures/nginx.py) in front of a real ``compilesvc serve``. This is the production layout.
-- ``compilesvc serve`` alone: its worker reads request heads off-thread (web/httpworker.py), so slow
+- ``compilesvc serve`` alone: its worker reads request heads off-thread (web/server/httpworker.py), so slow
   heads cannot take its threads either; same bound.
 
 Both print their figures (idle p99, p99 under load, failures, reconnects). Knobs, for a longer or larger

@@ -143,7 +143,7 @@ def test_golden_a_neuron_key_holds_the_exact_toolchain_not_the_release_label() -
 
 def test_golden_output_changing_environment_reaches_the_key_only_as_spec_flags() -> None:
     # A worker's NEURON_LOGICAL_NC_CONFIG / XLA_USE_BF16 never reach a compile (the worker refuses to start
-    # with them, and the child's environment is an allow-list: tests/workers/test_toolchain.py); the spec
+    # with them, and the child's environment is an allow-list: tests/workers/host/test_toolchain.py); the spec
     # flags that say the same thing are key material and move the key.
     default = _golden("trn2-hlo-lnc-default-what-a-worker-env-cannot-change")
     lnc2 = _golden("trn2-hlo-lnc-2-the-spec-form-of-NEURON_LOGICAL_NC_CONFIG")

@@ -2,7 +2,7 @@
 builds, and Chromium driven by Playwright. Screenshots of every step go to
 ``$COMPILESVC_TEST_ARTIFACTS/ui`` (default ``.test-artifacts/ui`` in the repository).
 
-Every page runs under the service's Content-Security-Policy (web/security_headers.py), and a test during
+Every page runs under the service's Content-Security-Policy (web/server/security_headers.py), and a test during
 which the browser reported a violation fails: the pages must work under the policy, not merely load."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The OpenAPI conformance fuzz, as each kind of caller: schemathesis (every check it has) against the server's
 own /openapi.json, every case carrying one scope's token (or none). Shared by the bounded CI test
-(tests/web/test_openapi_conformance.py) and the long run of ``python -m bench.fuzz``.
+(tests/web/contract/test_openapi_conformance.py) and the long run of ``python -m bench.fuzz``.
 
 For each operation, requests the document allows must be accepted and requests it forbids refused, and
 every answer (status, content type, headers, body) must be one the document describes; a scope that may
@@ -36,9 +36,9 @@ from compilesvc.access.tokens import GRANTS, Permission, Scope
 from compilesvc.services import Services
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import Env, make_settings
-from web.app import create_app
 from web.auth import declared_access, needed
-from web.openapi import openapi_path
+from web.contract.openapi import openapi_path
+from web.server.app import create_app
 
 #: Every kind of caller: no token, then each scope from least to most.
 SCOPES = ("none", "fleet", "read", "submit", "admin")

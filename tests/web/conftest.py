@@ -13,7 +13,7 @@ from compilesvc.services import Services
 from tests.fixtures.s3server import S3Server
 from tests.fixtures.tokens import make_token
 from tests.web.support import Env, make_settings
-from web.app import create_app
+from web.server.app import create_app
 
 EnvFactory = Callable[..., Env]
 

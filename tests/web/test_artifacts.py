@@ -25,7 +25,7 @@ from tests.fixtures.tokens import bearer, make_token
 from tests.web.conftest import EnvFactory
 from tests.web.support import Env, complete_build, spec_for
 from tests.web.test_submit import assert_problem
-from web.schemas import ArtifactOut, ResolveOut
+from web.contract.schemas import ArtifactOut, ResolveOut
 
 
 @contextmanager

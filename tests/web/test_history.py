@@ -11,7 +11,7 @@ import pytest
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import PUBLIC_URL, Env, complete_build, fail_build, spec_for
 from tests.web.test_submit import assert_problem
-from web.schemas import BuildList
+from web.contract.schemas import BuildList
 
 EnvFactory = Any
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.web.support import Env, add_log_lines, complete_build, fail_build, spec_for
 from tests.web.test_submit import assert_problem
-from web.schemas import BuildStateOut, LogPage
+from web.contract.schemas import BuildStateOut, LogPage
 
 EnvFactory = Any
 

@@ -18,8 +18,8 @@ from compilesvc.ledger.models import Build
 from compilesvc.store.base import artifact_manifest_name
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import PUBLIC_URL, Env, complete_build, spec_for
-from web.params import parse_for_service
-from web.schemas import ArtifactOut, BuildAccepted, BuildOut, ProblemDetails
+from web.contract.params import parse_for_service
+from web.contract.schemas import ArtifactOut, BuildAccepted, BuildOut, ProblemDetails
 
 
 def assert_problem(response, status: int, type_suffix: str | None = None) -> dict:  # type: ignore[no-untyped-def]

@@ -18,7 +18,7 @@ from compilesvc.ledger.engine import transaction
 from tests.fixtures.tokens import bearer
 from tests.web.support import Env, complete_build, spec_for
 from tests.web.test_submit import assert_problem
-from web.schemas import ReadyOut, WorkersOut
+from web.contract.schemas import ReadyOut, WorkersOut
 
 EnvFactory = Any
 

@@ -13,7 +13,7 @@ from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Build
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import Env, complete_build, fail_build, queued_buckets, spec_for
-from web.schemas import MissOut
+from web.contract.schemas import MissOut
 
 EnvFactory = Any
 

@@ -20,7 +20,7 @@ from compilesvc.store.local import LocalStore
 from compilesvc.store.signing import sign_blob_url
 from tests.web.support import PUBLIC_URL, Env
 from tests.web.test_submit import assert_problem
-from web.schemas import UploadOut
+from web.contract.schemas import UploadOut
 
 
 class CountingStream(io.RawIOBase):

@@ -25,8 +25,8 @@ from workers.backends.cpu_warnings import (
     kept_tracer_warnings,
     silenced,
 )
-from workers.classify import classify
-from workers.model_loading import example_inputs, load_model, order_inputs, safe_extract
+from workers.compiling.classify import classify
+from workers.compiling.model_loading import example_inputs, load_model, order_inputs, safe_extract
 
 ATOL = 1e-4
 RTOL = 1e-3

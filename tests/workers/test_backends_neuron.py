@@ -28,8 +28,8 @@ from tests.fixtures.ports import free_port
 from tests.fixtures.waiting import wait_for
 from tests.workers import DEMO_MODEL, PYTHON, REPO, make_request, run_child, run_children, text_inputs
 from workers.backends.neuron_parallel import PARALLEL_MODEL_TRACE_PORT, rendezvous_lock
-from workers.child_env import child_environment_for
-from workers.classify import classify
+from workers.compiling.classify import classify
+from workers.isolation.child_env import child_environment_for
 
 SDK = "2.27.1"  # the release docker-compose.yml ships
 INSTALLED = RELEASES[SDK]
@@ -259,7 +259,8 @@ def test_a_tp_compile_waits_while_another_holds_the_rendezvous_port(tmp_path: Pa
                                  model_path=scripted, model_format="torchscript", max_parallel_rank_compiles=1)
     log = tmp_path / "waits.log"
     with rendezvous_lock(PARALLEL_MODEL_TRACE_PORT), log.open("wb") as out:
-        child = subprocess.Popen([sys.executable, "-m", "workers.compile_child", str(path)], cwd=request["work_dir"],
+        child = subprocess.Popen([sys.executable, "-m", "workers.isolation.compile_child", str(path)],
+                                 cwd=request["work_dir"],
                                  env=_old_release_host(env, tmp_path), stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_for(lambda: f"waiting for rendezvous port {PARALLEL_MODEL_TRACE_PORT}" in log.read_text()
@@ -365,7 +366,8 @@ def test_slow_compiler_streams_lines_and_dies_with_the_process_group(tmp_path: P
                                                                     hlo: Path) -> None:
     path, request = make_request(tmp_path, "slow", backend="neuronx-cc", target="trn2", sdk=SDK,
                                  model_format="hlo", model_path=str(hlo), args=["--double-behaviour=slow:30"])
-    proc = subprocess.Popen([PYTHON, "-m", "workers.compile_child", str(path)], cwd=request["work_dir"], env=env,
+    proc = subprocess.Popen([PYTHON, "-m", "workers.isolation.compile_child", str(path)], cwd=request["work_dir"],
+                            env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     assert proc.stdout is not None
     started = time.monotonic()
@@ -404,7 +406,7 @@ def _capabilities(env: dict[str, str], hide_torch: bool = False, hide_torch_neur
     code = ("import json, sys\n"
             + ("sys.modules['torch'] = None\n" if hide_torch else "")
             + ("sys.modules['torch_neuronx'] = None\n" if hide_torch_neuronx else "")
-            + "from workers.versions import detect_capabilities, capability_queues\n"
+            + "from workers.host.versions import detect_capabilities, capability_queues\n"
             "caps = detect_capabilities()\n"
             "caps['queues'] = capability_queues(caps)\n"
             "print(json.dumps(caps))\n")

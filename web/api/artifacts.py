@@ -32,10 +32,10 @@ from compilesvc.store.base import artifact_provenance_name, artifact_signature_n
 from web import readers
 from web.api.builds import model_ref_problem
 from web.context import web
-from web.openapi import operation
-from web.params import raw_json_response, respond, spec_body
-from web.problems import Problem
-from web.schemas import ArtifactOut, ResolveOut, SigningKeysOut
+from web.contract.openapi import operation
+from web.contract.params import raw_json_response, respond, spec_body
+from web.contract.problems import Problem
+from web.contract.schemas import ArtifactOut, ResolveOut, SigningKeysOut
 
 bp = Blueprint("artifacts", __name__, url_prefix="/v1/artifacts")
 ARTIFACTS = Permission.ARTIFACTS  # fleet tokens too

@@ -25,11 +25,11 @@ from compilesvc.store.local import LocalStore
 from compilesvc.store.signing import content_disposition, verify_blob_signature
 from web.auth import SIGNED_URL, current_principal
 from web.context import web
-from web.inputs import BlobQuery, UploadHeaders, UploadQuery
-from web.openapi import operation
-from web.params import respond
-from web.problems import Problem
-from web.schemas import UploadOut
+from web.contract.inputs import BlobQuery, UploadHeaders, UploadQuery
+from web.contract.openapi import operation
+from web.contract.params import respond
+from web.contract.problems import Problem
+from web.contract.schemas import UploadOut
 from web.uploads import BodyCutOff, EmptyBody, RequestBody, declared_sha256, refusal
 
 bp = Blueprint("blobs", __name__, url_prefix="/v1")

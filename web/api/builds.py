@@ -40,7 +40,7 @@ from web import readers
 from web.api.serialize import accepted_json, bucket_json, event_json, log_json, summary_json
 from web.auth import current_principal
 from web.context import MAX_PREPARED_BODY, WebContext, web
-from web.inputs import (
+from web.contract.inputs import (
     FILTERS,
     BuildListQuery,
     LogsQuery,
@@ -49,10 +49,10 @@ from web.inputs import (
     SubmitHeaders,
     SubmitQuery,
 )
-from web.openapi import operation
-from web.params import body_text, parse_spec_text, respond
-from web.problems import PROBLEM_TYPES, Problem
-from web.schemas import BuildAccepted, BuildList, BuildOut, BuildStateOut, LogPage, MissOut
+from web.contract.openapi import operation
+from web.contract.params import body_text, parse_spec_text, respond
+from web.contract.problems import PROBLEM_TYPES, Problem
+from web.contract.schemas import BuildAccepted, BuildList, BuildOut, BuildStateOut, LogPage, MissOut
 
 log = logging.getLogger(__name__)
 bp = Blueprint("builds", __name__, url_prefix="/v1/builds")

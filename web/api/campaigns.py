@@ -19,11 +19,11 @@ from compilesvc.spec.parsing import SpecError
 from web import readers
 from web.auth import current_principal
 from web.context import WebContext, web
-from web.fleet_schemas import CampaignList, CampaignOut, RollforwardIn, RollforwardPlan
-from web.inputs import CampaignListQuery
-from web.openapi import operation
-from web.params import model_body, parse_for_service, respond
-from web.problems import Problem
+from web.contract.fleet_schemas import CampaignList, CampaignOut, RollforwardIn, RollforwardPlan
+from web.contract.inputs import CampaignListQuery
+from web.contract.openapi import operation
+from web.contract.params import model_body, parse_for_service, respond
+from web.contract.problems import Problem
 
 bp = Blueprint("campaigns", __name__, url_prefix="/v1/campaigns")
 

@@ -16,10 +16,10 @@ from compilesvc.ledger.sql import insert_ignore
 from web import readers
 from web.auth import current_principal
 from web.context import web
-from web.fleet_schemas import PinCreate, PinList, PinOut
-from web.openapi import operation
-from web.params import model_body, respond
-from web.problems import Problem
+from web.contract.fleet_schemas import PinCreate, PinList, PinOut
+from web.contract.openapi import operation
+from web.contract.params import model_body, respond
+from web.contract.problems import Problem
 
 bp = Blueprint("pins", __name__, url_prefix="/v1/pins")
 

@@ -17,10 +17,10 @@ from compilesvc.ledger.webhooks import EventSubscription, WebhookDelivery
 from compilesvc.notify.webhooks import check_url
 from web.auth import current_principal
 from web.context import web
-from web.fleet_schemas import SubscriptionCreate, SubscriptionList, SubscriptionOut
-from web.openapi import operation
-from web.params import model_body, respond
-from web.problems import Problem
+from web.contract.fleet_schemas import SubscriptionCreate, SubscriptionList, SubscriptionOut
+from web.contract.openapi import operation
+from web.contract.params import model_body, respond
+from web.contract.problems import Problem
 
 bp = Blueprint("subscriptions", __name__, url_prefix="/v1/subscriptions")
 RECENT = 20

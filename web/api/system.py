@@ -23,11 +23,11 @@ from compilesvc.dispatch.registry import live_workers, queue_depths
 from compilesvc.ledger.models import Worker
 from web.auth import METRICS, PUBLIC, access
 from web.context import WebContext, web
-from web.inputs import WorkersQuery
-from web.openapi import build_spec, operation
-from web.params import json_response, respond
-from web.problems import PROBLEM_TYPES, Problem
-from web.schemas import HealthOut, ReadyOut, WorkersOut
+from web.contract.inputs import WorkersQuery
+from web.contract.openapi import build_spec, operation
+from web.contract.params import json_response, respond
+from web.contract.problems import PROBLEM_TYPES, Problem
+from web.contract.schemas import HealthOut, ReadyOut, WorkersOut
 
 log = logging.getLogger(__name__)
 bp = Blueprint("system", __name__)

@@ -14,11 +14,11 @@ from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import ApiToken, utcnow
 from web.auth import current_principal
 from web.context import web
-from web.inputs import TokenListQuery
-from web.openapi import operation
-from web.params import model_body, respond
-from web.problems import Problem
-from web.schemas import TokenCreate, TokenCreated, TokenList, TokenOut
+from web.contract.inputs import TokenListQuery
+from web.contract.openapi import operation
+from web.contract.params import model_body, respond
+from web.contract.problems import Problem
+from web.contract.schemas import TokenCreate, TokenCreated, TokenList, TokenOut
 
 bp = Blueprint("tokens", __name__, url_prefix="/v1/tokens")
 

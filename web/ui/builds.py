@@ -38,7 +38,7 @@ from web import auth, readers
 from web.api.builds import document_of, load_build, miss_document, run_control
 from web.api.serialize import summary_json
 from web.context import web
-from web.inputs import FILTERS
+from web.contract.inputs import FILTERS
 from web.ui import bp
 from web.ui.signed import provenance_view
 

@@ -1,11 +1,11 @@
 """The compiler-backend contract: the request a backend gets, what it returns, how it fails, the registry.
 
-This module owns the shapes exchanged between :mod:`workers.compile_child` and the backends. It imports
+This module owns the shapes exchanged between :mod:`workers.isolation.compile_child` and the backends. It imports
 neither torch nor any Neuron package, so the child can parse and validate a request (and the runner can
 import the exit codes) on any host.
 
 How a backend reports trouble decides what the runner does next (a :class:`BackendFailure` subclass;
-the Neuron backends choose it with :func:`workers.classify.judge`, see :func:`failure_for`):
+the Neuron backends choose it with :func:`workers.compiling.classify.judge`, see :func:`failure_for`):
 
 - :class:`CompileFailure` (child exit 3): deterministic for this key — the compiler's own error code, an
   unsupported operator, a model that cannot be traced or exported at the bucket's shapes. Final.
@@ -33,7 +33,7 @@ from compilesvc.compiles.failures import MAX_MESSAGE, shorten
 from compilesvc.spec.compile_spec import BACKEND_FORMATS, NEURON_TARGETS, InputSpec
 from compilesvc.states import ErrorClass
 
-#: Child exit codes (see :mod:`workers.compile_child`).
+#: Child exit codes (see :mod:`workers.isolation.compile_child`).
 EXIT_OK = 0
 EXIT_UNCAUGHT = 1
 EXIT_BAD_REQUEST = 2
@@ -127,7 +127,7 @@ class InputDesc:
 
 @dataclass(frozen=True)
 class ExtractLimits:
-    """Caps on what an hf-dir archive may expand to (:mod:`workers.archive_limits`): the worker's
+    """Caps on what an hf-dir archive may expand to (:mod:`workers.compiling.archive_limits`): the worker's
     ``COMPILESVC_HF_EXTRACT_*`` settings; these defaults are the settings' own."""
 
     max_bytes: int = 256 * 1024**3
@@ -149,7 +149,7 @@ class ExtractLimits:
 
 @dataclass(frozen=True)
 class CompileRequest:
-    """One compile of one shape bucket, as read from the request JSON (see :mod:`workers.compile_child`)."""
+    """One compile of one shape bucket, as read from the request JSON (see :mod:`workers.isolation.compile_child`)."""
 
     backend: str
     target: str

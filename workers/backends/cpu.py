@@ -49,15 +49,15 @@ from workers.backends.cpu_warnings import (
     silenced,
     value_reads,
 )
-from workers.model_loading import (
+from workers.compiling.model_loading import (
     example_inputs,
     load_model,
     order_inputs,
     raise_if_host_trouble,
     run_forward,
 )
-from workers.versions import python_version
-from workers.workdirs import INDUCTOR_CACHE_NAME
+from workers.compiling.workdirs import INDUCTOR_CACHE_NAME
+from workers.host.versions import python_version
 
 # Outputs of the artifact and of eager torch must agree this closely at the example inputs. Loose enough
 # for --optimize-for-inference (oneDNN kernels) and inductor's fused kernels, tight enough to catch a

@@ -20,14 +20,15 @@ Hosts without a Neuron device (compiling needs the SDK, not the chip): :func:`ne
 (trace API reference; optimum-neuron PR #961), otherwise it fails in the PJRT client ("num_devices > 0",
 aws-neuron-sdk#902/#910). ``NEURON_PLATFORM_TARGET_OVERRIDE`` is read once, when the Neuron libraries are
 imported (optimum-neuron #961/#988), so the runner puts the request's target in the compile child's
-environment at process start (:func:`workers.child_env.child_environment_for`); the child checks it before importing
+environment at process start (:func:`workers.isolation.child_env.child_environment_for`); the child checks it
+before importing
 torch_neuronx and refuses a disagreeing value.
 
 ``NEURON_CC_FLAGS`` is read by the torch-neuronx wrapper, not by the ``neuronx-cc`` CLI. The persistent
 compile cache it and ``NEURON_COMPILE_CACHE_URL`` configure belongs to the lazy-tensor path; the SDK's
 caching doc says it does not apply to ``torch_neuronx.trace``, so it is not a cache of our compiles. For
 ``trace`` the child still refuses a ``NEURON_CC_FLAGS`` carrying flags that change compiler output (they
-would change artifacts without changing keys). ``COMPILESVC_NEURON_SDK`` (see :mod:`workers.versions`), when
+would change artifacts without changing keys). ``COMPILESVC_NEURON_SDK`` (see :mod:`workers.host.versions`), when
 set, must match the request's sdk.
 
 Nothing here imports torch or the SDK at module level: the hlo path needs neither.
@@ -59,9 +60,8 @@ from workers.backends.base import (
     log,
 )
 from workers.backends.output_tee import TAIL_LINES, OutputTee
-from workers.child_env import NEURON_CC_FLAGS, PLATFORM_OVERRIDE_ENV, output_changing_problems
-from workers.classify import Evidence, judge, traceback_exception
-from workers.versions import (
+from workers.compiling.classify import Evidence, judge, traceback_exception
+from workers.host.versions import (
     NEURON_SDK_ENV,
     installed_toolchain_differences,
     module_version,
@@ -71,6 +71,7 @@ from workers.versions import (
     python_version,
     torch_neuronx_version,
 )
+from workers.isolation.child_env import NEURON_CC_FLAGS, PLATFORM_OVERRIDE_ENV, output_changing_problems
 
 #: The compiler's own log file (neuronx-cc writes it in its working directory).
 COMPILER_LOG_NAME = "log-neuron-cc.txt"
@@ -172,7 +173,7 @@ def read_compiler_logs(directory: Path, limit: int = TAIL_LINES) -> list[str]:
 
 
 def raise_for_trace_failure(exc: BaseException, lines: Sequence[str]) -> NoReturn:
-    """Turn a failed torch_neuronx trace into the failure :data:`workers.classify.TABLE` finds for it.
+    """Turn a failed torch_neuronx trace into the failure :data:`workers.compiling.classify.TABLE` finds for it.
 
     The exception's type and message are evidence too (an operator torch-xla cannot lower raises during
     trace, with no code); the exit status comes from the exception (``neuronx-cc failed with -9``).
@@ -219,7 +220,7 @@ class TraceBackend(Backend):
             import torch_neuronx
         except ImportError as exc:
             raise InfraError("NEURON_SDK_MISSING", f"torch-neuronx is not importable on this worker: {exc}") from exc
-        from workers.model_loading import example_inputs, load_model, order_inputs, run_forward
+        from workers.compiling.model_loading import example_inputs, load_model, order_inputs, run_forward
 
         t0 = time.monotonic()
         model = load_model(request.model_path, request.model_format, request.work_dir,

@@ -61,7 +61,7 @@ from compilesvc.spec.neuron_releases import version_tuple
 from workers.backends.base import ArtifactFile, CompileRequest, InfraError, log
 from workers.backends.neuron import raise_for_trace_failure, read_compiler_logs
 from workers.backends.output_tee import OutputTee
-from workers.versions import neuronx_distributed_version
+from workers.host.versions import neuronx_distributed_version
 
 #: First neuronx-distributed whose ModelBuilder traces in one process (SDK 2.21.0; see the module doc).
 MODEL_BUILDER_SINCE = (0, 10)
@@ -189,7 +189,7 @@ def rendezvous_lock(port: int) -> Iterator[None]:
 
 def _load_for_rank(request: CompileRequest) -> tuple[Any, dict[str, Any]]:
     """parallel_model_trace's model factory: each rank loads its own copy (module-level: picklable)."""
-    from workers.model_loading import load_model
+    from workers.compiling.model_loading import load_model
 
     model = load_model(request.model_path, request.model_format, request.work_dir / f"rank-{os.getpid()}",
                        [i.name for i in request.inputs], request.extract_limits)

@@ -1,0 +1,322 @@
+"""What this worker can compile, and the exact tool versions it compiles with.
+
+Owns :func:`detect_capabilities` (sent when a worker registers, and the source of the queues it consumes)
+and the version look-ups the backends record in every result. Nothing here imports torch or the Neuron
+SDK at module level, and every probe tolerates their absence: a worker without torch must still register
+(e.g. a neuronx-cc-only host compiling HLO).
+
+Neuron SDK release: package versions (torch-neuronx 2.x.y.z, neuronx-cc 2.a.b.c) do not map one-to-one to
+Neuron SDK releases ("2.20.0"), which is what specs name and queues are routed by. The host's release is
+therefore configuration: ``COMPILESVC_NEURON_SDK`` (set it from the DLAMI/container image that installed
+the SDK). Without it the worker offers no Neuron targets, since it cannot say which queue is its own.
+
+The claim is checked (:func:`neuron_refusals`): the installed neuronx-cc, torch-neuronx, neuronx-distributed
+and libneuronxla must be the exact versions the release table (:mod:`compilesvc.spec.neuron_releases`) lists for
+that release, the release must be in the table, and the environment must hold no variable that changes
+compiler output (:mod:`workers.isolation.child_env`). Any of these wrong and the worker offers no Neuron target and
+``compilesvc worker`` refuses to start (exit 78, one line per problem): a key names the toolchain a release
+resolves to, so a worker whose packages are another release's would publish artifacts under keys that lie.
+
+Neuron targets: compiling needs the SDK, not the chip, so a host with neuronx-cc offers inf2, trn1 and trn2
+by default; ``COMPILESVC_NEURON_TARGETS`` (comma-separated, or ``none``) narrows that.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+from compilesvc.hostinfo import host_isa, instance_type
+from compilesvc.spec import neuron_releases
+from compilesvc.spec.compile_spec import BACKEND_FORMATS, NEURON_TARGETS, SDK_RE
+from workers.isolation.child_env import output_changing_problems
+
+NEURON_SDK_ENV = "COMPILESVC_NEURON_SDK"
+NEURON_TARGETS_ENV = "COMPILESVC_NEURON_TARGETS"
+
+_VERSION_RE = re.compile(r"\b(\d+\.\d+(?:\.\d+){0,3}(?:\+[0-9A-Za-z.]+)?)")
+
+
+def module_available(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def dist_version(distribution: str) -> str | None:
+    """An installed distribution's version from its metadata (no import), or None."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def module_version(module: str) -> str | None:
+    """``module.__version__`` if the module imports, else None (never raises)."""
+    if not module_available(module):
+        return None
+    try:
+        return str(importlib.import_module(module).__version__)
+    except Exception:  # a half-installed SDK must not break registration
+        return None
+
+
+def python_version() -> str:
+    return ".".join(str(part) for part in sys.version_info[:3])
+
+
+def torch_version() -> str | None:
+    """The installed torch's version, read from metadata so probing does not import torch."""
+    if not module_available("torch"):
+        return None
+    return dist_version("torch") or module_version("torch")
+
+
+def torch_neuronx_version() -> str | None:
+    if not module_available("torch_neuronx"):
+        return None
+    return dist_version("torch-neuronx") or module_version("torch_neuronx")
+
+
+def neuronx_distributed_version() -> str | None:
+    """neuronx-distributed's version: package metadata, else its ``_version`` module (the real package keeps
+    ``__version__`` there, not in ``__init__``)."""
+    if not module_available("neuronx_distributed"):
+        return None
+    return dist_version("neuronx-distributed") or module_version("neuronx_distributed._version")
+
+
+def neuronx_cc_executable() -> str | None:
+    return shutil.which("neuronx-cc")
+
+
+def neuronx_cc_version(executable: str | None = None) -> str | None:
+    """neuronx-cc's version: from ``neuronx-cc --version`` (the binary that compiles), else the package."""
+    executable = executable or neuronx_cc_executable()
+    if executable:
+        try:
+            proc = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=120)
+            for line in (proc.stdout + proc.stderr).splitlines():
+                if "version" in line.lower() and "python" not in line.lower():
+                    match = _VERSION_RE.search(line)
+                    if match:
+                        return match.group(1)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return dist_version("neuronx-cc") or module_version("neuronxcc")
+
+
+def neuronxcc_package_version() -> str | None:
+    """The version of the ``neuronxcc`` Python package: what torch-neuronx's trace calls into, which need not
+    be the ``neuronx-cc`` executable on PATH (a second environment, a stray ``pip install --user``)."""
+    if not module_available("neuronxcc"):
+        return None
+    return dist_version("neuronx-cc") or module_version("neuronxcc")
+
+
+def compiler_disagreement(executable: str | None, executable_version: str | None,
+                          package_version: str | None) -> list[str]:
+    """Why the two neuronx-cc a worker can run are not one compiler (empty: they are, or one is absent).
+
+    The HLO backend runs the executable and trace runs the package; a key names one neuronx-cc version,
+    so both must be it.
+    """
+    if not (executable_version and package_version):
+        return []
+    if neuron_releases.base_version(executable_version) == neuron_releases.base_version(package_version):
+        return []
+    return [f"neuronx-cc: the executable on PATH ({executable}) is {executable_version} but the neuronxcc "
+            f"package trace imports is {package_version}; install one neuronx-cc in the worker's environment"]
+
+
+def installed_toolchain_differences(release: str, backend: str, tp_degree: int) -> list[str]:
+    """How the importable Neuron packages differ from the toolchain a ``release`` compile's key names (empty:
+    they do not; a package that is not importable is left to the backend, which reports the missing SDK).
+    Raises ValueError for a release the table does not know."""
+    wanted = neuron_releases.toolchain_material(release, backend, tp_degree)
+    installed = {"neuronx-cc": neuronxcc_package_version(), "torch-neuronx": torch_neuronx_version(),
+                 "neuronx-distributed": neuronx_distributed_version(), "libneuronxla": libneuronxla_version()}
+    differences = []
+    for package, want in wanted.items():
+        have = installed.get(package)
+        allowed = want if isinstance(want, list) else [want]
+        if have is not None and neuron_releases.base_version(have) not in allowed:
+            differences.append(f"{package} {have} is installed, the key names {' or '.join(allowed)}")
+    return differences
+
+
+def libneuronxla_version() -> str | None:
+    if not module_available("libneuronxla"):
+        return None
+    return dist_version("libneuronxla") or module_version("libneuronxla")
+
+
+def installed_neuron_packages(executable: str | None = None, neuronx_cc: str | None = None) -> dict[str, str | None]:
+    """The installed Neuron packages' versions, by the release table's package names (None: not installed)."""
+    return {"neuronx-cc": neuronx_cc or neuronx_cc_version(executable), "torch-neuronx": torch_neuronx_version(),
+            "neuronx-distributed": neuronx_distributed_version(), "libneuronxla": libneuronxla_version()}
+
+
+def neuron_manifest_versions(release: str | None, *, trace: bool) -> dict[str, str]:
+    """What a Neuron compile's manifest records besides the compiler's own version: the release label, the
+    runtime library that release ships (a serving host must match it; it is a system package, not checked
+    here), and for trace the installed neuronx-distributed and libneuronxla."""
+    out: dict[str, str] = {}
+    if release:
+        out["neuron_sdk"] = release
+        known = neuron_releases.table().get(release)
+        if known is not None and known.runtime_lib:
+            out["aws_neuronx_runtime_lib"] = known.runtime_lib
+    if trace:
+        for name, version in (("neuronx_distributed", neuronx_distributed_version()),
+                              ("libneuronxla", libneuronxla_version())):
+            if version:
+                out[name] = version
+    return out
+
+
+def neuron_refusals(release: str, installed: dict[str, str | None], environ: dict[str, str]) -> list[str]:
+    """Why this host must not compile for Neuron SDK ``release`` (empty: it may); see the module docstring."""
+    try:
+        mismatches = neuron_releases.installed_mismatches(release, installed)
+        problems = [f"{NEURON_SDK_ENV}={release}: {p}" for p in mismatches]
+    except neuron_releases.UnknownRelease as exc:
+        problems = [f"{NEURON_SDK_ENV}={release}: {exc}"]
+    return problems + output_changing_problems(environ)
+
+
+def neuron_sdk_release(warnings: list[str]) -> str | None:
+    """The host's Neuron SDK release from ``COMPILESVC_NEURON_SDK`` (see the module docstring).
+
+    A value that is not a release as specs name it (major.minor.patch) would name a queue no spec reaches.
+    """
+    value = os.environ.get(NEURON_SDK_ENV, "").strip()
+    if value and not SDK_RE.fullmatch(value):
+        warnings.append(f"{NEURON_SDK_ENV}={value!r} is not a release such as 2.20.0: ignored")
+        return None
+    return value or None
+
+
+def _neuron_targets(warnings: list[str]) -> list[str]:
+    raw = os.environ.get(NEURON_TARGETS_ENV)
+    if raw is None:
+        return sorted(NEURON_TARGETS)
+    if raw.strip().lower() in ("", "none"):
+        return []
+    wanted = [t.strip() for t in raw.split(",") if t.strip()]
+    unknown = [t for t in wanted if t not in NEURON_TARGETS]
+    if unknown:
+        warnings.append(f"{NEURON_TARGETS_ENV}: ignoring unknown target(s) {unknown}")
+    return sorted({t for t in wanted if t in NEURON_TARGETS})
+
+
+def detect_capabilities() -> dict[str, Any]:
+    """What this worker can compile. Shape::
+
+        {"targets": ["cpu", "inf2", "trn1", "trn2"],            # targets it takes compiles for
+         "sdk": {"cpu": "2.13.0", "inf2": "2.20.0", ...},       # per target: the spec "sdk" it serves
+         "backends": {"cpu": ["aotinductor", "torchscript"], "inf2": ["neuronx-cc", "trace"], ...},
+         "formats": {"hf-dir": false},                          # hf-dir needs transformers
+         "isa": "x86_64-avx512",                                # aotinductor code is built for it
+         "instance_type": "trn1.2xlarge" | null,
+         "versions": {"python": ..., "torch": ... | null, "torch_neuronx": ... | null,
+                      "neuronx_cc": ... | null, "transformers": ... | null},
+         "neuron": {"release": "2.20.0" | null, "neuronx_cc_path": str | null,
+                    "packages": {"neuronx-cc": ..., "torch-neuronx": ..., ...},   # installed, exact
+                    "release_packages": {...} | null,                             # what the release ships
+                    "refused": ["why this worker must not start", ...]} | null,
+         "warnings": ["why something is not offered", ...]}
+
+    ``neuron.refused`` non-empty: the host claims a Neuron release (``COMPILESVC_NEURON_SDK`` is set) that its
+    packages or environment contradict; no Neuron target is offered and ``compilesvc worker`` exits 78.
+    """
+    warnings: list[str] = []
+    caps: dict[str, Any] = {
+        "targets": [],
+        "sdk": {},
+        "backends": {},
+        "formats": {},
+        "isa": host_isa(),
+        "instance_type": instance_type(),
+        "versions": {"python": python_version()},
+        "neuron": None,
+        "warnings": warnings,
+    }
+    torch = torch_version()
+    transformers = dist_version("transformers") if module_available("transformers") else None
+    caps["versions"].update({"torch": torch, "transformers": transformers})
+    caps["formats"]["hf-dir"] = transformers is not None
+    if torch:
+        caps["targets"].append("cpu")
+        caps["sdk"]["cpu"] = neuron_releases.base_version(torch)  # "2.13.0+cpu" -> the spec form "2.13.0"
+        caps["backends"]["cpu"] = sorted(BACKEND_FORMATS["cpu"])
+    else:
+        warnings.append("torch is not installed: no cpu target")
+
+    executable = neuronx_cc_executable()
+    has_compiler = executable is not None or module_available("neuronxcc")
+    tnx = torch_neuronx_version()
+    ncc = neuronx_cc_version(executable) if has_compiler else None
+    caps["versions"].update({"torch_neuronx": tnx, "neuronx_cc": ncc})
+    if has_compiler:
+        refused: list[str] = []
+        raw_release = os.environ.get(NEURON_SDK_ENV, "").strip()
+        release = neuron_sdk_release(warnings)
+        if raw_release and not release:
+            refused.append(f"{NEURON_SDK_ENV}={raw_release!r} is not a release such as 2.27.1")
+        packages = installed_neuron_packages(executable, ncc)
+        caps["versions"].update({"neuronx_distributed": packages["neuronx-distributed"],
+                                 "libneuronxla": packages["libneuronxla"]})
+        known = neuron_releases.table().get(release) if release else None
+        caps["neuron"] = {"release": release, "neuronx_cc_path": executable, "packages": packages,
+                          "release_packages": known.as_versions() if known else None, "refused": refused}
+        # A Neuron queue carries every backend of its target and SDK, so a worker takes Neuron work only with
+        # the whole toolchain; a partial one (which a real SDK install never is) would claim compiles it
+        # cannot run and burn their attempts.
+        missing = [name for name, ok in (("torch_neuronx with torch (trace)", tnx and torch),
+                                         ("the neuronx-cc executable", executable)) if not ok]
+        targets = _neuron_targets(warnings)
+        if not release:
+            warnings.append(f"neuronx-cc is installed but {NEURON_SDK_ENV} names no release: no Neuron targets "
+                            f"(package versions do not name the SDK release)")
+        elif missing:
+            warnings.append(f"incomplete Neuron SDK, no Neuron targets: missing {' and '.join(missing)}")
+        elif refusals := (compiler_disagreement(executable, ncc, neuronxcc_package_version())
+                          + neuron_refusals(release, packages, dict(os.environ))):
+            refused.extend(refusals)
+            warnings.extend(f"no Neuron targets: {problem}" for problem in refusals)
+        else:
+            backends = sorted(BACKEND_FORMATS["neuron"])
+            for target in targets:
+                caps["targets"].append(target)
+                caps["sdk"][target] = release
+                caps["backends"][target] = backends
+    return caps
+
+
+def capability_queues(caps: dict[str, Any]) -> list[str]:
+    """The compile queues a worker with ``caps`` consumes (:func:`compilesvc.dispatch.routing.queue_name`)."""
+    from compilesvc.dispatch.routing import queue_name
+
+    queues = set()
+    for target in caps["targets"]:
+        for backend in caps["backends"].get(target, []):
+            isa = caps["isa"] if backend == "aotinductor" else None
+            queues.add(queue_name(target, caps["sdk"][target], backend, isa))
+            if target != "cpu" and backend == "trace" and _ships_neuronx_distributed(caps["sdk"][target]):
+                queues.add(queue_name(target, caps["sdk"][target], backend, tp_degree=2))
+    return sorted(queues)
+
+
+def _ships_neuronx_distributed(release: str) -> bool:
+    entry = neuron_releases.table().get(release)
+    return entry is not None and entry.neuronx_distributed is not None
