@@ -72,11 +72,11 @@ from workers.compiling.retries import (
     retry_store,
     with_db_retry,
 )
+from workers.compiling.sandbox_limits import limit_outcome
 from workers.compiling.workdirs import INDUCTOR_CACHE_NAME, OWNER_LOCK, attempt_dirs, sweep_orphaned_attempts, work_root
 from workers.isolation.child_env import child_environment
 from workers.isolation.compiler_process import CompilerProcess
 from workers.isolation.sandbox import Mounts, Policy, sandbox_for
-from workers.isolation.sandbox_limits import limit_outcome
 from workers.isolation.spool import copy_outputs
 from workers.isolation.spool_process import SpoolAttempt, SpoolProcess, spool_attempt
 

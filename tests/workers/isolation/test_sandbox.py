@@ -25,10 +25,10 @@ import pytest
 from compilesvc.config.settings import Settings
 from compilesvc.states import ErrorClass
 from workers.compiling.classify import Outcome
+from workers.compiling.sandbox_limits import limit_outcome
 from workers.isolation.child_env import child_environment
 from workers.isolation.compiler_process import CompilerProcess
 from workers.isolation.sandbox import Mounts, Policy, Sandbox, SandboxUnavailable, probe
-from workers.isolation.sandbox_limits import limit_outcome
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/bwrap").exists(), reason="bubblewrap is not installed")
 

@@ -1,4 +1,4 @@
-"""workers.isolation.sandbox_limits: a limit hit inside the sandbox is a SANDBOX_*_LIMIT compile error, also when the
+"""workers.compiling.sandbox_limits: a limit hit inside the sandbox is a SANDBOX_*_LIMIT compile error, also when the
 model's own error (a compile error) is what names it; found by tests/attacks (``from_file`` past the file
 size limit came out as a plain CPU_TRACE_ERROR)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from compilesvc.states import ErrorClass
 from workers.compiling.classify import Outcome
+from workers.compiling.sandbox_limits import limit_outcome
 from workers.isolation.sandbox import Limits
-from workers.isolation.sandbox_limits import limit_outcome
 
 LIMITS = Limits(memory_bytes=2 << 30, memory_set=True, processes=64, open_files=256, file_bytes=16 << 20,
                 disk_bytes=24 << 20, tmp_bytes=16 << 20)
