@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from compilesvc.next_steps import next_step
+
 TRANSPORT_RETRIES = 5  # 0.5 + 1 + 2 + 4 + 8 s of backoff: a network blip or an API restart
 class ApiError(Exception):
     """The API answered with a problem (``status``, ``problem``: its document), or could not be reached
@@ -184,6 +186,8 @@ class Api:
                 error = _api_error(exc.code, body_bytes)
                 if exc.code in (401, 403) and self.token_source is not None:
                     error = _auth_error(error, self.token, self.token_source)
+                elif self.token_source is not None and (step := next_step(error.problem_type, error.message)):
+                    error = ApiError(f"{error.message}; {step}", error.status, error.problem)  # the CLI's line
                 raise error from None
             except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
                 if attempt == self.retries:

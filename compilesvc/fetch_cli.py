@@ -42,10 +42,12 @@ from compilesvc.fleet import (
     FetchReport,
     FleetError,
     HostCheck,
+    NotPublished,
     Progress,
     Untrusted,
 )
 from compilesvc.fleet._cache import Placed, placed_files
+from compilesvc.next_steps import NEXT_STEPS
 from compilesvc.spec_parsing import SpecError, load_spec_file
 from compilesvc.store.base import SHA256_RE
 from compilesvc.store.hashing import copy_hashing
@@ -101,6 +103,9 @@ def _open(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, veri
                                     with_logs=with_logs, parallel=parallel, progress=progress)
     except Untrusted as exc:
         raise NotTrusted(f"refused: {exc}") from None
+    except NotPublished as exc:  # what to do differs: no such key, or a build not done yet
+        step = NEXT_STEPS["artifact-not-published" if exc.state else "artifact-not-found"]
+        raise CommandFailed(f"{exc}; {step}") from None
     except (FleetError, CacheError) as exc:
         raise CommandFailed(str(exc)) from None
     except OSError as exc:
