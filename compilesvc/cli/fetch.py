@@ -3,7 +3,7 @@
 The cache (:mod:`compilesvc.fleet`) does the work: a key present and verified is served with no network;
 what is missing is downloaded in parallel, resumed where an earlier fetch stopped, and each blob is
 downloaded once however many fetches run at once. ``--dest`` then copies the verified files out under
-:mod:`compilesvc.cli.fetch_dest`'s rules (never touching a file of the user's).
+:mod:`compilesvc.cli.main.fetch_dest`'s rules (never touching a file of the user's).
 
 Every fetch checks the manifest's signature against the trusted keys (``COMPILESVC_TRUSTED_KEYS`` or the
 config file's ``trusted_keys``) before any file is used, from the cache (offline too) or downloaded;
@@ -32,21 +32,23 @@ from typing import Any
 
 import click
 
-from compilesvc.cli import fetch_dest
-from compilesvc.cli.connection import API_OPTION
-from compilesvc.cli.main import BadInput, CommandFailed, SpecUsageError
+from compilesvc.cli.connection.next_steps import NEXT_STEPS
+from compilesvc.cli.main import fetch_dest
+from compilesvc.cli.main.connection import API_OPTION
+from compilesvc.cli.main.main import BadInput, CommandFailed, SpecUsageError
 from compilesvc.fleet import (
     ArtifactSet,
     CacheError,
     FetchReport,
     FleetError,
     HostCheck,
+    NotPublished,
     Progress,
     Untrusted,
 )
 from compilesvc.fleet._cache import Placed, placed_files
-from compilesvc.signing.artifacts import SIGNATURE_FILE
-from compilesvc.spec.parsing import SpecError, load_spec_file
+from compilesvc.signing.keys.artifacts import SIGNATURE_FILE
+from compilesvc.spec.compile_spec.parsing import SpecError, load_spec_file
 from compilesvc.store.base import SHA256_RE
 from compilesvc.store.hashing import copy_hashing
 
@@ -101,6 +103,9 @@ def _open(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, veri
                                     with_logs=with_logs, parallel=parallel, progress=progress)
     except Untrusted as exc:
         raise NotTrusted(f"refused: {exc}") from None
+    except NotPublished as exc:  # what to do differs: no such key, or a build not done yet
+        step = NEXT_STEPS["artifact-not-published" if exc.state else "artifact-not-found"]
+        raise CommandFailed(f"{exc}; {step}") from None
     except (FleetError, CacheError) as exc:
         raise CommandFailed(str(exc)) from None
     except OSError as exc:

@@ -16,9 +16,10 @@ from typing import Any
 import click
 
 from compilesvc.access import tokens
-from compilesvc.cli.connection import API_OPTION, connect
-from compilesvc.cli.main import BadInput, CommandFailed, ledger_services
-from compilesvc.client.api import ApiError
+from compilesvc.cli.connection.api import ApiError
+from compilesvc.cli.connection.next_steps import NEXT_STEPS
+from compilesvc.cli.main.connection import API_OPTION, connect
+from compilesvc.cli.main.main import BadInput, CommandFailed, ledger_services
 
 _DURATION = re.compile(r"(\d+)([smhdw]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -147,12 +148,12 @@ def revoke(token_id: int, ledger: bool, api: str | None) -> None:
             except Exception as exc:
                 raise _ledger_failed(exc) from None
         if doc is None:
-            raise BadInput(f"no token {token_id}")
+            raise BadInput(f"no token {token_id}; {NEXT_STEPS['token-not-found']}")
     else:
         try:
             doc = connect(api).request("POST", f"/v1/tokens/{token_id}/revoke")
         except ApiError as exc:
             if "HTTP 404" in exc.message:
-                raise BadInput(f"no token {token_id}") from None
+                raise BadInput(f"no token {token_id}; {NEXT_STEPS['token-not-found']}") from None
             raise
     click.echo(f"token {doc['id']} {doc['name']!r} revoked at {doc['revoked_at']}")

@@ -2,7 +2,7 @@
 failures and passing outages (429, 502-504) retried with backoff, so a POST made safe by an
 Idempotency-Key survives a flaky network.
 
-Used by the command-line client (:mod:`compilesvc.cli.connection`, :mod:`compilesvc.cli.builds`), ``compilesvc
+Used by the command-line client (:mod:`compilesvc.cli.main.connection`, :mod:`compilesvc.cli.main.builds`), ``compilesvc
 dev`` and the fleet library (:mod:`compilesvc.fleet`), so it needs nothing beyond the standard library:
 serving code that imports the fleet library pulls in no CLI framework.
 """
@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from compilesvc.client.next_steps import next_step
+
 TRANSPORT_RETRIES = 5  # 0.5 + 1 + 2 + 4 + 8 s of backoff: a network blip or an API restart
 class ApiError(Exception):
     """The API answered with a problem (``status``, ``problem``: its document), or could not be reached
     (``status`` None). The CLI prints it as one line with exit status 1; the build commands map it to their
-    own (:mod:`compilesvc.cli.builds`)."""
+    own (:mod:`compilesvc.cli.main.builds`)."""
 
     exit_code = 1
 
@@ -184,6 +186,8 @@ class Api:
                 error = _api_error(exc.code, body_bytes)
                 if exc.code in (401, 403) and self.token_source is not None:
                     error = _auth_error(error, self.token, self.token_source)
+                elif self.token_source is not None and (step := next_step(error.problem_type, error.message)):
+                    error = ApiError(f"{error.message}; {step}", error.status, error.problem)  # the CLI's line
                 raise error from None
             except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
                 if attempt == self.retries:
