@@ -3,7 +3,7 @@
 A bench calls :func:`record` once per figure, beside its own detailed output. When the bench runs under
 ``bench.run_all``, the figure is appended as one JSON line to the file named by ``COMPILESVC_BENCH_RESULTS``;
 run on its own, it is only printed. :func:`render` turns the collected figures into the Markdown table that
-``make bench`` prints last and README carries.
+``make bench`` prints last and docs/benchmarks.md carries.
 
 A figure is a value with its unit and, where the issue or a doc sets one, its target as a comparison
 (``>=`` or ``<=``) and a bound; ``met`` is then decided here, once, for every bench. ``vs`` says what the value

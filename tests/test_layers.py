@@ -36,3 +36,14 @@ def test_a_wrong_import_breaks_the_contracts(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert "compilesvc.spec is not allowed to import compilesvc.ledger" in result.stdout
     assert "compilesvc.client is not allowed to import flask" in result.stdout
+
+
+def test_the_architecture_diagram_is_the_layers_contract() -> None:
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c["layers"] for c in contracts if c["type"] == "layers")
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    diagram = text.split("## The core's layers", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    drawn = [line.strip().split("  ", 1)[0].strip() for line in diagram.splitlines() if line.strip()]
+    assert drawn == [layer.replace("compilesvc.", "") for layer in layers]

@@ -40,6 +40,9 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
         f"check: {HERE}::test_the_specs_validate (the CLI's offline check, the API's rules)",
     ("README.md", "How it works", "", "CI ──POST /v1/builds──▶ API (web/) ──▶ ledger (SQL) ◀── rela"):
         "not run: a diagram",
+    ("docs/architecture.md", "The core's layers", "text", "cli                      every `compilesvc` command, the rel"):
+        "check: tests/test_layers.py::test_the_tree_keeps_every_contract (the diagram is the layers contract "
+        "of pyproject.toml, which lint-imports checks)",
     ("docs/api.md", "Conventions", "json", '{"type": "/problems/spec-invalid", "title": "Compile spec is'):
         f"check: {HERE}::test_json_blocks_without_ellipses_parse ({OUTPUT})",
     ("docs/api.md", "Uploading a model", "sh", "API=https://compilesvc.example.com COMPILESVC_TOKEN=csvc_…"):
