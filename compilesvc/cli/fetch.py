@@ -3,7 +3,7 @@
 The cache (:mod:`compilesvc.fleet`) does the work: a key present and verified is served with no network;
 what is missing is downloaded in parallel, resumed where an earlier fetch stopped, and each blob is
 downloaded once however many fetches run at once. ``--dest`` then copies the verified files out under
-:mod:`compilesvc.cli.main.fetch_dest`'s rules (never touching a file of the user's).
+:mod:`compilesvc.cli.fetch_dest`'s rules (never touching a file of the user's).
 
 Every fetch checks the manifest's signature against the trusted keys (``COMPILESVC_TRUSTED_KEYS`` or the
 config file's ``trusted_keys``) before any file is used, from the cache (offline too) or downloaded;
@@ -32,10 +32,10 @@ from typing import Any
 
 import click
 
-from compilesvc.cli.connection.next_steps import NEXT_STEPS
-from compilesvc.cli.main import fetch_dest
-from compilesvc.cli.main.connection import API_OPTION
-from compilesvc.cli.main.main import BadInput, CommandFailed, SpecUsageError
+from compilesvc.cli import fetch_dest
+from compilesvc.cli.connection import API_OPTION
+from compilesvc.cli.main import BadInput, CommandFailed, SpecUsageError
+from compilesvc.client.next_steps import NEXT_STEPS
 from compilesvc.fleet import (
     ArtifactSet,
     CacheError,
@@ -47,8 +47,8 @@ from compilesvc.fleet import (
     Untrusted,
 )
 from compilesvc.fleet._cache import Placed, placed_files
-from compilesvc.signing.keys.artifacts import SIGNATURE_FILE
-from compilesvc.spec.compile_spec.parsing import SpecError, load_spec_file
+from compilesvc.signing.artifacts import SIGNATURE_FILE
+from compilesvc.spec.parsing import SpecError, load_spec_file
 from compilesvc.store.base import SHA256_RE
 from compilesvc.store.hashing import copy_hashing
 

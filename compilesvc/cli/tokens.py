@@ -16,10 +16,10 @@ from typing import Any
 import click
 
 from compilesvc.access import tokens
-from compilesvc.cli.connection.api import ApiError
-from compilesvc.cli.connection.next_steps import NEXT_STEPS
-from compilesvc.cli.main.connection import API_OPTION, connect
-from compilesvc.cli.main.main import BadInput, CommandFailed, ledger_services
+from compilesvc.cli.connection import API_OPTION, connect
+from compilesvc.cli.main import BadInput, CommandFailed, ledger_services
+from compilesvc.client.api import ApiError
+from compilesvc.client.next_steps import NEXT_STEPS
 
 _DURATION = re.compile(r"(\d+)([smhdw]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -2,7 +2,7 @@
 failures and passing outages (429, 502-504) retried with backoff, so a POST made safe by an
 Idempotency-Key survives a flaky network.
 
-Used by the command-line client (:mod:`compilesvc.cli.main.connection`, :mod:`compilesvc.cli.main.builds`), ``compilesvc
+Used by the command-line client (:mod:`compilesvc.cli.connection`, :mod:`compilesvc.cli.builds`), ``compilesvc
 dev`` and the fleet library (:mod:`compilesvc.fleet`), so it needs nothing beyond the standard library:
 serving code that imports the fleet library pulls in no CLI framework.
 """
@@ -26,7 +26,7 @@ TRANSPORT_RETRIES = 5  # 0.5 + 1 + 2 + 4 + 8 s of backoff: a network blip or an 
 class ApiError(Exception):
     """The API answered with a problem (``status``, ``problem``: its document), or could not be reached
     (``status`` None). The CLI prints it as one line with exit status 1; the build commands map it to their
-    own (:mod:`compilesvc.cli.main.builds`)."""
+    own (:mod:`compilesvc.cli.builds`)."""
 
     exit_code = 1
 

@@ -300,7 +300,7 @@ class Settings(BaseSettings):
 
     @property
     def extra_flags(self) -> frozenset[str]:
-        """:attr:`extra_compiler_flags` as option names (for :func:`compilesvc.spec.compile_spec.parse_spec`)."""
+        """:attr:`extra_compiler_flags` as option names (for :func:`compilesvc.spec.parsing.parse_spec`)."""
         return parse_extra_flags(self.extra_compiler_flags)
 
     @property

@@ -3,7 +3,7 @@
 ``--double-behaviour=<b>`` (see :mod:`tests.doubles`) is no neuronx-cc option, so a spec holding it is
 refused at submit unless the service accepts it as an extra option: processes read the setting
 ``COMPILESVC_EXTRA_COMPILER_FLAGS`` (:data:`DOUBLE_FLAGS_SETTING`), and tests that call
-:func:`compilesvc.spec.compile_spec.parse_spec` directly pass :data:`DOUBLE_FLAGS`. Production code knows nothing of it.
+:func:`compilesvc.spec.parsing.parse_spec` directly pass :data:`DOUBLE_FLAGS`. Production code knows nothing of it.
 """
 
 from __future__ import annotations
