@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from compilesvc.config.placeholders import placeholders, refusal
 from compilesvc.hostinfo import host_memory_bytes
-from compilesvc.spec.compile_spec import DEFAULT_MAX_ELEMENTS_PER_BUCKET, DEFAULT_MAX_ELEMENTS_PER_INPUT, ElementLimits
+from compilesvc.spec.buckets import DEFAULT_MAX_ELEMENTS_PER_BUCKET, DEFAULT_MAX_ELEMENTS_PER_INPUT, ElementLimits
 from compilesvc.spec.neuronx_cc_options import parse_extra_flags
 
 

@@ -13,14 +13,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from compilesvc.spec.compile_spec import (
-    DEFAULT_LIMITS,
-    EXTRA_FLAGS_CONTEXT,
-    LIMITS_CONTEXT,
-    CompileSpec,
-    ElementLimits,
-    _FieldError,
-)
+from compilesvc.spec.buckets import DEFAULT_LIMITS, LIMITS_CONTEXT, ElementLimits, _FieldError
+from compilesvc.spec.compile_spec import EXTRA_FLAGS_CONTEXT, CompileSpec
 
 
 class SpecError(ValueError):

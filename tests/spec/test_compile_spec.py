@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from compilesvc.spec.compile_spec import (
+from compilesvc.spec.buckets import (
     DEFAULT_MAX_ELEMENTS_PER_BUCKET,
     DEFAULT_MAX_ELEMENTS_PER_INPUT,
     MAX_BUCKETS,
     MAX_DIM,
-    CompileSpec,
     ElementLimits,
 )
+from compilesvc.spec.compile_spec import CompileSpec
 from compilesvc.spec.keys import compute_keys
 from compilesvc.spec.parsing import SpecError, load_spec_file, parse_spec
 

@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 
 import compilesvc.spec.keys
 from compilesvc.spec import neuron_releases
-from compilesvc.spec.compile_spec import BACKEND_FORMATS, CPU_BACKEND_FLAGS, MAX_DIM, DType
+from compilesvc.spec.buckets import MAX_DIM, DType
+from compilesvc.spec.compile_spec import BACKEND_FORMATS, CPU_BACKEND_FLAGS
 from compilesvc.spec.keys import KEY_SCHEMA, KeySet, canonical_json, compute_keys, digest, explain
 from compilesvc.spec.parsing import parse_spec
 

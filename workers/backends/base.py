@@ -30,7 +30,8 @@ from typing import Any, ClassVar
 from pydantic import ValidationError
 
 from compilesvc.compiles.failures import MAX_MESSAGE, shorten
-from compilesvc.spec.compile_spec import BACKEND_FORMATS, NEURON_TARGETS, InputSpec
+from compilesvc.spec.buckets import InputSpec
+from compilesvc.spec.compile_spec import BACKEND_FORMATS, NEURON_TARGETS
 from compilesvc.states import ErrorClass
 
 #: Child exit codes (see :mod:`workers.isolation.compile_child`).
