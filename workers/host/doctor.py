@@ -51,6 +51,7 @@ from compilesvc.spec.compile_spec import NEURON_TARGETS
 from compilesvc.spec.parsing import parse_spec
 from workers.backends.neuron import neuron_devices
 from workers.compiling.classify import classify
+from workers.host.doctor_report import FAIL, PASS, SKIP, no_neuron_toolchain, render_text
 from workers.host.versions import (
     NEURON_SDK_ENV,
     installed_neuron_packages,
@@ -64,7 +65,6 @@ from workers.isolation.compile_child import RESULT_NAME
 from workers.isolation.compiler_process import CompilerProcess
 from workers.isolation.sandbox import Mounts, Policy, Sandbox, sandbox_for
 
-PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 #: Exit status (2, bad usage, is click's UsageError via compilesvc.cli.main).
 EXIT_OK, EXIT_FAILED = 0, 1
 #: Compiler output lines shown under a FAIL.
@@ -154,11 +154,6 @@ def toolchain_check(facts: dict[str, Any]) -> Check:
         return Check("toolchain", FAIL, "; ".join(missing))
     return Check("toolchain", PASS, f"neuronx-cc {versions['neuronx-cc']} ({facts['neuronx_cc_path']}), "
                                     f"torch-neuronx {versions['torch-neuronx']}, torch {versions['torch']}")
-
-
-def no_neuron_toolchain(facts: dict[str, Any]) -> bool:
-    """Neither neuronx-cc nor torch-neuronx: a cpu host, or a Neuron host whose environment is not active."""
-    return facts["neuronx_cc_path"] is None and facts["versions"]["torch-neuronx"] is None
 
 
 def release_check(release: str | None, installed: dict[str, str | None]) -> Check:
@@ -311,46 +306,6 @@ def load_check(root: Path, trace: Check, trace_request: dict[str, Any], devices:
     last = next((line for line in reversed(run.tail) if line.strip()), "no output")
     return Check("load", FAIL, f"loading or running model.pt {why}: {last}", seconds,
                  output_tail=run.tail[-TAIL_LINES:])
-
-
-# -- the report ---------------------------------------------------------------------------------------------
-
-def render_text(report: dict[str, Any]) -> str:
-    checks = report["checks"]
-    failed = [c for c in checks if c["status"] == FAIL]
-    verdict = f"FAIL ({len(failed)} of {len(checks)} checks failed)" if failed else "PASS"
-    lines = [f"compilesvc doctor: {verdict}", ""]
-    if no_neuron_toolchain(report["host"]):
-        torch = report["host"]["versions"].get("torch")
-        lines += ["This host has no Neuron toolchain (neither neuronx-cc nor torch-neuronx), so it cannot compile "
-                  "for Neuron.",
-                  f"A worker here serves the cpu target{f' (torch {torch})' if torch else ''}. To compile for "
-                  "Neuron, activate or install the Neuron SDK (docs/neuron-hosts.md) and run doctor again.", ""]
-    width = max(len(c["name"]) for c in checks)
-    lines += [f"{c['status']:<4}  {c['name']:<{width}}  {c['detail']}  [{c['seconds']:.1f} s]" for c in checks]
-    host = report["host"]
-    versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in host["versions"].items())
-    lines += ["", "host:",
-              f"  instance type       {host['instance_type'] or 'unknown (no EC2 DMI product name)'}",
-              f"  neuron devices      {', '.join(host['neuron_devices']) or 'none'}",
-              f"  target              {host['target']} ({host['target_source']})",
-              f"  python              {host['python']}",
-              f"  platform            {host['platform']}",
-              f"  configured release  {host['configured_release'] or f'none ({NEURON_SDK_ENV} is not set)'}",
-              f"  neuronx-cc          {host['neuronx_cc_path'] or 'not on PATH'}",
-              f"  versions            {versions}"]
-    for check in failed:
-        if not (check["error_class"] or check["output_tail"]):
-            continue  # its line above says all there is (the toolchain, the release)
-        lines += ["", f"FAIL {check['name']}: class {check['error_class'] or '-'}, code {check['code'] or '-'}"]
-        if check["output_tail"]:
-            lines.append(f"  last {len(check['output_tail'])} lines of its output:")
-            lines += [f"    {line}" for line in check["output_tail"]]
-    if report["work_dir"]:
-        lines += ["", f"work dirs kept in {report['work_dir']}"]
-    elif any(c["output_tail"] for c in failed):
-        lines += ["", "the work dirs named above are gone: run again with --keep DIR to keep them"]
-    return "\n".join(lines)
 
 
 @contextmanager
