@@ -29,13 +29,14 @@ from compilesvc.access.tokens import Principal
 from compilesvc.builds import provenance, set_changes
 from compilesvc.builds.admission import admit
 from compilesvc.builds.joins import InFlight, join_batch
+from compilesvc.builds.store_imports import bucket_manifests_of, importable_buckets
 from compilesvc.builds.submit_rows import SubmitContext
 from compilesvc.compiles.bucket_compiles import BucketView, bucket_views, positioned_buckets, views_of
 from compilesvc.compiles.publishing import publish_if_complete
 from compilesvc.ledger import events
 from compilesvc.ledger.build_records import BuildRecord, insert_build_details, insert_builds
 from compilesvc.ledger.engine import transaction
-from compilesvc.ledger.models import Artifact, BucketCompile, Build, utcnow
+from compilesvc.ledger.models import Artifact, Build, utcnow
 from compilesvc.ledger.sql import insert_ignore
 from compilesvc.lifecycle.artifacts import (
     PublishedManifests,
@@ -47,7 +48,7 @@ from compilesvc.pinning.pins import PinnedModel
 from compilesvc.services import Services
 from compilesvc.spec.compile_spec import CompileSpec
 from compilesvc.spec.keys import KeySet, compute_keys, digest
-from compilesvc.spec.manifest import ArtifactManifest, BucketManifest, parse_bucket_manifest
+from compilesvc.spec.manifest import ArtifactManifest, BucketManifest
 from compilesvc.states import (
     BUILD_STATE_FOR_ARTIFACT,
     ArtifactState,
@@ -55,7 +56,7 @@ from compilesvc.states import (
     Outcome,
     failed_for_good,
 )
-from compilesvc.store.base import artifact_manifest_name, bucket_manifest_name
+from compilesvc.store.base import artifact_manifest_name
 
 log = logging.getLogger(__name__)
 
@@ -228,8 +229,9 @@ class Submitter:
                                 manifest=self._manifest_of(artifact.key, artifact.state), first_status=first.status)
 
     def _admitted(self, ctx: SubmitContext, queue_anyway: bool) -> dict[str, BucketManifest]:
-        """The buckets the store has (:meth:`_importable_buckets`), once the submit is admitted."""
-        imported = self._importable_buckets(ctx.keys)
+        """The buckets the store has (:func:`~compilesvc.builds.store_imports.importable_buckets`), once the
+        submit is admitted."""
+        imported = importable_buckets(self.services, ctx.keys)
         with self.services.sessions() as session:
             admit(session, self.settings, ctx, set(imported), queue_anyway)
         return imported
@@ -267,12 +269,7 @@ class Submitter:
 
     def _import_artifact(self, ctx: SubmitContext, manifest: ArtifactManifest) -> SubmitResult:
         """A manifest in the store but not in the ledger (another region, a rebuilt ledger): record it."""
-        imported = {
-            entry.key: BucketManifest(key=entry.key, material=manifest.material, inputs=entry.inputs,
-                                      files=entry.files, log=entry.log, versions=entry.versions,
-                                      compile_seconds=entry.compile_seconds, created_at=manifest.created_at)
-            for entry in manifest.buckets
-        }
+        imported = bucket_manifests_of(manifest)
         with transaction(self.services.sessions) as session:
             artifact_id = insert_ignore(session, Artifact, ctx.artifact_row(ArtifactState.PUBLISHED), ["key"])
             artifact = session.scalars(select(Artifact).where(Artifact.key == ctx.keys.key).with_for_update()).one()
@@ -288,20 +285,6 @@ class Submitter:
             return SubmitResult(build_id=build_id, outcome=Outcome.HIT, state=BUILD_STATE_FOR_ARTIFACT[artifact.state],
                                 artifact_key=artifact.key, artifact_state=artifact.state, buckets=[],
                                 manifest=manifest)
-
-    def _importable_buckets(self, keys: KeySet) -> dict[str, BucketManifest]:
-        """Bucket manifests present in the store for buckets the ledger does not know (read outside any
-        transaction: no row locks are held across network calls)."""
-        with self.services.sessions() as session:
-            known = set(session.scalars(select(BucketCompile.key).where(BucketCompile.key.in_(keys.bucket_keys))))
-        found = {}
-        for key in keys.bucket_keys:
-            if key in known:
-                continue
-            raw = self.services.store.read_document(bucket_manifest_name(key))
-            if raw is not None:
-                found[key] = parse_bucket_manifest(raw, key)
-        return found
 
     def _create_or_join(self, ctx: SubmitContext, imported: dict[str, BucketManifest] | None, *, exclusive: bool
                         ) -> tuple[SubmitResult, list[int], bool]:
