@@ -22,8 +22,8 @@ from compilesvc.refusals import NoCapableWorker
 from compilesvc.services import Services
 from compilesvc.spec.compile_spec import CompileSpec
 from compilesvc.spec.parsing import parse_spec
-from tests.builds.test_dedupe import complete_bucket, count, principal, spec_doc, upload_model
 from tests.fixtures.settings import make_settings
+from tests.fixtures.submits import complete_bucket, count, principal, spec_doc, upload_model
 from tests.fixtures.waiting import wait_for
 
 FOLLOWERS = 6

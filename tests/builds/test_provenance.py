@@ -17,8 +17,8 @@ from compilesvc.compiles.bucket_compiles import positioned_buckets
 from compilesvc.ledger.models import BucketCompile, Build
 from compilesvc.services import Services
 from compilesvc.spec.parsing import parse_spec
-from tests.builds.test_dedupe import BUCKETS, complete_bucket, spec_doc, upload_model
 from tests.fixtures.settings import make_settings
+from tests.fixtures.submits import BUCKETS, complete_bucket, spec_doc, upload_model
 
 
 def read(services: Services, build_id: int) -> tuple[Build, dict[int, Origin], list[int]]:

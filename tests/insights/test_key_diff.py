@@ -10,7 +10,7 @@ from compilesvc.insights.key_diff import changes, explain_miss
 from compilesvc.ledger.models import Build
 from compilesvc.services import Services
 from compilesvc.spec.parsing import parse_spec
-from tests.builds.test_dedupe import upload_model
+from tests.fixtures.submits import upload_model
 
 ONE = [{"batch_size": 1, "seq_len": 128}]
 

@@ -15,7 +15,7 @@ from compilesvc.ledger.build_records import BuildRecord, BuildRecorder
 from compilesvc.ledger.models import Artifact, BuildLabel, Event
 from compilesvc.services import Services
 from compilesvc.spec.parsing import parse_spec
-from tests.builds.test_dedupe import complete_bucket, spec_doc, upload_model
+from tests.fixtures.submits import complete_bucket, spec_doc, upload_model
 from tests.fixtures.waiting import wait_for
 
 RECORDS = 16

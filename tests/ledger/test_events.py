@@ -23,8 +23,8 @@ from compilesvc.lifecycle import campaigns
 from compilesvc.notify import webhooks
 from compilesvc.services import SUBSCRIBERS, Services
 from compilesvc.spec.parsing import parse_spec
-from tests.builds.test_dedupe import complete_bucket, spec_doc, upload_model
 from tests.fixtures.settings import make_settings
+from tests.fixtures.submits import complete_bucket, spec_doc, upload_model
 from tests.ledger.test_build_records import published_artifact, record
 
 HOOK = "http://127.0.0.1:9/hook"

@@ -16,79 +16,19 @@ import pytest
 from sqlalchemy import event, func, select, update
 
 from compilesvc.access import idempotency
-from compilesvc.access.tokens import Principal, create_token, principal_of
 from compilesvc.builds.control import cancel_build, retry_build
 from compilesvc.builds.submit import Submitter
-from compilesvc.compiles import leases
-from compilesvc.compiles.publishing import publish_ready_artifacts
 from compilesvc.config.settings import Settings
 from compilesvc.dispatch.registry import live_queues
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Artifact, BucketCompile, Build, Event, IdempotencyKey, Outbox, utcnow
 from compilesvc.refusals import IdempotencyConflict, NoCapableWorker
 from compilesvc.services import Services
-from compilesvc.spec.manifest import BucketManifest, FileEntry, ManifestMismatch
+from compilesvc.spec.manifest import ManifestMismatch
 from compilesvc.spec.parsing import parse_spec
 from compilesvc.store.base import bucket_manifest_name
 from tests.fixtures.settings import make_settings
-
-BUCKETS = [{"batch_size": 1, "seq_len": 16}, {"batch_size": 1, "seq_len": 32}, {"batch_size": 2, "seq_len": 32}]
-
-
-def upload_model(services: Services, content: bytes = b"tiny model bytes") -> str:
-    path = services.settings.data_dir / "model.bin"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content)
-    return f"blob:sha256:{services.store.put_file(path).sha256}"
-
-
-def principal(services: Services, owner: str) -> Principal:
-    """A submit token's principal, as the API authenticates it."""
-    with transaction(services.sessions) as session:
-        return principal_of(create_token(session, name=owner, owner=owner, scopes=["submit"]).token)
-
-
-def spec_doc(model_uri: str, buckets: list[dict[str, int]] | None = None, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": {"uri": model_uri, "format": "exported-program", "name": "tiny"},
-        "target": "cpu",
-        "sdk": "2.13.0",
-        "buckets": buckets or BUCKETS,
-        **extra,
-    }
-
-
-def complete_bucket(services: Services, key: str, *, state: str = "succeeded", error_class: str | None = None,
-                    error_code: str | None = None, message: str | None = None) -> None:
-    """Finish a bucket compile the way a worker does, without a compiler: claim its lease, then either
-    publish (blobs, bucket manifest, ``leases.succeed``, artifact manifests) or ``leases.fail``."""
-    with transaction(services.sessions) as session:
-        bucket_id = session.scalars(select(BucketCompile.id).where(BucketCompile.key == key)).one()
-        claim = leases.claim(session, bucket_id, "test-worker", lease_seconds=60)
-    assert claim is not None, f"bucket {key[:12]} was not queued"
-    if state != "succeeded":
-        assert state == "failed" and error_class is not None
-        with transaction(services.sessions) as session:
-            leases.fail(session, bucket_id, claim.token, error_class, error_code,
-                        message or f"{error_class} failure on attempt {claim.attempt}")
-        return
-    path = services.settings.data_dir / f"{key}.pt"
-    path.write_bytes(f"compiled {key}".encode())
-    blob = services.store.put_file(path)
-    manifest = BucketManifest(key=key, material=claim.material, inputs=claim.inputs,
-                              files=[FileEntry(path="model.pt", role="model", size=blob.size, sha256=blob.sha256)],
-                              versions={"torch": "2.13.0"}, compile_seconds=1.0, created_at=utcnow().isoformat())
-    services.store.create_document(bucket_manifest_name(key), manifest.to_bytes())
-    with transaction(services.sessions) as session:
-        assert leases.succeed(session, bucket_id, claim.token, services.store.document_location(
-            bucket_manifest_name(key)), manifest.versions, manifest.compile_seconds)
-    publish_ready_artifacts(services.store, services.sessions, bucket_id, signer=services.signer)
-
-
-def count(services: Services, model: type) -> int:
-    with services.sessions() as session:
-        return int(session.scalar(select(func.count()).select_from(model)) or 0)
-
+from tests.fixtures.submits import BUCKETS, complete_bucket, count, principal, spec_doc, upload_model
 
 
 def test_new_join_then_hit(services: Services) -> None:
