@@ -9,7 +9,8 @@ in its dispatch message; Celery's own ``task_routes`` (:func:`route_task`) sends
   name is the oldest one shipping the same toolchain for that kind of compile
   (:func:`compilesvc.spec.neuron_releases.toolchain_release`), since keys hold the toolchain: 2.27.0 and 2.27.1
   compiles share keys and therefore one queue, which workers of either release consume. The kinds are
-  ``neuronx-cc`` (HLO), ``trace`` and ``trace-tp`` (tp > 1, which adds neuronx-distributed).
+  ``neuronx-cc`` (HLO; ``neuronx-cc-tp`` for tp > 1), ``trace`` and ``trace-tp`` (tp > 1, which adds
+  neuronx-distributed): :data:`compilesvc.spec.neuron_releases.KIND_PACKAGES`.
 
 The settings here are for hours-long tasks on a Redis broker: late acks, prefetch 1, a visibility timeout
 above the hard time limit everywhere Celery reads it. The ledger's leases, not Celery redelivery, recover
@@ -29,7 +30,7 @@ from celery import Celery
 
 from compilesvc.config.settings import Settings
 from compilesvc.dispatch import fs_broker
-from compilesvc.spec.neuron_releases import toolchain_release
+from compilesvc.spec.neuron_releases import compile_kind, toolchain_release
 
 COMPILE_TASK = "compilesvc.compile_bucket"
 
@@ -41,8 +42,7 @@ def queue_name(target: str, sdk: str, backend: str, isa: str | None = None, tp_d
         if backend == "aotinductor" and isa:
             name += f".{isa}"
         return name
-    kind = f"{backend}-tp" if tp_degree > 1 else backend
-    return f"compile.{target}.{toolchain_release(sdk, backend, tp_degree)}.{kind}"
+    return f"compile.{target}.{toolchain_release(sdk, backend, tp_degree)}.{compile_kind(backend, tp_degree)}"
 
 
 def task_id(bucket_compile_id: int, dispatch: int) -> str:

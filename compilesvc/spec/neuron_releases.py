@@ -60,7 +60,11 @@ class UnknownRelease(ValueError):
 
 
 class NotShipped(ValueError):
-    """The release does not ship a package the requested compile needs."""
+    """The release does not ship a package the requested compile needs (``release``, ``package``)."""
+
+    def __init__(self, message: str, *, release: str = "", package: str = ""):
+        self.release, self.package = release, package
+        super().__init__(message)
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -128,24 +132,69 @@ def lookup(release: str) -> Release:
         raise UnknownRelease(release, list(releases)) from None
 
 
+# -- compile kinds: what a release can compile ----------------------------------------------------------------
+
+#: The kinds of Neuron compile, as queue names spell them (compilesvc.dispatch.routing), and the packages each
+#: runs, in the order they are needed: an HLO compile is neuronx-cc alone (tp > 1 compiles one rank's program
+#: as given); trace is torch-neuronx (which calls neuronx-cc); tp > 1 trace adds neuronx-distributed.
+KIND_PACKAGES: dict[str, tuple[str, ...]] = {
+    "neuronx-cc": ("neuronx-cc",),
+    "neuronx-cc-tp": ("neuronx-cc",),
+    "trace": ("neuronx-cc", "torch-neuronx"),
+    "trace-tp": ("neuronx-cc", "torch-neuronx", "neuronx-distributed"),
+}
+#: What each kind is called where a person reads it (errors, docs/neuron-hosts.md's support matrix).
+KIND_TITLES = {"neuronx-cc": "HLO (neuronx-cc)", "neuronx-cc-tp": "HLO, tp > 1",
+               "trace": "trace (torch-neuronx)", "trace-tp": "trace, tp > 1 (NxD)"}
+
+
+def compile_kind(backend: str, tp_degree: int) -> str:
+    """The kind of a Neuron compile by ``backend`` at ``tp_degree`` (a key of :data:`KIND_PACKAGES`)."""
+    kind = f"{backend}-tp" if tp_degree > 1 else backend
+    if kind not in KIND_PACKAGES:
+        raise ValueError(f"{backend!r} is not a Neuron backend; expected neuronx-cc or trace")
+    return kind
+
+
+def _ships(entry: Release, package: str) -> bool:
+    return bool({"neuronx-cc": entry.neuronx_cc, "torch-neuronx": entry.torch_neuronx,
+                 "neuronx-distributed": entry.neuronx_distributed}[package])
+
+
+def release_kinds(release: str) -> tuple[str, ...]:
+    """The kinds of compile ``release`` ships every package of, in :data:`KIND_PACKAGES`' order: what specs may
+    ask of it and what its workers may offer (:class:`UnknownRelease` for a release the table does not list)."""
+    entry = lookup(release)
+    return tuple(kind for kind, needs in KIND_PACKAGES.items() if all(_ships(entry, p) for p in needs))
+
+
+def require_kind(release: str, backend: str, tp_degree: int) -> None:
+    """Raise :class:`NotShipped`, naming the release and the first package it lacks, unless ``release`` ships
+    what a ``backend`` compile at ``tp_degree`` runs (:class:`UnknownRelease` for an unlisted release)."""
+    kind = compile_kind(backend, tp_degree)
+    if kind in release_kinds(release):
+        return
+    entry = lookup(release)
+    missing = next(p for p in KIND_PACKAGES[kind] if not _ships(entry, p))
+    offered = ", ".join(KIND_TITLES[k] for k in release_kinds(release)) or "nothing"
+    raise NotShipped(f"Neuron SDK {release} ships no {missing}: {KIND_TITLES[kind]} compiles are not available "
+                     f"with it (it supports {offered})", release=release, package=missing)
+
+
 def toolchain_material(release: str, backend: str, tp_degree: int) -> dict[str, Any]:
     """The exact toolchain a Neuron compile of ``release`` with ``backend`` runs: the key's ``neuron`` part.
 
     Only what the backend runs: an HLO compile is neuronx-cc alone; trace adds torch-neuronx (whose version
     names its torch, e.g. 2.9.0.x) and libneuronxla (the lowering plugin), and tp > 1 neuronx-distributed.
+    :class:`NotShipped` where the release lacks one of them (:func:`require_kind`).
     """
+    require_kind(release, backend, tp_degree)
     entry = lookup(release)
     material: dict[str, Any] = {"neuronx-cc": entry.neuronx_cc}
     if backend == "trace":
-        if entry.trace_torch_neuronx is None:
-            raise NotShipped(f"Neuron SDK {release} ships no torch-neuronx: the trace backend is not available "
-                             f"with it (compile an HLO model with the neuronx-cc backend)")
         material["torch-neuronx"] = entry.trace_torch_neuronx
         material["libneuronxla"] = sorted(entry.libneuronxla, key=version_tuple)
         if tp_degree > 1:
-            if entry.neuronx_distributed is None:
-                raise NotShipped(f"Neuron SDK {release} ships no neuronx-distributed: trace with tp_degree > 1 "
-                                 f"is not available with it")
             material["neuronx-distributed"] = entry.neuronx_distributed
     return material
 
@@ -185,8 +234,10 @@ def installed_mismatches(release: str, installed: Mapping[str, str | None]) -> l
     """Why the installed packages are not ``release``'s (empty: they are), one message per package.
 
     ``installed`` maps our package names (:data:`PACKAGES`) to installed versions (None: not installed).
-    neuronx-cc and torch-neuronx must be installed and exact (torch-neuronx: the build keys pin, the
-    release's newest torch line); neuronx-distributed and libneuronxla are checked when installed.
+    neuronx-cc must be installed and exact; torch-neuronx (the build keys pin, the release's newest torch
+    line), neuronx-distributed and libneuronxla are checked when installed: a host without torch-neuronx
+    serves HLO compiles only (:func:`workers.host.versions.detect_capabilities`), and one that has a package
+    its release does not ship is not that release.
     """
     entry = lookup(release)
     problems = []
@@ -202,7 +253,7 @@ def installed_mismatches(release: str, installed: Mapping[str, str | None]) -> l
 
     differs("neuronx-cc", installed.get("neuronx-cc"), entry.neuronx_cc, True)
     lines = ", ".join(entry.torch_neuronx)
-    differs("torch-neuronx", installed.get("torch-neuronx"), entry.trace_torch_neuronx, True,
+    differs("torch-neuronx", installed.get("torch-neuronx"), entry.trace_torch_neuronx, False,
             f" (keys pin its newest torch line; the release lists {lines})" if len(entry.torch_neuronx) > 1 else "")
     differs("neuronx-distributed", installed.get("neuronx-distributed"), entry.neuronx_distributed, False)
     libxla = installed.get("libneuronxla")
