@@ -16,7 +16,10 @@ Environment (all read by the double in the child, none by our code):
 ``COMPILESVC_NEURON_DOUBLE_RELEASE``
     the release whose packages are *installed* (default 2.27.1): version strings, code style (bare codes
     before 2.21), which NxD APIs exist. Versions per release: ``tests/doubles/neuron/_release.py``
-    (``RELEASES``, from the SDK's release manifest).
+    (``RELEASES``, from the SDK's release manifest). A package the release does not ship is not installed:
+    for 2.32.0 (neuronx-cc alone, per the manifest) ``PYTHONPATH`` gets a site directory holding only
+    ``neuronxcc`` (:func:`installed_site`), so ``torch_neuronx`` and ``neuronx_distributed`` are not
+    importable; ``neuron_double_env(without=("torch_neuronx",))`` presents such a host for any release.
 ``COMPILESVC_NEURON_DOUBLE_DEVICES=N``
     simulate N Neuron devices (0: none); unset, real ``/dev/neuron*`` nodes decide.
 ``COMPILESVC_NEURON_DOUBLE_PLATFORM``
@@ -141,8 +144,10 @@ def installed_metadata(release: str) -> Path:
     staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{release}-"))
     staging.chmod(0o755)  # readable by every user, as pip leaves site-packages (compiles run as another user)
     for name, version in (("neuronx-cc", f"{entry.neuronx_cc}+{entry.build_hash}"),
-                          ("torch-neuronx", f"{entry.torch_neuronx}+{entry.build_hash}"),
+                          ("torch-neuronx", entry.torch_neuronx and f"{entry.torch_neuronx}+{entry.build_hash}"),
                           ("neuronx-distributed", entry.neuronx_distributed)):
+        if not version:
+            continue  # a package the release does not ship is not installed (2.32.0: no torch-neuronx)
         dist = staging / f"{name.replace('-', '_')}-{version}.dist-info"
         dist.mkdir()
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
@@ -155,20 +160,62 @@ def installed_metadata(release: str) -> Path:
     return root
 
 
+#: The double's top-level modules and the distributions that install them.
+MODULE_DISTRIBUTIONS = {"neuronxcc": "neuronx-cc", "torch_neuronx": "torch-neuronx",
+                        "neuronx_distributed": "neuronx-distributed"}
+
+
+def installed_site(release: str, modules: tuple[str, ...]) -> Path:
+    """A site directory holding only ``modules`` of the double (symlinks) and their ``*.dist-info``: a host
+    where the others are not installed at all (``importlib.util.find_spec`` finds nothing), as on an SDK
+    2.32.0 host, which has neuronx-cc and no torch-neuronx. Written once per (release, modules), atomically."""
+    metadata = installed_metadata(release)
+    root = Path(tempfile.gettempdir()) / "compilesvc-neuron-double-site" / "-".join((release, *sorted(modules)))
+    if root.is_dir():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{release}-"))
+    staging.chmod(0o755)
+    (staging / "_release.py").symlink_to(NEURON_DOUBLE_DIR / "_release.py")
+    for module in modules:
+        (staging / module).symlink_to(NEURON_DOUBLE_DIR / module, target_is_directory=True)
+        prefix = MODULE_DISTRIBUTIONS[module].replace("-", "_") + "-"
+        for dist in metadata.glob(f"{prefix}*.dist-info"):
+            (staging / dist.name).symlink_to(dist, target_is_directory=True)
+    try:
+        staging.rename(root)
+    except OSError:  # another process published it first: theirs is identical
+        for path in staging.iterdir():
+            path.unlink()
+        staging.rmdir()
+    return root
+
+
 def neuron_double_env(base: Mapping[str, str] | None = None, *, behaviour: str | None = None,
                       sdk: str | None = DEFAULT_SDK, installed: str | None = None,
-                      devices: int | None = None) -> dict[str, str]:
+                      devices: int | None = None, without: tuple[str, ...] = ()) -> dict[str, str]:
     """A copy of ``base`` (default: os.environ) with the Neuron SDK double enabled (see the module doc).
 
     ``sdk``: the release the worker claims (``COMPILESVC_NEURON_SDK``; None: unset). ``installed``: the
     release the double emulates; default ``sdk`` when the double knows it, else the double's default (a
     claim such as "2.20" that is not a release still needs installed packages). ``devices``: simulated
-    Neuron device count (None: leave it to the host's ``/dev/neuron*``).
+    Neuron device count (None: leave it to the host's ``/dev/neuron*``). ``without``: modules of the double
+    (``torch_neuronx``, ``neuronx_distributed``) left uninstalled, e.g. a host with neuronx-cc alone; a
+    release that ships no such package (2.32.0: no torch-neuronx, no NxD) never has it.
     """
+    from tests.doubles.neuron._release import RELEASES
+
     env = dict(os.environ if base is None else base)
     if installed is None:
         installed = sdk if sdk in known_releases() else DEFAULT_SDK
-    paths = os.pathsep.join([str(NEURON_DOUBLE_DIR), str(installed_metadata(installed))])
+    unknown = set(without) - set(MODULE_DISTRIBUTIONS)
+    if unknown:
+        raise ValueError(f"not modules of the Neuron double: {sorted(unknown)}")
+    modules = tuple(m for m in RELEASES[installed].modules if m not in without)
+    if modules == tuple(MODULE_DISTRIBUTIONS):  # the whole SDK: the double's own directory
+        paths = os.pathsep.join([str(NEURON_DOUBLE_DIR), str(installed_metadata(installed))])
+    else:
+        paths = str(installed_site(installed, modules))
     env["PYTHONPATH"] = _prepend(paths, env.get("PYTHONPATH"))
     env["PATH"] = _prepend(str(NEURON_DOUBLE_DIR / "bin"), env.get("PATH"))
     if behaviour is not None:

@@ -34,10 +34,17 @@ class Release:
 
     release: str
     neuronx_cc: str
-    torch_neuronx: str
-    neuronx_distributed: str
+    torch_neuronx: str | None  # None: the release ships none (2.32.0), so the double installs none
+    neuronx_distributed: str | None
     runtime: str  # aws-neuronx-runtime-lib
     python: str  # the DLC image's Python (REFERENCE.md: <= 2.25 py310, 2.26.1 py311, 2.27.1 py312)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The double's top-level modules this release's install has (``neuronxcc`` always)."""
+        shipped = {"neuronxcc": self.neuronx_cc, "torch_neuronx": self.torch_neuronx,
+                   "neuronx_distributed": self.neuronx_distributed}
+        return tuple(module for module, version in shipped.items() if version)
 
     @property
     def tuple(self) -> tuple[int, ...]:
@@ -62,6 +69,11 @@ RELEASES: dict[str, Release] = {r.release: r for r in (
     Release("2.27.0", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12"),
     Release("2.27.1", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12"),
     Release("2.28.0", "2.23.6484.0", "2.9.0.2.12.22436", "0.17.26814", "2.30.51.0", "3.12"),
+    # 2.32.0 lists neuronx-cc 2.27.5334.0 and no torch-neuronx or neuronx_distributed package (the XLA-based
+    # torch-neuronx is in maintenance from 2.32: archive/frameworks/torch/inference-torch-neuronx.rst; NxD
+    # has no release after 2.31: announce-nxdi-maintenance-support-2-31.rst). A host of it has the compiler
+    # alone. Python: unverified (no torch-neuronx DLC of 2.32.0 to read it from); the double does not use it.
+    Release("2.32.0", "2.27.5334.0", None, None, "2.34.10.0", "3.12"),
 )}
 
 # Release-dependent behaviour, each with its source:

@@ -38,6 +38,9 @@ from typing import Any
 from _release import TARGETS, behaviour_from, current, detected_platform, device_count
 
 _RELEASE = current()
+if _RELEASE.torch_neuronx is None:  # neuron_double_env leaves the package off the path for such a release
+    raise ImportError(f"Neuron TEST DOUBLE: SDK {_RELEASE.release} ships no torch-neuronx (test bug: the "
+                      f"double's torch_neuronx is on the path)")
 # pip's version of torch-neuronx: "2.9.0.2.13.24727+8e870898" (aws-neuron-sdk#1314).
 __version__ = f"{_RELEASE.torch_neuronx}+{_RELEASE.build_hash}"
 _BIN = Path(__file__).resolve().parent.parent / "bin" / "neuronx-cc"
