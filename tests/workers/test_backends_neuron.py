@@ -433,12 +433,14 @@ def test_capabilities_with_the_neuron_double(env: dict[str, str]) -> None:
     assert narrowed["targets"] == ["cpu", "inf2"]
 
 
-def test_an_incomplete_neuron_sdk_serves_no_neuron_queue(env: dict[str, str]) -> None:
-    """Neuron queues carry trace and neuronx-cc compiles alike: half a toolchain must not consume them."""
+def test_a_host_without_torch_neuronx_serves_only_hlo_queues(env: dict[str, str]) -> None:
+    """Each Neuron queue carries one kind of compile (issue 28): neuronx-cc alone serves the HLO ones and
+    never a trace queue, whose compiles it could not run."""
     caps = _capabilities(env, hide_torch_neuronx=True)
-    assert caps["targets"] == ["cpu"]
-    assert not [queue for queue in caps["queues"] if not queue.startswith("compile.cpu.")]
-    assert any("incomplete Neuron SDK" in warning and "torch_neuronx" in warning for warning in caps["warnings"])
+    assert caps["targets"] == ["cpu", "inf2", "trn1", "trn2"] and caps["backends"]["inf2"] == ["neuronx-cc"]
+    neuron = sorted(queue for queue in caps["queues"] if not queue.startswith("compile.cpu."))
+    assert neuron and all(queue.endswith((".neuronx-cc", ".neuronx-cc-tp")) for queue in neuron)
+    assert any("trace compiles not offered: missing torch_neuronx" in warning for warning in caps["warnings"])
 
 
 def test_capabilities_without_sdk_release_or_torch() -> None:

@@ -18,7 +18,9 @@ compiler output (:mod:`workers.isolation.child_env`). Any of these wrong and the
 resolves to, so a worker whose packages are another release's would publish artifacts under keys that lie.
 
 Neuron targets: compiling needs the SDK, not the chip, so a host with neuronx-cc offers inf2, trn1 and trn2
-by default; ``COMPILESVC_NEURON_TARGETS`` (comma-separated, or ``none``) narrows that.
+by default; ``COMPILESVC_NEURON_TARGETS`` (comma-separated, or ``none``) narrows that. Kinds of compile
+(HLO, trace, tp > 1 trace: one queue each): those the release ships and the host has installed
+(:func:`_offered_kinds`); a host with neuronx-cc and no torch-neuronx (all an SDK 2.32.0 host has) serves HLO.
 """
 
 from __future__ import annotations
@@ -231,6 +233,7 @@ def detect_capabilities() -> dict[str, Any]:
          "versions": {"python": ..., "torch": ... | null, "torch_neuronx": ... | null,
                       "neuronx_cc": ... | null, "transformers": ... | null},
          "neuron": {"release": "2.20.0" | null, "neuronx_cc_path": str | null,
+                    "kinds": ["neuronx-cc", "neuronx-cc-tp", "trace", "trace-tp"],   # offered
                     "packages": {"neuronx-cc": ..., "torch-neuronx": ..., ...},   # installed, exact
                     "release_packages": {...} | null,                             # what the release ships
                     "refused": ["why this worker must not start", ...]} | null,
@@ -278,29 +281,60 @@ def detect_capabilities() -> dict[str, Any]:
                                  "libneuronxla": packages["libneuronxla"]})
         known = neuron_releases.table().get(release) if release else None
         caps["neuron"] = {"release": release, "neuronx_cc_path": executable, "packages": packages,
-                          "release_packages": known.as_versions() if known else None, "refused": refused}
-        # A Neuron queue carries every backend of its target and SDK, so a worker takes Neuron work only with
-        # the whole toolchain; a partial one (which a real SDK install never is) would claim compiles it
-        # cannot run and burn their attempts.
-        missing = [name for name, ok in (("torch_neuronx with torch (trace)", tnx and torch),
-                                         ("the neuronx-cc executable", executable)) if not ok]
+                          "release_packages": known.as_versions() if known else None, "kinds": [],
+                          "refused": refused}
         targets = _neuron_targets(warnings)
         if not release:
             warnings.append(f"neuronx-cc is installed but {NEURON_SDK_ENV} names no release: no Neuron targets "
                             f"(package versions do not name the SDK release)")
-        elif missing:
-            warnings.append(f"incomplete Neuron SDK, no Neuron targets: missing {' and '.join(missing)}")
         elif refusals := (compiler_disagreement(executable, ncc, neuronxcc_package_version())
                           + neuron_refusals(release, packages, dict(os.environ))):
             refused.extend(refusals)
             warnings.extend(f"no Neuron targets: {problem}" for problem in refusals)
         else:
-            backends = sorted(BACKEND_FORMATS["neuron"])
-            for target in targets:
+            kinds = _offered_kinds(release, executable, bool(tnx and torch), packages, warnings)
+            caps["neuron"]["kinds"] = kinds
+            backends = sorted({kind.removesuffix("-tp") for kind in kinds})
+            for target in targets if kinds else []:
                 caps["targets"].append(target)
                 caps["sdk"][target] = release
                 caps["backends"][target] = backends
     return caps
+
+
+#: What this host must have for each kind of compile (:data:`compilesvc.spec.neuron_releases.KIND_PACKAGES`):
+#: the HLO backend runs the neuronx-cc executable, trace imports torch_neuronx (which calls the neuronxcc
+#: package), tp > 1 trace imports neuronx_distributed.
+_HOST_NEEDS = {"neuronx-cc": ("executable",), "neuronx-cc-tp": ("executable",), "trace": ("trace",),
+               "trace-tp": ("trace", "nxd")}
+_HOST_PARTS = {"executable": "the neuronx-cc executable on PATH", "trace": "torch_neuronx with torch",
+               "nxd": "neuronx_distributed"}
+
+
+def _offered_kinds(release: str, executable: str | None, trace: bool, packages: dict[str, str | None],
+                   warnings: list[str]) -> list[str]:
+    """The kinds of compile this host serves: those ``release`` ships (the one function specs are checked
+    with, :func:`compilesvc.spec.neuron_releases.release_kinds`) whose packages are installed here. Each
+    queue carries one kind, so a host with neuronx-cc alone (SDK 2.32.0 ships no torch-neuronx) serves HLO
+    compiles and never claims a trace it cannot run; what it lacks is a warning, per kind."""
+    have = {"executable": executable is not None, "trace": trace,
+            "nxd": trace and packages.get("neuronx-distributed") is not None}
+    kinds = []
+    for kind in neuron_releases.release_kinds(release):
+        lacking = [_HOST_PARTS[part] for part in _HOST_NEEDS[kind] if not have[part]]
+        if lacking:
+            warnings.append(f"Neuron SDK {release}: {kind} compiles not offered: missing {' and '.join(lacking)}")
+        else:
+            kinds.append(kind)
+    for kind in neuron_releases.KIND_PACKAGES:
+        backend = kind.removesuffix("-tp")
+        try:
+            neuron_releases.require_kind(release, backend, 2 if kind != backend else 1)
+        except neuron_releases.NotShipped as exc:
+            warnings.append(str(exc))
+    if not kinds:
+        warnings.append(f"no Neuron targets: this host can run no kind of compile Neuron SDK {release} ships")
+    return kinds
 
 
 def capability_queues(caps: dict[str, Any]) -> list[str]:
@@ -309,14 +343,12 @@ def capability_queues(caps: dict[str, Any]) -> list[str]:
 
     queues = set()
     for target in caps["targets"]:
-        for backend in caps["backends"].get(target, []):
-            isa = caps["isa"] if backend == "aotinductor" else None
-            queues.add(queue_name(target, caps["sdk"][target], backend, isa))
-            if target != "cpu" and backend == "trace" and _ships_neuronx_distributed(caps["sdk"][target]):
-                queues.add(queue_name(target, caps["sdk"][target], backend, tp_degree=2))
+        if target == "cpu":
+            for backend in caps["backends"].get(target, []):
+                isa = caps["isa"] if backend == "aotinductor" else None
+                queues.add(queue_name(target, caps["sdk"][target], backend, isa))
+            continue
+        for kind in caps["neuron"]["kinds"]:  # one queue per kind: "trace-tp" is trace at tp_degree > 1
+            backend = kind.removesuffix("-tp")
+            queues.add(queue_name(target, caps["sdk"][target], backend, tp_degree=2 if kind != backend else 1))
     return sorted(queues)
-
-
-def _ships_neuronx_distributed(release: str) -> bool:
-    entry = neuron_releases.table().get(release)
-    return entry is not None and entry.neuronx_distributed is not None
