@@ -28,3 +28,21 @@ def test_releases_shipping_one_toolchain_share_the_artifact(sqlite_env: Env) -> 
     other = env.submit(spec_for(uri, sdk="2.26.1", target="trn2"))
     assert first.status_code == second.status_code == other.status_code == 202, first.get_data(as_text=True)
     assert first.get_json()["artifact_key"] == second.get_json()["artifact_key"] != other.get_json()["artifact_key"]
+
+
+def test_a_kind_of_compile_the_release_does_not_ship_is_422_naming_release_and_package(sqlite_env: Env) -> None:
+    """SDK 2.32.0 ships neuronx-cc and no torch-neuronx (the SDK's n2-manifest.json, manifest_version 2.32.0):
+    a trace spec for it has no worker that could ever exist, so it is refused before anything is queued
+    (issue 28); an HLO spec for it is keyed and queued (here with queue_anyway: no worker in this test)."""
+    env = sqlite_env
+    uri = env.upload()
+    trace = spec_for(uri, sdk="2.32.0", target="trn2")
+    for path in ("/v1/builds?queue_anyway=true", "/v1/artifacts/resolve"):
+        body = assert_problem(env.client.post(path, json=trace), 422, "spec-invalid")
+        [error] = body["errors"]
+        assert error["field"] == "compiler.backend"
+        assert "Neuron SDK 2.32.0 ships no torch-neuronx" in error["message"]
+    assert builds(env) == 0
+    hlo = {**trace, "model": {"uri": uri, "format": "hlo", "name": "hlo"}}
+    accepted = env.client.post("/v1/builds?queue_anyway=true", json=hlo)
+    assert accepted.status_code == 202, accepted.get_data(as_text=True)
