@@ -144,8 +144,8 @@ KIND_PACKAGES: dict[str, tuple[str, ...]] = {
     "trace-tp": ("neuronx-cc", "torch-neuronx", "neuronx-distributed"),
 }
 #: What each kind is called where a person reads it (errors, docs/neuron-hosts.md's support matrix).
-KIND_TITLES = {"neuronx-cc": "HLO (neuronx-cc)", "neuronx-cc-tp": "HLO, tp > 1",
-               "trace": "trace (torch-neuronx)", "trace-tp": "trace, tp > 1 (NxD)"}
+KIND_TITLES = {"neuronx-cc": "HLO (neuronx-cc)", "neuronx-cc-tp": "HLO tp > 1 (neuronx-cc)",
+               "trace": "trace (torch-neuronx)", "trace-tp": "trace tp > 1 (torch-neuronx with NxD)"}
 
 
 def compile_kind(backend: str, tp_degree: int) -> str:

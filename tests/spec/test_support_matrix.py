@@ -1,0 +1,29 @@
+"""docs/neuron-hosts.md's support matrix is what the code derives from the release table (issue 28)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from compilesvc.spec import support_matrix
+from compilesvc.spec.neuron_releases import table
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "neuron-hosts.md"
+
+
+def test_the_documented_matrix_is_the_generated_one() -> None:
+    # On failure: regenerate with `python -m compilesvc.spec.support_matrix` and paste it between the markers.
+    assert support_matrix.documented(DOC.read_text(encoding="utf-8")) == support_matrix.markdown()
+
+
+def test_the_matrix_has_a_row_per_release_with_its_kinds() -> None:
+    rows = {row[0]: row for row in support_matrix.rows()}
+    assert list(rows) == list(reversed(table()))
+    assert rows["2.32.0"][2:4] == ("—", "—") and rows["2.32.0"][-1] == "`neuronx-cc`, `neuronx-cc-tp`"
+    assert rows["2.27.1"][-1] == "`neuronx-cc`, `neuronx-cc-tp`, `trace`, `trace-tp`"
+
+
+def test_a_doc_without_the_markers_is_named() -> None:
+    with pytest.raises(ValueError, match="no generated support matrix"):
+        support_matrix.documented("# nothing here\n")
