@@ -19,7 +19,7 @@ END = "<!-- support-matrix: end -->"
 def rows() -> list[tuple[str, ...]]:
     """(release, neuronx-cc, torch-neuronx, neuronx-distributed, targets, kinds) per release, newest first;
     kinds as queue names spell them (``compile.<target>.<release>.<kind>``)."""
-    out = []
+    out: list[tuple[str, ...]] = []
     for label, entry in reversed(table().items()):
         kinds = ", ".join(f"`{kind}`" for kind in release_kinds(label))
         out.append((label, entry.neuronx_cc, entry.trace_torch_neuronx or "—", entry.neuronx_distributed or "—",
