@@ -102,7 +102,8 @@ def test_ci_client_then_following_cancelling_retrying(make_cluster: MakeCluster,
     run = shell.run(status, check=False, **client)
     assert run.returncode == 4 and json.loads(run.stdout)["result"] == "cancelled", run.stderr
     assert shell.run(logs, check=False, timeout=120, **client).returncode == 0
-    assert json.loads(shell.run(builds, **client).stdout) is not None
+    listed = json.loads(shell.run(builds, **client).stdout)
+    assert str(build) in {str(item["build_id"]) for item in listed}, listed
 
 
 def test_api_curl_blocks(make_cluster: MakeCluster, tiny_torch_model: Path, tmp_path: Path) -> None:
