@@ -24,6 +24,7 @@ Exit status: 0 every check passed or was skipped; 1 a check failed; 2 bad usage.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -48,6 +49,7 @@ from compilesvc.config.settings import Settings
 from compilesvc.demo import MODEL_FILE, demo_model_bytes, demo_spec
 from compilesvc.hostinfo import host_isa, instance_type
 from compilesvc.spec.compile_spec import NEURON_TARGETS
+from compilesvc.spec.neuron_releases import UnknownRelease, release_kinds
 from compilesvc.spec.parsing import parse_spec
 from workers.backends.neuron import neuron_devices
 from workers.compiling.classify import classify
@@ -139,21 +141,32 @@ def host_facts(target: str, target_source: str) -> dict[str, Any]:
 
 # -- checks that read the host ------------------------------------------------------------------------------
 
+def trace_unavailable(facts: dict[str, Any]) -> str | None:
+    """Why a worker here would offer no trace compiles while it serves HLO (None: it offers them): the
+    configured release ships no torch-neuronx (2.32.0), or torch-neuronx or torch is not installed. The
+    worker's own verdict (:func:`workers.host.versions.detect_capabilities`), which doctor follows."""
+    release = facts["configured_release"]
+    with contextlib.suppress(UnknownRelease):
+        if release and "trace" not in release_kinds(release):
+            return f"Neuron SDK {release} ships no torch-neuronx: a worker here serves HLO (neuronx-cc) compiles only"
+    missing = [package for package in ("torch", "torch-neuronx") if facts["versions"][package] is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed: a worker here serves HLO (neuronx-cc) compiles only"
+    return None
+
+
 def toolchain_check(facts: dict[str, Any]) -> Check:
     versions = facts["versions"]
-    missing = []
     if facts["neuronx_cc_path"] is None:
-        missing.append("neuronx-cc is not on PATH (activate the Neuron environment, or install neuronx-cc from "
-                       "the Neuron package repository)")
-    elif versions["neuronx-cc"] is None:
-        missing.append(f"{facts['neuronx_cc_path']} --version printed no version")
-    for package in ("torch", "torch-neuronx"):
-        if versions[package] is None:
-            missing.append(f"{package} is not installed (the trace backend needs it)")
-    if missing:
-        return Check("toolchain", FAIL, "; ".join(missing))
-    return Check("toolchain", PASS, f"neuronx-cc {versions['neuronx-cc']} ({facts['neuronx_cc_path']}), "
-                                    f"torch-neuronx {versions['torch-neuronx']}, torch {versions['torch']}")
+        return Check("toolchain", FAIL, "neuronx-cc is not on PATH (activate the Neuron environment, or install "
+                                        "neuronx-cc from the Neuron package repository)")
+    if versions["neuronx-cc"] is None:
+        return Check("toolchain", FAIL, f"{facts['neuronx_cc_path']} --version printed no version")
+    compiler = f"neuronx-cc {versions['neuronx-cc']} ({facts['neuronx_cc_path']})"
+    no_trace = trace_unavailable(facts)
+    if no_trace is not None:
+        return Check("toolchain", PASS, f"{compiler}; {no_trace}")
+    return Check("toolchain", PASS, f"{compiler}, torch-neuronx {versions['torch-neuronx']}, torch {versions['torch']}")
 
 
 def release_check(release: str | None, installed: dict[str, str | None]) -> Check:
@@ -360,12 +373,19 @@ def doctor(target: str | None, as_json: bool, keep: Path | None, flags: tuple[st
             checks += [Check(name, SKIP, "no Neuron toolchain on this host (see toolchain)")
                        for name in ("trace", "neuronx-cc", "load")]
         else:
-            _progress(f"tracing the demo model for {target} (work dir {root})")
-            trace, trace_request = trace_check(root, target, sdk, list(flags), timeout)
-            checks.append(trace)
+            no_trace = trace_unavailable(facts)
+            if no_trace is None:
+                _progress(f"tracing the demo model for {target} (work dir {root})")
+                trace, trace_request = trace_check(root, target, sdk, list(flags), timeout)
+                checks.append(trace)
+            else:
+                checks.append(Check("trace", SKIP, no_trace))
             _progress("compiling the bundled HLO module with neuronx-cc")
             checks.append(neuronx_cc_check(root, target, sdk, list(flags), timeout))
-            checks.append(load_check(root, trace, trace_request, facts["neuron_devices"], facts, timeout))
+            if no_trace is None:
+                checks.append(load_check(root, trace, trace_request, facts["neuron_devices"], facts, timeout))
+            else:
+                checks.append(Check("load", SKIP, "nothing traced to load (see trace)"))
         failed = any(c.status == FAIL for c in checks)
         report = {"status": "fail" if failed else "pass", "exit_code": EXIT_FAILED if failed else EXIT_OK,
                   "checks": [asdict(c) for c in checks], "host": facts,

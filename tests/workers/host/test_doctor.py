@@ -143,6 +143,26 @@ def test_a_broken_torch_neuronx_fails_the_trace_but_not_the_compiler_check(env: 
     assert checks["load"]["status"] == "SKIP"
 
 
+@pytest.mark.parametrize(("sdk", "without", "why"), [
+    ("2.32.0", (), "Neuron SDK 2.32.0 ships no torch-neuronx"),
+    (SDK, ("torch_neuronx",), "torch-neuronx not installed"),
+])
+def test_a_host_that_serves_hlo_only_passes_and_says_why_it_traces_nothing(
+        sdk: str, without: tuple[str, ...], why: str, tmp_path: Path) -> None:
+    """Issue 28: a 2.32.0 host (neuronx-cc, no torch-neuronx: the SDK's own manifest) and a host without
+    torch-neuronx serve HLO compiles (workers.host.versions); doctor says so and compiles the HLO module."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("COMPILESVC_")}
+    env = neuron_double_env(base, sdk=sdk, devices=0, without=without)
+    env["COMPILESVC_NEURON_DEVICE_GLOB"] = str(tmp_path / "no-devices" / "neuron[0-9]*")
+    run = doctor(env, tmp_path, "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    checks = {c["name"]: c for c in json.loads(run.stdout)["checks"]}
+    assert checks["toolchain"]["status"] == "PASS" and why in checks["toolchain"]["detail"], checks["toolchain"]
+    assert "serves HLO (neuronx-cc) compiles only" in checks["toolchain"]["detail"]
+    assert (checks["trace"]["status"], checks["load"]["status"]) == ("SKIP", "SKIP")
+    assert checks["neuronx-cc"]["status"] == "PASS" and checks["release"]["status"] == "PASS", checks
+
+
 def test_packages_of_another_release_fail_the_release_check_as_a_worker_would_refuse(
         env: dict[str, str], tmp_path: Path) -> None:
     """The host claims 2.27.1 but has 2.26.1's packages, and sets an output-changing variable: the worker
