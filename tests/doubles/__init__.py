@@ -104,7 +104,9 @@ Runner tests: ``env = neuron_double_env(behaviour="slow:30")`` and start the chi
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -165,29 +167,39 @@ MODULE_DISTRIBUTIONS = {"neuronxcc": "neuronx-cc", "torch_neuronx": "torch-neuro
                         "neuronx_distributed": "neuronx-distributed"}
 
 
+def _double_digest(modules: tuple[str, ...]) -> str:
+    """A digest of the double's files a site of ``modules`` copies: a changed double makes a new site."""
+    digest = hashlib.sha256()
+    for path in sorted([NEURON_DOUBLE_DIR / "_release.py",
+                        *(f for m in modules for f in (NEURON_DOUBLE_DIR / m).rglob("*.py"))]):
+        digest.update(str(path.relative_to(NEURON_DOUBLE_DIR)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def installed_site(release: str, modules: tuple[str, ...]) -> Path:
-    """A site directory holding only ``modules`` of the double (symlinks) and their ``*.dist-info``: a host
-    where the others are not installed at all (``importlib.util.find_spec`` finds nothing), as on an SDK
-    2.32.0 host, which has neuronx-cc and no torch-neuronx. Written once per (release, modules), atomically."""
+    """A site directory holding only ``modules`` of the double and their ``*.dist-info``: a host where the
+    others are not installed at all (``importlib.util.find_spec`` finds nothing), as on an SDK 2.32.0 host,
+    which has neuronx-cc and no torch-neuronx. Copies, not links: a compile sandbox binds the PYTHONPATH
+    entries it is given, not what links in them point to. Written once per content, atomically."""
     metadata = installed_metadata(release)
-    root = Path(tempfile.gettempdir()) / "compilesvc-neuron-double-site" / "-".join((release, *sorted(modules)))
+    root = (Path(tempfile.gettempdir()) / "compilesvc-neuron-double-site"
+            / "-".join((_double_digest(modules), release, *sorted(modules))))
     if root.is_dir():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{release}-"))
     staging.chmod(0o755)
-    (staging / "_release.py").symlink_to(NEURON_DOUBLE_DIR / "_release.py")
+    shutil.copy2(NEURON_DOUBLE_DIR / "_release.py", staging / "_release.py")
+    ignore = shutil.ignore_patterns("__pycache__")
     for module in modules:
-        (staging / module).symlink_to(NEURON_DOUBLE_DIR / module, target_is_directory=True)
+        shutil.copytree(NEURON_DOUBLE_DIR / module, staging / module, ignore=ignore)
         prefix = MODULE_DISTRIBUTIONS[module].replace("-", "_") + "-"
         for dist in metadata.glob(f"{prefix}*.dist-info"):
-            (staging / dist.name).symlink_to(dist, target_is_directory=True)
+            shutil.copytree(dist, staging / dist.name)
     try:
         staging.rename(root)
     except OSError:  # another process published it first: theirs is identical
-        for path in staging.iterdir():
-            path.unlink()
-        staging.rmdir()
+        shutil.rmtree(staging)
     return root
 
 
