@@ -144,7 +144,7 @@ def operator_makes_tokens(stack: Stack, tmp_path: Path) -> dict[str, str]:
     return {"admin": ops, "ci": secrets[0], "fleet": secrets[1]}
 
 
-def ci_engineer(stack: Stack, token: str, model: Path, tmp_path: Path) -> tuple[int, int, str]:
+def ci_engineer(stack: Stack, token: str, model: Path, tmp_path: Path) -> tuple[int, int, int, str]:
     """docs/ci.md: the client block with its spec (for cpu), a hit on the second submit, then "Following"."""
     job = user(stack, tmp_path / "ci", token)
     (job.cwd / "bin").mkdir()
@@ -188,12 +188,19 @@ def ci_engineer(stack: Stack, token: str, model: Path, tmp_path: Path) -> tuple[
     mine = fill(following[4], {"--target inf2 --state failed": "--target cpu --state succeeded", "[--json]": "--json"})
     listed = json.loads(job.run(mine).stdout)
     assert build in [item.get("build_id", item.get("id")) for item in listed], listed
+    # The next commit of the pipeline turns on a flag: a new key, whose page says why (ui_engineer).
+    flag = {"{backend: torchscript}": '{backend: torchscript, args: ["--freeze"]}'}
+    (job.cwd / "spec.yaml").write_text(fill(spec, flag))
+    flagged = job.run("compilesvc submit spec.yaml", timeout=180)
+    assert re.fullmatch(r"[0-9a-f]{64}", flagged.stdout.strip()) and flagged.stdout.strip() != key, flagged.stderr
+    missed = re.search(rf"{re.escape(stack.base)}/builds/(\d+)", flagged.stderr)
+    assert missed is not None, flagged.stderr
     bad = job.run("compilesvc submit missing.yaml", check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("error:"), bad.stderr  # exit 2: bad input
-    return build, answer["build_id"], key
+    return build, answer["build_id"], int(missed[1]), key
 
 
-def ui_engineer(stack: Stack, token: str, build: int, hit: int, key: str) -> None:
+def ui_engineer(stack: Stack, token: str, build: int, hit: int, missed: int, key: str) -> None:
     """docs/api.md "Web UI": log in at /login with a read-or-better token, then the history and the build."""
     browser = requests.Session()
     assert browser.get(f"{stack.base}/", allow_redirects=False, timeout=30).status_code in (302, 303)
@@ -210,8 +217,12 @@ def ui_engineer(stack: Stack, token: str, build: int, hit: int, key: str) -> Non
     assert page.status_code == 200, page.text
     text = re.sub(r"\s+", " ", page.text)
     for shown in ("Buckets", "[1, 128]", "[4, 128]", "compiled by this build", key[:16], "why it missed",
-                  'id="key-changes"', f"/builds/{build}/log.txt"):
+                  "The first artifact of this model: there was nothing earlier to reuse.", f"/builds/{build}/log.txt"):
         assert shown in text, f"the build page does not show {shown!r}"
+    why = re.sub(r"\s+", " ", browser.get(f"{stack.base}/builds/{missed}", timeout=30).text)
+    changes = re.search(r'asked for by <a href="/builds/(\d+)">.*?<ul class="changes" id="key-changes">(.*?)</ul>', why)
+    assert changes is not None and int(changes[1]) == build, why
+    assert "--freeze" in changes[2], changes[2]  # the one flag that made the key new
     reused = re.sub(r"\s+", " ", browser.get(f"{stack.base}/builds/{hit}", timeout=30).text)
     assert reused.count(f'reused from <a href="/builds/{build}">build {build}</a>') == 2, reused  # both buckets
     log = browser.get(f"{stack.base}/builds/{build}/log.txt", timeout=30)
@@ -249,7 +260,8 @@ def operator_checks(stack: Stack, tmp_path: Path) -> None:
     dry_run = doc_block("deploy.md", "## Retention").splitlines()[0]
     assert dry_run.split("#")[0].strip() == "compilesvc gc --dry-run", dry_run
     gc = stack.server().run(dry_run)
-    assert "dry run" in (gc.stdout + gc.stderr).lower(), gc.stdout + gc.stderr
+    # Everything here is younger than RETENTION_MIN_AGE_DAYS: nothing would go.
+    assert re.match(r"gc run \d+ \(dry run\): would delete 0 artifact\(s\)", gc.stdout), gc.stdout + gc.stderr
     doctor = doc_block("neuron-hosts.md", "It needs no database").splitlines()[1]
     assert doctor.endswith("compilesvc doctor"), doctor
     report = Shell({**clean_env(), "HOME": str(tmp_path)}, tmp_path).run(doctor, check=False, timeout=120)
@@ -273,7 +285,7 @@ def test_first_hour(kind: str, request: pytest.FixtureRequest, tiny_torch_model:
             shell = stack.server()
             shell.env["COMPILESVC_API_URL"] = stack.base
             assert "compilesvc dev" in shell.run(f"{export[1]}\ncompilesvc tokens list").stdout
-        build, hit, key = ci_engineer(stack, tokens["ci"], tiny_torch_model, tmp_path)
-        ui_engineer(stack, tokens["ci"], build, hit, key)
+        build, hit, missed, key = ci_engineer(stack, tokens["ci"], tiny_torch_model, tmp_path)
+        ui_engineer(stack, tokens["ci"], build, hit, missed, key)
         fleet_engineer(stack, tokens["fleet"], key, tmp_path, monkeypatch)
         operator_checks(stack, tmp_path)
