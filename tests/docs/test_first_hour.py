@@ -184,7 +184,10 @@ def ci_engineer(stack: Stack, token: str, model: Path, tmp_path: Path) -> tuple[
     assert [b["state"] for b in state["buckets"]] == ["succeeded", "succeeded"], state
     logs = re.sub(r" \[[^]]*\]", "", following[1])
     assert logs == f"compilesvc logs {build}", logs
-    assert job.run(logs).stdout.strip(), "the build's log is empty"
+    printed_log = job.run(logs).stdout
+    for position in (0, 1):  # each line labelled with its bucket; the compiler's own lines among them
+        assert f"[bucket {position}] compiler exited with 0" in printed_log, printed_log
+        assert f"[bucket {position}] [compile-child] ok in" in printed_log, printed_log
     mine = fill(following[4], {"--target inf2 --state failed": "--target cpu --state succeeded", "[--json]": "--json"})
     listed = json.loads(job.run(mine).stdout)
     assert build in [item.get("build_id", item.get("id")) for item in listed], listed
@@ -195,6 +198,16 @@ def ci_engineer(stack: Stack, token: str, model: Path, tmp_path: Path) -> tuple[
     assert re.fullmatch(r"[0-9a-f]{64}", flagged.stdout.strip()) and flagged.stdout.strip() != key, flagged.stderr
     missed = re.search(rf"{re.escape(stack.base)}/builds/(\d+)", flagged.stderr)
     assert missed is not None, flagged.stderr
+    # A file that is no exported program: the model does not compile (exit 1, on the first attempt).
+    (job.cwd / "broken.pt2").write_bytes(b"not an exported program")
+    broken_uri = job.run("compilesvc upload broken.pt2").stdout.strip()
+    (job.cwd / "broken.yaml").write_text(fill(spec, {uri: broken_uri}))
+    broken = job.run("compilesvc submit broken.yaml --json", check=False, timeout=180)
+    failed = json.loads(broken.stdout)  # with --json the document is written for failed builds too
+    assert (broken.returncode, failed["result"], failed["exit_code"]) == (1, "compile_error", 1), broken.stderr
+    assert {(b["error_class"], b["attempts"]) for b in failed["buckets"]} == {("compile", 1)}, failed
+    assert "cannot load the exported-program model" in broken.stderr, broken.stderr  # the whole message
+    assert re.search(rf"^error: build {failed['build_id']} failed \(compile_error\)", broken.stderr, re.M)
     bad = job.run("compilesvc submit missing.yaml", check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("error:"), bad.stderr  # exit 2: bad input
     return build, answer["build_id"], int(missed[1]), key
