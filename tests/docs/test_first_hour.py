@@ -4,8 +4,11 @@ broker and a local store under ``./.compilesvc``) and on Postgres + Redis + S3 (
 ``compilesvc serve``/``worker``/``relay``.
 
 In order: the operator makes tokens (docs/security.md); the CI engineer installs the client, uploads and
-submits (docs/ci.md: the client block, its spec, the exit statuses), then follows the build; the engineer in
-the UI logs in at ``/login`` and reads the history, the build's page and its log (docs/api.md, "Web UI");
+submits (docs/ci.md: the client block and its spec), follows the build (status, logs, builds), submits it
+again (a hit) and with a flag changed (a miss), and meets every exit status of docs/ci.md (1 a file that is
+no model, 2 a bad spec, 3 ``--timeout`` passed, 4 cancelled); the engineer in the UI logs in at ``/login``
+and reads the history, the build's page (buckets, why the key missed, the hit's reused buckets) and its log
+(docs/api.md, "Web UI");
 the fleet engineer fetches, verifies and serves the artifact (docs/fleet.md); the operator runs
 ``compilesvc gc --dry-run`` (docs/deploy.md) and ``compilesvc doctor`` (docs/neuron-hosts.md) on this host,
 which has no Neuron SDK. Only placeholders are replaced, each by :func:`fill`.
@@ -33,7 +36,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -65,7 +68,6 @@ class Stack:
     server_env: dict[str, str]
     server_dir: Path
     public_key: Path
-    notes: list[str] = field(default_factory=list)
 
     def server(self) -> Shell:
         return Shell(dict(self.server_env), self.server_dir)
@@ -144,8 +146,16 @@ def operator_makes_tokens(stack: Stack, tmp_path: Path) -> dict[str, str]:
     return {"admin": ops, "ci": secrets[0], "fleet": secrets[1]}
 
 
-def ci_engineer(stack: Stack, token: str, model: Path, tmp_path: Path) -> tuple[int, int, int, str]:
-    """docs/ci.md: the client block with its spec (for cpu), a hit on the second submit, then "Following"."""
+def following_lines(build: int) -> list[str]:
+    """docs/ci.md's "Following, cancelling, retrying" commands for ``build`` (its 42), comments cut."""
+    block = fill(doc_block("ci.md", "### Following, cancelling, retrying"), {" 42": f" {build}"})
+    return [line.split("#")[0].strip() for line in block.splitlines()]
+
+
+def ci_engineer(stack: Stack, token: str, model: Path,
+                tmp_path: Path) -> tuple[Shell, str, str, int, int, str]:
+    """docs/ci.md: the client block with its spec (for cpu), a hit on the second submit, then "Following".
+    Returns the job's shell, the spec, the model's URI, the build, the hit's build and the artifact key."""
     job = user(stack, tmp_path / "ci", token)
     (job.cwd / "bin").mkdir()
     shutil.copy(model, job.cwd / "model.pt2")
@@ -175,8 +185,7 @@ def ci_engineer(stack: Stack, token: str, model: Path, tmp_path: Path) -> tuple[
     answer = json.loads(again.stdout)
     assert (answer["key"], answer["outcome"], answer["exit_code"], answer["result"]) == (key, "hit", 0, "succeeded")
 
-    following = [line.split("#")[0].strip() for line in
-                 fill(doc_block("ci.md", "### Following, cancelling, retrying"), {" 42": f" {build}"}).splitlines()]
+    following = following_lines(build)
     status = re.sub(r" \[([^]]*)\]", r" \1", following[0])  # --wait --json: ended already, so at once
     assert status == f"compilesvc status {build} --wait --json", status
     state = json.loads(job.run(status).stdout)
@@ -191,6 +200,12 @@ def ci_engineer(stack: Stack, token: str, model: Path, tmp_path: Path) -> tuple[
     mine = fill(following[4], {"--target inf2 --state failed": "--target cpu --state succeeded", "[--json]": "--json"})
     listed = json.loads(job.run(mine).stdout)
     assert build in [item.get("build_id", item.get("id")) for item in listed], listed
+    return job, spec, uri, build, answer["build_id"], key
+
+
+def ci_exit_statuses(job: Shell, stack: Stack, spec: str, uri: str, key: str) -> int:
+    """The CI engineer's next runs: a flag changed (a new key, exit 0), then each other exit status of
+    docs/ci.md. Returns the flagged build, whose page says why its key missed."""
     # The next commit of the pipeline turns on a flag: a new key, whose page says why (ui_engineer).
     flag = {"{backend: torchscript}": '{backend: torchscript, args: ["--freeze"]}'}
     (job.cwd / "spec.yaml").write_text(fill(spec, flag))
@@ -208,9 +223,21 @@ def ci_engineer(stack: Stack, token: str, model: Path, tmp_path: Path) -> tuple[
     assert {(b["error_class"], b["attempts"]) for b in failed["buckets"]} == {("compile", 1)}, failed
     assert "cannot load the exported-program model" in broken.stderr, broken.stderr  # the whole message
     assert re.search(rf"^error: build {failed['build_id']} failed \(compile_error\)", broken.stderr, re.M)
+    # A third bucket outlives --timeout (exit 3; the build keeps running), then is cancelled (exit 4).
+    two = "  - {batch_size: 4, seq_len: 128}\n"
+    (job.cwd / "wider.yaml").write_text(fill(spec, {two: two + "  - {batch_size: 8, seq_len: 128}\n"}))
+    waited = job.run("compilesvc submit wider.yaml --timeout 1", check=False)
+    assert waited.returncode == 3 and "is still building; it keeps running" in waited.stderr, waited.stderr
+    running = re.search(rf"{re.escape(stack.base)}/builds/(\d+)", waited.stderr)
+    assert running is not None, waited.stderr
+    following = following_lines(int(running[1]))
+    assert following[2] == f"compilesvc cancel {running[1]}", following
+    job.run(following[2])
+    cancelled = job.run(re.sub(r" \[([^]]*)\]", r" \1", following[0]), check=False, timeout=120)
+    assert (cancelled.returncode, json.loads(cancelled.stdout)["result"]) == (4, "cancelled"), cancelled.stderr
     bad = job.run("compilesvc submit missing.yaml", check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("error:"), bad.stderr  # exit 2: bad input
-    return build, answer["build_id"], int(missed[1]), key
+    return int(missed[1])
 
 
 def ui_engineer(stack: Stack, token: str, build: int, hit: int, missed: int, key: str) -> None:
@@ -225,7 +252,8 @@ def ui_engineer(stack: Stack, token: str, build: int, hit: int, missed: int, key
     assert login.status_code == 303, login.text
     history = browser.get(f"{stack.base}/", timeout=30)
     assert history.status_code == 200 and f"/builds/{build}" in history.text and "tiny-bert" in history.text
-    assert "hit" in history.text and "built" in history.text, "the history shows no cache outcomes"
+    for outcome in ("hit", "built", "partly reused (2 of 3)"):  # the cancelled build reused two buckets
+        assert outcome in history.text, f"the history shows no {outcome!r}"
     page = browser.get(f"{stack.base}/builds/{build}", timeout=30)
     assert page.status_code == 200, page.text
     text = re.sub(r"\s+", " ", page.text)
@@ -298,7 +326,8 @@ def test_first_hour(kind: str, request: pytest.FixtureRequest, tiny_torch_model:
             shell = stack.server()
             shell.env["COMPILESVC_API_URL"] = stack.base
             assert "compilesvc dev" in shell.run(f"{export[1]}\ncompilesvc tokens list").stdout
-        build, hit, missed, key = ci_engineer(stack, tokens["ci"], tiny_torch_model, tmp_path)
+        job, spec, uri, build, hit, key = ci_engineer(stack, tokens["ci"], tiny_torch_model, tmp_path)
+        missed = ci_exit_statuses(job, stack, spec, uri, key)
         ui_engineer(stack, tokens["ci"], build, hit, missed, key)
         fleet_engineer(stack, tokens["fleet"], key, tmp_path, monkeypatch)
         operator_checks(stack, tmp_path)
