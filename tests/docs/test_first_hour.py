@@ -68,6 +68,8 @@ class Stack:
     server_env: dict[str, str]
     server_dir: Path
     public_key: Path
+    downloads: str  # where the manifest's download URLs point: this API's blobs, or the S3 server
+
 
     def server(self) -> Shell:
         return Shell(dict(self.server_env), self.server_dir)
@@ -94,7 +96,8 @@ def embedded(tmp_path: Path) -> Iterator[Stack]:
         assert re.search(r"^demo build 1 succeeded in", printed, re.M), printed
         trust = re.search(rf"export {TRUSTED_KEYS_ENV}=(\S+)$", printed, re.M)
         assert trust is not None, printed
-        yield Stack(f"http://127.0.0.1:{port}", env, checkout, Path(trust[1]))
+        base = f"http://127.0.0.1:{port}"
+        yield Stack(base, env, checkout, Path(trust[1]), f"{base}/v1/blobs/")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # dev stops its children on SIGTERM
@@ -116,7 +119,7 @@ def full(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
                            s3_endpoint_url=s3.endpoint_url)
     port = cluster.start_service()
     yield Stack(f"http://127.0.0.1:{port}", cluster.env, tmp_path,
-                public_key_path(cluster.settings.data_dir / "signing-key.pem"))
+                public_key_path(cluster.settings.data_dir / "signing-key.pem"), f"{s3.endpoint_url}/")
 
 
 def user(stack: Stack, home: Path, token: str, **extra: str) -> Shell:
@@ -276,6 +279,12 @@ def fleet_engineer(stack: Stack, token: str, key: str, tmp_path: Path, monkeypat
     fetch = fill(doc_block("fleet.md", "## `compilesvc fetch`").splitlines()[0], {"KEY": key})
     directory = Path(host.run(fetch, timeout=180).stdout.strip())
     assert directory == host.cwd / "cache" / "compilesvc" / "v1" / "artifacts" / key, directory
+    # docs/api.md's lookup, as a fleet without the CLI makes it: the URLs are the store's (presigned on S3).
+    lookup = fill(doc_block("api.md", "## Fetching artifacts (serving fleets)"),
+                  {"0c02fae24be4d2e40c63d9dd69bc7aab94fc67b7dd588f20a0cafafb995ff5b2": key})
+    manifest = json.loads(host.run(lookup, API=stack.base).stdout)
+    urls = [file["url"] for bucket in manifest["buckets"] for file in bucket["files"]]
+    assert manifest["key"] == key and urls and all(url.startswith(stack.downloads) for url in urls), urls
     shutil.copy(stack.public_key, host.cwd / "compilesvc.pub.pem")  # the file the block names
     signed = host.run(fill(doc_block("fleet.md", "so the standard verifier works on the directory as it is"),
                            {"KEY": key}), timeout=180)

@@ -62,7 +62,7 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/api.md", "Following a build", "js", "const source = new EventSource(`/v1/builds/${id}/logs/stream"):
         "not run: browser code (EventSource) on a page with a session; tests/ui drives the UI's stream in Chromium",
     ("docs/api.md", "Fetching artifacts (serving fleets)", "sh", 'curl -sS -H "Authorization: Bearer $COMPILESVC_TOKEN" $API/v'):
-        f"run: {CLIENT}::test_api_curl_blocks",
+        f"run: {CLIENT}::test_api_curl_blocks" + FIRST_HOUR + " (a fleet token; presigned S3 URLs on the full stack)",
     ("docs/api.md", "Webhooks", "json", '{"id": "whd_17", "type": "build.succeeded", "created_at": "2'): OUTPUT,
     ("docs/api.md", "Webhooks", "python", "import hashlib, hmac, time"):
         "run: tests/web/test_webhooks.py::test_a_build_end_is_delivered_signed_and_retried",
