@@ -62,14 +62,13 @@ def clean_env() -> dict[str, str]:
 @dataclass
 class Stack:
     """A running service as its users meet it: the URL, where an operator's server commands run (their
-    environment and directory) and the public key fleets trust."""
+    environment and directory), the public key fleets trust and where downloads come from."""
 
     base: str
     server_env: dict[str, str]
     server_dir: Path
     public_key: Path
     downloads: str  # where the manifest's download URLs point: this API's blobs, or the S3 server
-
 
     def server(self) -> Shell:
         return Shell(dict(self.server_env), self.server_dir)
