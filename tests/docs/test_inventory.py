@@ -27,13 +27,15 @@ HERE = "tests/docs/test_inventory.py"
 CLIENT = "tests/docs/test_client_blocks.py"
 OPERATOR = "tests/docs/test_operator_blocks.py"
 FLEET = "tests/docs/test_fleet_blocks.py"
+#: The four users' first hour on both stacks (embedded and Postgres + Redis + S3), which runs these blocks too.
+FIRST_HOUR = "; and tests/docs/test_first_hour.py::test_first_hour"
 OUTPUT = "not run: an answer or output shown, not something to run"
 DOCKER = "not run: needs Docker (Compose); shell checked with bash -n"
 
 BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("README.md", "compilesvc", "sh", "make dev    # installs into .venv and runs the embedded serv"):
         "run: tests/cli/test_dev.py::test_dev_demo_builds_the_bundled_model (`compilesvc dev --demo`, what make "
-        "dev runs; make test is the suite itself)",
+        "dev runs; make test is the suite itself)" + FIRST_HOUR + " (the Makefile's dev command, then every user on it)",
     ("README.md", "Using it", "sh", "export COMPILESVC_API_URL=http://compilesvc.internal:8080 CO"):
         f"run: {CLIENT}::test_readme_using_it",
     ("README.md", "Using it", "yaml", 'model: {uri: "blob:sha256:<64 hex>", format: exported-progra'):
@@ -60,16 +62,16 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/api.md", "Following a build", "js", "const source = new EventSource(`/v1/builds/${id}/logs/stream"):
         "not run: browser code (EventSource) on a page with a session; tests/ui drives the UI's stream in Chromium",
     ("docs/api.md", "Fetching artifacts (serving fleets)", "sh", 'curl -sS -H "Authorization: Bearer $COMPILESVC_TOKEN" $API/v'):
-        f"run: {CLIENT}::test_api_curl_blocks",
+        f"run: {CLIENT}::test_api_curl_blocks" + FIRST_HOUR + " (a fleet token; presigned S3 URLs on the full stack)",
     ("docs/api.md", "Webhooks", "json", '{"id": "whd_17", "type": "build.succeeded", "created_at": "2'): OUTPUT,
     ("docs/api.md", "Webhooks", "python", "import hashlib, hmac, time"):
         "run: tests/web/test_webhooks.py::test_a_build_end_is_delivered_signed_and_retried",
     ("docs/ci.md", "The client", "sh", 'pip install "compilesvc~=0.1.0"        # the client only, fr'):
         f"run: {CLIENT}::test_ci_client_then_following_cancelling_retrying (pip: a shim; the install itself: "
-        "tests/workers/test_client_install.py)",
+        "tests/workers/test_client_install.py)" + FIRST_HOUR,
     ("docs/ci.md", "What it prints", "json", '{"build_id": 42, "key": "0c02fae2…", "outcome": "new", "stat'): OUTPUT,
     ("docs/ci.md", "Following, cancelling, retrying", "sh", "compilesvc status 42 [--wait] [--json]    # state and bucket"):
-        f"run: {CLIENT}::test_ci_client_then_following_cancelling_retrying",
+        f"run: {CLIENT}::test_ci_client_then_following_cancelling_retrying" + FIRST_HOUR + " (status, logs, builds)",
     ("docs/ci.md", "GitHub Actions", "yaml", "name: compile"):
         "check: tests/deploy/test_docs_ci.py::test_the_ci_jobs_validate_against_their_schemas (and actionlint); needs "
         "GitHub to run",
@@ -78,6 +80,7 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/ci.md", "GitLab CI", "yaml", "compile:"):
         "check: tests/deploy/test_docs_ci.py::test_the_ci_jobs_validate_against_their_schemas; needs GitLab to run",
     ("docs/ci.md", "The spec", "yaml", "model: {uri: MODEL_URI, format: exported-program, name: tiny"):
+        "run: tests/docs/test_first_hour.py::test_first_hour (filled for the cpu target: no Neuron SDK here); "
         f"check: {HERE}::test_the_specs_validate",
     ("docs/deploy.md", "Quick start", "sh", "cp docker/env.example .env     # then replace every change-m"): DOCKER,
     ("docs/deploy.md", "Slow clients", "sh", "make test-tools    # installs nginx (apt-get, as root) when"):
@@ -94,22 +97,22 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/deploy.md", "AWS S3 instead of SeaweedFS", "sh", "# .env"):
         "not run: needs an AWS account and bucket; shell checked with bash -n",
     ("docs/deploy.md", "Retention", "sh", "compilesvc gc --dry-run     # what would go, and why; change"):
-        f"run: {OPERATOR}::test_operator_blocks",
+        f"run: {OPERATOR}::test_operator_blocks" + FIRST_HOUR + " (the dry run)",
     ("docs/deploy.md", "Retention", "sh", 'compilesvc pins add --artifact KEY --note "fleet search-prod'):
         f"run: {OPERATOR}::test_operator_blocks",
     ("docs/deploy.md", "Operations", "sh", "docker compose logs -f api relay worker-cpu        # JSON li"): DOCKER,
     ("docs/deploy.md", "Checking the file", "sh", "docker compose config -q                             # Compo"):
         f"{DOCKER}; its last line is tests/deploy/test_compose.py, which the suite runs",
     ("docs/fleet.md", "`compilesvc fetch`", "sh", "compilesvc fetch KEY                      # into the cache;"):
-        f"run: {FLEET}::test_fleet_blocks",
+        f"run: {FLEET}::test_fleet_blocks" + FIRST_HOUR,
     ("docs/fleet.md", "Signed artifacts, trusted keys", "sh", "compilesvc fetch KEY --dest ./artifact"):
-        f"run: {FLEET}::test_fleet_blocks",
+        f"run: {FLEET}::test_fleet_blocks" + FIRST_HOUR,
     ("docs/fleet.md", "Signed artifacts, trusted keys", "text", "error: refused: the manifest of artifact 9f2c… is not the on"):
         f"{OUTPUT}; tests/fleet/test_signatures.py provokes each refusal",
     ("docs/fleet.md", "Booting an inf2 instance", "sh", "#!/bin/sh"):
         "not run: needs an inf2 host and AWS Secrets Manager; shell checked with bash -n",
     ("docs/fleet.md", "Serving code: `compilesvc.fleet`", "python", "from compilesvc.fleet import ArtifactSet, NoBucketFits, crop"):
-        f"run: {FLEET}::test_fleet_blocks",
+        f"run: {FLEET}::test_fleet_blocks" + FIRST_HOUR,
     ("docs/fleet.md", "Rolling forward to a new SDK release", "sh", "compilesvc rollforward --from-sdk 2.20.0 --to-sdk 2.21.0 --d"):
         f"run: {OPERATOR}::test_operator_blocks (the dry run; the campaign itself: "
         "tests/workers/test_rollforward.py)",
@@ -122,14 +125,14 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
         "run: tests/cli/test_main.py::test_explain_output (a synopsis; key, migrate and version each have tests there)",
     ("docs/neuron-hosts.md", "First, on every new host: `compilesvc doctor`", "sh", "# A DLAMI or any host with the SDK (Option 2): in the Neuron"):
         "run: tests/workers/host/test_doctor.py::test_a_device_less_host_compiles_through_trace_and_neuronx_cc_and_skips_the_load "
-        "(with the Neuron double; the docker line needs Docker)",
+        "(with the Neuron double; the docker line needs Docker)" + FIRST_HOUR + " (the first line, on this host without Neuron)",
     ("docs/neuron-hosts.md", "First, on every new host: `compilesvc doctor`", "text", "compilesvc doctor: PASS"): OUTPUT,
     ("docs/neuron-hosts.md", "Option 1: the container (recommended)", "sh", "# .env (see docker/env.example)"):
         "not run: needs Docker and a Neuron DLC image; shell checked with bash -n",
     ("docs/neuron-hosts.md", "Option 2: a DLAMI or any host with the Neuron SDK", "sh", "python3.11 -m venv /opt/compilesvc && . /opt/compilesvc/bin/"):
         "not run: needs a Neuron host and AWS's Neuron index; shell checked with bash -n",
     ("docs/security.md", "Tokens", "sh", "# The first admin of a deployment, straight into the ledger"):
-        f"run: {OPERATOR}::test_operator_blocks",
+        f"run: {OPERATOR}::test_operator_blocks" + FIRST_HOUR,
     ("docs/security.md", "Team boundary for reads", "sh", "compilesvc tokens create --name fleet-vision-prod --owner se"):
         f"run: {OPERATOR}::test_operator_blocks",
 }
@@ -150,12 +153,11 @@ def test_every_named_test_exists() -> None:
         assert kind in ("run", "check", "not run"), (ident, what)
         if kind == "not run":
             continue
-        named = re.match(r"([\w/.]+)::(\w+)", rest)
-        assert named, f"{ident}: {what!r} names no test (path::name)"
-        path, name = named.groups()
-        tree = ast.parse((ROOT / path).read_text())
-        names = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
-        assert name in names, f"{ident}: {path} has no test {name}"
+        assert re.match(r"([\w/.]+)::(\w+)", rest), f"{ident}: {what!r} names no test (path::name)"
+        for path, name in re.findall(r"(tests/[\w/.]+)::(\w+)", rest):  # every test it names, not only the first
+            tree = ast.parse((ROOT / path).read_text())
+            names = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+            assert name in names, f"{ident}: {path} has no test {name}"
 
 
 @pytest.mark.parametrize("block", [b for b in doc_blocks() if b.lang == "sh"], ids=lambda b: f"{b.file}:{b.line}")
