@@ -156,6 +156,12 @@ def compile_kind(backend: str, tp_degree: int) -> str:
     return kind
 
 
+def kind_request(kind: str) -> tuple[str, int]:
+    """The backend and a tp_degree that make a compile of ``kind``: :func:`compile_kind`'s inverse."""
+    backend = kind.removesuffix("-tp")
+    return backend, 2 if kind != backend else 1
+
+
 def _ships(entry: Release, package: str) -> bool:
     return bool({"neuronx-cc": entry.neuronx_cc, "torch-neuronx": entry.torch_neuronx,
                  "neuronx-distributed": entry.neuronx_distributed}[package])

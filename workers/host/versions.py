@@ -294,7 +294,7 @@ def detect_capabilities() -> dict[str, Any]:
         else:
             kinds = _offered_kinds(release, executable, bool(tnx and torch), packages, warnings)
             caps["neuron"]["kinds"] = kinds
-            backends = sorted({kind.removesuffix("-tp") for kind in kinds})
+            backends = sorted({neuron_releases.kind_request(kind)[0] for kind in kinds})
             for target in targets if kinds else []:
                 caps["targets"].append(target)
                 caps["sdk"][target] = release
@@ -320,17 +320,17 @@ def _offered_kinds(release: str, executable: str | None, trace: bool, packages: 
     have = {"executable": executable is not None, "trace": trace,
             "nxd": trace and packages.get("neuronx-distributed") is not None}
     kinds = []
-    for kind in neuron_releases.release_kinds(release):
+    shipped = neuron_releases.release_kinds(release)
+    for kind in shipped:
         lacking = [_HOST_PARTS[part] for part in _HOST_NEEDS[kind] if not have[part]]
         if lacking:
             warnings.append(f"Neuron SDK {release}: {kind} compiles not offered: missing {' and '.join(lacking)}")
         else:
             kinds.append(kind)
-    for kind in neuron_releases.KIND_PACKAGES:
-        backend = kind.removesuffix("-tp")
+    for kind in [k for k in neuron_releases.KIND_PACKAGES if k not in shipped]:
         try:
-            neuron_releases.require_kind(release, backend, 2 if kind != backend else 1)
-        except neuron_releases.NotShipped as exc:
+            neuron_releases.require_kind(release, *neuron_releases.kind_request(kind))
+        except neuron_releases.NotShipped as exc:  # always: says which package the release lacks
             warnings.append(str(exc))
     if not kinds:
         warnings.append(f"no Neuron targets: this host can run no kind of compile Neuron SDK {release} ships")
@@ -349,6 +349,6 @@ def capability_queues(caps: dict[str, Any]) -> list[str]:
                 queues.add(queue_name(target, caps["sdk"][target], backend, isa))
             continue
         for kind in caps["neuron"]["kinds"]:  # one queue per kind: "trace-tp" is trace at tp_degree > 1
-            backend = kind.removesuffix("-tp")
-            queues.add(queue_name(target, caps["sdk"][target], backend, tp_degree=2 if kind != backend else 1))
+            backend, tp_degree = neuron_releases.kind_request(kind)
+            queues.add(queue_name(target, caps["sdk"][target], backend, tp_degree=tp_degree))
     return sorted(queues)
