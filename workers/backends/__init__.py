@@ -5,7 +5,7 @@ and ``neuronx-cc`` (:mod:`.neuron`) serve inf2/trn1/trn2 with the Neuron SDK. :f
 a backend's module only when asked for it, so importing this package needs neither torch nor the SDK.
 """
 
-from workers.backends.base import (
+from workers.compiling.contract import (
     BACKENDS,
     Backend,
     CompileFailure,

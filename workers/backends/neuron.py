@@ -50,7 +50,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from compilesvc.spec.neuron_releases import toolchain_differences
-from workers.backends.base import (
+from workers.backends.output_tee import TAIL_LINES, OutputTee
+from workers.compiling.classify import Evidence, judge, traceback_exception
+from workers.compiling.contract import (
     ArtifactFile,
     Backend,
     CompileRequest,
@@ -59,8 +61,6 @@ from workers.backends.base import (
     failure_for,
     log,
 )
-from workers.backends.output_tee import TAIL_LINES, OutputTee
-from workers.compiling.classify import Evidence, judge, traceback_exception
 from workers.host.versions import (
     NEURON_SDK_ENV,
     installed_toolchain_differences,

@@ -1,6 +1,6 @@
 """The compiler-backend contract: the request a backend gets, what it returns, how it fails, the registry.
 
-This module owns the shapes exchanged between :mod:`workers.isolation.compile_child` and the backends. It imports
+This module owns the shapes exchanged between :mod:`workers.backends.compile_child` and the backends. It imports
 neither torch nor any Neuron package, so the child can parse and validate a request (and the runner can
 import the exit codes) on any host.
 
@@ -34,7 +34,7 @@ from compilesvc.spec.buckets import InputSpec
 from compilesvc.spec.compile_spec import BACKEND_FORMATS, NEURON_TARGETS
 from compilesvc.states import ErrorClass
 
-#: Child exit codes (see :mod:`workers.isolation.compile_child`).
+#: Child exit codes (see :mod:`workers.backends.compile_child`).
 EXIT_OK = 0
 EXIT_UNCAUGHT = 1
 EXIT_BAD_REQUEST = 2
@@ -150,7 +150,7 @@ class ExtractLimits:
 
 @dataclass(frozen=True)
 class CompileRequest:
-    """One compile of one shape bucket, as read from the request JSON (see :mod:`workers.isolation.compile_child`)."""
+    """One compile of one shape bucket, as read from the request JSON (see :mod:`workers.backends.compile_child`)."""
 
     backend: str
     target: str
