@@ -34,11 +34,14 @@ def test_a_wrong_import_breaks_the_contracts(tmp_path: Path) -> None:
     api.write_text(api.read_text() + "\nimport flask  # noqa: E402\n")
     problems = tmp_path / "web" / "contract" / "problems.py"
     problems.write_text(problems.read_text() + "\nfrom web import auth  # noqa: E402\n")
+    sandbox = tmp_path / "workers" / "isolation" / "sandbox.py"
+    sandbox.write_text(sandbox.read_text() + "\nfrom workers.compiling import runner  # noqa: E402\n")
     result = lint(tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "compilesvc.spec is not allowed to import compilesvc.ledger" in result.stdout
     assert "compilesvc.client is not allowed to import flask" in result.stdout
     assert "web.contract is not allowed to import web.auth" in result.stdout
+    assert "workers.isolation is not allowed to import workers.compiling" in result.stdout
 
 
 def drawn_layers(text: str, after: str) -> list[str]:
@@ -52,7 +55,8 @@ def test_the_architecture_diagrams_are_the_layers_contracts() -> None:
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     layered = {c["layers"][0].split(".", 1)[0]: c["layers"] for c in contracts if c["type"] == "layers"}
-    assert sorted(layered) == ["compilesvc", "web"]
+    assert sorted(layered) == ["compilesvc", "web", "workers"]
     text = (ROOT / "docs" / "architecture.md").read_text()
-    for root, heading in (("compilesvc", "## The core's layers"), ("web", "**`web/`: the Flask API and the UI.**")):
+    for root, heading in (("compilesvc", "## The core's layers"), ("web", "**`web/`: the Flask API and the UI.**"),
+                          ("workers", "**`workers/`: Celery workers.**")):
         assert drawn_layers(text, heading) == [layer.replace(f"{root}.", "") for layer in layered[root]], root

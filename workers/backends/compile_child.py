@@ -56,6 +56,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from workers.backends import backend_class
 from workers.compiling.contract import (
     EXIT_BAD_REQUEST,
     EXIT_OK,
@@ -64,7 +65,6 @@ from workers.compiling.contract import (
     CompileRequest,
     InfraError,
     RequestError,
-    backend_class,
     log,
 )
 

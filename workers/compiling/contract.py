@@ -1,4 +1,4 @@
-"""The compiler-backend contract: the request a backend gets, what it returns, how it fails, the registry.
+"""The compiler-backend contract: the request a backend gets, what it returns, how it fails.
 
 This module owns the shapes exchanged between :mod:`workers.backends.compile_child` and the backends. It imports
 neither torch nor any Neuron package, so the child can parse and validate a request (and the runner can
@@ -20,7 +20,6 @@ the Neuron backends choose it with :func:`workers.compiling.classify.judge`, see
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -283,22 +282,3 @@ class Backend(ABC):
     @abstractmethod
     def compile(self, request: CompileRequest) -> CompileResult:
         """Compile ``request``'s model at its bucket's shapes into ``request.out_dir``."""
-
-
-#: backend name -> "module:Class". Imported lazily: the cpu backends import torch at module level, and the
-#: neuron ones must load on hosts without torch for the hlo path.
-BACKENDS: dict[str, str] = {
-    "torchscript": "workers.backends.cpu:TorchScriptBackend",
-    "aotinductor": "workers.backends.cpu:AOTInductorBackend",
-    "trace": "workers.backends.neuron:TraceBackend",
-    "neuronx-cc": "workers.backends.neuron:NeuronxCcBackend",
-}
-
-
-def backend_class(name: str) -> type[Backend]:
-    """The backend class registered under ``name`` (KeyError if none)."""
-    module_name, _, class_name = BACKENDS[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    if not (isinstance(cls, type) and issubclass(cls, Backend)):  # a registry typo should fail loudly
-        raise TypeError(f"{BACKENDS[name]} is not a Backend")
-    return cls
