@@ -45,6 +45,11 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/architecture.md", "The core's layers", "text", "cli                      every `compilesvc` command, the rel"):
         "check: tests/test_layers.py::test_the_tree_keeps_every_contract (the diagram is the layers contract "
         "of pyproject.toml, which lint-imports checks)",
+    ("docs/architecture.md", "The packages", "text", "server.cli               `compilesvc serve`"):
+        "check: tests/test_layers.py::test_the_architecture_diagrams_are_the_layers_contracts (web's contract)",
+    ("docs/architecture.md", "The packages", "text", "cli                      `compilesvc worker`"):
+        "check: tests/test_layers.py::test_the_architecture_diagrams_are_the_layers_contracts (the workers' "
+        "contract)",
     ("docs/api.md", "Conventions", "json", '{"type": "/problems/spec-invalid", "title": "Compile spec is'):
         f"check: {HERE}::test_json_blocks_without_ellipses_parse ({OUTPUT})",
     ("docs/api.md", "Uploading a model", "sh", "API=https://compilesvc.example.com COMPILESVC_TOKEN=csvc_…"):
