@@ -165,6 +165,21 @@ def _drain_on_shutdown(settings: Settings, beat: RegistryHeartbeat) -> None:
     worker_shutting_down.connect(drain, weak=False)
 
 
+def _drain_on_spot_notice(settings: Settings, beat: RegistryHeartbeat) -> None:
+    """On a spot interruption notice: drain with the spot window, then stop as if told to (a SIGTERM to
+    ourselves starts Celery's warm shutdown: no new compile; its drain keeps the earlier deadline)."""
+    from workers.compiling.drain import DRAIN
+    from workers.host.spot import SpotWatcher
+
+    def notice(action: str, when: str) -> None:
+        log.warning("spot interruption notice", extra={"action": action, "time": when})
+        if DRAIN.begin(settings.spot_drain_seconds, f"reclaimed by EC2 ({action} at {when})"):
+            beat.mark_draining()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    SpotWatcher(settings.imds_url, notice).start()
+
+
 def default_worker_name() -> str:
     return f"compilesvc-{os.getpid()}@{socket.gethostname()}"
 
@@ -235,6 +250,8 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
             "-n", nodename, "--without-gossip", "--without-mingle", "--without-heartbeat", "-O", "fair",
             "-l", loglevel.upper(), "--pool", pool]
     _drain_on_shutdown(settings, beat)
+    if settings.spot_notice:
+        _drain_on_spot_notice(settings, beat)
     exit_code: int | None = None
     try:
         exit_code = worker_app().worker_main(argv)

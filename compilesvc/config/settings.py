@@ -178,6 +178,14 @@ class Settings(BaseSettings):
                     "ones still compiling back to the queue, their attempt not counted (workers/compiling/drain.py). "
                     "Keep it about 10 s below the grace period before SIGKILL (Kubernetes' "
                     "terminationGracePeriodSeconds, Compose's stop_grace_period).")
+    spot_notice: bool = Field(
+        default=False, description="Watch the EC2 instance metadata for a spot interruption notice (every 5 s) and "
+                                   "drain on one with spot_drain_seconds (workers/host/spot.py).")
+    spot_drain_seconds: float = Field(
+        default=90.0, ge=0, le=110,
+        description="The drain window after a spot interruption notice: inside EC2's two minutes, with time "
+                    "left to hand back what is still compiling.")
+    imds_url: str = Field(default="http://169.254.169.254", description="The EC2 instance metadata service.")
     neuron_max_parallel_rank_compiles: int = Field(
         default_factory=default_parallel_rank_compiles, ge=1,
         description="Most tensor-parallel ranks of one Neuron compile that compile at the same time (SDKs whose "
