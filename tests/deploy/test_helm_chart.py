@@ -29,6 +29,7 @@ from compilesvc.config.settings import Settings
 from compilesvc.dispatch.routing import queue_name
 from compilesvc.spec.neuron_releases import kind_request, release_kinds
 from compilesvc.states import BucketState
+from tests.fixtures.docs import doc_block
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "compilesvc"
@@ -485,3 +486,18 @@ def test_the_scaler_query_counts_queued_and_running_compiles_of_the_pool_on_a_re
         conn.execute(text("SET LOCAL enable_seqscan = off"))  # tiny table: ask which index the plan can use
         plan = "\n".join(conn.scalars(text("EXPLAIN " + queries["compilesvc-worker-cpu"][0])))
         assert "ix_bucket_compiles_active_queue" in plan and "Seq Scan" not in plan, plan
+        # docs/kubernetes.md's role for KEDA may run it, and read nothing else (the role is the server's, so a
+        # name of this test's own, gone with the transaction).
+        role = f"compilesvc_scaler_{os.getpid()}"
+        grant = doc_block("kubernetes.md", "The scaler's role may read", "sql").replace("compilesvc_scaler", role)
+        for statement in filter(str.strip, grant.split(";")):
+            conn.execute(text(statement))
+        conn.execute(text(f"SET LOCAL ROLE {role}"))
+        assert conn.execute(text(queries["compilesvc-worker-inf2-device"][0])).scalar_one() == 3
+        with pytest.raises(Exception, match="permission denied"):
+            conn.execute(text("SELECT count(*) FROM builds"))
+
+
+def test_the_query_docs_kubernetes_md_shows_is_the_chart_s() -> None:
+    shown = doc_block("kubernetes.md", "The query the chart renders", "sql").strip()
+    assert shown == scaler_queries("eks-neuron-keda")["compilesvc-worker-inf2-device"][0]
