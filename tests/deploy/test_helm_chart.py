@@ -422,6 +422,17 @@ def test_a_grace_shorter_than_the_drain_window_is_refused_at_render() -> None:
         render(values)
 
 
+def test_more_than_one_compile_per_pod_split_pod_is_refused_at_render() -> None:
+    values = values_of("minimal")
+    values["workers"] = {"pools": [{"name": "cpu", "target": "cpu", "release": "2.13.0",
+                                    "queues": ["compile.cpu.2.13.0"], "concurrency": 2}]}
+    with pytest.raises(helm.HelmRenderError, match="one compile at a time"):
+        render(values)
+    values["workers"]["pools"][0]["sandbox"] = "bwrap"  # bubblewrap sandboxes each compile on its own
+    worker = pod_specs(render(values))["compilesvc-worker-cpu"]["containers"][0]
+    assert worker["args"][:3] == ["worker", "--concurrency", "2"]
+
+
 def test_schema_and_kubernetes_validate_each_refuse_their_broken_value() -> None:
     with pytest.raises(helm.HelmValuesError, match="queues"):  # also keeps quotes out of the scaler's SQL
         render({**values_of("minimal"), "workers": {"pools": [

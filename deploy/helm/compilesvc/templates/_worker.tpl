@@ -3,6 +3,9 @@
 {{- $root := .root -}}{{- $pool := .pool -}}
 {{- $neuron := ne $pool.target "cpu" -}}
 {{- $pod := eq $pool.sandbox "pod" -}}
+{{- if and $pod (ne (int $pool.concurrency) 1) -}}
+{{- fail (printf "workers.pools[%s]: concurrency %d with sandbox pod; a pod has one compile runner, so one compile at a time (docs/deploy.md, \"Compile isolation\"): scale with replicas" $pool.name (int $pool.concurrency)) -}}
+{{- end -}}
 serviceAccountName: {{ include "compilesvc.fullname" $root }}-worker
 automountServiceAccountToken: false
 enableServiceLinks: false
