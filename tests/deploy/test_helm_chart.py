@@ -397,6 +397,20 @@ def test_devices_only_for_pools_that_need_one_and_hooks_and_gc_as_the_issue_says
     assert api["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
+def test_network_policies_let_the_proxy_reach_the_api_and_nothing_reach_a_worker() -> None:
+    docs = rendered("eks-neuron-keda")
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    api = {"app.kubernetes.io/name": "compilesvc", "app.kubernetes.io/instance": "compilesvc",
+           "app.kubernetes.io/component": "api"}
+    egress = policies["compilesvc-egress"]["egress"]
+    assert {"to": [{"podSelector": {"matchLabels": api}}], "ports": [{"protocol": "TCP", "port": 8080}]} in egress
+    assert all(rule.get("to") for rule in egress)
+    assert policies["compilesvc-api"]["podSelector"]["matchLabels"] == api
+    deny = policies["compilesvc-deny-ingress"]
+    assert deny["ingress"] == [] and {"key": "app.kubernetes.io/component", "operator": "NotIn",
+                                      "values": ["api", "proxy"]} in deny["podSelector"]["matchExpressions"]
+
+
 def test_the_proxy_template_is_docker_nginx_s() -> None:
     assert (CHART / "files" / "nginx.conf.template").read_bytes() == \
         (ROOT / "docker" / "nginx" / "compilesvc.conf.template").read_bytes()
