@@ -297,6 +297,23 @@ def test_every_setting_the_chart_sets_is_a_settings_field(example: str) -> None:
     assert set_names and set_names <= fields, set_names - fields
 
 
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_the_settings_the_chart_gives_a_worker_load(example: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = rendered(example)
+    spec = next(s for n, s in pod_specs(docs).items() if "-worker-" in n)
+    worker = next(c for c in spec["containers"] if c["name"] == "worker")
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "compilesvc-config")
+    for name in [n for n in os.environ if n.startswith("COMPILESVC_")]:
+        monkeypatch.delenv(name)
+    for name, value in {**config["data"], **{e["name"]: e["value"] for e in worker["env"] if "value" in e}}.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.compile_timeout_seconds == merged_values(example)["compileTimeoutSeconds"]
+    assert settings.store_url == merged_values(example)["config"]["storeUrl"]
+    assert settings.database_url and settings.database_url.startswith("postgresql+psycopg://compilesvc_worker@")
+    assert settings.task_hard_limit_seconds > settings.compile_timeout_seconds
+
+
 def test_a_misspelt_extra_setting_is_refused() -> None:
     values = values_of("minimal")
     values["config"]["extra"] = {"COMPILESVC_OPEN_READ": "true"}
