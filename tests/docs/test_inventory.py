@@ -87,6 +87,15 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/ci.md", "The spec", "yaml", "model: {uri: MODEL_URI, format: exported-program, name: tiny"):
         "run: tests/docs/test_first_hour.py::test_first_hour (filled for the cpu target: no Neuron SDK here); "
         f"check: {HERE}::test_the_specs_validate",
+    ("docs/kubernetes.md", "What scales on what", "sql", "SELECT count(*) FROM bucket_compiles WHERE state IN ('queued"):
+        "check: tests/deploy/test_helm_chart.py::test_the_query_docs_kubernetes_md_shows_is_the_chart_s (and that "
+        "query runs on a real ledger in test_the_scaler_query_counts_queued_and_running_compiles_of_the_pool_on_a_real_ledger)",
+    ("docs/kubernetes.md", "EKS, step by step", "sh", "kubectl create namespace compilesvc"):
+        "not run: needs an EKS cluster; shell checked with bash -n; the values file it names is rendered and checked "
+        "by tests/deploy/test_helm_chart.py",
+    ("docs/kubernetes.md", "EKS, step by step", "sql", "CREATE ROLE compilesvc_scaler LOGIN PASSWORD 'choose-one';"):
+        "run: tests/deploy/test_helm_chart.py::test_the_scaler_query_counts_queued_and_running_compiles_of_the_pool_on_a_real_ledger "
+        "(under a role of the test's own name, which then runs the scaler query and is refused another table)",
     ("docs/deploy.md", "Quick start", "sh", "cp docker/env.example .env     # then replace every change-m"): DOCKER,
     ("docs/deploy.md", "Slow clients", "sh", "make test-tools    # installs nginx (apt-get, as root) when"):
         "not run: installs packages as root, then runs tests/faults/test_slow_clients.py, which the suite runs",
