@@ -236,7 +236,15 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     from workers.celery_app import worker_app
     from workers.compiling.runner import sweep_orphaned_attempts
 
-    tasks.configure(worker_id, max_compiles)
+    protection = None
+    if settings.kubernetes_protect:
+        from workers.host.pod_protection import PodProtection
+
+        try:
+            protection = PodProtection.from_environment().start()
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    tasks.configure(worker_id, max_compiles, protection)
     swept = sweep_orphaned_attempts()
     if swept:
         log.info("removed directories of attempts whose worker died", extra={"directories": swept})

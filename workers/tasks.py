@@ -26,6 +26,7 @@ from compilesvc.services import Services
 from workers.celery_app import worker_app
 from workers.compiling.drain import DRAIN
 from workers.compiling.runner import ClaimNotRecorded, run_compile
+from workers.host.pod_protection import PodProtection
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,17 @@ _worker_id: str | None = None
 _max_compiles: int | None = None
 _ended = 0
 _main_pid = os.getpid()
+#: ``COMPILESVC_KUBERNETES_PROTECT``: the pod's annotations follow the running compiles.
+_protection: PodProtection | None = None
 _services: tuple[int, Services] | None = None
 _services_lock = threading.Lock()
 
 
-def configure(worker_id: str, max_compiles: int | None = None) -> None:
-    global _worker_id, _max_compiles, _main_pid
+def configure(worker_id: str, max_compiles: int | None = None, protection: PodProtection | None = None) -> None:
+    global _worker_id, _max_compiles, _main_pid, _protection
     _worker_id = worker_id
     _max_compiles = max_compiles
+    _protection = protection
     _main_pid = os.getpid()  # the worker's main process (a prefork pool's tasks run in its children)
 
 
@@ -76,6 +80,8 @@ def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sd
                    isa: str | None = None, queue: str | None = None) -> str:
     if DRAIN.draining:  # told to stop: a compile started now would only be handed back (workers.compiling.drain)
         raise Reject("the worker is draining", requeue=True)
+    if _protection is not None:
+        _protection.started()
     try:
         result = run_compile(services(), bucket_compile_id, worker_id())
     except ClaimNotRecorded as exc:
@@ -85,6 +91,9 @@ def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sd
         log.warning("claim failed; message returned to the queue",
                     extra={"bucket_compile_id": bucket_compile_id, "error": str(exc)})
         raise Reject(str(exc), requeue=True) from exc
+    finally:
+        if _protection is not None:
+            _protection.ended()
     # The one line that says this worker is done with the message, whatever became of the attempt.
     log.info("task done", extra={"bucket_compile_id": bucket_compile_id, "attempt": result.attempt,
                                  "result": result.status})

@@ -186,6 +186,10 @@ class Settings(BaseSettings):
         description="The drain window after a spot interruption notice: inside EC2's two minutes, with time "
                     "left to hand back what is still compiling.")
     imds_url: str = Field(default="http://169.254.169.254", description="The EC2 instance metadata service.")
+    kubernetes_protect: bool = Field(
+        default=False, description="On Kubernetes: while compiling, annotate this worker's pod (pod-deletion-cost, "
+                                   "karpenter.sh/do-not-disrupt) so scale-in and consolidation spare it "
+                                   "(workers/host/pod_protection.py; needs POD_NAME, POD_NAMESPACE and a token).")
     neuron_max_parallel_rank_compiles: int = Field(
         default_factory=default_parallel_rank_compiles, ge=1,
         description="Most tensor-parallel ranks of one Neuron compile that compile at the same time (SDKs whose "

@@ -326,7 +326,8 @@ def test_a_misspelt_extra_setting_is_refused() -> None:
 #: Variables a component has in the chart but not in docker-compose.yml (or the reverse), and why.
 CHART_ONLY = {"POD_NAME",  # the worker's name in the registry
               "COMPILESVC_COMPILE_TIMEOUT_SECONDS",  # set explicitly: the grace periods follow it
-              "COMPILESVC_SANDBOX", "COMPILESVC_COMPILE_SPOOL"}  # the pod split
+              "COMPILESVC_SANDBOX", "COMPILESVC_COMPILE_SPOOL",  # the pod split
+              "COMPILESVC_KUBERNETES_PROTECT", "POD_NAMESPACE"}  # a compiling worker annotates its pod
 COMPOSE_ONLY: set[str] = set()
 PAIRS = {"compilesvc-api": ("api", "api"), "compilesvc-relay": ("relay", "relay"),
          "compilesvc-worker-cpu": ("worker", "worker-cpu"), "compilesvc-migrate": ("migrate", "migrate")}
@@ -567,3 +568,33 @@ def test_the_scaler_query_counts_queued_and_running_compiles_of_the_pool_on_a_re
 def test_the_query_docs_kubernetes_md_shows_is_the_chart_s() -> None:
     shown = doc_block("kubernetes.md", "The query the chart renders", "sql").strip()
     assert shown == scaler_queries("eks-neuron-keda")["compilesvc-worker-inf2-device"][0]
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_only_the_worker_container_gets_a_token_to_annotate_its_pod(example: str) -> None:
+    """workers.protectPods (default on): the worker patches its own pod's annotations while compiling
+    (workers/host/pod_protection.py). Its token is projected into the worker container alone: the compile
+    container, which runs the submitted model, has no way to the Kubernetes API."""
+    docs = rendered(example)
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-worker-pods"))
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    binding = next(d for d in docs if d["kind"] == "RoleBinding")
+    assert binding["subjects"][0]["name"].endswith("-worker")
+    for name, spec in pod_specs(docs).items():
+        if "-worker-" not in name:
+            continue
+        assert spec["automountServiceAccountToken"] is False
+        for container in spec["containers"]:
+            mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+            env = {e["name"] for e in container.get("env", [])}
+            if container["name"] == "worker":
+                assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts
+                assert {"COMPILESVC_KUBERNETES_PROTECT", "POD_NAME", "POD_NAMESPACE"} <= env
+            else:
+                assert "/var/run/secrets/kubernetes.io/serviceaccount" not in mounts and not env, container["name"]
+
+    values = values_of(example)
+    values.setdefault("workers", {})["protectPods"] = False
+    off = tuple(render(values))
+    assert not [d for d in off if d["kind"] in ("Role", "RoleBinding")]
+    assert "kube-api" not in json.dumps(off)

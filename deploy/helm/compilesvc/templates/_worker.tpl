@@ -45,6 +45,11 @@ containers:
       - {name: COMPILESVC_DATABASE_URL, value: {{ include "compilesvc.databaseUrl" (dict "root" $root "role" "worker") | quote }}}
       - {name: COMPILESVC_SIGNING_KEY_FILE, value: /run/secrets/compilesvc/signing-key.pem}
       - {name: COMPILESVC_DRAIN_SECONDS, value: {{ include "compilesvc.workerDrain" (dict "root" $root "pool" $pool) | quote }}}
+      {{- if $root.Values.workers.protectPods }}
+      - {name: COMPILESVC_KUBERNETES_PROTECT, value: "true"}
+      - name: POD_NAMESPACE
+        valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+      {{- end }}
       {{- if $neuron }}
       - {name: COMPILESVC_NEURON_SDK, value: {{ $pool.release | quote }}}
       {{- end }}
@@ -79,6 +84,10 @@ containers:
       - {name: signing-key, mountPath: /run/secrets/compilesvc, readOnly: true}
       {{- if $pod }}
       - {name: spool, mountPath: /spool}
+      {{- end }}
+      {{- if $root.Values.workers.protectPods }}
+      # Where an in-cluster client looks (lightkube): the worker's token, the cluster's CA, the namespace.
+      - {name: kube-api, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
       {{- end }}
       {{- include "compilesvc.scratchMounts" $root | nindent 6 }}
   {{- if $pod }}
@@ -119,4 +128,15 @@ volumes:
   {{- end }}
   {{- include "compilesvc.signingKeyVolume" $root | nindent 2 }}
   {{- include "compilesvc.scratchVolumes" $root | nindent 2 }}
+  {{- if $root.Values.workers.protectPods }}
+  # automountServiceAccountToken is off (it would reach every container, the compile's too): the worker's
+  # token is projected into its container alone, short-lived and rotated by the kubelet.
+  - name: kube-api
+    projected:
+      defaultMode: 0440
+      sources:
+        - serviceAccountToken: {path: token, expirationSeconds: 3607}
+        - configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}
+        - downwardAPI: {items: [{path: namespace, fieldRef: {fieldPath: metadata.namespace}}]}
+  {{- end }}
 {{- end -}}
