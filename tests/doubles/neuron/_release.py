@@ -69,6 +69,10 @@ RELEASES: dict[str, Release] = {r.release: r for r in (
     Release("2.27.0", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12"),
     Release("2.27.1", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12"),
     Release("2.28.0", "2.23.6484.0", "2.9.0.2.12.22436", "0.17.26814", "2.30.51.0", "3.12"),
+    # The last release before, and the first with, the compiler fix of "non-deterministic compilation
+    # failures" (compiler release notes, 2.31.0). Python: unverified (as 2.28.0's).
+    Release("2.30.0", "2.25.3371.0", "2.9.0.2.14.27725", "0.19.28093", "2.32.31.0", "3.12"),
+    Release("2.31.0", "2.26.6360.0", "2.9.0.2.15.32035", "0.19.28492", "2.33.10.0", "3.12"),
     # 2.32.0 lists neuronx-cc 2.27.5334.0 and no torch-neuronx or neuronx_distributed package (the XLA-based
     # torch-neuronx is in maintenance from 2.32: archive/frameworks/torch/inference-torch-neuronx.rst; NxD
     # has no release after 2.31: announce-nxdi-maintenance-support-2-31.rst). A host of it has the compiler
@@ -138,6 +142,6 @@ def coded(code: str, release: Release) -> str:
     New compilers: ``NCC_`` + E (user-facing) / I (internal) + component + number; old ones print the
     component + number alone (NCC_INLA001 <-> NLA001, NCC_ITEN404 <-> TEN404: #948 vs #1314).
     """
-    if release.tuple >= NCC_CODES_SINCE or not code.startswith("NCC_"):
-        return code
+    if release.tuple >= NCC_CODES_SINCE or not code.startswith(("NCC_E", "NCC_I")):
+        return code  # NCC_CFG… (compiler release notes, 2.29.0) has no bare form on record
     return code[5:]
