@@ -362,6 +362,21 @@ def test_neuronx_cc_on_hlo(tmp_path: Path, env: dict[str, str], hlo: Path, behav
         assert "SIGKILL" in run.result["message"]
 
 
+def test_the_options_nxdi_passes_reach_neuronx_cc(tmp_path: Path, env: dict[str, str], hlo: Path) -> None:
+    """The flags neuronx-distributed-inference passes (models/model_wrapper.py), as a spec gives them, reach
+    the compiler as options, values with spaces whole."""
+    from tests.spec.test_compile_spec import NXDI_ARGS
+
+    run = run_child(tmp_path, "nxdi", env=env, backend="neuronx-cc", target="trn2", sdk=SDK, model_format="hlo",
+                    model_path=str(hlo), args=NXDI_ARGS, tp_degree=1)
+    assert run.returncode == 0, run.describe()
+    options = next(line for line in run.lines if "Compiler options:" in line)
+    for given in ("--hbm-scratchpad-page-size=1024", "--layer-unroll-factor=4", "--internal-disable-fma-on-ios",
+                  "--internal-bir-enable-sb-allocation", "--internal-enable-dge-levels=spill_reload",
+                  "--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2"):
+        assert given in options, options
+
+
 def test_slow_compiler_streams_lines_and_dies_with_the_process_group(tmp_path: Path, env: dict[str, str],
                                                                     hlo: Path) -> None:
     path, request = make_request(tmp_path, "slow", backend="neuronx-cc", target="trn2", sdk=SDK,
