@@ -611,13 +611,13 @@ def test_missing_and_binary_files(tmp_path: Path) -> None:
 # model_wrapper.py, get_compiler_args of the model classes), at each release's NxDI (v0.1.0 = SDK 2.21.0 …
 # main = 2.31): the options the table had to learn, in the form NxDI writes them.
 NXDI_ARGS = ["--auto-cast=none", "--model-type=transformer", "--internal-disable-fma-on-ios",
-             "--disable-mixed-precision-accumulation", "--tensorizer-options=--enable-ccop-compute-overlap "
-             "--cc-pipeline-tiling-factor=2 --vectorize-strided-dma", "--lnc=2", "--hbm-scratchpad-page-size=1024",
-             "--internal-backend-options=--enable-verifier=false", "-O1",
-             '--internal-dma-order-constraints={"a": [1, 2]}', "--internal-bir-enable-sb-allocation",
+             "--disable-mixed-precision-accumulation", "--tensorizer-options='--enable-ccop-compute-overlap "
+             "--cc-pipeline-tiling-factor=2 --vectorize-strided-dma '", "--lnc=2", "--hbm-scratchpad-page-size=1024",
+             "--internal-backend-options='--enable-verifier=false'", "-O1",
+             """--internal-dma-order-constraints='{"a": [1, 2]}'""", "--internal-bir-enable-sb-allocation",
              "--internal-enable-dge-levels", "spill_reload", "--layer-unroll-factor=4",
              "--internal-num-neuroncores-per-sengine=2", "--internal-max-instruction-limit=15000000",
-             "--internal-hlo2tensorizer-options=--modular-flow-mac-threshold=10 --verify-hlo=true"]
+             "--internal-hlo2tensorizer-options=' --modular-flow-mac-threshold=10  --verify-hlo=true'"]
 
 
 def _key(args: list[str], **compiler: Any) -> str:

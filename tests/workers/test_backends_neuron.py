@@ -364,11 +364,12 @@ def test_neuronx_cc_on_hlo(tmp_path: Path, env: dict[str, str], hlo: Path, behav
 
 def test_the_options_nxdi_passes_reach_neuronx_cc(tmp_path: Path, env: dict[str, str], hlo: Path) -> None:
     """The flags neuronx-distributed-inference passes (models/model_wrapper.py), as a spec gives them, reach
-    the compiler as options, values with spaces whole."""
+    the compiler as options (in their canonical form, as the runner hands them over), values with spaces whole."""
+    from compilesvc.spec.flags import canonical_flags
     from tests.spec.test_compile_spec import NXDI_ARGS
 
     run = run_child(tmp_path, "nxdi", env=env, backend="neuronx-cc", target="trn2", sdk=SDK, model_format="hlo",
-                    model_path=str(hlo), args=NXDI_ARGS, tp_degree=1)
+                    model_path=str(hlo), args=canonical_flags(NXDI_ARGS), tp_degree=1)
     assert run.returncode == 0, run.describe()
     options = next(line for line in run.lines if "Compiler options:" in line)
     for given in ("--hbm-scratchpad-page-size=1024", "--layer-unroll-factor=4", "--internal-disable-fma-on-ios",
