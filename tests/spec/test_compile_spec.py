@@ -653,13 +653,16 @@ def test_nxdi_options_with_counts_take_positive_integers(flag: str) -> None:
                    "expected a positive integer")
 
 
-def test_tp_compiles_refuse_values_with_whitespace() -> None:
-    """tp > 1 goes through neuronx-distributed's ModelBuilder, which splits the compiler args on whitespace:
-    a quoted value would reach neuronx-cc cut in two, so it is refused at submit, naming it."""
+def test_tp_compiles_take_values_with_whitespace_as_nxdi_writes_them() -> None:
+    """tp > 1 hands the flags to neuronx-distributed's ModelBuilder as one string, split again shell-style
+    downstream (libneuronxla): a value with spaces passes single-quoted, as NxDI passes its own
+    (models/model_wrapper.py). One that also holds a single quote cannot be written that way: refused, naming it."""
     spaced = ["--auto-cast=none", "--tensorizer-options='--disable-dge --enable-ccop-compute-overlap'"]
-    assert_refused(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 2, "args": spaced}), "compiler.args[1]",
-                   "holds whitespace, which a tp_degree > 1 compile cannot pass")
-    assert parse_spec(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 1, "args": spaced})).compiler.args == spaced
+    assert parse_spec(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 2, "args": spaced})).compiler.args == spaced
+    quoted = ["--auto-cast=none", '''--tensorizer-options="--x='a b'"''']
+    assert_refused(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 2, "args": quoted}), "compiler.args[1]",
+                   "holds whitespace and a single quote")
+    assert parse_spec(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 1, "args": quoted})).compiler.args == quoted
 
 
 def test_an_unquoted_yaml_release_gets_a_hint() -> None:

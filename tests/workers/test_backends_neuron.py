@@ -184,6 +184,19 @@ def test_tp_on_a_current_sdk_goes_through_model_builder(tmp_path: Path, env: dic
         torch.testing.assert_close(torch.jit.load(str(run.out_dir / "model.pt"))(ids, mask), eager(ids, mask))
 
 
+def test_tp_passes_a_value_with_spaces_to_model_builder_as_nxdi_does(tmp_path: Path, env: dict[str, str],
+                                                                     scripted: str) -> None:
+    """ModelBuilder takes the flags as one string: a value with spaces is written --x='v w' (NxDI's own form,
+    models/model_wrapper.py) and reaches neuronx-cc whole."""
+    args = ["--auto-cast=none", "--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2"]
+    run = _trace(tmp_path, "mb-spaced", env, args, tp_degree=2, model_path=scripted, model_format="torchscript")
+    assert run.returncode == 0, run.describe()
+    flags = next(line for line in run.lines if "Neuron compiler flags:" in line)
+    assert "--tensorizer-options='--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2'" in flags, flags
+    command = next(line for line in run.lines if "Call compiler with cmd:" in line)
+    assert "'--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2'" in command, command
+
+
 def test_tp_on_an_old_sdk_goes_through_parallel_model_trace_within_the_bound(tmp_path: Path, env: dict[str, str],
                                                                             scripted: str) -> None:
     # SDK 2.20.0 ships neuronx-distributed 0.9.0, before the one-process ModelBuilder; its ranks need a device.
