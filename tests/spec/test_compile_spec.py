@@ -656,12 +656,12 @@ def test_nxdi_options_with_counts_take_positive_integers(flag: str) -> None:
 def test_tp_compiles_take_values_with_whitespace_as_nxdi_writes_them() -> None:
     """tp > 1 hands the flags to neuronx-distributed's ModelBuilder as one string, split again shell-style
     downstream (libneuronxla): a value with spaces passes single-quoted, as NxDI passes its own
-    (models/model_wrapper.py). One that also holds a single quote cannot be written that way: refused, naming it."""
+    (models/model_wrapper.py). One that holds a single quote cannot be written that way: refused, naming it."""
     spaced = ["--auto-cast=none", "--tensorizer-options='--disable-dge --enable-ccop-compute-overlap'"]
     assert parse_spec(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 2, "args": spaced})).compiler.args == spaced
     quoted = ["--auto-cast=none", '''--tensorizer-options="--x='a b'"''']
     assert_refused(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 2, "args": quoted}), "compiler.args[1]",
-                   "holds whitespace and a single quote")
+                   "holds a single quote, which a tp_degree > 1 compile cannot pass")
     assert parse_spec(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 1, "args": quoted})).compiler.args == quoted
 
 
