@@ -229,9 +229,11 @@ def nxd_quoted(flag: str) -> str:
     """A canonical flag (``--x=v``, a switch, or a separate value) as NxDI writes it into ModelBuilder's string:
     a value that a shell-style split would change is single-quoted after ``=`` (``--x='v w'``), anything else
     is left as it is. A value holding a single quote cannot be written so (:func:`model_builder_problems`)."""
-    name, sep, value = flag.partition("=") if flag.startswith("-") else ("", "", flag)
-    if shlex.quote(value) == value:
+    if shlex.quote(flag) == flag:
         return flag
+    name, sep, value = flag.partition("=")
+    if not flag.startswith("-") or not sep:  # a separate value (or a name) is quoted whole
+        return f"'{flag}'"
     return f"{name}{sep}'{value}'"
 
 

@@ -188,10 +188,12 @@ def test_tp_passes_a_value_with_spaces_to_model_builder_as_nxdi_does(tmp_path: P
                                                                      scripted: str) -> None:
     """ModelBuilder takes the flags as one string: a value with spaces is written --x='v w' (NxDI's own form,
     models/model_wrapper.py) and reaches neuronx-cc whole."""
-    args = ["--auto-cast=none", "--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2"]
+    args = ["--auto-cast=none", "--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2",
+            "-O2", "--enable-saturate-infinity"]
     run = _trace(tmp_path, "mb-spaced", env, args, tp_degree=2, model_path=scripted, model_format="torchscript")
     assert run.returncode == 0, run.describe()
     flags = next(line for line in run.lines if "Neuron compiler flags:" in line)
+    assert " -O2 --enable-saturate-infinity" in flags, flags
     assert "--tensorizer-options='--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2'" in flags, flags
     # Cut in two, "--cc-pipeline-tiling-factor=2" would be an option neuronx-cc refuses (exit 2).
     options = next(line for line in run.lines if "Compiler options:" in line)
