@@ -33,6 +33,7 @@ from compilesvc.spec.flags import (
     check_neuron_flags,
     flag_names,
     model_builder_problems,
+    uses_model_builder,
 )
 from compilesvc.spec.neuron_releases import NotShipped, UnknownRelease, toolchain_material
 
@@ -221,7 +222,8 @@ class CompileSpec(_Strict):
                                           extra=frozenset(extra))
         except FlagError as exc:  # pragma: no cover - CompilerOptions._splittable refuses these first
             raise _FieldError(("compiler", "args"), str(exc)) from None
-        if self.compiler.tp_degree > 1 and self.backend == "trace":  # NxD runs tp > 1 traces, not HLO compiles
+        # NxD runs tp > 1 traces (not HLO compiles); from 2.21 through ModelBuilder's one flags string.
+        if self.compiler.tp_degree > 1 and self.backend == "trace" and uses_model_builder(self.sdk):
             problems = sorted([*problems, *model_builder_problems(self.compiler.args)], key=lambda p: p.item)
         if problems:
             # One error (a model validator raises once), at the first bad item, naming every bad flag.

@@ -34,6 +34,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from compilesvc.spec import neuron_releases
 from compilesvc.spec.neuron_releases import version_tuple
 from compilesvc.spec.neuronx_cc_options import (
     NEWEST_RELEASE,
@@ -47,7 +48,7 @@ from compilesvc.spec.neuronx_cc_options import (
 )
 
 __all__ = ["OUTPUT_NEUTRAL_FLAGS", "SWITCHES", "FlagError", "FlagProblem", "canonical_flags",
-           "check_neuron_flags", "flag_names", "model_builder_problems", "nxd_quoted"]
+           "check_neuron_flags", "flag_names", "model_builder_problems", "nxd_quoted", "uses_model_builder"]
 
 #: Flags that only move where output/logs/caches go or how chatty the compiler is (from the options table).
 OUTPUT_NEUTRAL_FLAGS: frozenset[str] = OUTPUT_NEUTRAL
@@ -223,6 +224,20 @@ MODEL_BUILDER_FLAGS_SOURCE = (
     "trace/model_builder.py, v2.27.0 lines 642-651 and 720-740: it appends --logfile and hands the string to "
     "libneuronxla's neuron_xla_compile); libneuronxla splits it shell-style, which NxDI's single-quoted values "
     "rely on (neuronx_distributed_inference/models/model_wrapper.py: --tensorizer-options='...')")
+
+
+#: The first neuronx-distributed whose ModelBuilder the worker traces tp > 1 with (SDK 2.21.0; the worker
+#: chooses its API by it, ``workers.backends.neuron_parallel.MODEL_BUILDER_SINCE``). Before it,
+#: parallel_model_trace takes the flags as a list and hands them to torch_neuronx.trace unchanged.
+MODEL_BUILDER_NXD = (0, 10)
+
+
+def uses_model_builder(sdk: str) -> bool:
+    """Whether a tp > 1 compile for Neuron SDK ``sdk`` goes through ModelBuilder's one flags string (a release
+    the table does not know, or one that ships no neuronx-distributed, is taken to)."""
+    entry = neuron_releases.table().get(sdk)
+    nxd = entry.neuronx_distributed if entry is not None else None
+    return nxd is None or version_tuple(nxd)[:2] >= MODEL_BUILDER_NXD
 
 
 def nxd_quoted(flag: str) -> str:

@@ -663,6 +663,8 @@ def test_tp_compiles_take_values_with_whitespace_as_nxdi_writes_them() -> None:
     assert_refused(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 2, "args": quoted}), "compiler.args[1]",
                    "holds a single quote, which a tp_degree > 1 compile cannot pass")
     assert parse_spec(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 1, "args": quoted})).compiler.args == quoted
+    # 2.20 (neuronx-distributed 0.9) traces tp > 1 with parallel_model_trace, which takes the flags as a list.
+    assert parse_spec(neuron_doc(sdk="2.20.0", compiler={"tp_degree": 2, "args": quoted})).compiler.args == quoted
 
 
 def test_an_unquoted_yaml_release_gets_a_hint() -> None:

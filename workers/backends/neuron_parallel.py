@@ -56,7 +56,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from compilesvc.spec.flags import nxd_quoted
+from compilesvc.spec.flags import MODEL_BUILDER_NXD, nxd_quoted
 from compilesvc.spec.neuron_releases import version_tuple
 from workers.backends.base import ArtifactFile, CompileRequest, InfraError, log
 from workers.backends.neuron import raise_for_trace_failure, read_compiler_logs
@@ -64,7 +64,7 @@ from workers.backends.output_tee import OutputTee
 from workers.host.versions import neuronx_distributed_version
 
 #: First neuronx-distributed whose ModelBuilder traces in one process (SDK 2.21.0; see the module doc).
-MODEL_BUILDER_SINCE = (0, 10)
+MODEL_BUILDER_SINCE = MODEL_BUILDER_NXD
 #: The rendezvous port parallel_model_trace hard-codes (neuronx_distributed/trace/trace.py).
 PARALLEL_MODEL_TRACE_PORT = 2022
 #: ModelBuilder's key for our one model (it names the compiler's working directory).
