@@ -188,11 +188,14 @@ def _lock_artifacts(session: Session, bucket_id: int) -> list[Artifact]:
 
 def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass | str, code: str | None,
          message: str | None, *, phase: str = Phase.COMPILE, backoff_seconds: float = 0.0,
-         unknown_retries: int = DEFAULT_UNKNOWN_FAILURE_RETRIES, archived: ArchivedLog | None = None) -> Outcome | None:
+         unknown_retries: int = DEFAULT_UNKNOWN_FAILURE_RETRIES, archived: ArchivedLog | None = None,
+         retry_once: str | None = None) -> Outcome | None:
     """Record a failed attempt; None when the lease was lost.
 
     - ``compile`` / ``bad_request``: final. The compile stays failed (the negative cache) and so do the sets
-      containing it.
+      containing it. Except a ``compile`` error with ``retry_once`` (why its code may be non-deterministic on
+      this release, :func:`workers.compiling.classify.for_release`): requeued once per round of attempts while
+      attempts remain, and final (negatively cached) when the same code comes back.
     - ``infra`` / ``timeout``: requeued, to be sent after ``backoff_seconds``, while ``attempts <
       max_attempts`` and the failure is not the previous attempt's repeated identically (class, code and
       message: a deterministic failure in disguise, which another attempt would only repeat); else failed.
@@ -214,7 +217,8 @@ def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass |
     if bucket is None:
         return None
     return _settle_attempt(session, bucket, artifacts, error_class, code, message, phase=phase,
-                           backoff_seconds=backoff_seconds, unknown_retries=unknown_retries, archived=archived)
+                           backoff_seconds=backoff_seconds, unknown_retries=unknown_retries, archived=archived,
+                           retry_once=retry_once)
 
 
 def interrupt(session: Session, bucket_id: int, token: int, why: str) -> Outcome | None:
@@ -304,9 +308,20 @@ def _earlier_unknown_failures(session: Session, bucket: BucketCompile) -> int:
                row.attempt_round == bucket.attempt_round, row.attempt < bucket.attempts)) or 0)
 
 
+def _retried_once_before(session: Session, bucket: BucketCompile, code: str | None) -> bool:
+    """Whether an earlier attempt of this round already failed with this compile error ``code`` (and so had
+    its one retry)."""
+    row = BucketFailure.__table__.c
+    return bool(session.scalar(
+        select(func.count()).select_from(BucketFailure.__table__)
+        .where(row.bucket_compile_id == bucket.id, row.error_class == ErrorClass.COMPILE, row.code == code,
+               row.attempt_round == bucket.attempt_round, row.attempt < bucket.attempts)))
+
+
 def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Artifact], error_class: ErrorClass,
                     code: str | None, message: str | None, *, phase: str, backoff_seconds: float,
-                    unknown_retries: int, reason: str | None = None, archived: ArchivedLog | None = None) -> Outcome:
+                    unknown_retries: int, reason: str | None = None, archived: ArchivedLog | None = None,
+                    retry_once: str | None = None) -> Outcome:
     wanted = any(a.state == ArtifactState.BUILDING for a in artifacts)
     attempt = bucket.attempts
     counted = bucket.attempts - bucket.interruptions  # what the budget sees (interrupted attempts are free)
@@ -319,10 +334,17 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
     repeated = (error_class in RETRIED and not unknown
                 and _repeats_previous(session, bucket, phase, error_class, code, message))
     retried_unknowns = _earlier_unknown_failures(session, bucket) if unknown else 0
+    suspect = bool(retry_once) and error_class == ErrorClass.COMPILE
+    recurred = suspect and _retried_once_before(session, bucket, code)
     retry = (error_class in RETRIED and counted < bucket.max_attempts and not repeated
              and (not unknown or retried_unknowns < unknown_retries))
+    if suspect and not recurred and counted < bucket.max_attempts:
+        retry = True
+        reason = reason or f"compile error {code}, retried once: {retry_once}"
     message_of_record = message
-    if repeated:
+    if recurred:
+        message_of_record = f"{code} again after one retry ({retry_once}), so final: {message}"
+    elif repeated:
         message_of_record = f"the same failure as attempt {attempt - 1}, so not retried again: {message}"
     elif unknown and not retry:
         message_of_record = (f"no diagnosis after {retried_unknowns + 1} unknown failure(s) "

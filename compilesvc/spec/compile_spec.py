@@ -27,7 +27,14 @@ from compilesvc.spec.buckets import (
     _integral,
     _Strict,
 )
-from compilesvc.spec.flags import FlagError, canonical_flags, check_neuron_flags, flag_names, whitespace_problems
+from compilesvc.spec.flags import (
+    FlagError,
+    canonical_flags,
+    check_neuron_flags,
+    flag_names,
+    model_builder_problems,
+    uses_model_builder,
+)
 from compilesvc.spec.neuron_releases import NotShipped, UnknownRelease, toolchain_material
 
 Target = Literal["inf2", "trn1", "trn2", "cpu"]
@@ -215,8 +222,9 @@ class CompileSpec(_Strict):
                                           extra=frozenset(extra))
         except FlagError as exc:  # pragma: no cover - CompilerOptions._splittable refuses these first
             raise _FieldError(("compiler", "args"), str(exc)) from None
-        if self.compiler.tp_degree > 1 and self.backend == "trace":  # NxD runs tp > 1 traces, not HLO compiles
-            problems = sorted([*problems, *whitespace_problems(self.compiler.args)], key=lambda p: p.item)
+        # NxD runs tp > 1 traces (not HLO compiles); from 2.21 through ModelBuilder's one flags string.
+        if self.compiler.tp_degree > 1 and self.backend == "trace" and uses_model_builder(self.sdk):
+            problems = sorted([*problems, *model_builder_problems(self.compiler.args)], key=lambda p: p.item)
         if problems:
             # One error (a model validator raises once), at the first bad item, naming every bad flag.
             raise _FieldError(("compiler", "args", problems[0].item), "; ".join(p.message for p in problems))

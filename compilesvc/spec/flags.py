@@ -34,6 +34,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from compilesvc.spec import neuron_releases
 from compilesvc.spec.neuron_releases import version_tuple
 from compilesvc.spec.neuronx_cc_options import (
     NEWEST_RELEASE,
@@ -47,7 +48,7 @@ from compilesvc.spec.neuronx_cc_options import (
 )
 
 __all__ = ["OUTPUT_NEUTRAL_FLAGS", "SWITCHES", "FlagError", "FlagProblem", "canonical_flags",
-           "check_neuron_flags", "flag_names"]
+           "check_neuron_flags", "flag_names", "model_builder_problems", "nxd_quoted", "uses_model_builder"]
 
 #: Flags that only move where output/logs/caches go or how chatty the compiler is (from the options table).
 OUTPUT_NEUTRAL_FLAGS: frozenset[str] = OUTPUT_NEUTRAL
@@ -217,13 +218,51 @@ def _option_problem(flag: _Flag, sdk: str, target: str, extra: frozenset[str]) -
     return None
 
 
-def whitespace_problems(args: Iterable[str]) -> list[FlagProblem]:
-    """Values holding whitespace, which a tp > 1 compile cannot pass: neuronx-distributed's ModelBuilder takes
-    the compiler args as one string and splits it on whitespace (``compiler_args.split()``), so quoting does
-    not survive it (neuronx_distributed/trace/model_builder.py)."""
-    return [FlagProblem(token, item, f"{token!r} holds whitespace, which a tp_degree > 1 compile cannot pass "
-                                     f"to neuronx-cc (neuronx-distributed splits compiler args on whitespace)")
-            for token, item in _tokens(args) if any(c.isspace() for c in token)]
+#: Where a tp > 1 compile's flags go, and how they come back apart (the rule of :func:`model_builder_problems`).
+MODEL_BUILDER_FLAGS_SOURCE = (
+    "neuronx-distributed's ModelBuilder takes the flags as one string and never splits it (neuronx_distributed/"
+    "trace/model_builder.py, v2.27.0 lines 642-651 and 720-740: it appends --logfile and hands the string to "
+    "libneuronxla's neuron_xla_compile); libneuronxla splits it shell-style, which NxDI's single-quoted values "
+    "rely on (neuronx_distributed_inference/models/model_wrapper.py: --tensorizer-options='...')")
+
+
+#: The first neuronx-distributed whose ModelBuilder the worker traces tp > 1 with (SDK 2.21.0; the worker
+#: chooses its API by it, ``workers.backends.neuron_parallel.MODEL_BUILDER_SINCE``). Before it,
+#: parallel_model_trace takes the flags as a list and hands them to torch_neuronx.trace unchanged.
+MODEL_BUILDER_NXD = (0, 10)
+
+
+def uses_model_builder(sdk: str) -> bool:
+    """Whether a tp > 1 compile for Neuron SDK ``sdk`` goes through ModelBuilder's one flags string (a release
+    the table does not know, or one that ships no neuronx-distributed, is taken to)."""
+    entry = neuron_releases.table().get(sdk)
+    nxd = entry.neuronx_distributed if entry is not None else None
+    return nxd is None or version_tuple(nxd)[:2] >= MODEL_BUILDER_NXD
+
+
+def nxd_quoted(flag: str) -> str:
+    """A canonical flag (``--x=v``, a switch, or a separate value) as NxDI writes it into ModelBuilder's string:
+    a value that a shell-style split would change is single-quoted after ``=`` (``--x='v w'``), anything else
+    is left as it is. A value holding a single quote cannot be written so (:func:`model_builder_problems`)."""
+    if shlex.quote(flag) == flag:
+        return flag
+    name, sep, value = flag.partition("=")
+    if not flag.startswith("-") or not sep:  # a separate value (or a name) is quoted whole
+        return f"'{flag}'"
+    return f"{name}{sep}'{value}'"
+
+
+def model_builder_problems(args: Iterable[str]) -> list[FlagProblem]:
+    """Values a tp > 1 compile cannot pass: those holding a single quote. ModelBuilder gets the flags as one
+    string, and the form known to come back whole is NxDI's ``--x='v w'`` (:data:`MODEL_BUILDER_FLAGS_SOURCE`);
+    a quote inside it would need shell escaping that nothing in NxD or NxDI relies on. Whitespace alone is fine.
+    (NxD's one whitespace split, ``compiler_args.split()`` in compile_wlo, trace/functions.py:583 at v2.27.0,
+    is not on ModelBuilder's path.)"""
+    return [FlagProblem(flag.given, flag.item,
+                        f"the value of {flag.given!r} holds a single quote, which a tp_degree > 1 compile cannot "
+                        f"pass: {MODEL_BUILDER_FLAGS_SOURCE}; a value comes back whole written --x='value', with "
+                        f"no quote inside")
+            for flag in _parse(args).flags if any("'" in value for value in flag.values or [])]
 
 
 def check_neuron_flags(args: Iterable[str], *, sdk: str, target: str,

@@ -39,6 +39,7 @@ _CLI_OLD = "aws-neuron-sdk compiler/neuronx-cc/api-reference-guide/neuron-compil
 _CLI = "aws-neuron-sdk compiler/neuronx-cc/api-reference-guide/index.rst"
 _RN = "aws-neuron-sdk release-notes/components/compiler.rst"
 _NXDI = "aws-neuron/neuronx-distributed-inference models (get_compiler_args); optimum-neuron modeling_decoder.py"
+_MW = "aws-neuron/neuronx-distributed-inference src/neuronx_distributed_inference/models/model_wrapper.py"
 _WRAPPER = ("torch-neuronx's NEURON_CC_FLAGS wrapper options (aws-neuron-sdk frameworks/torch/torch-neuronx "
             "persistent cache docs): read by the wrapper, never by the neuronx-cc CLI")
 _LEGACY = "compilesvc key schema 2's output-neutral list (undocumented; dropped before any compiler sees it)"
@@ -173,6 +174,20 @@ OPTIONS: tuple[Option, ...] = (
            "aws-neuron-sdk nki/deep-dives/src/mxfp-matmul/mx_toplevel.py"),
     Option("--pipeline", Arity.SEVERAL, "aws-neuron-sdk nki/deep-dives/src/mxfp-matmul/mx_toplevel.py "
            "('--pipeline compile SaveTemps')"),
+    # What NxDI's models/model_wrapper.py adds to every decoder's flags, read at each release's NxDI (tags
+    # v0.1.0 = SDK 2.21.0 … v0.7.14366 = 2.27.0, main = 2.31). All change what is generated (memory layout,
+    # unrolling, DMA and fused-multiply-add choices), so all stay in the key.
+    Option("--hbm-scratchpad-page-size", Arity.ONE, f"{_MW} v0.1.0-main ('--hbm-scratchpad-page-size="
+           "{scratchpad_page_size}', 1024 in mllama)", value_check=_positive_int),
+    Option("--layer-unroll-factor", Arity.ONE, f"{_MW} v0.4.7422-v0.7.14366 ('--layer-unroll-factor=4')",
+           value_check=_positive_int),
+    Option("--internal-num-neuroncores-per-sengine", Arity.ONE, f"{_MW} v0.1.0 ('--internal-num-neuroncores-"
+           "per-sengine={logical_neuron_cores}', replaced by --lnc in v0.2.0)", value_check=_positive_int),
+    Option("--internal-disable-fma-on-ios", Arity.SWITCH, f"{_MW} v0.4.7422-main (long-context mode)"),
+    Option("--internal-dma-order-constraints", Arity.ONE, f"{_MW} main (\"--internal-dma-order-constraints="
+           "'{json}'\", a JSON value)"),
+    Option("--internal-bir-enable-sb-allocation", Arity.SWITCH, f"{_MW} main (with --internal-dma-order-"
+           "constraints)"),
     # --- output-neutral: dropped from the key and from what the compiler is given --------------------------
     Option("--logfile", Arity.ONE, f"{_CLI_OLD} (CLI@2.3.0)", changes_output=False),
     Option("--output", Arity.ONE, f"{_CLI_OLD} (CLI@2.3.0)", changes_output=False),

@@ -43,7 +43,14 @@ please supply compiler argument target" RuntimeError; neuronx-cc rejects unknown
     platform). Both print neuronx-cc-style log lines.
 ``ncc-error`` / ``ncc-error:NCC_EXXX000``
     exit 70 with ``[NCC_EOOM001] ...`` (default code); on releases before 2.21 the bare form ``[OOM001]``.
-    trace raises ``RuntimeError("neuronx-cc failed with 70")``.
+    trace raises ``RuntimeError("neuronx-cc failed with 70")``. Any family prints this way, e.g.
+    ``ncc-error:NCC_CFG015`` (control flow graph validation, compiler release notes 2.29.0). A failure the
+    release notes call non-deterministic (NCC_CFG… before 2.31.0) is emulated by setting
+    ``COMPILESVC_NEURON_DOUBLE_BEHAVIOUR=ncc-error:NCC_CFG015`` for one attempt and unsetting it for the next,
+    or, for a worker process whose environment is fixed, by ``COMPILESVC_NEURON_DOUBLE_RACE_FILE=<path>``: while
+    that file exists (its directory bound read-only into the sandbox, ``COMPILESVC_SANDBOX_READ_PATHS``) the
+    compiler fails with the code it holds; the test removes it. A compile sandbox keeps no state between
+    attempts, so the double itself cannot count them.
 ``ncc-internal`` / ``ncc-internal:NCC_IXXX000``
     exit 70 with ``[INTERNAL_ERROR] [NCC_INLA001] ...`` (default code); before 2.21 ``[NLA001]  Unhandled ...``.
 ``bare-code`` / ``bare-code:XTP002``

@@ -607,13 +607,64 @@ def test_missing_and_binary_files(tmp_path: Path) -> None:
         load_spec_file(tmp_path)
 
 
-def test_tp_compiles_refuse_values_with_whitespace() -> None:
-    """tp > 1 goes through neuronx-distributed's ModelBuilder, which splits the compiler args on whitespace:
-    a quoted value would reach neuronx-cc cut in two, so it is refused at submit, naming it."""
+# What neuronx-distributed-inference passes to neuronx-cc (src/neuronx_distributed_inference/models/
+# model_wrapper.py, get_compiler_args of the model classes), at each release's NxDI (v0.1.0 = SDK 2.21.0 …
+# main = 2.31): the options the table had to learn, in the form NxDI writes them.
+NXDI_ARGS = ["--auto-cast=none", "--model-type=transformer", "--internal-disable-fma-on-ios",
+             "--disable-mixed-precision-accumulation", "--tensorizer-options='--enable-ccop-compute-overlap "
+             "--cc-pipeline-tiling-factor=2 --vectorize-strided-dma '", "--lnc=2", "--hbm-scratchpad-page-size=1024",
+             "--internal-backend-options='--enable-verifier=false'", "-O1",
+             """--internal-dma-order-constraints='{"a": [1, 2]}'""", "--internal-bir-enable-sb-allocation",
+             "--internal-enable-dge-levels", "spill_reload", "--layer-unroll-factor=4",
+             "--internal-num-neuroncores-per-sengine=2", "--internal-max-instruction-limit=15000000",
+             "--internal-hlo2tensorizer-options=' --modular-flow-mac-threshold=10  --verify-hlo=true'"]
+
+
+def _key(args: list[str], **compiler: Any) -> str:
+    doc = neuron_doc(sdk="2.27.1", target="trn2", compiler={"args": args, **compiler})
+    return compute_keys(parse_spec(doc), model_sha256=SHA, default_isa="x86_64-avx2").key
+
+
+def test_the_options_nxdi_passes_are_accepted_and_keyed() -> None:
+    """A spec holding every option NxDI passes is accepted; each output-changing one is key material (a
+    different value, a different key), and a spelling NxDI also uses (``--x v``) keys the same."""
+    assert parse_spec(neuron_doc(sdk="2.27.1", target="trn2", compiler={"args": NXDI_ARGS})).compiler.args
+    base = _key(NXDI_ARGS)
+    assert _key([a.replace("page-size=1024", "page-size=2048") for a in NXDI_ARGS]) != base
+    assert _key([a.replace("unroll-factor=4", "unroll-factor=2") for a in NXDI_ARGS]) != base
+    assert _key([a for a in NXDI_ARGS if a != "--internal-disable-fma-on-ios"]) != base
+    assert _key([a for a in NXDI_ARGS if a != "--internal-bir-enable-sb-allocation"]) != base
+    spaced = [*NXDI_ARGS[:6], "--hbm-scratchpad-page-size", "1024", *NXDI_ARGS[7:]]
+    assert _key(spaced) == base
+
+
+@pytest.mark.parametrize(("flag", "hint"), [("--hbm-scratchpad-pagesize=1024", "--hbm-scratchpad-page-size"),
+                                            ("--layer-unrol-factor=4", "--layer-unroll-factor"),
+                                            ("--internal-disable-fma-on-io", "--internal-disable-fma-on-ios")])
+def test_misspelt_nxdi_options_are_still_refused(flag: str, hint: str) -> None:
+    assert_refused(neuron_doc(sdk="2.27.1", target="trn2", compiler={"args": [flag]}), "compiler.args[0]",
+                   f"did you mean {hint!r}")
+
+
+@pytest.mark.parametrize("flag", ["--hbm-scratchpad-page-size=0", "--layer-unroll-factor=x",
+                                  "--internal-num-neuroncores-per-sengine=-1"])
+def test_nxdi_options_with_counts_take_positive_integers(flag: str) -> None:
+    assert_refused(neuron_doc(sdk="2.27.1", target="trn2", compiler={"args": [flag]}), "compiler.args[0]",
+                   "expected a positive integer")
+
+
+def test_tp_compiles_take_values_with_whitespace_as_nxdi_writes_them() -> None:
+    """tp > 1 hands the flags to neuronx-distributed's ModelBuilder as one string, split again shell-style
+    downstream (libneuronxla): a value with spaces passes single-quoted, as NxDI passes its own
+    (models/model_wrapper.py). One that holds a single quote cannot be written that way: refused, naming it."""
     spaced = ["--auto-cast=none", "--tensorizer-options='--disable-dge --enable-ccop-compute-overlap'"]
-    assert_refused(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 2, "args": spaced}), "compiler.args[1]",
-                   "holds whitespace, which a tp_degree > 1 compile cannot pass")
-    assert parse_spec(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 1, "args": spaced})).compiler.args == spaced
+    assert parse_spec(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 2, "args": spaced})).compiler.args == spaced
+    quoted = ["--auto-cast=none", '''--tensorizer-options="--x='a b'"''']
+    assert_refused(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 2, "args": quoted}), "compiler.args[1]",
+                   "holds a single quote, which a tp_degree > 1 compile cannot pass")
+    assert parse_spec(neuron_doc(sdk="2.27.1", compiler={"tp_degree": 1, "args": quoted})).compiler.args == quoted
+    # 2.20 (neuronx-distributed 0.9) traces tp > 1 with parallel_model_trace, which takes the flags as a list.
+    assert parse_spec(neuron_doc(sdk="2.20.0", compiler={"tp_degree": 2, "args": quoted})).compiler.args == quoted
 
 
 def test_an_unquoted_yaml_release_gets_a_hint() -> None:

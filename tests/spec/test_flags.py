@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from compilesvc.spec.flags import (
@@ -11,6 +13,7 @@ from compilesvc.spec.flags import (
     canonical_flags,
     check_neuron_flags,
     flag_names,
+    nxd_quoted,
 )
 from compilesvc.spec.neuron_releases import version_tuple
 from compilesvc.spec.neuronx_cc_options import (
@@ -254,3 +257,17 @@ def test_extra_flags_setting(text: str) -> None:
 def test_extra_flags_setting_refuses_non_names(text: str) -> None:
     with pytest.raises(ValueError, match="expected option names"):
         parse_extra_flags(text)
+
+
+@pytest.mark.parametrize(("flag", "written"), [
+    ("-O1", "-O1"), ("--auto-cast=none", "--auto-cast=none"), ("--internal-disable-fma-on-ios",
+                                                                "--internal-disable-fma-on-ios"),
+    ("--tensorizer-options=--a --b", "--tensorizer-options='--a --b'"),
+    ('--internal-dma-order-constraints={"a": [1]}', """--internal-dma-order-constraints='{"a": [1]}'"""),
+    ("--x=", "--x="), ("compile SaveTemps", "'compile SaveTemps'"),
+])
+def test_nxd_quoted_writes_values_as_nxdi_does(flag: str, written: str) -> None:
+    """ModelBuilder's one string: values a shell-style split would change are single-quoted after '=', as NxDI
+    writes them (models/model_wrapper.py); the split gives the flag back."""
+    assert nxd_quoted(flag) == written
+    assert shlex.split(nxd_quoted(flag)) == [flag]

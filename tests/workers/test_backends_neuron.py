@@ -184,6 +184,22 @@ def test_tp_on_a_current_sdk_goes_through_model_builder(tmp_path: Path, env: dic
         torch.testing.assert_close(torch.jit.load(str(run.out_dir / "model.pt"))(ids, mask), eager(ids, mask))
 
 
+def test_tp_passes_a_value_with_spaces_to_model_builder_as_nxdi_does(tmp_path: Path, env: dict[str, str],
+                                                                     scripted: str) -> None:
+    """ModelBuilder takes the flags as one string: a value with spaces is written --x='v w' (NxDI's own form,
+    models/model_wrapper.py) and reaches neuronx-cc whole."""
+    args = ["--auto-cast=none", "--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2",
+            "-O2", "--enable-saturate-infinity"]
+    run = _trace(tmp_path, "mb-spaced", env, args, tp_degree=2, model_path=scripted, model_format="torchscript")
+    assert run.returncode == 0, run.describe()
+    flags = next(line for line in run.lines if "Neuron compiler flags:" in line)
+    assert " -O2 --enable-saturate-infinity" in flags, flags
+    assert "--tensorizer-options='--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2'" in flags, flags
+    # Cut in two, "--cc-pipeline-tiling-factor=2" would be an option neuronx-cc refuses (exit 2).
+    options = next(line for line in run.lines if "Compiler options:" in line)
+    assert "--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2 " in options, options
+
+
 def test_tp_on_an_old_sdk_goes_through_parallel_model_trace_within_the_bound(tmp_path: Path, env: dict[str, str],
                                                                             scripted: str) -> None:
     # SDK 2.20.0 ships neuronx-distributed 0.9.0, before the one-process ModelBuilder; its ranks need a device.
@@ -360,6 +376,22 @@ def test_neuronx_cc_on_hlo(tmp_path: Path, env: dict[str, str], hlo: Path, behav
         assert "Compiler status PASS" in run.stdout
     if behaviour == "crash":
         assert "SIGKILL" in run.result["message"]
+
+
+def test_the_options_nxdi_passes_reach_neuronx_cc(tmp_path: Path, env: dict[str, str], hlo: Path) -> None:
+    """The flags neuronx-distributed-inference passes (models/model_wrapper.py), as a spec gives them, reach
+    the compiler as options (in their canonical form, as the runner hands them over), values with spaces whole."""
+    from compilesvc.spec.flags import canonical_flags
+    from tests.spec.test_compile_spec import NXDI_ARGS
+
+    run = run_child(tmp_path, "nxdi", env=env, backend="neuronx-cc", target="trn2", sdk=SDK, model_format="hlo",
+                    model_path=str(hlo), args=canonical_flags(NXDI_ARGS), tp_degree=1)
+    assert run.returncode == 0, run.describe()
+    options = next(line for line in run.lines if "Compiler options:" in line)
+    for given in ("--hbm-scratchpad-page-size=1024", "--layer-unroll-factor=4", "--internal-disable-fma-on-ios",
+                  "--internal-bir-enable-sb-allocation", "--internal-enable-dge-levels=spill_reload",
+                  "--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2"):
+        assert given in options, options
 
 
 def test_slow_compiler_streams_lines_and_dies_with_the_process_group(tmp_path: Path, env: dict[str, str],

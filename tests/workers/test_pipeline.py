@@ -21,6 +21,7 @@ import redis
 from sqlalchemy import func, select
 
 from compilesvc.builds.control import cancel_build, retry_build
+from compilesvc.compiles import failures
 from compilesvc.config.settings import Settings
 from compilesvc.dispatch.outbox import OutboxRelay
 from compilesvc.dispatch.registry import live_workers
@@ -30,7 +31,7 @@ from compilesvc.lifecycle.artifacts import read_manifest
 from compilesvc.refusals import NoCapableWorker
 from compilesvc.store import ArtifactStore
 from tests.doubles import neuron_double_env
-from tests.doubles.neuron._release import RELEASES, coded
+from tests.doubles.neuron._release import RACE_ENV, RELEASES, coded
 from tests.fixtures.s3server import S3Server
 from tests.workers.conftest import (
     HLO_MODEL,
@@ -294,6 +295,37 @@ def test_timeout_is_retried_up_to_max_attempts(make_cluster: MakeCluster) -> Non
     assert [r["attempt"] for r in worker.logged("compile attempt failed", bucket_compile_id=failed.id)] == [1, 2]
     for job in compiler_jobs(worker, failed.id):
         assert processes_of(job) == []
+
+
+def test_a_non_deterministic_compile_failure_is_retried_once_by_a_worker(make_cluster: MakeCluster,
+                                                                          tmp_path: Path) -> None:
+    """The 2.30.0/2.31.0 compiler notes fixed "non-deterministic compilation failures caused by data races in
+    control flow validation" (NCC_CFG…, 2.29.0 notes). A worker of 2.27.1 whose compiler loses the race once
+    (the double fails while a file exists; the test removes it after the first failure) retries the compile
+    once, and it succeeds: the NCC_CFG015 failure was not made final."""
+    race = tmp_path / "race"
+    race.mkdir()
+    lost = race / "lost"
+    lost.write_text("NCC_CFG015")
+    cluster = make_cluster(retry_backoff_seconds=3, sandbox_read_paths=str(race))
+    double = neuron_double_env(cluster.env, sdk="2.27.1")
+    cluster.start_worker("w1", concurrency=1, env={
+        **{k: double[k] for k in ("PYTHONPATH", "COMPILESVC_NEURON_SDK", "COMPILESVC_NEURON_DOUBLE_RELEASE")},
+        RACE_ENV: str(lost)})
+    cluster.start_relay()  # sends the requeue once its backoff is over
+    result = cluster.submit({**cluster.hlo_spec(), "sdk": "2.27.1", "compiler": {"args": []}})
+    key = result.buckets[0].key
+
+    def first_failure() -> list[Any]:
+        with cluster.services.sessions() as session:
+            return failures.of_buckets(session, [cluster.bucket(key).id]).get(cluster.bucket(key).id, [])
+
+    history = wait_for(first_failure, 30, "the first attempt to fail")
+    lost.unlink()  # the next attempt wins the race
+    assert [(f.error_class, f.code, f.retry) for f in history] == [("compile", "NCC_CFG015", True)]
+    done = cluster.wait_bucket(key, ("succeeded", "failed"), timeout=60)
+    assert (done.state, done.attempts) == ("succeeded", 2), (done.state, done.error_code, done.error_message)
+    assert cluster.wait_artifact(result.artifact_key, ("published", "failed"), 30).state == "published"
 
 
 def test_compile_error_is_final_and_negatively_cached(make_cluster: MakeCluster) -> None:

@@ -50,13 +50,13 @@ import functools
 import inspect
 import os
 import re
-import shlex
 import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from compilesvc.spec.flags import MODEL_BUILDER_NXD, nxd_quoted
 from compilesvc.spec.neuron_releases import version_tuple
 from workers.backends.neuron import raise_for_trace_failure, read_compiler_logs
 from workers.backends.output_tee import OutputTee
@@ -64,7 +64,7 @@ from workers.compiling.contract import ArtifactFile, CompileRequest, InfraError,
 from workers.host.versions import neuronx_distributed_version
 
 #: First neuronx-distributed whose ModelBuilder traces in one process (SDK 2.21.0; see the module doc).
-MODEL_BUILDER_SINCE = (0, 10)
+MODEL_BUILDER_SINCE = MODEL_BUILDER_NXD
 #: The rendezvous port parallel_model_trace hard-codes (neuronx_distributed/trace/trace.py).
 PARALLEL_MODEL_TRACE_PORT = 2022
 #: ModelBuilder's key for our one model (it names the compiler's working directory).
@@ -141,9 +141,10 @@ def _model_builder_trace(request: CompileRequest, model: Any, tensors: tuple[Any
 
     builder = ModelBuilder(router=None, tp_degree=request.tp_degree,
                            checkpoint_loader=lambda: dict(model.state_dict()), **options)
-    # add() concatenates flags to this string; shlex keeps a value with spaces or a leading dash one word.
+    # One string, which ModelBuilder appends to and libneuronxla splits shell-style: each value written as NxDI
+    # writes its own (--x='v w'; MODEL_BUILDER_FLAGS_SOURCE), values with a quote too were refused at submit.
     builder.add(key=MODEL_KEY, model_instance=BaseModelInstance(lambda: model, {}), example_inputs=[tensors],
-                compiler_args=shlex.join(args))
+                compiler_args=" ".join(nxd_quoted(arg) for arg in args))
     try:
         with tee:
             traced = builder.trace(initialize_model_weights=False)

@@ -57,7 +57,7 @@ from compilesvc.pinning.pins import ModelRefError
 from compilesvc.services import Services
 from compilesvc.spec.manifest import BucketManifest
 from compilesvc.store import StoreError, bucket_manifest_name
-from workers.compiling.classify import Outcome, classify
+from workers.compiling.classify import Outcome, classify, for_release
 from workers.compiling.drain import DRAIN, Interruptible
 from workers.compiling.launch import RESULT_NAME, AttemptDirs, compile_dirs, read_result, start_child
 from workers.compiling.lease_keeper import LeaseKeeper
@@ -221,6 +221,7 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             outcome = limit_outcome(outcome, child.limit, returncode, list(logs.tail), policy.limits)
         if child.lost is not None and not (keeper.cancelled or timed_out):  # the runner's failing, not the model's
             outcome = Outcome("infra", "COMPILE_RUNNER_LOST", child.lost)
+        outcome = for_release(outcome, claim.sdk)  # a code the release notes call non-deterministic: one retry
         logger.info("compiler finished", extra={"returncode": returncode, "seconds": round(wall, 2),
                                                 "error_class": outcome.error_class, "code": outcome.code})
         logs.service(f"compiler exited with {returncode} after {wall:.1f}s: "
@@ -345,7 +346,8 @@ def _record_failure(services: Services, claim: leases.Claim, outcome: Outcome, l
         with transaction(services.sessions) as session:
             return leases.fail(session, claim.bucket_id, claim.token, error_class, outcome.code, outcome.message,
                                phase=phase, backoff_seconds=retry_in,
-                               unknown_retries=services.settings.unknown_failure_retries, archived=log)
+                               unknown_retries=services.settings.unknown_failure_retries, archived=log,
+                               retry_once=outcome.retry_once)
 
     settled = with_db_retry(record, services.settings.ledger_retry_seconds)
     if settled is None:

@@ -24,7 +24,6 @@ Exit status: 0 every check passed or was skipped; 1 a check failed; 2 bad usage.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -49,7 +48,6 @@ from compilesvc.config.settings import Settings
 from compilesvc.demo import MODEL_FILE, demo_model_bytes, demo_spec
 from compilesvc.hostinfo import host_isa, instance_type
 from compilesvc.spec.compile_spec import NEURON_TARGETS
-from compilesvc.spec.neuron_releases import UnknownRelease, release_kinds
 from compilesvc.spec.parsing import parse_spec
 from workers.backends.compile_child import RESULT_NAME
 from workers.backends.neuron import neuron_devices
@@ -62,6 +60,9 @@ from workers.host.versions import (
     neuronx_cc_executable,
     python_version,
     torch_version,
+)
+from workers.host.versions import (
+    trace_unavailable as worker_trace_unavailable,
 )
 from workers.isolation.child_env import child_environment
 from workers.isolation.compiler_process import CompilerProcess
@@ -142,17 +143,11 @@ def host_facts(target: str, target_source: str) -> dict[str, Any]:
 # -- checks that read the host ------------------------------------------------------------------------------
 
 def trace_unavailable(facts: dict[str, Any]) -> str | None:
-    """Why a worker here would offer no trace compiles while it serves HLO (None: it offers them): the
-    configured release ships no torch-neuronx (2.32.0), or torch-neuronx or torch is not installed. The
-    worker's own verdict (:func:`workers.host.versions.detect_capabilities`), which doctor follows."""
-    release = facts["configured_release"]
-    with contextlib.suppress(UnknownRelease):
-        if release and "trace" not in release_kinds(release):
-            return f"Neuron SDK {release} ships no torch-neuronx: a worker here serves HLO (neuronx-cc) compiles only"
-    missing = [package for package in ("torch", "torch-neuronx") if facts["versions"][package] is None]
-    if missing:
-        return f"{' and '.join(missing)} not installed: a worker here serves HLO (neuronx-cc) compiles only"
-    return None
+    """Why a worker here would offer no trace compiles while it serves HLO (None: it offers them): the worker's
+    own verdict (:func:`workers.host.versions.trace_unavailable`, from the function it registers its kinds
+    with), so doctor and worker cannot disagree."""
+    why = worker_trace_unavailable(facts["configured_release"])
+    return None if why is None else f"{why}: a worker here serves HLO (neuronx-cc) compiles only"
 
 
 def toolchain_check(facts: dict[str, Any]) -> Check:

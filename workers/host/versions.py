@@ -292,7 +292,7 @@ def detect_capabilities() -> dict[str, Any]:
             refused.extend(refusals)
             warnings.extend(f"no Neuron targets: {problem}" for problem in refusals)
         else:
-            kinds = _offered_kinds(release, executable, bool(tnx and torch), packages, warnings)
+            kinds = _offered_kinds(release, executable, not trace_packages_missing(), packages, warnings)
             caps["neuron"]["kinds"] = kinds
             backends = sorted({neuron_releases.kind_request(kind)[0] for kind in kinds})
             for target in targets if kinds else []:
@@ -335,6 +335,37 @@ def _offered_kinds(release: str, executable: str | None, trace: bool, packages: 
     if not kinds:
         warnings.append(f"no Neuron targets: this host can run no kind of compile Neuron SDK {release} ships")
     return kinds
+
+
+def trace_packages_missing() -> list[str]:
+    """What this host lacks to run a trace: torch_neuronx importable, with torch (empty: nothing)."""
+    return [name for name, version in (("torch", torch_version()), ("torch-neuronx", torch_neuronx_version()))
+            if version is None]
+
+
+def trace_unavailable(release: str | None) -> str | None:
+    """Why a worker on this host, configured for ``release``, would offer no trace compiles (None: it would):
+    the verdict of :func:`_offered_kinds`, which :func:`detect_capabilities` registers, in words. For a release
+    that names nothing the table knows (unset, or not a release) only the host's packages are judged."""
+    missing = trace_packages_missing()
+    try:
+        shipped = neuron_releases.release_kinds(release) if release else None
+    except neuron_releases.UnknownRelease:
+        shipped = None
+    if shipped is None:
+        return f"{' and '.join(missing)} not installed" if missing else None
+    assert release is not None
+    executable = neuronx_cc_executable()
+    warnings: list[str] = []
+    if "trace" in _offered_kinds(release, executable, not missing, installed_neuron_packages(executable), warnings):
+        return None
+    try:
+        neuron_releases.require_kind(release, *neuron_releases.kind_request("trace"))
+    except neuron_releases.NotShipped as exc:  # the release, not the host
+        return str(exc)
+    if missing:
+        return f"{' and '.join(missing)} not installed"
+    return "; ".join(w for w in warnings if "trace" in w) or f"no trace compiles for Neuron SDK {release}"
 
 
 def capability_queues(caps: dict[str, Any]) -> list[str]:

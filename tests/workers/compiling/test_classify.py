@@ -9,7 +9,16 @@ import pytest
 
 from compilesvc.compiles.failures import CUT_MARK, MAX_MESSAGE, shorten
 from compilesvc.states import ErrorClass
-from workers.compiling.classify import TABLE, Evidence, Outcome, classify, judge
+from workers.compiling.classify import (
+    CODE_FAMILIES,
+    TABLE,
+    Evidence,
+    Outcome,
+    classify,
+    for_release,
+    judge,
+    nondeterministic,
+)
 from workers.compiling.contract import MAX_MESSAGE_CHARS, CompileFailure, one_line
 
 REPO = Path(__file__).resolve().parents[3]
@@ -111,6 +120,15 @@ JUDGE_CASES: list[tuple[str, Evidence, str, ErrorClass, str, str]] = [
      "NCC_IXCG856", "[NCC_IXCG856] MATCH_REPLACE8"),
     ("NCC_I via trace", Evidence([NCC_INTERNAL, "RuntimeError: neuronx-cc failed with 70"], 70,
                                  exception=RUNTIME), "ncc-internal-code", ErrorClass.COMPILE, "NCC_IXCG856", ""),
+    # compiler release notes (2.29.0): "NCC_CFG015 … stack overflow in control flow graph validation".
+    ("NCC_CFG code, exit 70", Evidence(["2026-04-09T10:00:00Z ERROR 9 [neuronx-cc]: [NCC_CFG015] Control flow "
+                                        "graph validation failed"], 70),
+     "ncc-cfg-code", ErrorClass.COMPILE, "NCC_CFG015", "[NCC_CFG015] Control flow graph"),
+    ("NCC_CFG is a code, not a rejected flag", Evidence(["[NCC_CFG015] validation", "error: argument --x: invalid"],
+                                                        70),
+     "ncc-cfg-code", ErrorClass.COMPILE, "NCC_CFG015", "validation"),
+    ("the wrapper's log tag is no code", Evidence(["INFO ||NCC_WRAPPER||: Compile cache path: /var/tmp/c"], 1),
+     "unknown", ErrorClass.UNKNOWN, "COMPILER_FAILED", "no error code"),
     ("bare TEN404 behind the wrapper", Evidence([BARE_TEN404], 70), "bare-code", ErrorClass.COMPILE, "TEN404",
      "[TEN404] (aten__add_add.31237) Internal tensorizer error"),
     ("bare XTP002", Evidence(["ERROR: [XTP002] tensor parallel layout not supported"], 1), "bare-code",
@@ -159,6 +177,52 @@ def test_every_row_has_a_case_a_source_and_a_doc_entry() -> None:
     for row in TABLE:
         assert row.source and row.evidence
         assert f"`{row.name}`" in section, f"row {row.name} is missing from docs/neuron-hosts.md"
+
+
+# Every code family of the SDK's error-code pages (aws-neuron-sdk compiler/error-codes/*.rst: NCC_E + ARG, BIR,
+# BVF, HCA, MOD, OOM, SFH, SPP, UOC, VRF, XSP, XTP) and of the compiler release notes (NCC_ESMP002 in 2.29.0;
+# NCC_CFG015 in 2.29.0; internal NCC_IBIR229, NCC_ILIN902, NCC_IBIR182 in 2.30.0, NCC_IRPX902 in 2.32.0,
+# NCC_INLA001 in 2.29.0): one example code each, printed the way the compiler prints it.
+DOCUMENTED_CODES = ["NCC_EARG001", "NCC_EBIR023", "NCC_EBVF030", "NCC_EHCA005", "NCC_EMOD025", "NCC_EOOM002",
+                    "NCC_ESFH002", "NCC_ESPP047", "NCC_EUOC002", "NCC_EVRF065", "NCC_EXSP001", "NCC_EXTP004",
+                    "NCC_ESMP002", "NCC_CFG015", "NCC_IBIR229", "NCC_ILIN902", "NCC_IRPX902", "NCC_INLA001"]
+
+
+@pytest.mark.parametrize("code", DOCUMENTED_CODES)
+def test_every_documented_code_family_is_a_compile_error(code: str) -> None:
+    line = (f"[INTERNAL_ERROR] [{code}] Unhandled exception with message: boom" if code.startswith("NCC_I")
+            else f"[{code}] the documented message")
+    verdict = judge(Evidence([f"2026-08-17T10:00:00Z ERROR 9 [neuronx-cc]: {line}"], 70))
+    assert (verdict.error_class, verdict.code) == (ErrorClass.COMPILE, code), verdict
+
+
+def test_code_families_name_their_source_and_cover_the_documented_codes() -> None:
+    assert {family.prefix for family in CODE_FAMILIES} >= {"NCC_E", "NCC_I", "NCC_CFG"}
+    for family in CODE_FAMILIES:
+        assert family.source and family.meaning and family.row in {row.name for row in TABLE}
+    for code in DOCUMENTED_CODES:
+        assert any(code.startswith(family.prefix) for family in CODE_FAMILIES), code
+
+
+# The compiler release notes of 2.30.0 and 2.31.0 fixed "non-deterministic compilation failures caused by data
+# races in control flow validation"; the code of control flow graph validation is NCC_CFG… (2.29.0 notes).
+@pytest.mark.parametrize(("code", "sdk", "suspect"), [
+    ("NCC_CFG015", "2.27.1", True), ("NCC_CFG015", "2.30.0", True), ("NCC_CFG015", "2.31.0", False),
+    ("NCC_CFG015", "2.32.0", False), ("NCC_EVRF007", "2.27.1", False), ("NCC_INLA001", "2.27.1", False),
+])
+def test_codes_the_release_notes_call_non_deterministic(code: str, sdk: str, suspect: bool) -> None:
+    reason = nondeterministic(code, sdk)
+    assert (reason is not None) == suspect
+    if reason is not None:
+        assert "2.31.0" in reason and "non-deterministic" in reason
+
+
+def test_a_suspect_compile_error_is_marked_for_one_retry_only_on_affected_releases() -> None:
+    failed = Outcome(ErrorClass.COMPILE, "NCC_CFG015", "[NCC_CFG015] Control flow graph validation failed")
+    assert for_release(failed, "2.27.1").retry_once is not None
+    assert for_release(failed, "2.31.0").retry_once is None
+    unknown = Outcome(ErrorClass.UNKNOWN, "NCC_CFG015", "x")  # only a compile error is ever made final by a code
+    assert for_release(unknown, "2.27.1").retry_once is None
 
 
 def compile_error(code: str, message: str = "boom") -> dict[str, Any]:

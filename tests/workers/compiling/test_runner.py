@@ -29,7 +29,7 @@ from compilesvc.signing.keys import TrustedKeys
 from compilesvc.spec.manifest import BucketManifest, FileEntry, parse_artifact_manifest, parse_bucket_manifest
 from compilesvc.spec.parsing import parse_spec
 from compilesvc.store.base import artifact_manifest_name, artifact_signature_name, blob_name, bucket_manifest_name
-from tests.doubles import neuron_double_env
+from tests.doubles import BEHAVIOUR_ENV, neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_AND_REJECTED_FLAGS
 from tests.doubles.neuron._release import RELEASES
 from tests.workers.test_pipeline import processes_of
@@ -65,14 +65,14 @@ def services(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> It
 
 
 def submit(services: Services, behaviour: str = "ok", *, uri: str | None = None,
-           args: list[str] | None = None, model_format: str = "hlo") -> SubmitResult:
+           args: list[str] | None = None, model_format: str = "hlo", sdk: str = "2.27.1") -> SubmitResult:
     if uri is None:
         path = services.settings.data_dir / "model.hlo.pb"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"hlo bytes")
         uri = f"blob:sha256:{services.store.put_file(path).sha256}"
     return Submitter(services).submit(parse_spec({
-        "model": {"uri": uri, "format": model_format}, "target": "inf2", "sdk": "2.27.1",
+        "model": {"uri": uri, "format": model_format}, "target": "inf2", "sdk": sdk,
         "compiler": {"args": args if args is not None else [f"--double-behaviour={behaviour}"]},
         "buckets": [{"batch_size": 1, "seq_len": 16}],
     }, extra_flags=DOUBLE_AND_REJECTED_FLAGS))
@@ -249,6 +249,9 @@ ROW_CASES = [
     pytest.param(["--double-behaviour=ncc-error:NCC_EVRF007"], "compile", "NCC_EVRF007", 1, id="ncc-error-code"),
     pytest.param(["--double-behaviour=ncc-internal:NCC_IXCG856"], "compile", "NCC_IXCG856", 1, id="ncc-internal-code"),
     pytest.param(["--double-behaviour=bare-code:XTP002"], "compile", "XTP002", 1, id="bare-code"),
+    # Control flow graph validation (compiler release notes 2.29.0). On 2.27.1, before the 2.31.0 fix of its
+    # "non-deterministic compilation failures", the code is retried once, then final like any compile error.
+    pytest.param(["--double-behaviour=ncc-error:NCC_CFG015"], "compile", "NCC_CFG015", 2, id="ncc-cfg-code"),
     # neuronx-cc reports an operator it cannot compile with a code (compiler/error-codes/EUOC002.rst); a
     # trace that cannot lower one raises with none: TRACE_ROW_CASES.
     pytest.param(["--double-behaviour=unsupported-op"], "compile", "NCC_EUOC002", 1,
@@ -286,6 +289,8 @@ def test_each_row_of_the_classification_table_through_the_runner(services: Servi
         assert final.error_message.startswith("no diagnosis after 2 unknown failure(s)")
     if error_class == "bad_request":
         assert "--no-such-flag" in final.error_message
+    if code == "NCC_CFG015":
+        assert "again after one retry" in final.error_message
     with services.sessions() as session:
         archived = session.scalars(select(LogLine.line).where(LogLine.line.startswith("full log archived"))).all()
     assert len(archived) == final.attempts
@@ -352,6 +357,43 @@ def test_each_trace_failure_through_the_runner(services: Services, torchscript_u
     assert (row.attempts, row.state) == (1, "failed" if final else "queued")
     again = submit(services, uri=torchscript_uri, args=args, model_format="torchscript")
     assert (again.buckets[0].state == "failed") == final
+
+
+def test_a_code_the_release_notes_call_non_deterministic_gets_one_retry(services: Services,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 2.30.0 and 2.31.0 compiler notes fixed "non-deterministic compilation failures caused by data races
+    in control flow validation" (NCC_CFG…, 2.29.0 notes). On 2.27.1 the compiler fails with NCC_CFG015 once and
+    not the next time (the double told so between the attempts): the compile is retried once, and succeeds."""
+    services.settings.retry_backoff_seconds = 0
+    monkeypatch.setenv(BEHAVIOUR_ENV, "ncc-error:NCC_CFG015")
+    result = submit(services, args=[])
+    row = bucket(services, result)
+    first = run_compile(services, row.id, WORKER)
+    assert (first.status, first.error_class, first.code) == ("queued", "compile", "NCC_CFG015")
+    monkeypatch.delenv(BEHAVIOUR_ENV)  # the race goes the other way this time
+    second = run_compile(services, row.id, WORKER)
+    assert second.status == "succeeded", second
+    final = bucket(services, result)
+    assert (final.state, final.attempts) == ("succeeded", 2)
+    with services.sessions() as session:
+        history = failures.of_buckets(session, [final.id])[final.id]
+    assert [(f.error_class, f.code, f.retry) for f in history] == [("compile", "NCC_CFG015", True)]
+
+
+def test_on_a_release_with_the_fix_the_same_code_is_final_at_once(services: Services,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """2.31.0 ships the fix: NCC_CFG015 there is a compile error like any other, negatively cached at once."""
+    services.settings.retry_backoff_seconds = 0
+    double = neuron_double_env(sdk="2.31.0")
+    for name in ("PYTHONPATH", "COMPILESVC_NEURON_SDK", "COMPILESVC_NEURON_DOUBLE_RELEASE"):
+        monkeypatch.setenv(name, double[name])
+    result = submit(services, args=["--double-behaviour=ncc-error:NCC_CFG015"], sdk="2.31.0")
+    row = bucket(services, result)
+    outcome = run_compile(services, row.id, WORKER)
+    assert (outcome.status, outcome.error_class, outcome.code) == ("failed", "compile", "NCC_CFG015"), outcome
+    assert bucket(services, result).attempts == 1
+    again = submit(services, args=["--double-behaviour=ncc-error:NCC_CFG015"], sdk="2.31.0")
+    assert again.buckets[0].state == "failed"  # the negative cache
 
 
 def test_every_row_of_the_table_has_a_worker_path_test() -> None:

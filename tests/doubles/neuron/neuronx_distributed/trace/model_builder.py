@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -144,10 +145,18 @@ class ModelBuilder:
         flags = container.compiler_args
         if self.compiler_flag_hook is not None:
             flags = self.compiler_flag_hook(key, container, bucket_rank, flags)
-        # NxD takes the args as one string and splits it on whitespace, not as a shell would
-        # (neuronx_distributed/trace/model_builder_utils.py: ``args_list = compiler_args.split()``): a quoted
-        # value holding a space arrives cut in two, which is why compilesvc refuses such values for tp > 1.
-        args = flags.split()
+        # ModelBuilder never splits the flags: it appends to the string (" --logfile=…", " --enable-internal-neff-
+        # wrapper"), logs it ("Neuron compiler flags: …", neuronx_distributed/trace/model_builder.py at v2.27.0,
+        # lines 642-645 and 720-733) and hands it to libneuronxla's neuron_xla_compile(compiler_flags=<str>).
+        # libneuronxla splits a str the way a shell would: its own warning says str flags go through "repeated
+        # joining and splitting" (libneuronxla/neuron_cc_wrapper.py:246, quoted in vllm-project/vllm-neuron#7),
+        # and NxDI passes single-quoted values holding spaces through this very path
+        # ("--tensorizer-options='--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2 '",
+        # neuronx_distributed_inference/models/model_wrapper.py). The only whitespace split in NxD is
+        # compile_wlo's (trace/functions.py:583 at v2.27.0, ``compiler_args.split()``), which ModelBuilder.trace
+        # does not call. libneuronxla's exact splitter is closed source: shlex's is the one its users rely on.
+        print(f"[neuronx_distributed TEST DOUBLE] Neuron compiler flags: {flags}", flush=True)
+        args = shlex.split(flags)
         target = torch_neuronx._target_arg(args) or torch_neuronx.PLATFORM_TARGET
         if target is None:
             raise RuntimeError(torch_neuronx.CPU_TARGET_ERROR)
