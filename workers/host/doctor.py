@@ -49,7 +49,7 @@ from compilesvc.config.settings import Settings
 from compilesvc.demo import MODEL_FILE, demo_model_bytes, demo_spec
 from compilesvc.hostinfo import host_isa, instance_type
 from compilesvc.spec.compile_spec import NEURON_TARGETS
-from compilesvc.spec.neuron_releases import UnknownRelease, release_kinds
+from compilesvc.spec.neuron_releases import UnknownRelease, device_requirement, release_kinds
 from compilesvc.spec.parsing import parse_spec
 from workers.backends.neuron import neuron_devices
 from workers.compiling.classify import classify
@@ -143,12 +143,16 @@ def host_facts(target: str, target_source: str) -> dict[str, Any]:
 
 def trace_unavailable(facts: dict[str, Any]) -> str | None:
     """Why a worker here would offer no trace compiles while it serves HLO (None: it offers them): the
-    configured release ships no torch-neuronx (2.32.0), or torch-neuronx or torch is not installed. The
+    configured release ships no torch-neuronx (2.32.0), its trace needs a device this host lacks (before
+    2.21.0), or torch-neuronx or torch is not installed. The
     worker's own verdict (:func:`workers.host.versions.detect_capabilities`), which doctor follows."""
     release = facts["configured_release"]
     with contextlib.suppress(UnknownRelease):
         if release and "trace" not in release_kinds(release):
             return f"Neuron SDK {release} ships no torch-neuronx: a worker here serves HLO (neuronx-cc) compiles only"
+    needs_device = device_requirement(release, "trace", 1) if release else None
+    if needs_device and not facts["neuron_devices"]:
+        return f"{needs_device}; this host has none: a worker here serves HLO (neuronx-cc) compiles only"
     missing = [package for package in ("torch", "torch-neuronx") if facts["versions"][package] is None]
     if missing:
         return f"{' and '.join(missing)} not installed: a worker here serves HLO (neuronx-cc) compiles only"
