@@ -5,7 +5,7 @@
 - **start**: the median wall time of starting the sandbox and running ``/bin/true`` in it (bubblewrap's
   namespaces and mounts, the user switch), as :class:`workers.isolation.compiler_process.CompilerProcess` starts a
   compile child. Target: <= 0.2 s (issue 25).
-- **compile**: the compile child (``python -m workers.isolation.compile_child``) on the bundled demo model at its
+- **compile**: the compile child (``python -m workers.backends.compile_child``) on the bundled demo model at its
   largest bucket, in the sandbox and without it, interleaved round by round (this host is noisy), each run
   with a fresh attempt directory; the ratio of the medians. Target: <= 1.03x. The run without the sandbox
   gets a fresh ``TMPDIR`` too, as the runner gives it: torch keeps an inductor cache under it
@@ -88,7 +88,7 @@ def one_compile(policy: Policy | None, backend: str, root: Path, shared_tmp: boo
     mounts = Mounts(read_only=[model_dir, request_path], writable=[work, out_dir],
                     private={work.parent / "compilesvc-inductor-cache": cache})
     sandbox = Sandbox(policy, mounts, env) if policy is not None else None
-    return _run([sys.executable, "-m", "workers.isolation.compile_child", str(request_path)], work, sandbox, env)
+    return _run([sys.executable, "-m", "workers.backends.compile_child", str(request_path)], work, sandbox, env)
 
 
 def main(argv: list[str] | None = None) -> int:

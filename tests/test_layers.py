@@ -32,18 +32,31 @@ def test_a_wrong_import_breaks_the_contracts(tmp_path: Path) -> None:
     keys.write_text(keys.read_text() + "\nfrom compilesvc.ledger import models  # noqa: E402\n")
     api = tmp_path / "compilesvc" / "client" / "api.py"
     api.write_text(api.read_text() + "\nimport flask  # noqa: E402\n")
+    problems = tmp_path / "web" / "contract" / "problems.py"
+    problems.write_text(problems.read_text() + "\nfrom web import auth  # noqa: E402\n")
+    sandbox = tmp_path / "workers" / "isolation" / "sandbox.py"
+    sandbox.write_text(sandbox.read_text() + "\nfrom workers.compiling import runner  # noqa: E402\n")
     result = lint(tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "compilesvc.spec is not allowed to import compilesvc.ledger" in result.stdout
     assert "compilesvc.client is not allowed to import flask" in result.stdout
+    assert "web.contract is not allowed to import web.auth" in result.stdout
+    assert "workers.isolation is not allowed to import workers.compiling" in result.stdout
 
 
-def test_the_architecture_diagram_is_the_layers_contract() -> None:
+def drawn_layers(text: str, after: str) -> list[str]:
+    """The first diagram after the words ``after`` in docs/architecture.md, one layer a line."""
+    diagram = text.split(after, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    return [line.strip().split("  ", 1)[0].strip() for line in diagram.splitlines() if line.strip()]
+
+
+def test_the_architecture_diagrams_are_the_layers_contracts() -> None:
     import tomllib
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    layers = next(c["layers"] for c in contracts if c["type"] == "layers")
+    layered = {c["layers"][0].split(".", 1)[0]: c["layers"] for c in contracts if c["type"] == "layers"}
+    assert sorted(layered) == ["compilesvc", "web", "workers"]
     text = (ROOT / "docs" / "architecture.md").read_text()
-    diagram = text.split("## The core's layers", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
-    drawn = [line.strip().split("  ", 1)[0].strip() for line in diagram.splitlines() if line.strip()]
-    assert drawn == [layer.replace("compilesvc.", "") for layer in layers]
+    for root, heading in (("compilesvc", "## The core's layers"), ("web", "**`web/`: the Flask API and the UI.**"),
+                          ("workers", "**`workers/`: Celery workers.**")):
+        assert drawn_layers(text, heading) == [layer.replace(f"{root}.", "") for layer in layered[root]], root

@@ -1,11 +1,11 @@
 """Who is asking, and may they: authentication, each endpoint's access, CSRF, and the JSON-only rule.
 
-Every view declares its access: :func:`web.contract.openapi.operation`'s ``access=`` for API endpoints, and
-:func:`access` for the rest. One ``before_request`` hook (:func:`install`) enforces it before any view
-code runs, in this order:
+Every view declares its access (:mod:`web.contract.access`): :func:`web.contract.openapi.operation`'s ``access=``
+for API endpoints, and :func:`web.contract.access.access` for the rest. One ``before_request`` hook
+(:func:`install`) enforces it before any view code runs, in this order:
 
-1. **Access.** A :class:`compilesvc.access.tokens.Permission`, or one of :data:`PUBLIC`, :data:`SIGNED_URL` (the
-   URL's signature is the credential), :data:`METRICS` (public unless ``public_metrics`` is off). A view
+1. **Access.** A :class:`compilesvc.access.tokens.Permission`, or one of ``PUBLIC``, ``SIGNED_URL`` (the
+   URL's signature is the credential), ``METRICS`` (public unless ``public_metrics`` is off). A view
    that declares nothing needs ``admin``: forgetting a declaration closes an endpoint, never opens it.
    ``open_reads`` opens the read and artifact permissions to requests without a token; a token sent to
    them anyway must be valid (401 otherwise).
@@ -28,7 +28,7 @@ import hmac
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Flask, Request, current_app, g, redirect, request, session, url_for
@@ -41,65 +41,14 @@ from compilesvc.config.settings import Settings
 from compilesvc.ledger.engine import transaction
 from compilesvc.services import Services
 from web.context import LRU, web
+from web.contract.access import checks_sent_token, declared_access, needed
 from web.contract.problems import Problem
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-PUBLIC = "public"
-SIGNED_URL = "signed-url"
-METRICS = "metrics"
-#: What a view may declare: a permission, or one of the open kinds.
-Access = Permission | str
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 JSON_TYPES = ("application/json",)
 SESSION_LIFETIME = ui_sessions.LIFETIME
 UPLOAD_ENDPOINT = "blobs.upload_model"
 INVALID_TOKEN = "the token is not valid (unknown, expired or revoked)"
-
-
-def access(level: Access) -> Callable[[F], F]:
-    """Declare the access of a view that has no :func:`web.contract.openapi.operation` (UI pages, documents)."""
-
-    def mark(view: F) -> F:
-        view._access = level  # type: ignore[attr-defined]
-        return view
-
-    return mark
-
-
-def declared_access(endpoint: str, view: Callable[..., Any] | None) -> Access:
-    """A view's declared access (``admin`` when it declares none: closed by default). Static files (CSS,
-    JS) are public: Flask's own view serves them."""
-    if endpoint == "static" or endpoint.endswith(".static"):
-        return PUBLIC
-    op = getattr(view, "_openapi", None)
-    if op is not None and op.access is not None:
-        return op.access  # type: ignore[no-any-return]
-    return getattr(view, "_access", Permission.ADMIN)  # type: ignore[no-any-return]
-
-
-#: What ``open_reads`` opens to requests without a token.
-OPENED_BY_OPEN_READS = (Permission.READ, Permission.ARTIFACTS)
-
-
-def needed(level: Access, settings: Settings) -> Permission | None:
-    """The permission a request needs under ``settings`` (None: no token needed)."""
-    if level in (PUBLIC, SIGNED_URL):
-        return None
-    if level == METRICS:
-        return None if settings.public_metrics else Permission.READ
-    permission = Permission(level)
-    if settings.open_reads and permission in OPENED_BY_OPEN_READS:
-        return None
-    return permission
-
-
-def checks_sent_token(level: Access, settings: Settings) -> bool:
-    """Whether a token sent with the request is checked (401 when unknown, expired or revoked): wherever one
-    is needed, and on open reads, where it is optional (RFC 6750 section 3.1: a client with a mistyped or
-    revoked token learns it at its first call, not at its first write). Public operations, signed URLs and a
-    public /metrics never look (a scraper's stale token must not blank the on-call's dashboards)."""
-    return needed(level, settings) is not None or level in OPENED_BY_OPEN_READS
 
 
 class TokenCache:

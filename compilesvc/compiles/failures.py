@@ -19,7 +19,7 @@ from compilesvc.ledger.models import BucketCompile, BucketFailure, utcnow
 from compilesvc.states import ErrorClass
 
 #: Longest failure message kept anywhere: a failure's history here, the compile's ``error_message``, the
-#: compile child's result.json (:mod:`workers.backends.base` imports it). Room for a compiler's error after
+#: compile child's result.json (:mod:`workers.compiling.contract` imports it). Room for a compiler's error after
 #: the traceback or command line printed before it; the full text is in the archived compile log.
 MAX_MESSAGE = 4000
 #: What stands for the middle of a message cut to :data:`MAX_MESSAGE`.

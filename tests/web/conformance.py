@@ -36,7 +36,7 @@ from compilesvc.access.tokens import GRANTS, Permission, Scope
 from compilesvc.services import Services
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import Env, make_settings
-from web.auth import declared_access, needed
+from web.contract.access import declared_access, needed
 from web.contract.openapi import openapi_path
 from web.server.app import create_app
 

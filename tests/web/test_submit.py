@@ -18,7 +18,7 @@ from compilesvc.ledger.models import Build
 from compilesvc.store.base import artifact_manifest_name
 from tests.fixtures.tokens import bearer, make_token
 from tests.web.support import PUBLIC_URL, Env, complete_build, spec_for
-from web.contract.params import parse_for_service
+from web.api.params import parse_for_service
 from web.contract.schemas import ArtifactOut, BuildAccepted, BuildOut, ProblemDetails
 
 

@@ -1,4 +1,4 @@
-"""Helpers for the worker tests: run the real compile child (``python -m workers.isolation.compile_child``).
+"""Helpers for the worker tests: run the real compile child (``python -m workers.backends.compile_child``).
 
 The child is started as the runner starts it: a subprocess with its own work dir (all work dirs of a test
 share one parent, as on a worker) and a request file. Nothing here imports torch.
@@ -77,7 +77,7 @@ def run_child(root: Path, name: str, *, env: Mapping[str, str] | None = None, ti
     path, request = make_request(root, name, **fields)
     work_dir = Path(request["work_dir"])
     started = time.monotonic()
-    proc = subprocess.run([PYTHON, "-m", "workers.isolation.compile_child", str(path)], cwd=work_dir,
+    proc = subprocess.run([PYTHON, "-m", "workers.backends.compile_child", str(path)], cwd=work_dir,
                           capture_output=True,
                           text=True, timeout=timeout, env=dict(env) if env is not None else None)
     seconds = time.monotonic() - started

@@ -17,7 +17,6 @@ from compilesvc.hostinfo import host_isa
 from compilesvc.spec.parsing import parse_spec
 from compilesvc.states import ErrorClass
 from tests.workers import DEMO_MODEL, ChildRun, run_child, run_children, text_inputs
-from workers.backends.base import CompileFailure, InfraError, InputDesc
 from workers.backends.cpu import _inductor_failure, trace_bucket
 from workers.backends.cpu_warnings import (
     GUARDS_TRACER_WARNING,
@@ -26,6 +25,7 @@ from workers.backends.cpu_warnings import (
     silenced,
 )
 from workers.compiling.classify import classify
+from workers.compiling.contract import CompileFailure, InfraError, InputDesc
 from workers.compiling.model_loading import example_inputs, load_model, order_inputs, safe_extract
 
 ATOL = 1e-4

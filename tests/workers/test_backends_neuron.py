@@ -259,7 +259,7 @@ def test_a_tp_compile_waits_while_another_holds_the_rendezvous_port(tmp_path: Pa
                                  model_path=scripted, model_format="torchscript", max_parallel_rank_compiles=1)
     log = tmp_path / "waits.log"
     with rendezvous_lock(PARALLEL_MODEL_TRACE_PORT), log.open("wb") as out:
-        child = subprocess.Popen([sys.executable, "-m", "workers.isolation.compile_child", str(path)],
+        child = subprocess.Popen([sys.executable, "-m", "workers.backends.compile_child", str(path)],
                                  cwd=request["work_dir"],
                                  env=_old_release_host(env, tmp_path), stdout=out, stderr=subprocess.STDOUT)
         try:
@@ -366,7 +366,7 @@ def test_slow_compiler_streams_lines_and_dies_with_the_process_group(tmp_path: P
                                                                     hlo: Path) -> None:
     path, request = make_request(tmp_path, "slow", backend="neuronx-cc", target="trn2", sdk=SDK,
                                  model_format="hlo", model_path=str(hlo), args=["--double-behaviour=slow:30"])
-    proc = subprocess.Popen([PYTHON, "-m", "workers.isolation.compile_child", str(path)], cwd=request["work_dir"],
+    proc = subprocess.Popen([PYTHON, "-m", "workers.backends.compile_child", str(path)], cwd=request["work_dir"],
                             env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     assert proc.stdout is not None

@@ -31,9 +31,9 @@ from compilesvc.states import ArtifactState
 from compilesvc.store.base import artifact_provenance_name, artifact_signature_name
 from web import readers
 from web.api.builds import model_ref_problem
+from web.api.params import raw_json_response, respond, spec_body
 from web.context import web
 from web.contract.openapi import operation
-from web.contract.params import raw_json_response, respond, spec_body
 from web.contract.problems import Problem
 from web.contract.schemas import ArtifactOut, ResolveOut, SigningKeysOut
 

@@ -23,11 +23,12 @@ from compilesvc.access.tokens import Permission
 from compilesvc.store.base import BlobTooLarge, ContentMismatch
 from compilesvc.store.local import LocalStore
 from compilesvc.store.signing import content_disposition, verify_blob_signature
-from web.auth import SIGNED_URL, current_principal
+from web.api.params import respond
+from web.auth import current_principal
 from web.context import web
+from web.contract.access import SIGNED_URL
 from web.contract.inputs import BlobQuery, UploadHeaders, UploadQuery
 from web.contract.openapi import operation
-from web.contract.params import respond
 from web.contract.problems import Problem
 from web.contract.schemas import UploadOut
 from web.uploads import BodyCutOff, EmptyBody, RequestBody, declared_sha256, refusal

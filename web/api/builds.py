@@ -33,6 +33,7 @@ from compilesvc.services import Services
 from compilesvc.spec.compile_spec import CompileSpec
 from compilesvc.states import ArtifactState, Outcome
 from web import readers
+from web.api.params import body_text, parse_spec_text, respond
 from web.api.serialize import accepted_json, bucket_json, event_json, summary_json
 from web.auth import current_principal
 from web.context import MAX_PREPARED_BODY, WebContext, web
@@ -43,7 +44,6 @@ from web.contract.inputs import (
     SubmitQuery,
 )
 from web.contract.openapi import operation
-from web.contract.params import body_text, parse_spec_text, respond
 from web.contract.problems import PROBLEM_TYPES, Problem
 from web.contract.schemas import BuildAccepted, BuildList, BuildOut, BuildStateOut, MissOut
 

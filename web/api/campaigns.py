@@ -17,12 +17,12 @@ from compilesvc.lifecycle import campaigns
 from compilesvc.pinning.pins import ModelRefError
 from compilesvc.spec.parsing import SpecError
 from web import readers
+from web.api.params import model_body, parse_for_service, respond
 from web.auth import current_principal
 from web.context import WebContext, web
 from web.contract.fleet_schemas import CampaignList, CampaignOut, RollforwardIn, RollforwardPlan
 from web.contract.inputs import CampaignListQuery
 from web.contract.openapi import operation
-from web.contract.params import model_body, parse_for_service, respond
 from web.contract.problems import Problem
 
 bp = Blueprint("campaigns", __name__, url_prefix="/v1/campaigns")

@@ -16,11 +16,11 @@ from compilesvc.access.tokens import Permission
 from compilesvc.compiles.logs import read_build_logs
 from compilesvc.states import BuildState
 from web import readers
+from web.api.params import respond
 from web.api.serialize import log_json
 from web.context import WebContext, web
 from web.contract.inputs import LogsQuery, StreamHeaders, StreamQuery
 from web.contract.openapi import operation
-from web.contract.params import respond
 from web.contract.problems import Problem
 from web.contract.schemas import LogPage
 

@@ -14,11 +14,11 @@ from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.retention import RetentionPin
 from compilesvc.ledger.sql import insert_ignore
 from web import readers
+from web.api.params import model_body, respond
 from web.auth import current_principal
 from web.context import web
 from web.contract.fleet_schemas import PinCreate, PinList, PinOut
 from web.contract.openapi import operation
-from web.contract.params import model_body, respond
 from web.contract.problems import Problem
 
 bp = Blueprint("pins", __name__, url_prefix="/v1/pins")

@@ -1,5 +1,5 @@
 """Ledger rows and core results as the documents of :mod:`web.contract.schemas`, in the plain form the views hand to
-:func:`web.contract.params.respond`, which validates each against its documented model and serialises it from there
+:func:`web.api.params.respond`, which validates each against its documented model and serialises it from there
 (about as fast as json.dumps of the dict was: pydantic-core and orjson)."""
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.sql import insert_ignore
 from compilesvc.ledger.webhooks import EventSubscription, WebhookDelivery
 from compilesvc.notify.webhooks import check_url
+from web.api.params import model_body, respond
 from web.auth import current_principal
 from web.context import web
 from web.contract.fleet_schemas import SubscriptionCreate, SubscriptionList, SubscriptionOut
 from web.contract.openapi import operation
-from web.contract.params import model_body, respond
 from web.contract.problems import Problem
 
 bp = Blueprint("subscriptions", __name__, url_prefix="/v1/subscriptions")

@@ -21,11 +21,11 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from compilesvc.access.tokens import Permission
 from compilesvc.dispatch.registry import live_workers, queue_depths
 from compilesvc.ledger.models import Worker
-from web.auth import METRICS, PUBLIC, access
+from web.api.params import json_response, respond
 from web.context import WebContext, web
+from web.contract.access import METRICS, PUBLIC, access
 from web.contract.inputs import WorkersQuery
 from web.contract.openapi import build_spec, operation
-from web.contract.params import json_response, respond
 from web.contract.problems import PROBLEM_TYPES, Problem
 from web.contract.schemas import HealthOut, ReadyOut, WorkersOut
 

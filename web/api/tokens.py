@@ -12,11 +12,11 @@ from compilesvc.access import tokens
 from compilesvc.access.tokens import Permission
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import ApiToken, utcnow
+from web.api.params import model_body, respond
 from web.auth import current_principal
 from web.context import web
 from web.contract.inputs import TokenListQuery
 from web.contract.openapi import operation
-from web.contract.params import model_body, respond
 from web.contract.problems import Problem
 from web.contract.schemas import TokenCreate, TokenCreated, TokenList, TokenOut
 

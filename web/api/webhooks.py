@@ -9,9 +9,9 @@ from sqlalchemy import select
 from compilesvc.access.tokens import Permission
 from compilesvc.ledger.webhooks import Webhook, WebhookAttempt, WebhookDelivery
 from web import readers
+from web.api.params import respond
 from web.context import web
 from web.contract.openapi import operation
-from web.contract.params import respond
 from web.contract.schemas import WebhookDeliveries
 
 bp = Blueprint("webhooks", __name__, url_prefix="/v1/builds")

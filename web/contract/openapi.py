@@ -33,7 +33,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from compilesvc import __version__
 from compilesvc.access.tokens import Permission
 from compilesvc.config.settings import Settings
-from web.auth import METRICS, PUBLIC, SIGNED_URL, checks_sent_token, needed
+from web.contract.access import METRICS, PUBLIC, SIGNED_URL, checks_sent_token, needed
 from web.contract.inputs import NO_NUL_PATTERN, read_headers, read_query
 from web.contract.problems import PROBLEM_TYPES, ProblemType
 from web.contract.schemas import ProblemDetails
@@ -292,7 +292,7 @@ SECURITY_SCHEMES = {
 
 
 def _security(op: Op, settings: Settings) -> list[dict[str, list[str]]]:
-    """Who may call, under this deployment's settings (:func:`web.auth.needed`, which the server enforces):
+    """Who may call, under this deployment's settings (:func:`web.contract.access.needed`, which the server enforces):
     no one needs a token for public operations and signed URLs; what ``open_reads`` opens and a public
     /metrics take one optionally (``{}``: none at all); the rest need one."""
     if op.access in (PUBLIC, SIGNED_URL):

@@ -2,7 +2,7 @@
 
 Request bodies are validated by the core's own models (:class:`compilesvc.spec.compile_spec.CompileSpec`); query
 strings and headers by :mod:`web.contract.inputs`' models, so the document cannot drift from what is enforced. Every
-JSON response is validated against its model here and serialised from it (:func:`web.contract.params.respond`; the
+JSON response is validated against its model here and serialised from it (:func:`web.api.params.respond`; the
 artifact lookup's cached layout once per manifest), so the document cannot drift from what is answered.
 """
 

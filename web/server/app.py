@@ -29,6 +29,7 @@ from compilesvc.services import Services
 from web import auth, ui
 from web.api import artifacts, blobs, builds, campaigns, logs, pins, subscriptions, system, webhooks
 from web.api import tokens as tokens_api
+from web.api.params import too_large
 from web.context import (
     DEFAULT_ABSENT_SECONDS,
     DEFAULT_MANIFEST_CACHE_SIZE,
@@ -39,7 +40,6 @@ from web.context import (
 )
 from web.contract import problems
 from web.contract.inputs import MAX_ID, has_nul_in_query
-from web.contract.params import too_large
 from web.server import ratelimit, security_headers
 from web.server.metrics import ApiMetrics, LedgerCollector, make_registry
 

@@ -38,6 +38,7 @@ from web import auth, readers
 from web.api.builds import document_of, load_build, miss_document, run_control
 from web.api.serialize import summary_json
 from web.context import web
+from web.contract.access import access
 from web.contract.inputs import FILTERS
 from web.ui import bp
 from web.ui.signed import provenance_view
@@ -58,7 +59,7 @@ def _page_size() -> int:
 
 
 @bp.get("/")
-@auth.access(Permission.READ)
+@access(Permission.READ)
 def history() -> tuple[str, int]:
     ctx = web()
     given = {name: request.args.get(name, "") for name in FILTERS}
@@ -112,7 +113,7 @@ def _error_lines(session: Session, buckets: list[dict[str, Any]]) -> dict[str, l
 
 
 @bp.get("/builds/<ledger_id:build_id>")
-@auth.access(Permission.READ)
+@access(Permission.READ)
 def build_page(build_id: int) -> str:
     ctx = web()
     detail, views = load_build(ctx, build_id)
@@ -189,7 +190,7 @@ def _at(value: str) -> datetime:
 
 
 @bp.get("/builds/<ledger_id:build_id>/log.txt")
-@auth.access(Permission.READ)
+@access(Permission.READ)
 def full_log(build_id: int) -> Response:
     """The whole central log of a build as text, every line labelled with its bucket and attempt."""
     ctx = web()
@@ -214,13 +215,13 @@ def full_log(build_id: int) -> Response:
 
 
 @bp.post("/builds/<ledger_id:build_id>/cancel")
-@auth.access(Permission.SUBMIT)
+@access(Permission.SUBMIT)
 def cancel_build_form(build_id: int) -> WerkzeugResponse:
     return _control(build_id, cancel_build)
 
 
 @bp.post("/builds/<ledger_id:build_id>/retry")
-@auth.access(Permission.SUBMIT)
+@access(Permission.SUBMIT)
 def retry_build_form(build_id: int) -> WerkzeugResponse:
     return _control(build_id, retry_build)
 

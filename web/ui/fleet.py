@@ -19,8 +19,9 @@ from compilesvc.insights.history import MAX_LIMIT
 from compilesvc.ledger.models import Worker
 from compilesvc.spec.parsing import validation_errors
 from compilesvc.states import ArtifactState
-from web import auth, readers
+from web import readers
 from web.context import web
+from web.contract.access import access
 from web.ui import bp
 from web.ui.builds import TARGETS
 
@@ -45,7 +46,7 @@ def _grouped(items: list[ArtifactRow]) -> list[tuple[str, list[ArtifactRow]]]:
 
 
 @bp.get("/artifacts")
-@auth.access(Permission.READ)
+@access(Permission.READ)
 def artifacts() -> tuple[str, int]:
     ctx = web()
     given = {name: request.args.get(name, "") for name in ARTIFACT_FILTERS}
@@ -77,7 +78,7 @@ def _heartbeat_age(worker: Worker, now: datetime) -> float:
 
 
 @bp.get("/workers")
-@auth.access(Permission.READ)
+@access(Permission.READ)
 def workers() -> str:
     ctx = web()
     stale = ctx.settings.worker_stale_seconds

@@ -11,6 +11,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from compilesvc.access.tokens import Permission
 from web import auth
 from web.context import web
+from web.contract.access import PUBLIC, access
 from web.ui import bp
 
 
@@ -29,7 +30,7 @@ def _local_path(target: str | None) -> str:
 
 
 @bp.route("/login", methods=["GET", "POST"])
-@auth.access(auth.PUBLIC)
+@access(PUBLIC)
 def login() -> WerkzeugResponse | tuple[str, int]:
     next_path = _local_path(request.values.get("next"))
     if request.method == "GET":
@@ -46,7 +47,7 @@ def login() -> WerkzeugResponse | tuple[str, int]:
 
 
 @bp.post("/logout")
-@auth.access(auth.PUBLIC)
+@access(PUBLIC)
 def logout() -> WerkzeugResponse:
     if session.get("sid") is not None:
         auth.check_csrf()

@@ -17,8 +17,9 @@ from flask import render_template, request
 
 from compilesvc.access.tokens import Permission
 from compilesvc.insights.stats import WINDOWS, Stats, UnknownWindow, collect
-from web import auth, readers
+from web import readers
 from web.context import web
+from web.contract.access import access
 from web.ui import bp
 from web.ui.filters import duration
 
@@ -197,7 +198,7 @@ def charts(stats: Stats) -> dict[str, Chart]:
 
 
 @bp.get("/stats")
-@auth.access(Permission.READ)
+@access(Permission.READ)
 def stats_page() -> tuple[str, int]:
     name = request.args.get("window", "day")
     try:

@@ -33,7 +33,14 @@ from compilesvc.hostinfo import host_isa
 from compilesvc.spec.compile_spec import CPU_BACKEND_FLAGS
 from compilesvc.spec.flags import canonical_flags, flag_names
 from compilesvc.spec.neuron_releases import base_version
-from workers.backends.base import (
+from workers.backends.cpu_warnings import (
+    GUARDS_TRACER_WARNING,
+    LEAFSPEC_FUTURE_WARNING,
+    kept_tracer_warnings,
+    silenced,
+    value_reads,
+)
+from workers.compiling.contract import (
     ArtifactFile,
     Backend,
     CompileFailure,
@@ -41,13 +48,6 @@ from workers.backends.base import (
     CompileResult,
     InfraError,
     log,
-)
-from workers.backends.cpu_warnings import (
-    GUARDS_TRACER_WARNING,
-    LEAFSPEC_FUTURE_WARNING,
-    kept_tracer_warnings,
-    silenced,
-    value_reads,
 )
 from workers.compiling.model_loading import (
     example_inputs,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.backends.base import log
+from workers.compiling.contract import log
 
 
 @dataclass(frozen=True)

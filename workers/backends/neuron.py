@@ -53,7 +53,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from compilesvc.spec.neuron_releases import device_requirement, toolchain_differences, trace_has_cpu_backend
-from workers.backends.base import (
+from workers.backends.neuron_cache import discard_compile_cache, own_compile_cache
+from workers.backends.output_tee import TAIL_LINES, OutputTee
+from workers.compiling.classify import CORRUPT_CACHE_ROW, Evidence, judge, traceback_exception
+from workers.compiling.contract import (
     ArtifactFile,
     Backend,
     CompileRequest,
@@ -62,9 +65,6 @@ from workers.backends.base import (
     failure_for,
     log,
 )
-from workers.backends.neuron_cache import discard_compile_cache, own_compile_cache
-from workers.backends.output_tee import TAIL_LINES, OutputTee
-from workers.compiling.classify import CORRUPT_CACHE_ROW, Evidence, judge, traceback_exception
 from workers.host.versions import (
     NEURON_SDK_ENV,
     installed_toolchain_differences,

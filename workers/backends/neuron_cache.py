@@ -38,7 +38,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from workers.backends.base import log
+from workers.compiling.contract import log
 from workers.isolation.child_env import NEURON_CC_FLAGS
 
 CACHE_URL_ENV = "NEURON_COMPILE_CACHE_URL"

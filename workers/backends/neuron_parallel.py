@@ -58,9 +58,9 @@ from pathlib import Path
 from typing import Any
 
 from compilesvc.spec.neuron_releases import version_tuple
-from workers.backends.base import ArtifactFile, CompileRequest, InfraError, log
 from workers.backends.neuron import raise_for_trace_failure, read_compiler_logs
 from workers.backends.output_tee import OutputTee
+from workers.compiling.contract import ArtifactFile, CompileRequest, InfraError, log
 from workers.host.versions import neuronx_distributed_version
 
 #: First neuronx-distributed whose ModelBuilder traces in one process (SDK 2.21.0; see the module doc).

@@ -3,7 +3,7 @@
 Owns :class:`ArchiveLimitExceeded` (a compile error of its own code per cap) and :func:`check_archive`, which
 reads the archive's headers, not its contents, and stops at the first header past a cap: an archive that
 would fill the disk is refused before a byte of it is written, and a gzip bomb is not even decompressed
-past the member that trips the cap. The caps themselves (:class:`workers.backends.base.ExtractLimits`) are
+past the member that trips the cap. The caps themselves (:class:`workers.compiling.contract.ExtractLimits`) are
 worker settings (``COMPILESVC_HF_EXTRACT_*``) that the runner puts in the child's request.
 
 Why a compile error, not an infrastructure one: the archive is part of the pinned model, so every worker
@@ -16,7 +16,7 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path
 
-from workers.backends.base import CompileFailure, ExtractLimits
+from workers.compiling.contract import CompileFailure, ExtractLimits
 
 #: Below this many extracted bytes the ratio is not checked: a small archive cannot hurt, and a tiny test
 #: model of zeros or a config-only directory compresses far better than real weights.

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compilesvc.states import RETRIED, ErrorClass
-from workers.backends.base import one_line
+from workers.compiling.contract import one_line
 
 #: neuronx-cc's user-facing codes, NCC_E + component + digits (NCC_EOOM001, NCC_EVRF007, NCC_EARG001).
 NCC_ERROR_RE = re.compile(r"\b(NCC_E[A-Z]{2,6}\d{1,4})\b")
@@ -41,7 +41,7 @@ NCC_INTERNAL_RE = re.compile(r"\b(NCC_I[A-Z]{2,6}\d{1,4})\b")
 ANY_NCC_RE = re.compile(r"\bNCC_[EI][A-Z]{2,6}\d{1,4}\b")
 #: Codes of compilers before 2.2x, bare and bracketed: ``[XTP002]``, ``[TEN404]``, ``[F134]``.
 BARE_CODE_RE = re.compile(r"\[([A-Z]{1,4}\d{3,4})\]")
-#: The child's own log line for a compile error (workers.isolation.compile_child).
+#: The child's own log line for a compile error (workers.backends.compile_child).
 CHILD_COMPILE_ERROR_RE = re.compile(r"\[compile-child\] compile error (\S+): (.*)")
 #: An argument parser refusing the command line: argparse's wording, which a Python CLI such as neuronx-cc's
 #: driver prints as ``neuronx-cc compile: error: …`` (exit 2). Group ``flag`` names the rejected flag.
@@ -327,7 +327,7 @@ class Outcome:
         return self.error_class in RETRIED
 
 
-#: result.json's ``status`` -> the error class the child found (workers.isolation.compile_child).
+#: result.json's ``status`` -> the error class the child found (workers.backends.compile_child).
 RESULT_STATUSES: dict[str, ErrorClass] = {
     "compile_error": ErrorClass.COMPILE, "bad_request": ErrorClass.BAD_REQUEST,
     "infra_error": ErrorClass.INFRA, "unknown_error": ErrorClass.UNKNOWN,

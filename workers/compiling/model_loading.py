@@ -3,7 +3,7 @@
 Owns: reading the three torch model formats (torchscript, exported-program, hf-dir), safe extraction of
 hf-dir archives, the order in which bucket inputs are passed to ``forward``, and example tensors.
 
-Error policy (see :mod:`workers.backends.base`): a model file that exists but cannot be read or run is a
+Error policy (see :mod:`workers.compiling.contract`): a model file that exists but cannot be read or run is a
 property of the model's bytes (which are in the key; the runner checks their digest before launching the
 child), so it is a :class:`CompileFailure`. A missing file, host memory exhaustion or a package missing
 on this worker is an :class:`InfraError`.
@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from compilesvc.states import ErrorClass
-from workers.backends.base import CompileFailure, ExtractLimits, InfraError, InputDesc, log
 from workers.compiling.archive_limits import check_archive
 from workers.compiling.classify import Evidence, judge
+from workers.compiling.contract import CompileFailure, ExtractLimits, InfraError, InputDesc, log
 
 DEFAULT_EXTRACT_LIMITS = ExtractLimits()
 

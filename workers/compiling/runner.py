@@ -12,7 +12,7 @@
 3. **Fetch** the pinned model (:meth:`ModelResolver.fetch`, digest-checked). A model that is gone or
    changed is a final error (``MODEL_UNAVAILABLE``); an unreachable store is waited for within the
    attempt (:func:`workers.compiling.retries.retry_store`); other store trouble is infra (a new attempt, backed off).
-4. **Compile** in ``python -m workers.isolation.compile_child`` (:mod:`workers.isolation.compiler_process`) inside
+4. **Compile** in ``python -m workers.backends.compile_child`` (:mod:`workers.isolation.compiler_process`) inside
    the compile
    sandbox (:mod:`workers.isolation.sandbox`: another user, no network, a filesystem holding only the toolchain, the
    model and request read-only and its own directories writable, limits): a fresh temporary work dir as cwd,
@@ -289,7 +289,7 @@ def _start(settings: Settings, claim: leases.Claim, dirs: _Dirs, tmp: Path, logs
         # torch keeps caches under TMPDIR (/tmp/torchinductor_<user>) that every compile would otherwise
         # share: a compile's temporary files are its own (the sandbox gives it a private /tmp).
         env["TMPDIR"] = str(private[1])
-    return CompilerProcess([sys.executable, "-m", "workers.isolation.compile_child", str(dirs.request)],
+    return CompilerProcess([sys.executable, "-m", "workers.backends.compile_child", str(dirs.request)],
                            cwd=dirs.work, env=env, logs=logs, sandbox=sandbox)
 
 

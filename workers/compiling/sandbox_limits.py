@@ -16,8 +16,8 @@ import signal
 from collections.abc import Sequence
 
 from compilesvc.states import ErrorClass
-from workers.backends.base import one_line
 from workers.compiling.classify import Outcome
+from workers.compiling.contract import one_line
 from workers.isolation.sandbox import Limits
 
 #: Evidence of each limit in the child's output (Python's errno texts, torch's and the C++ runtime's), with the

@@ -1,5 +1,6 @@
 """What this host can compile and whether it works: toolchain versions and capabilities, ``compilesvc
 doctor``, and the load check.
 
-May import the core, :mod:`workers.isolation` and :mod:`workers.backends`.
+The package spans the workers' layers (pyproject's contract): ``versions`` sits below the backends, which read
+it, and imports only :mod:`workers.isolation`; the doctor, which runs a whole compile, sits above them.
 """

@@ -3,7 +3,7 @@
 Owns the checks, how each one is run and judged, and the report (text for a bug report, ``--json`` for
 machines). Needs no database, broker, store or COMPILESVC_* settings: it runs on a bare compile host before
 a worker is configured there. Every compile goes through the worker's own path: the real compile child
-(``python -m workers.isolation.compile_child``, :mod:`workers.isolation.compile_child`) in the environment the
+(``python -m workers.backends.compile_child``, :mod:`workers.backends.compile_child`) in the environment the
 runner gives it
 (:func:`workers.isolation.child_env.child_environment`), its
 outcome classified by :func:`workers.compiling.classify.classify`, so a FAIL shows the class and code a real compile
@@ -51,6 +51,7 @@ from compilesvc.hostinfo import host_isa, instance_type
 from compilesvc.spec.compile_spec import NEURON_TARGETS
 from compilesvc.spec.neuron_releases import UnknownRelease, device_requirement, release_kinds
 from compilesvc.spec.parsing import parse_spec
+from workers.backends.compile_child import RESULT_NAME
 from workers.backends.neuron import neuron_devices
 from workers.compiling.classify import classify
 from workers.host.doctor_report import FAIL, PASS, SKIP, no_neuron_toolchain, render_text
@@ -63,7 +64,6 @@ from workers.host.versions import (
     torch_version,
 )
 from workers.isolation.child_env import child_environment
-from workers.isolation.compile_child import RESULT_NAME
 from workers.isolation.compiler_process import CompilerProcess
 from workers.isolation.sandbox import Mounts, Policy, Sandbox, sandbox_for
 
@@ -234,7 +234,7 @@ def compile_child(name: str, root: Path, request: dict[str, Any], timeout: float
     mounts = Mounts(read_only=[request_path, Path(request["model_path"])], writable=[work_dir, out_dir])
     settings = Settings()
     sandbox = sandbox_for(Policy.from_settings(settings), mounts, env) if settings.sandbox != "pod" else None
-    run = run_process([sys.executable, "-m", "workers.isolation.compile_child", str(request_path)], work_dir, env,
+    run = run_process([sys.executable, "-m", "workers.backends.compile_child", str(request_path)], work_dir, env,
                       base / "compile.log", timeout, sandbox)
     return run, request
 

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     import torch
     import torch_neuronx  # noqa: F401  (registers the Neuron operator the saved module calls)
 
-    from workers.backends.base import InputDesc
+    from workers.compiling.contract import InputDesc
     from workers.compiling.model_loading import example_inputs, order_inputs
 
     inputs = [InputDesc(i["name"], tuple(i["shape"]), i["dtype"]) for i in json.loads(Path(argv[1]).read_text())]

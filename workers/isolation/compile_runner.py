@@ -7,7 +7,7 @@ Usage: ``python -m workers.isolation.compile_runner --spool DIR [--once]`` (or `
 Where bubblewrap cannot be had (a Kubernetes pod without user namespaces), isolation comes from the pod
 instead: this runner's container holds no secrets and no service settings, mounts only the spool (the
 models in it read-only) and nothing else of the worker's, and a NetworkPolicy bounds the pod's traffic
-(docs/deploy.md, "Compile isolation"). For each attempt it runs ``workers.isolation.compile_child`` exactly as
+(docs/deploy.md, "Compile isolation"). For each attempt it runs ``workers.backends.compile_child`` exactly as
 :class:`workers.isolation.compiler_process.CompilerProcess` does for the worker (it *is* that class): its own session,
 death with the runner, the sandbox's rlimits (processes, open files, file size, address space), its disk
 and output limits, and the time limit; plus a network namespace of its own where unprivileged user
@@ -180,9 +180,9 @@ def _run_claimed(directory: Path, netns: list[str]) -> None:
     limits = Limits(**control["limits"])
     env = child_environment(os.environ, control.get("target"))
     if control.get("probe"):
-        argv = [sys.executable, "-c", "import workers.isolation.compile_child"]
+        argv = [sys.executable, "-c", "import workers.backends.compile_child"]
     else:
-        argv = [sys.executable, "-m", "workers.isolation.compile_child", str(directory / REQUEST)]
+        argv = [sys.executable, "-m", "workers.backends.compile_child", str(directory / REQUEST)]
     writable = [directory / "work", directory / "out", directory / "tmp"]
     sandbox = RunnerSandbox(limits, writable, env, directory / "tmp", netns)
     cancel = threading.Event()

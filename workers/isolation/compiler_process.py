@@ -93,7 +93,7 @@ class CompilerProcess:
     @property
     def returncode(self) -> int:
         """The child's exit status; negative: killed by that signal. bubblewrap reports a child killed by
-        signal N as 128 + N; the compile child itself never exits above 6 (workers.isolation.compile_child)."""
+        signal N as 128 + N; the compile child itself never exits above 6 (workers.backends.compile_child)."""
         code = self.proc.returncode
         if self.sandbox is not None and 128 < code < 128 + signal.NSIG:
             return -(code - 128)

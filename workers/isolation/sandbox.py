@@ -329,7 +329,7 @@ def probe(policy: Policy, env: Mapping[str, str], scratch: Path) -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     sandbox = Sandbox(policy, Mounts(writable=[scratch]), env)
     sandbox.hand_over()
-    run = subprocess.run(sandbox.argv([sys.executable, "-c", "import workers.isolation.compile_child"], scratch),
+    run = subprocess.run(sandbox.argv([sys.executable, "-c", "import workers.backends.compile_child"], scratch),
                          env=sandbox.environment(scratch), preexec_fn=sandbox.preexec(), capture_output=True,
                          text=True, timeout=120, check=False)
     if run.returncode != 0:

@@ -13,9 +13,9 @@ import pytest
 from compilesvc.config.settings import Settings
 from compilesvc.states import ErrorClass
 from tests.workers import run_child, text_inputs
-from workers.backends.base import CompileFailure, ExtractLimits
 from workers.compiling.archive_limits import RATIO, RATIO_FLOOR_BYTES, TOO_LARGE, TOO_MANY_FILES, ArchiveLimitExceeded
 from workers.compiling.classify import classify
+from workers.compiling.contract import CompileFailure, ExtractLimits
 from workers.compiling.model_loading import safe_extract
 
 MiB = 1024**2

@@ -9,8 +9,8 @@ import pytest
 
 from compilesvc.compiles.failures import CUT_MARK, MAX_MESSAGE, shorten
 from compilesvc.states import ErrorClass
-from workers.backends.base import MAX_MESSAGE_CHARS, CompileFailure, one_line
 from workers.compiling.classify import TABLE, Evidence, Outcome, classify, judge
+from workers.compiling.contract import MAX_MESSAGE_CHARS, CompileFailure, one_line
 
 REPO = Path(__file__).resolve().parents[3]
 OK = {"status": "ok", "files": [{"path": "model.pt", "role": "model"}], "versions": {}, "compile_seconds": 1.0}
@@ -269,7 +269,7 @@ def test_the_compilers_error_after_a_long_traceback_survives() -> None:
     assert message.startswith("torch.jit.trace failed: Traceback (most recent call last):")
     assert message.endswith("call_299() RuntimeError: shape '[2, 32]' is invalid for input of size 96")
     failure = CompileFailure("CPU_TRACE_ERROR", text)
-    assert failure.full_text == text  # the child logs it whole (workers.isolation.compile_child)
+    assert failure.full_text == text  # the child logs it whole (workers.backends.compile_child)
     outcome = classify(3, {"status": "compile_error", "code": "CPU_TRACE_ERROR", "message": message}, [], False,
                        False)
     assert outcome.message == message

@@ -1,6 +1,6 @@
-"""The compiler-backend contract: the request a backend gets, what it returns, how it fails, the registry.
+"""The compiler-backend contract: the request a backend gets, what it returns, how it fails.
 
-This module owns the shapes exchanged between :mod:`workers.isolation.compile_child` and the backends. It imports
+This module owns the shapes exchanged between :mod:`workers.backends.compile_child` and the backends. It imports
 neither torch nor any Neuron package, so the child can parse and validate a request (and the runner can
 import the exit codes) on any host.
 
@@ -20,7 +20,6 @@ the Neuron backends choose it with :func:`workers.compiling.classify.judge`, see
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from compilesvc.spec.buckets import InputSpec
 from compilesvc.spec.compile_spec import BACKEND_FORMATS, NEURON_TARGETS
 from compilesvc.states import ErrorClass
 
-#: Child exit codes (see :mod:`workers.isolation.compile_child`).
+#: Child exit codes (see :mod:`workers.backends.compile_child`).
 EXIT_OK = 0
 EXIT_UNCAUGHT = 1
 EXIT_BAD_REQUEST = 2
@@ -150,7 +149,7 @@ class ExtractLimits:
 
 @dataclass(frozen=True)
 class CompileRequest:
-    """One compile of one shape bucket, as read from the request JSON (see :mod:`workers.isolation.compile_child`)."""
+    """One compile of one shape bucket, as read from the request JSON (see :mod:`workers.backends.compile_child`)."""
 
     backend: str
     target: str
@@ -283,22 +282,3 @@ class Backend(ABC):
     @abstractmethod
     def compile(self, request: CompileRequest) -> CompileResult:
         """Compile ``request``'s model at its bucket's shapes into ``request.out_dir``."""
-
-
-#: backend name -> "module:Class". Imported lazily: the cpu backends import torch at module level, and the
-#: neuron ones must load on hosts without torch for the hlo path.
-BACKENDS: dict[str, str] = {
-    "torchscript": "workers.backends.cpu:TorchScriptBackend",
-    "aotinductor": "workers.backends.cpu:AOTInductorBackend",
-    "trace": "workers.backends.neuron:TraceBackend",
-    "neuronx-cc": "workers.backends.neuron:NeuronxCcBackend",
-}
-
-
-def backend_class(name: str) -> type[Backend]:
-    """The backend class registered under ``name`` (KeyError if none)."""
-    module_name, _, class_name = BACKENDS[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    if not (isinstance(cls, type) and issubclass(cls, Backend)):  # a registry typo should fail loudly
-        raise TypeError(f"{BACKENDS[name]} is not a Backend")
-    return cls

@@ -1,6 +1,6 @@
 """The compile child: one compile of one shape bucket, in its own process, driven by a request file.
 
-Usage: ``python -m workers.isolation.compile_child REQUEST_JSON_PATH``
+Usage: ``python -m workers.backends.compile_child REQUEST_JSON_PATH``
 
 The runner starts this in its own process group and a fresh temporary ``work_dir``, streams its stdout and
 stderr line by line, enforces the time limit (by killing the group, so compiler subprocesses die too: the
@@ -56,7 +56,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from workers.backends.base import (
+from workers.backends import backend_class
+from workers.compiling.contract import (
     EXIT_BAD_REQUEST,
     EXIT_OK,
     EXIT_UNCAUGHT,
@@ -64,7 +65,6 @@ from workers.backends.base import (
     CompileRequest,
     InfraError,
     RequestError,
-    backend_class,
     log,
 )
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(line_buffering=True)
     if len(argv) != 1:
-        print("usage: python -m workers.isolation.compile_child REQUEST_JSON_PATH", file=sys.stderr)
+        print("usage: python -m workers.backends.compile_child REQUEST_JSON_PATH", file=sys.stderr)
         return EXIT_BAD_REQUEST
     try:
         request = read_request(Path(argv[0]))
