@@ -31,8 +31,8 @@ from types import FrameType
 from bench import _table
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("api_throughput", "pipeline", "stream_memory", "fleet_fetch", "history_scale", "db_preping", "soak",
-           "fault_recovery", "fuzz", "sandbox_cost", "signing")
+BENCHES = ("api_throughput", "pipeline", "stream_memory", "fleet_fetch", "history_scale", "scaler_query",
+           "db_preping", "soak", "fault_recovery", "fuzz", "sandbox_cost", "signing")
 QUICK: dict[str, list[str]] = {
     "api_throughput": ["--duration", "2", "--rounds", "1"],
     "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "5", "--submits", "50", "--client-processes",
@@ -40,6 +40,7 @@ QUICK: dict[str, list[str]] = {
     "stream_memory": ["--size-mib", "128"],
     "fleet_fetch": ["--size-mib", "64", "--rounds", "1", "--lookup-seconds", "3"],
     "history_scale": ["--rows", "100000", "--reps", "50"],
+    "scaler_query": ["--rows", "100000", "--reps", "200"],
     "db_preping": ["--transactions", "300", "--rounds", "3"],
     "soak": ["--seconds", "60", "--every", "15"],
     "fault_recovery": ["--scale", "ci"],

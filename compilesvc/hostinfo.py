@@ -74,14 +74,66 @@ def instance_type() -> str | None:
 
 
 def host_memory_bytes() -> int | None:
-    """The host's total memory (``MemTotal`` of /proc/meminfo, else sysconf), or None if unknown."""
+    """The memory this process may use: the host's total (``MemTotal`` of /proc/meminfo, else sysconf), or
+    its cgroup's limit where that is lower. Inside a container /proc/meminfo reports the node's memory, not
+    the pod's limit: a compile sized by it would be OOM-killed by the kernel instead. None if unknown."""
+    total: int | None = None
     with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as meminfo:
         for line in meminfo:
             if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024  # the kernel reports kB
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return None
+                total = int(line.split()[1]) * 1024  # the kernel reports kB
+                break
+    if total is None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = cgroup_memory_limit()
+    if limit is None:
+        return total
+    return limit if total is None else min(total, limit)
+
+
+def cgroup_memory_limit(proc_cgroup: Path = Path("/proc/self/cgroup"),
+                        root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The tightest memory limit on this process's cgroup and its ancestors (cgroup v2 ``memory.max``, or v1
+    ``memory.limit_in_bytes``), or None where there is none. Ancestors count: a pod's limit is set on the
+    pod's cgroup, its containers sit below it."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[int] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:
+            base, name = root, "memory.max"  # v2 (the unified hierarchy, or a hybrid host's unified mount)
+            if not (base / "cgroup.controllers").exists():
+                base = root / "unified"
+        elif "memory" in controllers.split(","):
+            base, name = root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        limits += _limits_up(base, path, name)
+    return min(limits) if limits else None
+
+
+#: v1 writes "no limit" as the largest page-aligned 63-bit number; anything near it is no limit.
+_NO_LIMIT = 1 << 62
+
+
+def _limits_up(base: Path, path: str, name: str) -> list[int]:
+    """``name`` in the cgroup at ``path`` under ``base`` and in each ancestor up to ``base``. Inside a
+    cgroup namespace the path may not exist under this mount (it is then ``/``, the container's own)."""
+    found: list[int] = []
+    directory = base / path.strip("/")
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            text = (directory / name).read_text().strip()
+            if text != "max" and int(text) < _NO_LIMIT:
+                found.append(int(text))
+        if directory == base or base not in directory.parents:
+            return found
+        directory = directory.parent
 
 
 #: Each architecture's ISA levels, most capable first: code built for a level runs on that level and above.

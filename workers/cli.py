@@ -4,7 +4,9 @@ Startup: capabilities (:func:`workers.host.versions.detect_capabilities`) decide
 ``compile.cpu.<torch>`` and ``compile.cpu.<torch>.<isa>``; neuron: ``compile.<target>.<sdk>`` per target);
 the worker registers them in the ledger's ``workers`` table (which is what lets submits with
 ``require_live_worker`` accept work for them), heartbeats from a thread, and runs the Celery worker
-in-process. On exit (SIGTERM: Celery's warm shutdown lets running compiles finish) it marks itself stopped.
+in-process. Told to stop (SIGTERM), it drains (:mod:`workers.compiling.drain`): it takes no new compile, says
+so in the registry, gives running compiles ``drain_seconds`` to finish and hands back those that do not, then
+marks itself stopped and exits.
 
 A host that claims a Neuron SDK release (``COMPILESVC_NEURON_SDK``) whose installed packages are another
 release's, that the release table does not know, or whose environment holds a variable that changes compiler
@@ -65,9 +67,20 @@ class RegistryHeartbeat:
         self.thread = threading.Thread(target=self._run, name="registry-heartbeat", daemon=True)
 
     def register(self) -> None:
+        from workers.compiling.drain import DRAIN
+
         with transaction(self.services.sessions) as session:
             registry.register(session, self.worker_id, socket.gethostname(), self.capabilities, self.queues,
                               self.slots)
+            if DRAIN.draining:  # re-registered while draining: still draining
+                registry.mark_draining(session, self.worker_id)
+
+    def mark_draining(self) -> None:
+        try:
+            with transaction(self.services.sessions) as session:
+                registry.mark_draining(session, self.worker_id)
+        except Exception as exc:  # the UI shows it a beat later, or never; the drain itself goes on
+            log.warning("could not mark the worker draining", extra={"error": f"{type(exc).__name__}: {exc}"})
 
     def _run(self) -> None:
         while not self.stop.wait(self.interval):
@@ -135,6 +148,36 @@ def _check_compile_runner(settings: Settings, policy: Any) -> None:
                                  "(python -m workers.isolation.compile_runner --spool "
                                  f"{settings.compile_spool})") from None
     log.info("compile runner ready", extra={"sandbox": "pod", "spool": str(settings.compile_spool)})
+
+
+def _drain_on_shutdown(settings: Settings, beat: RegistryHeartbeat) -> None:
+    """Celery's warm shutdown (the first SIGTERM or SIGINT) starts the drain; a cold one (SIGQUIT, a second
+    signal) kills the compiles with the worker, and their leases bring them back."""
+    from celery.signals import worker_shutting_down
+
+    from workers.compiling.drain import DRAIN
+
+    def drain(sig: str = "", how: str = "", **_: Any) -> None:
+        if how == "Warm" and DRAIN.begin(settings.drain_seconds, f"told to stop ({sig})"):
+            # Runs inside the signal handler: the registry write goes to a thread.
+            threading.Thread(target=beat.mark_draining, name="mark-draining", daemon=True).start()
+
+    worker_shutting_down.connect(drain, weak=False)
+
+
+def _drain_on_spot_notice(settings: Settings, beat: RegistryHeartbeat) -> None:
+    """On a spot interruption notice: drain with the spot window, then stop as if told to (a SIGTERM to
+    ourselves starts Celery's warm shutdown: no new compile; its drain keeps the earlier deadline)."""
+    from workers.compiling.drain import DRAIN
+    from workers.host.spot import SpotWatcher
+
+    def notice(action: str, when: str) -> None:
+        log.warning("spot interruption notice", extra={"action": action, "time": when})
+        if DRAIN.begin(settings.spot_drain_seconds, f"reclaimed by EC2 ({action} at {when})"):
+            beat.mark_draining()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    SpotWatcher(settings.imds_url, notice).start()
 
 
 def default_worker_name() -> str:
@@ -206,6 +249,9 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     argv = ["--quiet", "worker", "-Q", ",".join(queue_list), "-c", str(concurrency), "--prefetch-multiplier=1",
             "-n", nodename, "--without-gossip", "--without-mingle", "--without-heartbeat", "-O", "fair",
             "-l", loglevel.upper(), "--pool", pool]
+    _drain_on_shutdown(settings, beat)
+    if settings.spot_notice:
+        _drain_on_spot_notice(settings, beat)
     exit_code: int | None = None
     try:
         exit_code = worker_app().worker_main(argv)

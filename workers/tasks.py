@@ -23,6 +23,7 @@ from celery.signals import worker_ready
 from compilesvc.dispatch.routing import COMPILE_TASK
 from compilesvc.services import Services
 from workers.celery_app import worker_app
+from workers.compiling.drain import DRAIN
 from workers.compiling.runner import ClaimNotRecorded, run_compile
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ def services() -> Services:
 @shared_task(name=COMPILE_TASK, bind=True, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
 def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sdk: str, backend: str,
                    isa: str | None = None, queue: str | None = None) -> str:
+    if DRAIN.draining:  # told to stop: a compile started now would only be handed back (workers.compiling.drain)
+        raise Reject("the worker is draining", requeue=True)
     try:
         result = run_compile(services(), bucket_compile_id, worker_id())
     except ClaimNotRecorded as exc:

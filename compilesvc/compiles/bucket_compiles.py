@@ -42,6 +42,7 @@ class BucketView:
     queued_at: datetime | None = None
     origin_build_id: int | None = None  # the build that queued it last (compilesvc.builds.provenance)
     cancel_requested: bool = False  # running, told to stop: the worker has not ended it yet
+    interruptions: int = 0  # attempts a draining worker handed back (not counted against max_attempts)
 
     @property
     def id(self) -> int | None:
@@ -56,7 +57,7 @@ class BucketView:
                    started_at=bucket.started_at, finished_at=bucket.finished_at,
                    compile_seconds=bucket.compile_seconds, failures=tuple(history), compile_id=bucket.id,
                    queued_at=bucket.queued_at, origin_build_id=bucket.origin_build_id,
-                   cancel_requested=bool(bucket.cancel_requested))
+                   cancel_requested=bool(bucket.cancel_requested), interruptions=bucket.interruptions or 0)
 
 
 def positioned_buckets(session: Session, artifact_id: int) -> list[tuple[BucketCompile, int]]:
@@ -75,7 +76,7 @@ _VIEW_COLUMNS = (BucketCompile.id, BucketCompile.key, BucketCompile.inputs, Buck
                  BucketCompile.attempts, BucketCompile.error_class, BucketCompile.error_code,
                  BucketCompile.error_message, BucketCompile.worker_id, BucketCompile.started_at,
                  BucketCompile.finished_at, BucketCompile.compile_seconds, BucketCompile.queued_at,
-                 BucketCompile.origin_build_id, BucketCompile.cancel_requested)
+                 BucketCompile.origin_build_id, BucketCompile.cancel_requested, BucketCompile.interruptions)
 
 
 def bucket_views(session: Session, artifact_id: int, *, history: bool = True) -> list[BucketView]:
@@ -118,6 +119,7 @@ def requeue_bucket(session: Session, bucket: BucketCompile, reason: str, *, rese
     bucket.queued_at = utcnow()
     if reset_attempts:
         bucket.attempts = 0
+        bucket.interruptions = 0
         bucket.attempt_round += 1  # failures of earlier rounds no longer count against this one
     return enqueue_compile(session, bucket, delay_seconds=delay_seconds).id
 

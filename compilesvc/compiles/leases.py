@@ -54,6 +54,12 @@ class Claim:
     material: dict[str, Any]
     inputs: list[Any]
     lease_expires_at: datetime
+    interruptions: int = 0
+
+    @property
+    def counted(self) -> int:
+        """This attempt's number among those that count against ``max_attempts`` (interrupted ones do not)."""
+        return self.attempt - self.interruptions
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,7 @@ def claim(session: Session, bucket_id: int, worker_id: str, lease_seconds: float
             BucketCompile.key, BucketCompile.lease_token, BucketCompile.attempts, BucketCompile.max_attempts,
             BucketCompile.target, BucketCompile.sdk, BucketCompile.backend, BucketCompile.model,
             BucketCompile.material, BucketCompile.inputs, BucketCompile.lease_expires_at,
+            BucketCompile.interruptions,
         )
         .execution_options(synchronize_session=False)
     ).one_or_none()
@@ -121,7 +128,7 @@ def claim(session: Session, bucket_id: int, worker_id: str, lease_seconds: float
     return Claim(bucket_id=bucket_id, key=row.key, token=row.lease_token, attempt=row.attempts,
                  max_attempts=row.max_attempts, target=row.target, sdk=row.sdk, backend=row.backend,
                  model=row.model, material=row.material, inputs=row.inputs,
-                 lease_expires_at=row.lease_expires_at)
+                 lease_expires_at=row.lease_expires_at, interruptions=row.interruptions)
 
 
 def renew(session: Session, bucket_id: int, token: int, lease_seconds: float) -> Renewal:
@@ -203,17 +210,46 @@ def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass |
     """
     error_class = ErrorClass(error_class)
     artifacts = _lock_artifacts(session, bucket_id)
-    bucket = session.scalars(
+    bucket = _held(session, bucket_id, token)
+    if bucket is None:
+        return None
+    return _settle_attempt(session, bucket, artifacts, error_class, code, message, phase=phase,
+                           backoff_seconds=backoff_seconds, unknown_retries=unknown_retries, archived=archived)
+
+
+def interrupt(session: Session, bucket_id: int, token: int, why: str) -> Outcome | None:
+    """Give a running compile back to the queue at once, its attempt not counted: its worker is draining
+    (told to stop, or its instance is being reclaimed) and the compile did not fit in the drain window. None
+    when the lease was lost.
+
+    The attempt keeps its number (its log lines stay its own), and ``interruptions`` grows by one, so the
+    retry budget (:func:`fail`) counts only attempts that ran their course. A compile whose cancel was
+    requested meanwhile is cancelled instead: no one wants it back.
+    """
+    artifacts = _lock_artifacts(session, bucket_id)
+    bucket = _held(session, bucket_id, token)
+    if bucket is None:
+        return None
+    if bucket.cancel_requested:
+        return _settle_attempt(session, bucket, artifacts, ErrorClass.CANCELLED, "CANCELLED",
+                               f"cancelled; {why}", phase=Phase.WORKER, backoff_seconds=0.0, unknown_retries=0)
+    bucket.interruptions += 1
+    reason = f"interrupted: {why}; attempt {bucket.attempts} not counted"
+    outbox_id = requeue_bucket(session, bucket, reason, reset_attempts=False)
+    log.info("bucket compile interrupted and requeued", extra={"bucket_compile_id": bucket.id,
+                                                               "bucket_key": bucket.key, "reason": reason})
+    return Outcome(BucketState.QUEUED, bucket.key, outbox_id)
+
+
+def _held(session: Session, bucket_id: int, token: int) -> BucketCompile | None:
+    """The running compile whose lease ``token`` still holds, locked; None when the lease was lost."""
+    return session.scalars(
         select(BucketCompile)
         .where(BucketCompile.id == bucket_id, BucketCompile.lease_token == token,
                BucketCompile.state == BucketState.RUNNING)
         .with_for_update()
         .execution_options(populate_existing=True)
     ).one_or_none()
-    if bucket is None:
-        return None
-    return _settle_attempt(session, bucket, artifacts, error_class, code, message, phase=phase,
-                           backoff_seconds=backoff_seconds, unknown_retries=unknown_retries, archived=archived)
 
 
 def expire(session: Session, bucket_id: int) -> Outcome | None:
@@ -273,6 +309,7 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
                     unknown_retries: int, reason: str | None = None, archived: ArchivedLog | None = None) -> Outcome:
     wanted = any(a.state == ArtifactState.BUILDING for a in artifacts)
     attempt = bucket.attempts
+    counted = bucket.attempts - bucket.interruptions  # what the budget sees (interrupted attempts are free)
     if error_class == ErrorClass.CANCELLED and (wanted or not bucket.cancel_requested):
         # The cancel lost a race with a resubmit or retry (which clear cancel_requested / reopen the set):
         # the compile is wanted again, so it goes back to the queue rather than to a dead end.
@@ -282,19 +319,19 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
     repeated = (error_class in RETRIED and not unknown
                 and _repeats_previous(session, bucket, phase, error_class, code, message))
     retried_unknowns = _earlier_unknown_failures(session, bucket) if unknown else 0
-    retry = (error_class in RETRIED and bucket.attempts < bucket.max_attempts and not repeated
+    retry = (error_class in RETRIED and counted < bucket.max_attempts and not repeated
              and (not unknown or retried_unknowns < unknown_retries))
     message_of_record = message
     if repeated:
         message_of_record = f"the same failure as attempt {attempt - 1}, so not retried again: {message}"
     elif unknown and not retry:
         message_of_record = (f"no diagnosis after {retried_unknowns + 1} unknown failure(s) "
-                             f"({retried_unknowns} retried; attempt {attempt} of {bucket.max_attempts}): {message}")
+                             f"({retried_unknowns} retried; attempt {counted} of {bucket.max_attempts}): {message}")
     if error_class != ErrorClass.CANCELLED:
         failures.record(session, bucket.id, attempt, phase, error_class, code, message, retry=retry, log=archived)
     if retry:
         outbox_id = requeue_bucket(
-            session, bucket, reason or f"{error_class} error, attempt {attempt} of {bucket.max_attempts}",
+            session, bucket, reason or f"{error_class} error, attempt {counted} of {bucket.max_attempts}",
             reset_attempts=False, delay_seconds=backoff_seconds,
         )
         log.info("bucket compile requeued", extra={"bucket_compile_id": bucket.id, "bucket_key": bucket.key,

@@ -172,6 +172,20 @@ class Settings(BaseSettings):
         description="How many times a compile that failed with no diagnosis (class 'unknown': e.g. exit 70 with "
                     "no error code) is retried before it is reported as such; always within max_attempts.")
     compile_timeout_seconds: int = Field(default=4 * 3600 + 1800, ge=1)
+    drain_seconds: float = Field(
+        default=20.0, ge=0,
+        description="A worker told to stop (SIGTERM) lets its running compiles go on this long, then hands the "
+                    "ones still compiling back to the queue, their attempt not counted (workers/compiling/drain.py). "
+                    "Keep it about 10 s below the grace period before SIGKILL (Kubernetes' "
+                    "terminationGracePeriodSeconds, Compose's stop_grace_period).")
+    spot_notice: bool = Field(
+        default=False, description="Watch the EC2 instance metadata for a spot interruption notice (every 5 s) and "
+                                   "drain on one with spot_drain_seconds (workers/host/spot.py).")
+    spot_drain_seconds: float = Field(
+        default=90.0, ge=0, le=110,
+        description="The drain window after a spot interruption notice: inside EC2's two minutes, with time "
+                    "left to hand back what is still compiling.")
+    imds_url: str = Field(default="http://169.254.169.254", description="The EC2 instance metadata service.")
     neuron_max_parallel_rank_compiles: int = Field(
         default_factory=default_parallel_rank_compiles, ge=1,
         description="Most tensor-parallel ranks of one Neuron compile that compile at the same time (SDKs whose "

@@ -1,9 +1,11 @@
 """The worker registry: which workers are alive, what they can compile and which queues they consume.
 
-Workers register on start (:func:`register`), heartbeat while they run (:func:`heartbeat`) and announce a
-clean stop (:func:`mark_stopped`). A worker that dies without stopping simply ages out: readers consider
-only workers that heartbeated within ``worker_stale_seconds``. Submits consult :func:`live_queues` when
-``require_live_worker`` is set, so registration is what lets the service accept work.
+Workers register on start (:func:`register`), heartbeat while they run (:func:`heartbeat`), say when they
+were told to stop (:func:`mark_draining`: they take no new compile, and keep heartbeating while their running
+compiles finish or are handed back) and announce a clean stop (:func:`mark_stopped`). A worker that dies
+without stopping simply ages out: readers consider only workers that heartbeated within
+``worker_stale_seconds``. Submits consult :func:`live_queues` when ``require_live_worker`` is set, so
+registration is what lets the service accept work.
 
 Liveness here is about *capacity*, not about ownership of work: a compile belongs to whoever holds its
 lease (:mod:`compilesvc.compiles.leases`), and the reaper recovers it when that lease runs out.
@@ -30,7 +32,7 @@ def register(session: Session, worker_id: str, hostname: str, capabilities: dict
     """Insert or refresh a worker's row (a restart under the same id starts a new life)."""
     now = utcnow()
     values = {"id": worker_id, "hostname": hostname, "capabilities": capabilities, "queues": list(queues),
-              "slots": slots, "started_at": now, "heartbeat_at": now, "stopped_at": None}
+              "slots": slots, "started_at": now, "heartbeat_at": now, "draining_at": None, "stopped_at": None}
     upsert(session, Worker, values, ["id"])
 
 
@@ -44,6 +46,13 @@ def heartbeat(session: Session, worker_id: str) -> bool:
         .execution_options(synchronize_session=False)
     ).scalar_one_or_none()
     return updated is not None
+
+
+def mark_draining(session: Session, worker_id: str) -> None:
+    session.execute(
+        update(Worker).where(Worker.id == worker_id, Worker.draining_at.is_(None)).values(draining_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
 
 
 def mark_stopped(session: Session, worker_id: str) -> None:

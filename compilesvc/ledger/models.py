@@ -141,6 +141,8 @@ class BucketCompile(Base):
     attempt_round: Mapped[int] = mapped_column(
         default=0, server_default="0",
         doc="Bumped whenever the attempts are reset (a resubmit, an explicit retry): failures count per round.")
+    interruptions: Mapped[int] = mapped_column(
+        default=0, server_default="0", doc="Attempts a draining worker gave back: not counted against max_attempts.")
     lease_token: Mapped[int] = mapped_column(BigInteger, default=0)
     lease_expires_at: Mapped[datetime | None]
     worker_id: Mapped[str | None] = mapped_column(String(255))
@@ -167,6 +169,10 @@ class BucketCompile(Base):
         # The statistics' windows (compilesvc.insights.stats): compile times by finish, queue waits by start.
         Index("ix_bucket_compiles_finished_at", "finished_at"),
         Index("ix_bucket_compiles_started_at_queued_at", "started_at", "queued_at"),  # index-only waits
+        # KEDA's scaler query (the Helm chart's): a pool's queued and running compiles, from this index alone.
+        Index("ix_bucket_compiles_active_queue", "queue", "state",
+              postgresql_where=text("state IN ('queued', 'running')"),
+              sqlite_where=text("state IN ('queued', 'running')")),
         check_constraint("state", BucketState, "state"),
         check_constraint("error_class", ErrorClass, "error_class"),
     )
@@ -274,6 +280,7 @@ class Worker(Base):
     slots: Mapped[int] = mapped_column(Integer, default=1)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    draining_at: Mapped[datetime | None] = mapped_column(doc="Told to stop: takes no new work, hands back late work.")
     stopped_at: Mapped[datetime | None]
 
     __table_args__ = (Index("ix_workers_heartbeat_at", "heartbeat_at"),)

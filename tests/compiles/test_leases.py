@@ -247,6 +247,59 @@ def test_infra_errors_requeue_until_the_attempt_cap(services: Services) -> None:
     assert again.outcome == "new" and row(services, bid).state == "queued" and row(services, bid).attempts == 0
 
 
+def test_an_interrupted_attempt_is_requeued_at_once_and_not_counted(services: Services) -> None:
+    """A draining worker hands a compile back (issue 30): queued again with no backoff, the outbox row made
+    in the same transaction, the attempt's number kept but not counted against max_attempts (2 here)."""
+    result = submit(services)
+    bid = bucket_id(services, result.buckets[0].key)
+    first = claim(services, bid)
+    assert first is not None and (first.attempt, first.counted) == (1, 1)
+    sent_before = unsent(services)
+    with transaction(services.sessions) as session:
+        outcome = leases.interrupt(session, bid, first.token, "worker w1 told to stop (SIGTERM)")
+    assert outcome is not None and outcome.state == "queued" and outcome.outbox_id is not None
+    assert outcome.retry_in == 0 and unsent(services) == sent_before + 1
+    bucket = row(services, bid)
+    assert (bucket.state, bucket.attempts, bucket.interruptions, bucket.worker_id) == ("queued", 1, 1, None)
+    with services.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(BucketFailure)
+                              .where(BucketFailure.bucket_compile_id == bid)) == 0  # no failure of the build's
+        reason = session.scalars(select(Event.detail).where(Event.entity == "bucket", Event.entity_id == bid,
+                                                    Event.to_state == "queued")
+                                 .order_by(Event.id.desc())).first()
+    assert reason is not None and reason["reason"] == (
+        "interrupted: worker w1 told to stop (SIGTERM); attempt 1 not counted")
+    assert claim(services, bid, "w1") is not None  # the next delivery claims it: attempt 2
+    with transaction(services.sessions) as session:
+        assert leases.interrupt(session, bid, first.token, "again") is None
+
+    # Two counted attempts remain: the first infra failure is retried, the second is final.
+    second = row(services, bid)
+    assert (second.state, second.attempts) == ("running", 2)
+    with transaction(services.sessions) as session:
+        retried = leases.fail(session, bid, second.lease_token, "infra", "SIGKILL", "killed")
+    assert retried is not None and retried.state == "queued"
+    third = claim(services, bid)
+    assert third is not None and (third.attempt, third.counted, third.interruptions) == (3, 2, 1)
+    with transaction(services.sessions) as session:
+        final = leases.fail(session, bid, third.token, "infra", "SIGKILL", "killed again")
+    assert final == leases.Outcome("failed", third.key)
+    # A resubmit starts a new round: attempts and interruptions both start again.
+    assert submit(services).outcome == "new"
+    assert (row(services, bid).attempts, row(services, bid).interruptions) == (0, 0)
+
+
+def test_an_interrupted_attempt_whose_build_was_cancelled_is_cancelled(services: Services) -> None:
+    result = submit(services)
+    bid = bucket_id(services, result.buckets[0].key)
+    c = claim(services, bid)
+    assert c is not None
+    cancel_build(services, result.build_id)
+    with transaction(services.sessions) as session:
+        assert leases.interrupt(session, bid, c.token, "worker w1 told to stop") == leases.Outcome("cancelled", c.key)
+    assert (row(services, bid).state, row(services, bid).interruptions) == ("cancelled", 0)
+
+
 def _fail_attempt(services: Services, bid: int, error_class: str, code: str, message: str,
                   unknown_retries: int) -> leases.Outcome | None:
     c = claim(services, bid)
@@ -631,6 +684,15 @@ def test_registry_lifecycle(services: Services) -> None:
     with services.sessions() as session:
         worker = session.get_one(registry.Worker, "w2")
         assert (worker.slots, worker.stopped_at) == (4, None)
+    with transaction(services.sessions) as session:
+        registry.mark_draining(session, "w2")
+    with transaction(services.sessions) as session:
+        draining = session.get_one(registry.Worker, "w2")
+        assert draining.draining_at is not None
+        assert [w.id for w in registry.live_workers(session, 60)] == ["w2"]  # draining still heartbeats
+        registry.register(session, "w2", "host-b", caps, ["compile.inf2.2.20.0"], 4)  # a new life
+    with services.sessions() as session:
+        assert session.get_one(registry.Worker, "w2").draining_at is None
 
 
 @pytest.mark.slow

@@ -286,6 +286,8 @@ CREDENTIALS = {"COMPILESVC_DATABASE_URL", "PGPASSWORD", "AWS_ACCESS_KEY_ID", "AW
                "COMPILESVC_SECRET_KEY", "COMPILESVC_BOOTSTRAP_TOKEN", "COMPILESVC_SIGNING_KEY_FILE",
                "COMPILESVC_BROKER_URL"}
 WORKERS = ("worker-cpu", "worker-neuron")
+#: Settings only a worker reads (a worker-only environment, written once in x-worker-env).
+WORKER_SETTINGS = {"COMPILESVC_DRAIN_SECONDS"}
 
 
 def test_compilesvc_services_share_one_environment(raw: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
@@ -294,7 +296,8 @@ def test_compilesvc_services_share_one_environment(raw: dict[str, Any], services
     for name in COMPILESVC_SERVICES:
         env = environment(services[name])
         assert {k: v for k, v in env.items() if k in base} == base, name
-        assert set(env) - set(base) <= CREDENTIALS | {"COMPILESVC_NEURON_SDK"}, name
+        only_theirs = WORKER_SETTINGS if name in WORKERS else set()
+        assert set(env) - set(base) <= CREDENTIALS | {"COMPILESVC_NEURON_SDK"} | only_theirs, name
     assert set(environment(services["worker-neuron"])) - set(environment(services["worker-cpu"])) == \
         {"COMPILESVC_NEURON_SDK"}
     # Written once: every key of the shared environment is defined exactly once in the file.
@@ -462,7 +465,7 @@ def test_cpu_image_installs_the_pinned_torch_from_the_cpu_index() -> None:
     assert re.search(r"^FROM \$\{PYTHON_IMAGE\}\s*$", text, re.MULTILINE)
     assert _arg_default(DOCKERFILE, "PYTHON_IMAGE") == "python:3.11-slim"
     assert re.search(r"^USER compilesvc$", text, re.MULTILINE)
-    assert 'ENTRYPOINT ["compilesvc"]' in text
+    assert 'ENTRYPOINT ["tini", "-s", "--", "compilesvc"]' in text  # PID 1 reaps, also on Kubernetes
     assert "p['optional-dependencies']['server']" in text  # the image runs the service, not only the client
 
 

@@ -45,6 +45,11 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/architecture.md", "The core's layers", "text", "cli                      every `compilesvc` command, the rel"):
         "check: tests/test_layers.py::test_the_tree_keeps_every_contract (the diagram is the layers contract "
         "of pyproject.toml, which lint-imports checks)",
+    ("docs/architecture.md", "The packages", "text", "server.cli               `compilesvc serve`"):
+        "check: tests/test_layers.py::test_the_architecture_diagrams_are_the_layers_contracts (web's contract)",
+    ("docs/architecture.md", "The packages", "text", "cli                      `compilesvc worker`"):
+        "check: tests/test_layers.py::test_the_architecture_diagrams_are_the_layers_contracts (the workers' "
+        "contract)",
     ("docs/api.md", "Conventions", "json", '{"type": "/problems/spec-invalid", "title": "Compile spec is'):
         f"check: {HERE}::test_json_blocks_without_ellipses_parse ({OUTPUT})",
     ("docs/api.md", "Uploading a model", "sh", "API=https://compilesvc.example.com COMPILESVC_TOKEN=csvc_…"):
@@ -82,6 +87,15 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/ci.md", "The spec", "yaml", "model: {uri: MODEL_URI, format: exported-program, name: tiny"):
         "run: tests/docs/test_first_hour.py::test_first_hour (filled for the cpu target: no Neuron SDK here); "
         f"check: {HERE}::test_the_specs_validate",
+    ("docs/kubernetes.md", "What scales on what", "sql", "SELECT count(*) FROM bucket_compiles WHERE state IN ('queued"):
+        "check: tests/deploy/test_helm_chart.py::test_the_query_docs_kubernetes_md_shows_is_the_chart_s (and that "
+        "query runs on a real ledger in test_the_scaler_query_counts_queued_and_running_compiles_of_the_pool_on_a_real_ledger)",
+    ("docs/kubernetes.md", "EKS, step by step", "sh", "kubectl create namespace compilesvc"):
+        "not run: needs an EKS cluster; shell checked with bash -n; the values file it names is rendered and checked "
+        "by tests/deploy/test_helm_chart.py",
+    ("docs/kubernetes.md", "EKS, step by step", "sql", "CREATE ROLE compilesvc_scaler LOGIN PASSWORD 'choose-one';"):
+        "run: tests/deploy/test_helm_chart.py::test_the_scaler_query_counts_queued_and_running_compiles_of_the_pool_on_a_real_ledger "
+        "(under a role of the test's own name, which then runs the scaler query and is refused another table)",
     ("docs/deploy.md", "Quick start", "sh", "cp docker/env.example .env     # then replace every change-m"): DOCKER,
     ("docs/deploy.md", "Slow clients", "sh", "make test-tools    # installs nginx (apt-get, as root) when"):
         "not run: installs packages as root, then runs tests/faults/test_slow_clients.py, which the suite runs",

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from compilesvc.compiles import leases
-from compilesvc.dispatch.registry import register
+from compilesvc.dispatch.registry import mark_draining, register
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Build
 from tests.fixtures.tokens import bearer, make_token
@@ -198,6 +198,11 @@ def test_workers_page_shows_capabilities_running_work_and_unserved_queues(make_e
         assert leases.claim(session, queued_buckets(env.services, build_id)[0], "trn2-host-1",
                             lease_seconds=60) is not None
     assert f"build {build_id}" in text_of(page(env, "/workers"))
+    # Told to stop: still live (it heartbeats while it drains), shown as draining.
+    assert "draining" not in text_of(page(env, "/workers"))
+    with transaction(env.services.sessions) as session:
+        mark_draining(session, "trn2-host-1")
+    assert "trn2-host-1 draining" in text_of(page(env, "/workers"))
 
 
 def test_build_page_shows_the_verified_provenance(make_env: EnvFactory, sqlite_url: str) -> None:

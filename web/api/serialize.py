@@ -24,7 +24,7 @@ def bucket_json(bucket: BucketView, origin: Origin | None = None) -> dict[str, A
         "key": bucket.key, "position": bucket.position, "inputs": bucket.inputs, "state": bucket.state,
         "attempts": bucket.attempts, "error_class": bucket.error_class, "error_code": bucket.error_code,
         "error_message": bucket.error_message, "worker_id": bucket.worker_id,
-        "cancel_requested": bucket.cancel_requested,
+        "cancel_requested": bucket.cancel_requested, "interruptions": bucket.interruptions,
         "started_at": iso(bucket.started_at), "finished_at": iso(bucket.finished_at),
         "compile_seconds": bucket.compile_seconds, "queued_at": iso(bucket.queued_at),
         "origin": None if origin is None else {"how": str(origin.how), "from_build": origin.from_build,

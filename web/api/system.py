@@ -116,6 +116,7 @@ def workers(query: WorkersQuery) -> Response:
         "workers": [{
             "id": w.id, "hostname": w.hostname, "capabilities": w.capabilities, "queues": w.queues,
             "slots": w.slots, "started_at": w.started_at.isoformat(), "heartbeat_at": w.heartbeat_at.isoformat(),
+            "draining_at": w.draining_at.isoformat() if w.draining_at else None,
             "stopped_at": w.stopped_at.isoformat() if w.stopped_at else None, "live": w.id in live_ids,
         } for w in shown],
         "queues": queues,

@@ -85,6 +85,7 @@ class BucketOut(_Out):
     inputs: list[dict[str, Any]]
     state: BucketState
     attempts: int
+    interruptions: int = Field(default=0, description="Attempts handed back by a draining worker; not counted.")
     error_class: str | None = Field(description=" | ".join(states.ErrorClass))
     error_code: str | None
     error_message: str | None
@@ -297,6 +298,7 @@ class WorkerOut(_Out):
     slots: int
     started_at: datetime
     heartbeat_at: datetime
+    draining_at: datetime | None = Field(description="Told to stop: takes no new compile, hands back late ones.")
     stopped_at: datetime | None
     live: bool
 

@@ -40,11 +40,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat
-import sys
 import time
-from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,13 +52,14 @@ from compilesvc.compiles import backoff, leases
 from compilesvc.compiles.failures import ArchivedLog, Phase, shorten
 from compilesvc.compiles.logs import append_lines
 from compilesvc.compiles.publishing import LOG_NAME, PublishError, archive_log, publish_outputs, publish_ready_artifacts
-from compilesvc.config.settings import Settings
 from compilesvc.ledger.engine import transaction
 from compilesvc.pinning.pins import ModelRefError
 from compilesvc.services import Services
 from compilesvc.spec.manifest import BucketManifest
 from compilesvc.store import StoreError, bucket_manifest_name
 from workers.compiling.classify import Outcome, classify
+from workers.compiling.drain import DRAIN, Interruptible
+from workers.compiling.launch import RESULT_NAME, AttemptDirs, compile_dirs, read_result, start_child
 from workers.compiling.lease_keeper import LeaseKeeper
 from workers.compiling.logstream import LogStream
 from workers.compiling.retries import (
@@ -73,12 +71,9 @@ from workers.compiling.retries import (
     with_db_retry,
 )
 from workers.compiling.sandbox_limits import limit_outcome
-from workers.compiling.workdirs import INDUCTOR_CACHE_NAME, OWNER_LOCK, attempt_dirs, sweep_orphaned_attempts, work_root
-from workers.isolation.child_env import child_environment
-from workers.isolation.compiler_process import CompilerProcess
-from workers.isolation.sandbox import Mounts, Policy, sandbox_for
+from workers.compiling.workdirs import OWNER_LOCK, attempt_dirs, sweep_orphaned_attempts, work_root
+from workers.isolation.sandbox import Policy
 from workers.isolation.spool import copy_outputs
-from workers.isolation.spool_process import SpoolAttempt, SpoolProcess, spool_attempt
 
 __all__ = ["OWNER_LOCK", "ClaimNotRecorded", "RunResult", "run_compile",
            "sweep_orphaned_attempts", "work_root"]
@@ -90,9 +85,6 @@ KILL_GRACE_SECONDS = 5.0
 #: Model file names by format, inside the attempt's temporary directory.
 MODEL_FILE_NAMES = {"torchscript": "model.pt", "exported-program": "model.pt2", "hf-dir": "model.tar",
                     "hlo": "model.hlo.pb"}
-RESULT_NAME = "result.json"
-#: More than any real result.json (a list of output files): the child wrote it, so its size is bounded.
-RESULT_MAX_BYTES = 16 * 1024 * 1024
 
 # -- results ---------------------------------------------------------------------------------------------
 
@@ -101,7 +93,7 @@ class RunResult:
     """How :func:`run_compile` ended, for the task's return value and for tests."""
 
     bucket_compile_id: int
-    status: str  # nothing-to-claim | succeeded | queued | failed | cancelled | lease-lost
+    status: str  # nothing-to-claim | succeeded | queued | failed | cancelled | lease-lost | interrupted
     attempt: int | None = None
     error_class: str | None = None
     code: str | None = None
@@ -147,7 +139,7 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str) -> R
     keeper = LeaseKeeper(services, claim, logger).start()
     try:
         with attempt_dirs(claim.bucket_id) as (files, work_dir), \
-                _compile_dirs(services.settings, claim.bucket_id, files, work_dir) as dirs:
+                compile_dirs(services.settings, claim.bucket_id, files, work_dir) as dirs:
             return _run_claimed(services, claim, worker_id, keeper, files, dirs, logger)
     except Exception as exc:
         # A bug or an unexpected library error: record it as infra (retried) rather than waiting for the
@@ -161,43 +153,16 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str) -> R
         keeper.close()
 
 
-@dataclass(frozen=True)
-class _Dirs:
-    """Where a compile reads its model and request and writes its work and outputs: the worker's own job
-    and work dirs, or (``COMPILESVC_SANDBOX=pod``) an attempt in the spool shared with the compile runner."""
-
-    model: Path
-    out: Path
-    work: Path
-    request: Path
-    spooled: SpoolAttempt | None = None
-
-    def staged(self, path: Path) -> Path:
-        """Where the worker writes ``path`` before the compile starts."""
-        return self.spooled.staged(path) if self.spooled is not None and path.is_relative_to(self.spooled.dir) \
-            else path
-
-
-@contextmanager
-def _compile_dirs(settings: Settings, bucket_id: int, files: Path, work_dir: Path) -> Iterator[_Dirs]:
-    if settings.sandbox != "pod":
-        for directory in (files / "model", files / "out"):
-            directory.mkdir()
-        yield _Dirs(files / "model", files / "out", work_dir, files / "request.json")
-        return
-    assert settings.compile_spool is not None  # checked at worker start
-    with spool_attempt(settings.compile_spool, bucket_id) as spooled:
-        yield _Dirs(spooled.model_dir, spooled.out, spooled.work, spooled.request, spooled)
-
-
 def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper: LeaseKeeper, tmp: Path,
-                 dirs: _Dirs, logger: logging.LoggerAdapter[Any]) -> RunResult:
+                 dirs: AttemptDirs, logger: logging.LoggerAdapter[Any]) -> RunResult:
     settings = services.settings
     model_dir, out_dir, work_dir = dirs.model, dirs.out, dirs.work
     logs = LogStream(services.sessions, claim.bucket_id, claim.attempt, tmp / LOG_NAME,
                      max_bytes=settings.sandbox_max_log_mb * 1024 * 1024)
+    drained = DRAIN.register(keeper.stop)
     try:
-        logs.service(f"attempt {claim.attempt} of {claim.max_attempts} on worker {worker_id} "
+        handed_back = f" ({claim.interruptions} handed back before, not counted)" if claim.interruptions else ""
+        logs.service(f"attempt {claim.counted} of {claim.max_attempts}{handed_back} on worker {worker_id} "
                      f"(pid {os.getpid()}): {claim.backend} for {claim.target} sdk {claim.sdk}")
 
         model_format = str(claim.model.get("format") or claim.material["model"]["format"])
@@ -214,11 +179,11 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             return _fail(services, claim, Outcome("infra", "MODEL_FETCH_FAILED", error), logs, logger,
                          phase=Phase.FETCH)
         except Interrupted:
-            return _stopped(services, claim, keeper, logs, logger)
+            return _stopped(services, claim, worker_id, keeper, drained, logs, logger)
         logs.service(f"fetched model sha256:{claim.model.get('sha256')} "
                      f"({model_path.stat().st_size} bytes) in {time.monotonic() - fetch_started:.1f}s")
         if keeper.stop.is_set():
-            return _stopped(services, claim, keeper, logs, logger)
+            return _stopped(services, claim, worker_id, keeper, drained, logs, logger)
 
         toolchain = claim.material.get("toolchain", {})
         request = {
@@ -236,17 +201,22 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
 
         policy = Policy.from_settings(settings)
         started = time.monotonic()
-        child = _start(settings, claim, dirs, tmp, logs, policy)
+        child = start_child(settings, claim, dirs, tmp, logs, policy)
         logger.info("compiler started", extra={"pid": child.pid, "sandboxed": settings.sandbox != "off",
                                                "job_dir": str(dirs.spooled.dir if dirs.spooled else tmp)})
         returncode, timed_out = child.wait(settings.compile_timeout_seconds, keeper.stop, KILL_GRACE_SECONDS)
+        DRAIN.release(drained)  # compiled (or stopped): from here on, the output is worth publishing
         wall = time.monotonic() - started
-        result = _read_result(work_dir / RESULT_NAME)
+        result = read_result(work_dir / RESULT_NAME)
         if keeper.lost:
             logs.service(f"lease lost after {wall:.1f}s: the compile belongs to another attempt now")
             logs.close()
             return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
         outcome = classify(returncode, result, list(logs.tail), timed_out, keeper.cancelled)
+        if drained.interrupted and not outcome.ok and not keeper.cancelled:
+            logs.service(f"stopped after {wall:.1f}s: the worker is draining and the compile did not fit in its "
+                         "drain window")
+            return _hand_back(services, claim, worker_id, logs, logger)
         if settings.sandbox != "off" and not outcome.ok:
             outcome = limit_outcome(outcome, child.limit, returncode, list(logs.tail), policy.limits)
         if child.lost is not None and not (keeper.cancelled or timed_out):  # the runner's failing, not the model's
@@ -265,54 +235,39 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
                 return _fail(services, claim, Outcome("compile", "BAD_OUTPUT", shorten(str(exc))), logs, logger)
         return _succeed(services, claim, worker_id, out_dir, result, keeper, logs, logger)
     finally:
+        DRAIN.release(drained)
         logs.close()
 
 
-def _start(settings: Settings, claim: leases.Claim, dirs: _Dirs, tmp: Path, logs: LogStream,
-           policy: Policy) -> CompilerProcess | SpoolProcess:
-    """The compile child of this attempt, started in the worker's sandbox, or handed to the pod's runner."""
-    if dirs.spooled is not None:
-        return SpoolProcess(dirs.spooled, logs=logs, limits=policy.limits, timeout=settings.compile_timeout_seconds,
-                            target=claim.target, max_log_bytes=settings.sandbox_max_log_mb * 1024 * 1024,
-                            pickup_seconds=settings.compile_runner_pickup_seconds,
-                            stale_seconds=settings.compile_runner_stale_seconds)
-    # The child sees its model and request read-only, writes only its work and output directories, and
-    # gets a private inductor cache at the path the cpu backend uses (that path is in what it generates).
-    private = tmp / "inductor-cache", tmp / "tmp"
-    for directory in private:
-        directory.mkdir()
-    mounts = Mounts(read_only=[dirs.model, dirs.request], writable=[dirs.work, dirs.out],
-                    private={dirs.work.parent / INDUCTOR_CACHE_NAME: private[0]})
-    env = child_environment(os.environ, claim.target)
-    sandbox = sandbox_for(policy, mounts, env)
-    if sandbox is None:
-        # torch keeps caches under TMPDIR (/tmp/torchinductor_<user>) that every compile would otherwise
-        # share: a compile's temporary files are its own (the sandbox gives it a private /tmp).
-        env["TMPDIR"] = str(private[1])
-    return CompilerProcess([sys.executable, "-m", "workers.backends.compile_child", str(dirs.request)],
-                           cwd=dirs.work, env=env, logs=logs, sandbox=sandbox)
-
-
-def _read_result(path: Path) -> dict[str, Any] | None:
-    """The child's result.json: a regular file it wrote, never what a link it planted points at."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return None
-            document = json.loads(fh.read(RESULT_MAX_BYTES))
-    except (OSError, ValueError):
-        return None
-    return document if isinstance(document, dict) else None
-
-
-def _stopped(services: Services, claim: leases.Claim, keeper: LeaseKeeper, logs: LogStream,
-             logger: logging.LoggerAdapter[Any]) -> RunResult:
+def _stopped(services: Services, claim: leases.Claim, worker_id: str, keeper: LeaseKeeper, drained: Interruptible,
+             logs: LogStream, logger: logging.LoggerAdapter[Any]) -> RunResult:
     if keeper.lost:
         logs.close()
         return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
+    if drained.interrupted and not keeper.cancelled:
+        logs.service("stopped before the compiler started: the worker is draining")
+        return _hand_back(services, claim, worker_id, logs, logger)
     return _fail(services, claim, Outcome("cancelled", "CANCELLED", "cancelled before the compiler started"),
                  logs, logger)
+
+
+def _hand_back(services: Services, claim: leases.Claim, worker_id: str, logs: LogStream,
+               logger: logging.LoggerAdapter[Any]) -> RunResult:
+    """Requeue the compile at once, this attempt not counted (:mod:`workers.compiling.drain`)."""
+    logs.service("handed back to the queue: another worker starts it now; this attempt is not counted")
+    logs.close()
+
+    def record() -> leases.Outcome | None:
+        with transaction(services.sessions) as session:
+            return leases.interrupt(session, claim.bucket_id, claim.token, f"worker {worker_id} {DRAIN.why}")
+
+    settled = with_db_retry(record, services.settings.ledger_retry_seconds)
+    if settled is None:
+        return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
+    logger.warning("compile handed back", extra={"new_state": settled.state})
+    if settled.outbox_id is not None:
+        services.relay.after_commit([settled.outbox_id], bucket_compile_id=claim.bucket_id)
+    return RunResult(claim.bucket_id, "interrupted" if settled.state == "queued" else settled.state, claim.attempt)
 
 
 def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: Path, result: dict[str, Any],

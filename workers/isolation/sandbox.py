@@ -51,6 +51,7 @@ from glob import glob
 from pathlib import Path
 
 from compilesvc.config.settings import Settings
+from compilesvc.hostinfo import host_memory_bytes
 
 #: System paths every compile needs (the C compiler, headers and libraries, the loader's cache), read-only.
 SYSTEM_READ_PATHS = ("/usr", "/etc/ld.so.cache", "/etc/alternatives", "/sys/devices/system/cpu")
@@ -88,10 +89,6 @@ class Limits:
         if self.memory_bytes is not None:
             limits.append((resource.RLIMIT_AS, self.memory_bytes))
         return limits
-
-
-def host_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,121 @@
+{{/* A worker pool's pod spec (Deployment and ScaledJob alike). */}}
+{{- define "compilesvc.workerPod" -}}
+{{- $root := .root -}}{{- $pool := .pool -}}
+{{- $neuron := ne $pool.target "cpu" -}}
+{{- $pod := eq $pool.sandbox "pod" -}}
+{{- if and $pod (ne (int $pool.concurrency) 1) -}}
+{{- fail (printf "workers.pools[%s]: concurrency %d with sandbox pod; a pod has one compile runner, so one compile at a time (docs/deploy.md, \"Compile isolation\"): scale with replicas" $pool.name (int $pool.concurrency)) -}}
+{{- end -}}
+serviceAccountName: {{ include "compilesvc.fullname" $root }}-worker
+automountServiceAccountToken: false
+enableServiceLinks: false
+{{- if $pod }}
+shareProcessNamespace: false  # the compile cannot see or signal the worker
+{{- else }}
+hostUsers: false  # bubblewrap's user namespaces inside a user-namespaced pod: its root is no host root
+{{- end }}
+restartPolicy: {{ .restartPolicy }}
+terminationGracePeriodSeconds: {{ include "compilesvc.workerGrace" (dict "root" $root "pool" $pool) }}
+securityContext: {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $pool.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if or $pool.tolerations (gt (int $pool.neuronDevices) 0) }}
+tolerations:
+  {{- with $pool.tolerations }}{{ toYaml . | nindent 2 }}{{ end }}
+  {{- if gt (int $pool.neuronDevices) 0 }}
+  - {key: aws.amazon.com/neuron, operator: Exists, effect: NoSchedule}
+  {{- end }}
+{{- end }}
+{{- with $pool.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+containers:
+  - name: worker
+    image: {{ include "compilesvc.imageRef" (merge (dict "appVersion" $root.Chart.AppVersion) ($pool.image | default dict) $root.Values.image) }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    args: ["worker", "--concurrency", {{ $pool.concurrency | quote }}, "--queues", {{ join "," $pool.queues | quote }}, "--name", "{{ $pool.name }}@$(POD_NAME)"]
+    envFrom: [{configMapRef: {name: {{ include "compilesvc.fullname" $root }}-config}}]
+    env:
+      - name: POD_NAME
+        valueFrom: {fieldRef: {fieldPath: metadata.name}}
+      - {name: COMPILESVC_DATABASE_URL, value: {{ include "compilesvc.databaseUrl" (dict "root" $root "role" "worker") | quote }}}
+      - {name: COMPILESVC_SIGNING_KEY_FILE, value: /run/secrets/compilesvc/signing-key.pem}
+      {{- if $neuron }}
+      - {name: COMPILESVC_NEURON_SDK, value: {{ $pool.release | quote }}}
+      {{- end }}
+      {{- if $pod }}
+      - {name: COMPILESVC_SANDBOX, value: pod}
+      - {name: COMPILESVC_COMPILE_SPOOL, value: /spool}
+      {{- end }}
+      {{- include "compilesvc.secretEnv" (dict "root" $root "component" "worker" "aws" true "required" (list "COMPILESVC_BROKER_URL" "PGPASSWORD") "optional" list) | indent 6 }}
+    resources:
+      requests: {{- toYaml $pool.resources.requests | nindent 8 }}
+      limits:
+        {{- toYaml $pool.resources.limits | nindent 8 }}
+        {{- if and (not $pod) (gt (int $pool.neuronDevices) 0) }}
+        aws.amazon.com/neuron: {{ $pool.neuronDevices }}
+        {{- end }}
+    securityContext:
+      allowPrivilegeEscalation: false
+      readOnlyRootFilesystem: true
+      privileged: false
+      runAsNonRoot: true
+      capabilities: {drop: [ALL]}
+      {{- if $pod }}
+      seccompProfile: {type: RuntimeDefault}
+      {{- else }}
+      # compose's security_opt for bubblewrap (docs/deploy.md, "Compile isolation"): its namespaces and mounts.
+      seccompProfile: {type: Unconfined}
+      appArmorProfile: {type: Unconfined}
+      procMount: Unmasked
+      {{- end }}
+    volumeMounts:
+      - {name: work, mountPath: /var/tmp/compilesvc}  # per-compile work directories
+      - {name: signing-key, mountPath: /run/secrets/compilesvc, readOnly: true}
+      {{- if $pod }}
+      - {name: spool, mountPath: /spool}
+      {{- end }}
+      {{- include "compilesvc.scratchMounts" $root | nindent 6 }}
+  {{- if $pod }}
+  # deploy/kubernetes/compile-worker-pod.yaml: no env, no secret, no token; PID 1 of its container.
+  - name: compile
+    image: {{ include "compilesvc.imageRef" (merge (dict "appVersion" $root.Chart.AppVersion) ($pool.image | default dict) $root.Values.image) }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    command: ["python", "-m", "workers.isolation.compile_runner", "--spool", "/spool"]
+    livenessProbe:
+      exec:
+        command: ["python", "-c", "import os, sys, time; sys.exit(time.time() - os.stat('/spool/runner/heartbeat').st_mtime > 30)"]
+      initialDelaySeconds: 10
+      periodSeconds: 10
+    readinessProbe:
+      exec:
+        command: ["python", "-c", "import os, sys, time; sys.exit(time.time() - os.stat('/spool/runner/heartbeat').st_mtime > 30)"]
+      initialDelaySeconds: 10
+      periodSeconds: 10
+    volumeMounts:
+      - {name: spool, mountPath: /spool/attempts, subPath: attempts}
+      - {name: spool, mountPath: /spool/runner, subPath: runner}
+      - {name: spool, mountPath: /spool/models, subPath: models, readOnly: true}
+    resources:
+      requests: {{- toYaml $pool.compileResources.requests | nindent 8 }}
+      limits:
+        {{- toYaml $pool.compileResources.limits | nindent 8 }}
+        {{- if gt (int $pool.neuronDevices) 0 }}
+        aws.amazon.com/neuron: {{ $pool.neuronDevices }}
+        {{- end }}
+    securityContext: {{- include "compilesvc.containerSecurityContext" $root | nindent 6 }}
+  {{- end }}
+volumes:
+  - name: work
+    emptyDir: {sizeLimit: {{ $pool.workSizeLimit }}}
+  {{- if $pod }}
+  - name: spool
+    emptyDir: {sizeLimit: {{ $pool.workSizeLimit }}}
+  {{- end }}
+  {{- include "compilesvc.signingKeyVolume" $root | nindent 2 }}
+  {{- include "compilesvc.scratchVolumes" $root | nindent 2 }}
+{{- end -}}
