@@ -196,7 +196,11 @@ def default_worker_name() -> str:
 @click.option("--pool", type=click.Choice(["threads", "prefork"]), default="threads", show_default=True,
               help="Celery pool. A task only supervises its compiler's own process, so threads suffice and "
                    "nothing is forked; prefork is there for comparison.")
-def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str, pool: str) -> None:
+@click.option("--max-compiles", type=click.IntRange(min=1), default=None,
+              help="Stop (draining, as on SIGTERM) once this many compiles have ended here: 1 for a Kubernetes "
+                   "Job per compile (the Helm chart's ScaledJob mode).")
+def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str, pool: str,
+           max_compiles: int | None) -> None:
     """Run a compile worker for the targets this host can compile."""
     from workers.host.versions import capability_queues, detect_capabilities
 
@@ -232,7 +236,7 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     from workers.celery_app import worker_app
     from workers.compiling.runner import sweep_orphaned_attempts
 
-    tasks.configure(worker_id)
+    tasks.configure(worker_id, max_compiles)
     swept = sweep_orphaned_attempts()
     if swept:
         log.info("removed directories of attempts whose worker died", extra={"directories": swept})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 from typing import Any
@@ -30,13 +31,31 @@ log = logging.getLogger(__name__)
 
 #: The registered worker id (set by ``compilesvc worker`` before the pool forks).
 _worker_id: str | None = None
+#: ``compilesvc worker --max-compiles``: stop after this many compiles ended (None: never).
+_max_compiles: int | None = None
+_ended = 0
+_main_pid = os.getpid()
 _services: tuple[int, Services] | None = None
 _services_lock = threading.Lock()
 
 
-def configure(worker_id: str) -> None:
-    global _worker_id
+def configure(worker_id: str, max_compiles: int | None = None) -> None:
+    global _worker_id, _max_compiles, _main_pid
     _worker_id = worker_id
+    _max_compiles = max_compiles
+    _main_pid = os.getpid()  # the worker's main process (a prefork pool's tasks run in its children)
+
+
+def _count_ended() -> None:
+    """One compile more has ended here; at ``--max-compiles``, stop as if told to (a Kubernetes Job's pod
+    runs one compile and exits: the chart's ScaledJob mode)."""
+    global _ended
+    with _services_lock:
+        _ended += 1
+        done = _max_compiles is not None and _ended == _max_compiles
+    if done:
+        log.info("max compiles reached: stopping", extra={"compiles": _ended})
+        os.kill(_main_pid, signal.SIGTERM)  # Celery's warm shutdown, and the drain of whatever still runs
 
 
 def worker_id() -> str:
@@ -69,6 +88,8 @@ def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sd
     # The one line that says this worker is done with the message, whatever became of the attempt.
     log.info("task done", extra={"bucket_compile_id": bucket_compile_id, "attempt": result.attempt,
                                  "result": result.status})
+    if result.status != "nothing-to-claim":
+        _count_ended()
     return result.status
 
 

@@ -438,11 +438,32 @@ def test_the_proxy_template_is_docker_nginx_s() -> None:
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 def test_worker_grace_covers_the_drain_window(example: str) -> None:
+    """The worker drains for exactly the window the chart's grace period is computed from."""
     values = merged_values(example)
     assert values["drainWindowSeconds"] <= values["compileTimeoutSeconds"]
+    windows = {p["name"]: p.get("drainWindowSeconds", values["drainWindowSeconds"]) for p in pools(example)}
+    seen = 0
     for name, spec in pod_specs(rendered(example)).items():
-        if "-worker-" in name:
-            assert spec["terminationGracePeriodSeconds"] >= values["drainWindowSeconds"] + values["graceMarginSeconds"]
+        pool = next((p for p in windows if name.endswith(f"-worker-{p}")), None)
+        if pool is None:
+            continue
+        seen += 1
+        worker = next(c for c in spec["containers"] if c["name"] == "worker")
+        drain = next(e["value"] for e in worker["env"] if e["name"] == "COMPILESVC_DRAIN_SECONDS")
+        assert float(drain) == windows[pool], name
+        assert spec["terminationGracePeriodSeconds"] >= windows[pool] + values["graceMarginSeconds"]
+    assert seen == len(windows)
+
+
+def test_a_pool_may_drain_for_less_than_the_chart() -> None:
+    """A spot pool fits its drain in EC2's two-minute notice: its own window, its own grace."""
+    values = values_of("minimal")
+    values["workers"] = {"pools": [{"name": "spot", "target": "cpu", "release": "2.13.0",
+                                    "queues": ["compile.cpu.2.13.0"], "drainWindowSeconds": 90}]}
+    spec = pod_specs(tuple(render(values)))["compilesvc-worker-spot"]
+    worker = next(c for c in spec["containers"] if c["name"] == "worker")
+    assert {"name": "COMPILESVC_DRAIN_SECONDS", "value": "90"} in worker["env"]
+    assert spec["terminationGracePeriodSeconds"] == 90 + merged_values("minimal")["graceMarginSeconds"]
 
 
 def test_a_grace_shorter_than_the_drain_window_is_refused_at_render() -> None:
@@ -500,6 +521,8 @@ def test_scaled_job_mode_rolls_out_gradually_one_compile_per_job() -> None:
     assert scaled["spec"]["rollout"]["strategy"] == "gradual"
     assert scaled["spec"]["scalingStrategy"]["strategy"] == "default"  # the query counts running compiles too
     assert scaled["spec"]["jobTargetRef"]["template"]["spec"]["restartPolicy"] == "Never"
+    worker = next(c for c in scaled["spec"]["jobTargetRef"]["template"]["spec"]["containers"] if c["name"] == "worker")
+    assert worker["args"][-2:] == ["--max-compiles", "1"]  # the Job's worker exits after its compile
     assert scaler_queries("scaledjob")["compilesvc-worker-trn1-2-27"][1] == "1"
 
 

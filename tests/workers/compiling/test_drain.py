@@ -74,3 +74,18 @@ def test_a_compile_that_fits_the_drain_window_finishes_on_the_draining_worker(ma
     assert (bucket.state, bucket.worker_id, bucket.attempts, bucket.interruptions) == ("succeeded", "w1@test", 1, 0)
     row = worker_row(cluster, "w1@test")
     assert row.draining_at is not None and row.stopped_at is not None
+
+
+def test_a_worker_with_max_compiles_stops_after_them(make_cluster: MakeCluster) -> None:
+    """``--max-compiles 1``: a Kubernetes Job's worker compiles once and exits 0 (the chart's ScaledJob mode);
+    the next compile waits for the next Job."""
+    cluster = make_cluster(lease_seconds=60, heartbeat_seconds=2)
+    worker = cluster._start("w1", ["worker", "-c", "1", "-n", "w1@test", "--max-compiles", "1"], None)
+    worker.wait_ready()
+    first = cluster.submit(cluster.hlo_spec("slow:1"))
+    second = cluster.submit(cluster.hlo_spec("slow:2"))
+    assert worker.proc.wait(60) == 0
+    states = sorted(cluster.bucket(r.buckets[0].key).state for r in (first, second))
+    assert states == ["queued", "succeeded"]
+    assert worker.logged("max compiles reached: stopping")
+    assert worker_row(cluster, "w1@test").stopped_at is not None

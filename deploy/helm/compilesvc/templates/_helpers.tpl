@@ -88,14 +88,20 @@ checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha
 {{/* Grace of a worker pod: the drain window plus a margin, never below the window (the schema cannot compare
 two values; this refuses the render instead). */}}
 {{- define "compilesvc.workerGrace" -}}
-{{- $grace := .pool.terminationGracePeriodSeconds | default (add .root.Values.drainWindowSeconds .root.Values.graceMarginSeconds) -}}
-{{- if lt (int $grace) (int .root.Values.drainWindowSeconds) -}}
-{{- fail (printf "workers.pools[%s].terminationGracePeriodSeconds (%d) is shorter than drainWindowSeconds (%d): a draining worker would be killed mid-window" .pool.name (int $grace) (int .root.Values.drainWindowSeconds)) -}}
+{{- $drain := include "compilesvc.workerDrain" . | int -}}
+{{- $grace := .pool.terminationGracePeriodSeconds | default (add $drain .root.Values.graceMarginSeconds) -}}
+{{- if lt (int $grace) $drain -}}
+{{- fail (printf "workers.pools[%s].terminationGracePeriodSeconds (%d) is shorter than drainWindowSeconds (%d): a draining worker would be killed mid-window" .pool.name (int $grace) $drain) -}}
 {{- end -}}
-{{- if gt (int .root.Values.drainWindowSeconds) (int .root.Values.compileTimeoutSeconds) -}}
-{{- fail (printf "drainWindowSeconds (%d) exceeds compileTimeoutSeconds (%d): no compile runs that long" (int .root.Values.drainWindowSeconds) (int .root.Values.compileTimeoutSeconds)) -}}
+{{- if gt $drain (int .root.Values.compileTimeoutSeconds) -}}
+{{- fail (printf "drainWindowSeconds (%d) exceeds compileTimeoutSeconds (%d): no compile runs that long" $drain (int .root.Values.compileTimeoutSeconds)) -}}
 {{- end -}}
 {{- $grace -}}
+{{- end -}}
+
+{{/* A worker pool's drain window (COMPILESVC_DRAIN_SECONDS): its own, else the chart's. */}}
+{{- define "compilesvc.workerDrain" -}}
+{{- if hasKey .pool "drainWindowSeconds" }}{{ .pool.drainWindowSeconds }}{{ else }}{{ .root.Values.drainWindowSeconds }}{{ end -}}
 {{- end -}}
 
 {{/* The KEDA scaler's query: the pool's queued and running compiles (compilesvc/states.py), counted from the

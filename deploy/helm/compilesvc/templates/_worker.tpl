@@ -37,13 +37,14 @@ containers:
   - name: worker
     image: {{ include "compilesvc.imageRef" (merge (dict "appVersion" $root.Chart.AppVersion) ($pool.image | default dict) $root.Values.image) }}
     imagePullPolicy: {{ $root.Values.image.pullPolicy }}
-    args: ["worker", "--concurrency", {{ $pool.concurrency | quote }}, "--queues", {{ join "," $pool.queues | quote }}, "--name", "{{ $pool.name }}@$(POD_NAME)"]
+    args: ["worker", "--concurrency", {{ $pool.concurrency | quote }}, "--queues", {{ join "," $pool.queues | quote }}, "--name", "{{ $pool.name }}@$(POD_NAME)"{{ if eq $pool.scaling.mode "scaledJob" }}, "--max-compiles", "1"{{ end }}]
     envFrom: [{configMapRef: {name: {{ include "compilesvc.fullname" $root }}-config}}]
     env:
       - name: POD_NAME
         valueFrom: {fieldRef: {fieldPath: metadata.name}}
       - {name: COMPILESVC_DATABASE_URL, value: {{ include "compilesvc.databaseUrl" (dict "root" $root "role" "worker") | quote }}}
       - {name: COMPILESVC_SIGNING_KEY_FILE, value: /run/secrets/compilesvc/signing-key.pem}
+      - {name: COMPILESVC_DRAIN_SECONDS, value: {{ include "compilesvc.workerDrain" (dict "root" $root "pool" $pool) | quote }}}
       {{- if $neuron }}
       - {name: COMPILESVC_NEURON_SDK, value: {{ $pool.release | quote }}}
       {{- end }}

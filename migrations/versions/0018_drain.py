@@ -1,7 +1,7 @@
 """drain: a worker's draining_at, and a compile's interruptions (attempts a draining worker gave back)
 
-Revision ID: 0017_drain
-Revises: 0016_ui_sessions
+Revision ID: 0018_drain
+Revises: 0017_scaler_index
 Create Date: 2026-11-26 15:30:00.000000
 """
 from collections.abc import Sequence
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0017_drain'
-down_revision: str | None = '0016_ui_sessions'
+revision: str = '0018_drain'
+down_revision: str | None = '0017_scaler_index'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
