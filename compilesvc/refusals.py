@@ -16,10 +16,12 @@ class NoCapableWorker(SubmitRefused):
     status = 503
     code = "no-capable-worker"
 
-    def __init__(self, queue: str, target: str, sdk: str):
+    def __init__(self, queue: str, target: str, sdk: str, reason: str | None = None):
         self.queue = queue
+        self.reason = reason
+        why = f"; {reason}" if reason else ""
         super().__init__(
-            f"no live worker serves target {target} with SDK {sdk} (queue {queue}); start one with "
+            f"no live worker serves target {target} with SDK {sdk} (queue {queue}){why}; start one with "
             f"`compilesvc worker`, or submit with ?queue_anyway=true (compilesvc submit --queue-anyway) to queue "
             "it until one starts"
         )

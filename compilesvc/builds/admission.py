@@ -1,6 +1,8 @@
 """Whether a submit may start compiles: a live worker must serve its queue, and its token must stay within
 its compile quota. Both are checked before anything is written (:func:`admit`), and neither applies to a
-submit that starts no compile (a hit, a join, a set of buckets compiled already).
+submit that starts no compile (a hit, a join, a set of buckets compiled already). A refusal for want of a
+worker says why where the queue needs a particular host (a trace compile of a release before SDK 2.21.0
+needs a Neuron device: :func:`compilesvc.spec.neuron_releases.device_requirement`).
 
 The quota: a compile takes a worker slot for minutes to hours, so one pipeline in a loop must not be able
 to fill every queue. It counts the distinct bucket compiles of the token's builds that are still building,
@@ -19,6 +21,7 @@ from compilesvc.config.settings import Settings
 from compilesvc.dispatch.registry import live_queues
 from compilesvc.ledger.models import ArtifactBucket, BucketCompile, Build
 from compilesvc.refusals import NoCapableWorker, SubmitRefused
+from compilesvc.spec.neuron_releases import device_requirement
 from compilesvc.states import REQUEUED_BY_SUBMIT, BucketState, BuildState
 
 
@@ -93,5 +96,8 @@ def admit(session: Session, settings: Settings, ctx: SubmitContext, imported: se
     needed = sum(1 for key in set(ctx.keys.bucket_keys)
                  if key not in imported and will_compile(*known.get(key, (None, None))))
     if needed and check_workers and ctx.queue not in live_queues(session, settings.worker_stale_seconds):
-        raise NoCapableWorker(ctx.queue, ctx.spec.target, ctx.spec.sdk)
+        reason = None
+        if ctx.spec.target != "cpu":  # only workers with a device consume such a queue (workers.host.versions)
+            reason = device_requirement(ctx.spec.sdk, ctx.spec.backend, ctx.spec.compiler.tp_degree)
+        raise NoCapableWorker(ctx.queue, ctx.spec.target, ctx.spec.sdk, reason)
     check_compile_quota(session, ctx.principal, needed, settings.max_compiles_per_token)

@@ -187,6 +187,32 @@ def require_kind(release: str, backend: str, tp_degree: int) -> None:
                      f"with it (it supports {offered})", release=release, package=missing)
 
 
+# -- trace without a device: what a compile host must have ----------------------------------------------------
+
+#: The first release whose ``torch_neuronx.trace`` takes ``cpu_backend`` (it first appears in that release's
+#: trace API reference: aws-neuron/aws-neuron-sdk commit 752349fd "Neuron SDK Release 2.21.0",
+#: frameworks/torch/torch-neuronx/api-reference-guide/inference/api-torch-neuronx-trace.rst). Before it a
+#: host without a Neuron device cannot trace (aws-neuron-sdk#910), and NxD's parallel_model_trace, which tp > 1
+#: traces of those releases use, needs a device for its rank processes too.
+CPU_BACKEND_SINCE = "2.21.0"
+
+
+def trace_has_cpu_backend(release: str) -> bool:
+    """Whether ``torch_neuronx.trace`` of ``release`` takes ``cpu_backend`` (traces on a device-less host)."""
+    return version_tuple(release) >= version_tuple(CPU_BACKEND_SINCE)
+
+
+def device_requirement(release: str, backend: str, tp_degree: int) -> str | None:
+    """Why a ``backend`` compile of ``release`` needs a host with a Neuron device, or None when it does not.
+
+    Releases sharing a queue (:func:`toolchain_release`) ship the same torch-neuronx, so they agree."""
+    if backend != "trace" or trace_has_cpu_backend(release):
+        return None
+    return (f"{KIND_TITLES[compile_kind(backend, tp_degree)]} compiles of Neuron SDK {release} need a host with a "
+            f"Neuron device: torch_neuronx.trace has no cpu_backend before SDK {CPU_BACKEND_SINCE} "
+            f"(aws-neuron-sdk#910)")
+
+
 def toolchain_material(release: str, backend: str, tp_degree: int) -> dict[str, Any]:
     """The exact toolchain a Neuron compile of ``release`` with ``backend`` runs: the key's ``neuron`` part.
 

@@ -76,6 +76,13 @@ please supply compiler argument target" RuntimeError; neuronx-cc rejects unknown
 ``missing-lib``
     the compiler fails like a binary missing ``libxml2.so.2`` ("error while loading shared libraries"),
     exit 127.
+``corrupt-cache``
+    ModelBuilder (2.23+) plants an unreadable ``compile_flags.json`` in this compile's cache entry, then
+    fails reading it with the bare ``[NLA001] Unhandled exception with message:
+    [json.exception.parse_error.101] …`` (aws-neuron-sdk neuron-framework-autoport.rst: "Delete the compiler
+    cache … and retry"). With ``COMPILESVC_NEURON_DOUBLE_CORRUPT_CACHE_ONCE=<file>`` it plants only while the
+    file does not exist, then creates it: a corruption met once across attempts (the file must be visible
+    to the compile, so such tests run unsandboxed).
 
 The host's trouble, not the model's (each row of workers/compiling/classify.py's table has a behaviour; sources in
 the double's comments). neuronx-cc reports an exception its passes raise through the driver's wrapper:
@@ -105,6 +112,15 @@ rendezvous port; a second concurrent run fails with "Address already in use"), h
 ``trace.model_builder.ModelBuilder`` exists from 2.20 and traces from 2.21 (the one-process form;
 ``compiler_flag_hook`` from 2.26), in one process with no port; ``shard_checkpoint`` writes per-rank
 ``tp<rank>_sharded_checkpoint.safetensors`` files.
+From 2.23 ModelBuilder compiles through the persistent compile cache (``neuron_xla_compile(use_cache=True,
+cache_dir=None)``, neuronx-distributed commit e834945): the directory is ``--cache_dir`` in ``NEURON_CC_FLAGS``,
+else ``NEURON_COMPILE_CACHE_URL``, else ``/var/tmp/neuron-compile-cache`` (neuron-caching.rst); entries are
+keyed by the module and the flags, ``--logfile=<absolute path>`` included; a done entry is reused, a failed
+one is not recompiled, a lock file marks a running compile.
+
+torch_neuronx: ``trace(..., cpu_backend=...)`` exists from 2.21.0 (the keyword first appears in that release's
+trace API reference, aws-neuron-sdk commit 752349fd); on 2.19/2.20 passing it is a TypeError and a host with no
+device cannot trace (aws-neuron-sdk#910).
 
 Runner tests: ``env = neuron_double_env(behaviour="slow:30")`` and start the child with it.
 """

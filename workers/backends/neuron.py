@@ -18,17 +18,20 @@ the compiler's output is passed through and read for its error codes, and which 
 Hosts without a Neuron device (compiling needs the SDK, not the chip): :func:`neuron_devices` looks for
 ``/dev/neuron*``; with none, trace gets ``cpu_backend=True`` and ``--target <target>`` in its compiler args
 (trace API reference; optimum-neuron PR #961), otherwise it fails in the PJRT client ("num_devices > 0",
-aws-neuron-sdk#902/#910). ``NEURON_PLATFORM_TARGET_OVERRIDE`` is read once, when the Neuron libraries are
+aws-neuron-sdk#902/#910). ``cpu_backend`` exists from SDK 2.21.0 (the keyword first appears in that release's
+trace API reference, aws-neuron-sdk commit 752349fd): for older releases it is never passed (it would be a
+TypeError), and their trace compiles run only on hosts with a device, which routing sees to
+(:func:`compilesvc.spec.neuron_releases.device_requirement`); one that arrives anyway is
+``NEURON_DEVICE_REQUIRED``. ``NEURON_PLATFORM_TARGET_OVERRIDE`` is read once, when the Neuron libraries are
 imported (optimum-neuron #961/#988), so the runner puts the request's target in the compile child's
 environment at process start (:func:`workers.isolation.child_env.child_environment_for`); the child checks it
-before importing
-torch_neuronx and refuses a disagreeing value.
+before importing torch_neuronx and refuses a disagreeing value.
 
 ``NEURON_CC_FLAGS`` is read by the torch-neuronx wrapper, not by the ``neuronx-cc`` CLI. The persistent
-compile cache it and ``NEURON_COMPILE_CACHE_URL`` configure belongs to the lazy-tensor path; the SDK's
-caching doc says it does not apply to ``torch_neuronx.trace``, so it is not a cache of our compiles. For
-``trace`` the child still refuses a ``NEURON_CC_FLAGS`` carrying flags that change compiler output (they
-would change artifacts without changing keys). ``COMPILESVC_NEURON_SDK`` (see :mod:`workers.host.versions`), when
+compile cache it and ``NEURON_COMPILE_CACHE_URL`` configure is used by NxD's ModelBuilder since SDK 2.23
+(tp > 1); each trace compile gets its own, empty, in its work directory (:mod:`workers.backends.neuron_cache`).
+For ``trace`` the child refuses a ``NEURON_CC_FLAGS`` carrying flags that change compiler output (they would
+change artifacts without changing keys). ``COMPILESVC_NEURON_SDK`` (see :mod:`workers.host.versions`), when
 set, must match the request's sdk.
 
 Nothing here imports torch or the SDK at module level: the hlo path needs neither.
@@ -49,9 +52,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from compilesvc.spec.neuron_releases import toolchain_differences
+from compilesvc.spec.neuron_releases import device_requirement, toolchain_differences, trace_has_cpu_backend
+from workers.backends.neuron_cache import discard_compile_cache, own_compile_cache
 from workers.backends.output_tee import TAIL_LINES, OutputTee
-from workers.compiling.classify import Evidence, judge, traceback_exception
+from workers.compiling.classify import CORRUPT_CACHE_ROW, Evidence, judge, traceback_exception
 from workers.compiling.contract import (
     ArtifactFile,
     Backend,
@@ -203,6 +207,8 @@ def raise_for_trace_failure(exc: BaseException, lines: Sequence[str]) -> NoRetur
                         who="torch_neuronx.trace" if status is None else "neuronx-cc (under torch_neuronx.trace)",
                         unknown_code="NEURON_TRACE_FAILED" if status is None else f"NEURONX_CC_EXIT_{status}")
     verdict = judge(evidence)
+    if verdict.row == CORRUPT_CACHE_ROW:
+        discard_compile_cache()
     raise failure_for(verdict.error_class, verdict.code, verdict.message) from exc
 
 
@@ -215,6 +221,7 @@ class TraceBackend(Backend):
         host_sdk = _check_sdk(request)
         _check_neuron_cc_flags(for_trace=True)
         _freeze_platform_target(request.target)
+        own_compile_cache(request.work_dir)
         try:
             import torch
             import torch_neuronx
@@ -237,8 +244,11 @@ class TraceBackend(Backend):
         args = [*_compiler_args(request), "--target", request.target]
         devices = neuron_devices()
         cpu_backend = not devices  # no device: the PJRT client cannot start, trace must lower on the CPU
+        # The keyword exists from SDK 2.21.0 (a TypeError before); such releases need a device instead.
+        has_cpu_backend = trace_has_cpu_backend(request.sdk)
+        trace_options = {"cpu_backend": cpu_backend} if has_cpu_backend else {}
         log(f"torch_neuronx.trace compiler_workdir={workdir} compiler_args={args} tp_degree={request.tp_degree} "
-            f"cpu_backend={cpu_backend} devices={len(devices)} "
+            f"cpu_backend={cpu_backend if has_cpu_backend else '(not in this release)'} devices={len(devices)} "
             f"{PLATFORM_OVERRIDE_ENV}={os.environ.get(PLATFORM_OVERRIDE_ENV)}")
 
         t0 = time.monotonic()
@@ -246,10 +256,14 @@ class TraceBackend(Backend):
         parallel_versions: dict[str, str] = {}
         tee = OutputTee()
         if request.tp_degree == 1:
+            needs_device = device_requirement(request.sdk, request.backend, request.tp_degree)
+            if needs_device and not devices:
+                # Routing keeps these off device-less hosts (workers.host.versions): this one was misrouted.
+                raise InfraError("NEURON_DEVICE_REQUIRED", f"{needs_device}; this host has none (no /dev/neuron*)")
             try:
                 with tee:
                     traced = torch_neuronx.trace(model, tensors, compiler_workdir=str(workdir),
-                                                 compiler_args=args, cpu_backend=cpu_backend)
+                                                 compiler_args=args, **trace_options)
             except Exception as exc:
                 raise_for_trace_failure(exc, [*tee.lines, *str(exc).splitlines(), *read_compiler_logs(workdir)])
             torch.jit.save(traced, str(request.out_dir / "model.pt"))

@@ -63,6 +63,10 @@ OS_ERROR_RE = re.compile(r"(?:\b[A-Z]\w*Error|Unhandled exception with message):
 _EXCEPTION_LINE_RE = re.compile(r"^([A-Za-z_][\w.]*)(?::|\s*$)")
 
 
+#: The row for a corrupt persistent-cache entry (the Neuron backend removes the cache when it decides).
+CORRUPT_CACHE_ROW = "corrupt-compile-cache"
+
+
 @dataclass(frozen=True)
 class Evidence:
     """What is known about one failed compiler run.
@@ -160,6 +164,13 @@ TABLE: tuple[Row, ...] = (
         "the model; neuronx-cc's driver reports any unhandled exception as '[NLA001] / [INTERNAL_ERROR] "
         "[NCC_INLA001] Unhandled exception with message: <str(exc)>' (#1118, #948, #1314)",
         skip_coded_lines=True, pattern=OS_ERROR_RE, exceptions=frozenset({"OSError"})),
+    Row(CORRUPT_CACHE_ROW, E.INFRA, "COMPILE_CACHE_CORRUPT",
+        "'[NLA001]' / '[NCC_INLA001]' around nlohmann::json's 'json.exception.parse_error', any exit",
+        "aws-neuron-sdk tools/neuron-agentic-development/developer_guides/neuron-framework-autoport.rst ('JSON parse "
+        "error ([NLA001] Unhandled exception with message: [json.exception.parse_error.101]). Delete the compiler "
+        "cache … and retry'): an unreadable persistent-cache entry, not the model; the backend removes the "
+        "compile's cache (workers/backends/neuron_cache.py) and the attempt is retried",
+        pattern=re.compile(r"\[(?:NCC_I)?NLA001\].*json\.exception\.parse_error")),
     Row("rejected-flag", E.BAD_REQUEST, "COMPILER_FLAG_REJECTED",
         "the argument parser's 'error: unrecognized arguments: …' / 'argument --x: invalid choice' / "
         "'expected one argument' / 'ambiguous option', no NCC code",

@@ -21,6 +21,9 @@ Neuron targets: compiling needs the SDK, not the chip, so a host with neuronx-cc
 by default; ``COMPILESVC_NEURON_TARGETS`` (comma-separated, or ``none``) narrows that. Kinds of compile
 (HLO, trace, tp > 1 trace: one queue each): those the release ships and the host has installed
 (:func:`_offered_kinds`); a host with neuronx-cc and no torch-neuronx (all an SDK 2.32.0 host has) serves HLO.
+A worker says how many Neuron devices it has (``neuron.devices``: the ``/dev/neuron*`` nodes the sandbox binds);
+trace compiles of releases before SDK 2.21.0 need one (no ``cpu_backend``), so only such hosts offer them and
+consume their queues, and the API refuses them, saying so, while no such worker is alive.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from compilesvc.hostinfo import host_isa, instance_type
 from compilesvc.spec import neuron_releases
 from compilesvc.spec.compile_spec import BACKEND_FORMATS, NEURON_TARGETS, SDK_RE
 from workers.isolation.child_env import output_changing_problems
+from workers.isolation.sandbox import device_nodes
 
 NEURON_SDK_ENV = "COMPILESVC_NEURON_SDK"
 NEURON_TARGETS_ENV = "COMPILESVC_NEURON_TARGETS"
@@ -234,6 +238,7 @@ def detect_capabilities() -> dict[str, Any]:
                       "neuronx_cc": ... | null, "transformers": ... | null},
          "neuron": {"release": "2.20.0" | null, "neuronx_cc_path": str | null,
                     "kinds": ["neuronx-cc", "neuronx-cc-tp", "trace", "trace-tp"],   # offered
+                    "devices": 0,                                # Neuron device nodes (/dev/neuron*)
                     "packages": {"neuronx-cc": ..., "torch-neuronx": ..., ...},   # installed, exact
                     "release_packages": {...} | null,                             # what the release ships
                     "refused": ["why this worker must not start", ...]} | null,
@@ -280,9 +285,10 @@ def detect_capabilities() -> dict[str, Any]:
         caps["versions"].update({"neuronx_distributed": packages["neuronx-distributed"],
                                  "libneuronxla": packages["libneuronxla"]})
         known = neuron_releases.table().get(release) if release else None
+        devices = len(device_nodes(os.environ))
         caps["neuron"] = {"release": release, "neuronx_cc_path": executable, "packages": packages,
                           "release_packages": known.as_versions() if known else None, "kinds": [],
-                          "refused": refused}
+                          "devices": devices, "refused": refused}
         targets = _neuron_targets(warnings)
         if not release:
             warnings.append(f"neuronx-cc is installed but {NEURON_SDK_ENV} names no release: no Neuron targets "
@@ -292,7 +298,7 @@ def detect_capabilities() -> dict[str, Any]:
             refused.extend(refusals)
             warnings.extend(f"no Neuron targets: {problem}" for problem in refusals)
         else:
-            kinds = _offered_kinds(release, executable, not trace_packages_missing(), packages, warnings)
+            kinds = _offered_kinds(release, executable, not trace_packages_missing(), packages, devices, warnings)
             caps["neuron"]["kinds"] = kinds
             backends = sorted({neuron_releases.kind_request(kind)[0] for kind in kinds})
             for target in targets if kinds else []:
@@ -312,19 +318,24 @@ _HOST_PARTS = {"executable": "the neuronx-cc executable on PATH", "trace": "torc
 
 
 def _offered_kinds(release: str, executable: str | None, trace: bool, packages: dict[str, str | None],
-                   warnings: list[str]) -> list[str]:
+                   devices: int, warnings: list[str]) -> list[str]:
     """The kinds of compile this host serves: those ``release`` ships (the one function specs are checked
-    with, :func:`compilesvc.spec.neuron_releases.release_kinds`) whose packages are installed here. Each
-    queue carries one kind, so a host with neuronx-cc alone (SDK 2.32.0 ships no torch-neuronx) serves HLO
-    compiles and never claims a trace it cannot run; what it lacks is a warning, per kind."""
+    with, :func:`compilesvc.spec.neuron_releases.release_kinds`) whose packages are installed here, and that
+    it can run with ``devices`` Neuron devices (a trace before SDK 2.21.0 needs one:
+    :func:`compilesvc.spec.neuron_releases.device_requirement`). Each queue carries one kind, so a host with
+    neuronx-cc alone (SDK 2.32.0 ships no torch-neuronx) serves HLO compiles, a device-less 2.19 host serves
+    HLO and never the trace queues only device hosts consume; what it lacks is a warning, per kind."""
     have = {"executable": executable is not None, "trace": trace,
             "nxd": trace and packages.get("neuronx-distributed") is not None}
     kinds = []
     shipped = neuron_releases.release_kinds(release)
     for kind in shipped:
         lacking = [_HOST_PARTS[part] for part in _HOST_NEEDS[kind] if not have[part]]
+        needs_device = neuron_releases.device_requirement(release, *neuron_releases.kind_request(kind))
         if lacking:
             warnings.append(f"Neuron SDK {release}: {kind} compiles not offered: missing {' and '.join(lacking)}")
+        elif needs_device and not devices:
+            warnings.append(f"not offered: {needs_device}; this host has none (no /dev/neuron*)")
         else:
             kinds.append(kind)
     for kind in [k for k in neuron_releases.KIND_PACKAGES if k not in shipped]:
@@ -357,7 +368,9 @@ def trace_unavailable(release: str | None) -> str | None:
     assert release is not None
     executable = neuronx_cc_executable()
     warnings: list[str] = []
-    if "trace" in _offered_kinds(release, executable, not missing, installed_neuron_packages(executable), warnings):
+    devices = len(device_nodes(os.environ))
+    if "trace" in _offered_kinds(release, executable, not missing, installed_neuron_packages(executable), devices,
+                                 warnings):
         return None
     try:
         neuron_releases.require_kind(release, *neuron_releases.kind_request("trace"))

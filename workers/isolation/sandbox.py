@@ -226,8 +226,10 @@ class Sandbox:
             p for p in self.policy.extra_read_paths if p.exists()]
         # bubblewrap makes missing parents of a bind with the host's modes (/root: 0700, which the sandbox
         # user could not cross): make them first, open to traverse, holding nothing but the binds.
+        # Device nodes too: COMPILESVC_NEURON_DEVICE_GLOB may place them under a directory the user cannot cross.
+        nodes = device_nodes(self.env)
         parents = {parent for path in [*read_only, *self.mounts.read_only, *self.mounts.writable,
-                                       *self.mounts.private] for parent in path.parents}
+                                       *self.mounts.private, *nodes] for parent in path.parents}
         for parent in sorted(parents - {Path("/"), Path(SANDBOX_TMP)}, key=lambda p: len(p.parts)):
             args += ["--perms", "0755", "--dir", str(parent)]
         for path in read_only + self.mounts.read_only:
@@ -236,7 +238,7 @@ class Sandbox:
             args += ["--bind", str(path), str(path)]
         for inside, outside in self.mounts.private.items():
             args += ["--bind", str(outside), str(inside)]
-        for node in device_nodes(self.env):
+        for node in nodes:
             args += ["--dev-bind", str(node), str(node)]
         args += ["--chdir", str(cwd), "--"]
         if self.drops_user:

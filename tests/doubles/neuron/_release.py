@@ -96,6 +96,15 @@ COMPILER_FLAG_HOOK_SINCE = (2, 26, 0)
 #: parallel_model_trace: 2.26.0 is the last release supporting it (announce-deprecation-nxd-path-trace-api),
 #: unsupported from 2.27 (announcement-end-of-support-parallel-model-trace.rst).
 PMT_DEPRECATED_SINCE = (2, 26, 0)
+#: ``torch_neuronx.trace(..., cpu_backend=...)``: the keyword is new in the 2.21.0 trace API reference
+#: (aws-neuron/aws-neuron-sdk commit 752349fd "Neuron SDK Release 2.21.0" adds it to the signature in
+#: frameworks/torch/torch-neuronx/api-reference-guide/inference/api-torch-neuronx-trace.rst); before it a
+#: device-less host cannot trace (aws-neuron-sdk#910: "a Neuron device is currently required").
+CPU_BACKEND_SINCE = (2, 21, 0)
+#: ModelBuilder compiles through ``neuron_xla_compile(use_cache=True, cache_dir=None, ...)`` from the 2.23.0
+#: release (aws-neuron/neuronx-distributed commit e834945 "Release 2.23.0", trace/model_builder.py
+#: ``submit_compilation_job_with_cache``): the Neuron persistent compile cache.
+COMPILE_CACHE_SINCE = (2, 23, 0)
 PMT_UNSUPPORTED_SINCE = (2, 27, 0)
 
 

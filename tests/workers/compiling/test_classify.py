@@ -44,6 +44,9 @@ UNHANDLED = ("2026-05-09T07:35:25Z USER 4242 [neuronx-cc]: [INTERNAL_ERROR] [NCC
              "message: {} - Please open a support ticket at https://github.com/aws-neuron/aws-neuron-sdk/issues/new")
 
 # id, evidence, expected row, class, code, a part of the message
+#: The bare form the autoport guide quotes, completed with nlohmann::json's wording for an empty document.
+CORRUPT_CACHE = ("[NLA001] Unhandled exception with message: [json.exception.parse_error.101] parse error at line "
+                 "1, column 1: syntax error while parsing value - unexpected end of input")
 JUDGE_CASES: list[tuple[str, Evidence, str, ErrorClass, str, str]] = [
     ("shared library, CLI", Evidence(["neuronx-cc: error while loading shared libraries: libxml2.so.2: cannot "
                                       "open shared object file: No such file or directory"], 127),
@@ -135,6 +138,15 @@ JUDGE_CASES: list[tuple[str, Evidence, str, ErrorClass, str, str]] = [
      ErrorClass.COMPILE, "XTP002", "[XTP002]"),
     ("bare F134", Evidence(["[F134] neuronx-cc terminated abnormally - Please open a support ticket"], 1),
      "bare-code", ErrorClass.COMPILE, "F134", "terminated abnormally"),
+    # neuron-framework-autoport.rst, "Compilation failures": a corrupt persistent-cache entry; delete and retry.
+    ("corrupt compile cache, bare NLA001", Evidence([CORRUPT_CACHE], None, exception=RUNTIME),
+     "corrupt-compile-cache", ErrorClass.INFRA, "COMPILE_CACHE_CORRUPT", "json.exception.parse_error.101"),
+    ("corrupt compile cache, NCC_ code", Evidence(["[INTERNAL_ERROR] " + CORRUPT_CACHE.replace("[NLA001]",
+                                                   "[NCC_INLA001]")], 70),
+     "corrupt-compile-cache", ErrorClass.INFRA, "COMPILE_CACHE_CORRUPT", "parse_error"),
+    ("NLA001 without a parse error is still the compiler's", Evidence(["[NLA001] Unhandled exception with "
+                                                                       "message: boom"], 70),
+     "bare-code", ErrorClass.COMPILE, "NLA001", "[NLA001]"),
     ("torch [W…] warning prefixes are no bare code", Evidence(["[W1203 10:23:45.12 init.cpp:12] warning"], 1),
      "unknown", ErrorClass.UNKNOWN, "COMPILER_FAILED", "no error code"),
     ("lowering error raised in trace", Evidence([LOWERING], None, exception=RUNTIME), "unsupported-operator",

@@ -146,6 +146,8 @@ def test_a_broken_torch_neuronx_fails_the_trace_but_not_the_compiler_check(env: 
 @pytest.mark.parametrize(("sdk", "without", "why"), [
     ("2.32.0", (), "Neuron SDK 2.32.0 ships no torch-neuronx"),
     (SDK, ("torch_neuronx",), "torch-neuronx not installed"),
+    # Issue 28 (3): no cpu_backend before 2.21.0 (aws-neuron-sdk commit 752349fd), no trace without a device.
+    ("2.19.0", (), "compiles of Neuron SDK 2.19.0 need a host with a Neuron device"),
 ])
 def test_a_host_that_serves_hlo_only_passes_and_says_why_it_traces_nothing(
         sdk: str, without: tuple[str, ...], why: str, tmp_path: Path) -> None:

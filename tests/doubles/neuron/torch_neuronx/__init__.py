@@ -10,6 +10,9 @@ torch-neuronx/api-reference-guide/inference/api-torch-neuronx-trace.html) and th
   (optimum-neuron PR #961: "set the platform target before importing NeuronX libraries"; #988);
 - with no Neuron device and ``cpu_backend=False`` trace fails in the PJRT client (aws-neuron-sdk#902,
   #910: "a Neuron device is currently required for torch 2.x compilation");
+- ``cpu_backend`` exists from the 2.21.0 release (it first appears in that release's trace API reference,
+  aws-neuron-sdk commit 752349fd): on 2.19/2.20 the keyword is a TypeError and only a host with a device
+  can trace;
 - ``cpu_backend=True`` needs ``--target`` in ``compiler_args`` and a known platform (optimum-neuron #961);
 - an operator torch-xla cannot lower raises a Python exception during trace, with no compiler code;
 - otherwise it runs ``torch.jit.trace`` on the CPU (the ScriptModule saves, loads and runs; there is no
@@ -35,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _release import TARGETS, behaviour_from, current, detected_platform, device_count
+from _release import CPU_BACKEND_SINCE, TARGETS, behaviour_from, current, detected_platform, device_count
 
 _RELEASE = current()
 if _RELEASE.torch_neuronx is None:  # neuron_double_env leaves the package off the path for such a release
@@ -101,16 +104,33 @@ def _check_preconditions(args: list[str], cpu_backend: bool) -> str:
     return PLATFORM_TARGET
 
 
-def trace(func: Any, example_inputs: Any, *_: Any, input_output_aliases: dict[Any, Any] | None = None,
-          compiler_workdir: str | os.PathLike[str] | None = None, compiler_args: str | list[str] | None = None,
-          partitioner_config: Any = None, inline_weights_to_neff: bool = True, cpu_backend: bool = False) -> Any:
-    """Trace ``func`` at ``example_inputs`` (TEST DOUBLE: CPU TorchScript, compiler run is simulated)."""
+def _trace_entry(func: Any, example_inputs: Any, compiler_workdir: str | os.PathLike[str] | None,
+                 compiler_args: str | list[str] | None, inline_weights_to_neff: bool, cpu_backend: bool) -> Any:
     args = shlex.split(compiler_args) if isinstance(compiler_args, str) else list(compiler_args or [])
     _say(f"torch_neuronx TEST DOUBLE {__version__} (SDK {_RELEASE.release}); platform target frozen at "
          f"import: {PLATFORM_TARGET}; cpu_backend={cpu_backend}; "
          f"NEURON_CC_FLAGS={os.environ.get('NEURON_CC_FLAGS', '')!r}")
     lowered_for = _check_preconditions(args, cpu_backend)
     return _trace(func, example_inputs, compiler_workdir, args, lowered_for, inline_weights_to_neff)
+
+
+if _RELEASE.tuple >= CPU_BACKEND_SINCE:
+    def trace(func: Any, example_inputs: Any, *_: Any, input_output_aliases: dict[Any, Any] | None = None,
+              compiler_workdir: str | os.PathLike[str] | None = None, compiler_args: str | list[str] | None = None,
+              partitioner_config: Any = None, inline_weights_to_neff: bool = True, cpu_backend: bool = False) -> Any:
+        """Trace ``func`` at ``example_inputs`` (TEST DOUBLE: CPU TorchScript, compiler run is simulated)."""
+        return _trace_entry(func, example_inputs, compiler_workdir, compiler_args, inline_weights_to_neff,
+                            cpu_backend)
+else:
+    # The signature before the 2.21.0 trace API reference (aws-neuron-sdk commit 752349fd's parent): no
+    # cpu_backend keyword, so passing it is Python's own TypeError ("trace() got an unexpected keyword
+    # argument 'cpu_backend'"), and a device-less host cannot trace at all (aws-neuron-sdk#910).
+    def trace(func: Any, example_inputs: Any, *_: Any,  # type: ignore[misc]
+              input_output_aliases: dict[Any, Any] | None = None,
+              compiler_workdir: str | os.PathLike[str] | None = None, compiler_args: str | list[str] | None = None,
+              partitioner_config: Any = None, inline_weights_to_neff: bool = True) -> Any:
+        """Trace ``func`` at ``example_inputs`` (TEST DOUBLE: CPU TorchScript, compiler run is simulated)."""
+        return _trace_entry(func, example_inputs, compiler_workdir, compiler_args, inline_weights_to_neff, False)
 
 
 def _host_trouble(behaviour: str, where: Path, stage: str) -> None:
@@ -139,8 +159,9 @@ def _host_trouble(behaviour: str, where: Path, stage: str) -> None:
 
 
 def _trace(func: Any, example_inputs: Any, compiler_workdir: str | os.PathLike[str] | None, args: list[str],
-           lowered_for: str, inline_weights_to_neff: bool = True) -> Any:
-    """Lower (CPU TorchScript) and compile (the neuronx-cc on PATH); shared with the NxD double."""
+           lowered_for: str, inline_weights_to_neff: bool = True, compile_neff: bool = True) -> Any:
+    """Lower (CPU TorchScript) and compile (the neuronx-cc on PATH); shared with the NxD double, which passes
+    ``compile_neff=False`` when its compile cache already holds the NEFF."""
     import torch
 
     behaviour = behaviour_from(args)
@@ -160,6 +181,8 @@ def _trace(func: Any, example_inputs: Any, compiler_workdir: str | os.PathLike[s
     _host_trouble(behaviour, hlo, "write")
     hlo.write_text(str(traced.inlined_graph) if hasattr(traced, "inlined_graph") else repr(traced))
     neff = run_dir / "graph.neff"
+    if not compile_neff:
+        return traced
     _host_trouble(behaviour, run_dir, "compile")
     compiler = shutil.which("neuronx-cc") or str(_BIN)
     # The wrapper puts its own --target (the frozen platform) first, the caller's args after (#872's

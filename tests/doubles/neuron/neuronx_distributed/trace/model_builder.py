@@ -30,6 +30,7 @@ whole checkpoint); the returned module is the traced model itself.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -41,7 +42,14 @@ from typing import Any
 
 import torch
 import torch_neuronx
-from _release import COMPILER_FLAG_HOOK_SINCE, MODEL_BUILDER_SINCE, current, device_count
+from _release import (
+    COMPILE_CACHE_SINCE,
+    COMPILER_FLAG_HOOK_SINCE,
+    MODEL_BUILDER_SINCE,
+    behaviour_from,
+    current,
+    device_count,
+)
 
 #: The one-process ModelBuilder (mock_distributed) ships from SDK 2.21.0 (neuronx-distributed 0.10.0).
 ONE_PROCESS_SINCE = (2, 21, 0)
@@ -49,6 +57,27 @@ ONE_PROCESS_SINCE = (2, 21, 0)
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
                        torch.uint8: "U8", torch.bool: "BOOL"}
+
+#: model_builder_utils.py ``ModelBuilderConstants.LOG_FILE_DEFAULT_NAME``.
+LOG_FILE_DEFAULT_NAME = "log-neuron-cc.txt"
+#: The persistent cache's default location and its settings (aws-neuron-sdk about-neuron/arch/neuron-features/
+#: neuron-caching.rst: "The default cache path is the directory /var/tmp/neuron-compile-cache"; "--cache_dir
+#: ... via NEURON_CC_FLAGS or NEURON_COMPILE_CACHE_URL"; "--cache_dir is prioritized over ...
+#: NEURON_COMPILE_CACHE_URL if both are set").
+DEFAULT_CACHE_DIR = "/var/tmp/neuron-compile-cache"
+CACHE_URL_ENV = "NEURON_COMPILE_CACHE_URL"
+#: Test knob (not the SDK's): a file whose absence makes the ``corrupt-cache`` behaviour plant a corrupt entry,
+#: and which the double then creates, so the corruption is met once across attempts (a compile sandbox must
+#: see the file: tests using it run unsandboxed).
+CORRUPT_ONCE_ENV = "COMPILESVC_NEURON_DOUBLE_CORRUPT_CACHE_ONCE"
+#: How neuronx-cc reports an unreadable cache entry: a bare NLA001 around nlohmann::json's parse error
+#: (aws-neuron-sdk tools/neuron-agentic-development/developer_guides/neuron-framework-autoport.rst,
+#: "Compilation failures": "JSON parse error ([NLA001] Unhandled exception with message:
+#: [json.exception.parse_error.101]). Delete the compiler cache at /var/tmp/neuron-compile-cache and retry.").
+#: The text after the code is nlohmann::json's wording for an empty document (unverified against a real host).
+CORRUPT_CACHE_ERROR = ("[NLA001] Unhandled exception with message: [json.exception.parse_error.101] parse error at "
+                       "line 1, column 1: syntax error while parsing value - unexpected end of input; expected "
+                       "'[', '{', or a literal")
 
 if current().tuple < MODEL_BUILDER_SINCE:  # the module does not exist in older neuronx-distributed
     raise ModuleNotFoundError("No module named 'neuronx_distributed.trace.model_builder'")
@@ -155,6 +184,11 @@ class ModelBuilder:
         # neuronx_distributed_inference/models/model_wrapper.py). The only whitespace split in NxD is
         # compile_wlo's (trace/functions.py:583 at v2.27.0, ``compiler_args.split()``), which ModelBuilder.trace
         # does not call. libneuronxla's exact splitter is closed source: shlex's is the one its users rely on.
+        workdir = Path(self.compiler_workdir) / key / f"_tp0_bk{bucket_rank}"
+        if "--logfile" not in flags:
+            # model_builder.py (since 2.21, commit 3aa65c6): each bucket's compiler log goes to its output
+            # directory, by absolute path, and the flags (log path included) are hashed into the cache key.
+            flags += f" --logfile={(workdir / LOG_FILE_DEFAULT_NAME).absolute()}"
         print(f"[neuronx_distributed TEST DOUBLE] Neuron compiler flags: {flags}", flush=True)
         args = shlex.split(flags)
         target = torch_neuronx._target_arg(args) or torch_neuronx.PLATFORM_TARGET
@@ -162,8 +196,10 @@ class ModelBuilder:
             raise RuntimeError(torch_neuronx.CPU_TARGET_ERROR)
         print(f"[neuronx_distributed TEST DOUBLE] ModelBuilder tracing {key} bucket {bucket_rank} for "
               f"tp_degree={self.tp_degree} world_size={self.world_size} target={target}", flush=True)
-        workdir = Path(self.compiler_workdir) / key / f"_tp0_bk{bucket_rank}"
-        return torch_neuronx._trace(model, container.example_inputs[bucket_rank], workdir, args, target)
+        inputs = container.example_inputs[bucket_rank]
+        if current().tuple < COMPILE_CACHE_SINCE:
+            return torch_neuronx._trace(model, inputs, workdir, args, target)
+        return _compile_with_cache(model, inputs, workdir, flags, args, target)
 
     def shard_checkpoint(self, serialize_path: str | None = None) -> list[dict[str, torch.Tensor]]:
         checkpoint = self.checkpoint_loader()
@@ -194,3 +230,86 @@ def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
     path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(chunks))
+
+
+# -- the persistent compile cache (ModelBuilder from 2.23) ------------------------------------------------
+
+def cache_url() -> str:
+    """Where ``neuron_xla_compile(use_cache=True, cache_dir=None)`` puts entries: ``--cache_dir`` in
+    NEURON_CC_FLAGS, else NEURON_COMPILE_CACHE_URL, else the default (neuron-caching.rst, above; the same
+    order as libneuronxla's ``CacheUrl.get_cache_url(cache_dir=None)`` per huggingface/optimum-neuron
+    optimum/neuron/cache/AGENTS.md, "Path Resolution")."""
+    found = None
+    words = shlex.split(os.environ.get("NEURON_CC_FLAGS", ""))
+    for index, word in enumerate(words):
+        if word.startswith("--cache_dir="):
+            found = word.partition("=")[2]
+        elif word == "--cache_dir" and index + 1 < len(words):
+            found = words[index + 1]
+    return found or os.environ.get(CACHE_URL_ENV) or DEFAULT_CACHE_DIR
+
+
+def _module_hash(hlo_text: str, flags: str) -> str:
+    """model_builder.py ``get_hash_module``: sha256 of the module's text and the flags without spaces, 20 hex
+    digits. The flags hold ``--logfile=<absolute path>``: another work directory is another key."""
+    return hashlib.sha256((hlo_text + flags.replace(" ", "")).encode("utf-8")).hexdigest()[:20]
+
+
+def _compile_with_cache(model: Any, inputs: Any, workdir: Path, flags: str, args: list[str], target: str) -> Any:
+    """``neuron_xla_compile(use_cache=True, retry_failed_compilation=False, ...)`` as ModelBuilder calls it.
+
+    Entry layout (optimum-neuron cache/AGENTS.md, "Directory Layout"): ``<cache>/neuronxcc-<version>/
+    MODULE_<hash>+<flags hash>/`` holding ``model.hlo_module.pb``, ``compile_flags.json``, ``model.neff`` and
+    ``model.done`` after a success, ``model.log`` after a failure, and ``model.hlo_module.pb.lock`` while a
+    compile runs. A done entry is reused ("Using a cached neff at ..."); a failed one is not recompiled ("Got
+    a cached failed neff ... Will skip compilation, please set --retry_failed_compilation", neuron-caching.rst);
+    an unreadable ``compile_flags.json`` fails with :data:`CORRUPT_CACHE_ERROR`.
+    """
+    import torch
+
+    release = current()
+    root = Path(cache_url())
+    print(f"INFO ||NCC_WRAPPER||: Compile cache path: {root}", flush=True)
+    with torch.no_grad():
+        hlo_text = str(torch.jit.trace(model, inputs if isinstance(inputs, tuple) else (inputs,)).inlined_graph)
+    flags_hash = hashlib.md5(flags.encode()).hexdigest()[:8]  # a name only, as the SDK's "+d41d8cd9"
+    entry = (root / f"neuronxcc-{release.neuronx_cc}+{release.build_hash}"
+             / f"MODULE_{_module_hash(hlo_text, flags)}+{flags_hash}")
+    entry.mkdir(parents=True, exist_ok=True)
+    settings = entry / "compile_flags.json"
+    if behaviour_from(args) == "corrupt-cache":
+        marker = os.environ.get(CORRUPT_ONCE_ENV)
+        if not marker or not Path(marker).exists():
+            settings.write_text("")  # a half-written entry, as an interrupted compile leaves one
+            if marker:
+                Path(marker).touch()
+    if settings.exists():
+        try:
+            json.loads(settings.read_text())
+        except ValueError:
+            print(CORRUPT_CACHE_ERROR, flush=True)
+            raise RuntimeError(CORRUPT_CACHE_ERROR) from None
+    if (entry / "model.done").exists() and (entry / "model.neff").exists():
+        print(f"INFO ||NCC_WRAPPER||: Using a cached neff at {entry / 'model.neff'}. Exiting with a successfully "
+              f"compiled graph.", flush=True)
+        return torch_neuronx._trace(model, inputs, workdir, args, target, compile_neff=False)
+    if (entry / "model.log").exists():
+        message = (f"Got a cached failed neff at {entry / 'model.neff'}. Will skip compilation, please set "
+                   f"--retry_failed_compilation for recompilation.")
+        print(f"INFO ||NCC_WRAPPER||: {message}", flush=True)
+        raise RuntimeError(message)
+    (entry / "model.hlo_module.pb").write_text(hlo_text)
+    settings.write_text(json.dumps(flags.split()))
+    lock = entry / "model.hlo_module.pb.lock"
+    lock.touch()
+    try:
+        traced = torch_neuronx._trace(model, inputs, workdir, args, target)
+    except Exception as exc:
+        (entry / "model.log").write_text(f"{type(exc).__name__}: {exc}\n")
+        raise
+    finally:
+        lock.unlink(missing_ok=True)
+    neffs = sorted(workdir.rglob("graph.neff"))
+    (entry / "model.neff").write_bytes(neffs[-1].read_bytes() if neffs else b"")
+    (entry / "model.done").touch()
+    return traced
