@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 import torch_neuronx
-from _release import COMPILER_FLAG_HOOK_SINCE, MODEL_BUILDER_SINCE, current, device_count
+from _release import COMPILER_FLAG_HOOK_SINCE, MODEL_BUILDER_SINCE, NXD_LNC_ENV, current, device_count
 
 #: The one-process ModelBuilder (mock_distributed) ships from SDK 2.21.0 (neuronx-distributed 0.10.0).
 ONE_PROCESS_SINCE = (2, 21, 0)
@@ -152,9 +152,16 @@ class ModelBuilder:
         if target is None:
             raise RuntimeError(torch_neuronx.CPU_TARGET_ERROR)
         print(f"[neuronx_distributed TEST DOUBLE] ModelBuilder tracing {key} bucket {bucket_rank} for "
-              f"tp_degree={self.tp_degree} world_size={self.world_size} target={target}", flush=True)
+              f"tp_degree={self.tp_degree} world_size={self.world_size} target={target} "
+              f"logical_nc_config={self.logical_nc_config}", flush=True)
         workdir = Path(self.compiler_workdir) / key / f"_tp0_bk{bucket_rank}"
-        return torch_neuronx._trace(model, container.example_inputs[bucket_rank], workdir, args, target)
+        # The process groups are laid out for logical_nc_config (model_builder.py at Release 2.29: trace()
+        # calls parallel_state.initialize_model_parallel(..., lnc_size=self.logical_nc_config)), and the main
+        # compile gets only the caller's flags: ModelBuilder adds --lnc itself only to its weight-layout compile
+        # (" --lnc={self.logical_nc_config}"). The compiler therefore runs at its own default unless told: the
+        # double hands logical_nc_config to its neuronx-cc, which records both in the NEFF.
+        return torch_neuronx._trace(model, container.example_inputs[bucket_rank], workdir, args, target,
+                                    compiler_env={NXD_LNC_ENV: str(self.logical_nc_config)})
 
     def shard_checkpoint(self, serialize_path: str | None = None) -> list[dict[str, torch.Tensor]]:
         checkpoint = self.checkpoint_loader()
