@@ -33,6 +33,19 @@ def test_targets_per_release_are_the_manifests_instance_families() -> None:
     assert rows["2.29.0"][4] == rows["2.32.0"][4] == "inf2, trn1, trn2, trn3"
 
 
+def test_sdk_status_per_release_links_the_sdks_pages() -> None:
+    rows = {row[0]: row for row in support_matrix.rows()}
+    assert rows["2.29.1"][6] == "—"
+    assert "announce-maintenance-nxdi-nxd-core-inference.html" in rows["2.30.0"][6]
+    assert "announce-maintenance-pytorch-xla-inference.html" not in rows["2.30.0"][6]
+    for link in ("announce-maintenance-pytorch-xla-inference.html", "announce-nxdi-maintenance-support-2-31.html"):
+        assert link in rows["2.31.0"][6] and link in rows["2.32.0"][6]
+    assert "vllm-neuron-beta" in rows["2.31.1"][6] and "vllm-neuron-beta" not in rows["2.31.0"][6]
+    for announcement in support_matrix.ANNOUNCEMENTS:
+        assert announcement.url.startswith("https://awsdocs-neuron.readthedocs-hosted.com/en/latest/")
+        assert announcement.source and announcement.since in table()
+
+
 def test_a_doc_without_the_markers_is_named() -> None:
     with pytest.raises(ValueError, match="no generated support matrix"):
         support_matrix.documented("# nothing here\n")
