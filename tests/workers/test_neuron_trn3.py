@@ -83,14 +83,19 @@ def test_a_trn3_trace_compiles_for_trn3_with_its_logical_neuroncores(tmp_path: P
     assert run.result is not None and run.result["versions"]["target"] == "trn3"
 
 
-@pytest.mark.parametrize(("args", "lnc"), [([], "2"), (["--logical-nc-config=1"], "1")])
+@pytest.mark.parametrize(("args", "fields", "lnc"), [
+    ([], {}, "2"),  # a request without lnc (a key made before schema 4): the target's default
+    (["--logical-nc-config=1"], {}, "1"),  # such a request whose spec gave the flag
+    ([], {"lnc": 1}, "1"),  # a schema-4 request: toolchain.lnc, resolved at submit
+])
 def test_tp_on_trn2_gives_model_builder_the_compilers_logical_neuroncores(tmp_path: Path, scripted: str,
-                                                                         args: list[str], lnc: str) -> None:
+                                                                         args: list[str], fields: dict[str, Any],
+                                                                         lnc: str) -> None:
     """NxD's replica groups and the compiled program must agree on the LNC; the compiler's default (2 on trn2)
     is not ModelBuilder's (1), so the backend resolves it and gives both the same value."""
     run = run_child(tmp_path, "mb", env=_device_less(tmp_path, "trn2", "2.27.1"), backend="trace", target="trn2",
                     sdk="2.27.1", args=args, tp_degree=2, inputs=text_inputs(2, 16), model_path=scripted,
-                    model_format="torchscript")
+                    model_format="torchscript", **fields)
     assert run.returncode == 0, run.describe()
     neff = _neff(run)
     assert (neff["lnc"], neff["nxd_logical_nc_config"]) == (lnc, lnc)
