@@ -127,3 +127,30 @@ def test_a_trn3_hlo_spec_builds_end_to_end_and_a_trn3_spec_before_2_29_is_refuse
         recorded = dict(line.split("=", 1) for line in blob.read().decode(errors="replace").splitlines()
                         if "=" in line)
     assert (recorded["target"], recorded["lnc"]) == ("trn3", "2")
+
+
+def test_a_trn3_tp_trace_spec_builds_end_to_end(make_cluster: MakeCluster, tiny_torch_model: Path) -> None:
+    """A trn3 trace at tp_degree 2 (ModelBuilder, 2.31.1) through the whole service: one model.pt and a weights
+    shard per rank, keyed with the resolved LNC (trn3's default, 2)."""
+    from compilesvc.lifecycle.artifacts import read_manifest
+
+    cluster = make_cluster()
+    uri = cluster.upload(tiny_torch_model.read_bytes(), "tiny.pt2")
+    spec = {"model": {"uri": uri, "format": "exported-program", "name": "tiny"}, "target": "trn3",
+            "sdk": TRN3_RELEASE, "compiler": {"tp_degree": 2}, "buckets": [{"batch_size": 1, "seq_len": 8}]}
+    env = neuron_double_env({"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "PATH": os.environ["PATH"]},
+                            sdk=TRN3_RELEASE, devices=0)
+    cluster.start_worker("wtrn3", concurrency=1, env={k: env[k] for k in (
+        "PYTHONPATH", "PATH", "COMPILESVC_NEURON_SDK", "COMPILESVC_NEURON_DOUBLE_RELEASE",
+        "COMPILESVC_NEURON_DOUBLE_DEVICES")})
+    cluster.start_relay()
+    result = cluster.submit(spec)
+    # 2.31.0 ships the same toolchain, so the queue is named for it (compilesvc.dispatch.routing).
+    assert cluster.bucket(result.buckets[0].key).queue == "compile.trn3.2.31.0.trace-tp"
+    artifact = cluster.wait_artifact(result.artifact_key, ("published", "failed"), timeout=180)
+    assert artifact.state == "published", [cluster.bucket(b.key).error_message for b in result.buckets]
+    assert (artifact.material["toolchain"]["target"], artifact.material["toolchain"]["lnc"]) == ("trn3", 2)
+    manifest = read_manifest(cluster.services.store, result.artifact_key)
+    assert manifest is not None
+    assert sorted(f.path for entry in manifest.buckets for f in entry.files) == [
+        "model.pt", "weights/tp0_sharded_checkpoint.safetensors", "weights/tp1_sharded_checkpoint.safetensors"]
