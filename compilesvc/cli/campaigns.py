@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, get_args
 
 import click
 
 from compilesvc.cli.builds import Failed, Reporter, call
 from compilesvc.cli.connection import API_OPTION, connect
 from compilesvc.client.follow import Exit
+from compilesvc.spec.compile_spec import Target
 
 POLL_SECONDS = 2.0
 
@@ -87,7 +88,7 @@ def finish(campaign: dict[str, Any], as_json: bool, reporter: Reporter) -> None:
 @click.option("--from-sdk", required=True, metavar="RELEASE", help="The release the artifacts were built for.")
 @click.option("--to-sdk", required=True, metavar="RELEASE", help="The release to build them for.")
 @click.option("--model", metavar="NAME", help="Only artifacts of this model name.")
-@click.option("--target", type=click.Choice(["inf2", "trn1", "trn2", "cpu"]), help="Only this target.")
+@click.option("--target", type=click.Choice(get_args(Target)), help="Only this target.")
 @click.option("--label", "labels", multiple=True, metavar="NAME=VALUE", callback=_labels,
               help="Only artifacts with a build carrying this label (repeatable: all must match).")
 @click.option("--pinned", is_flag=True, help="Only artifacts a retention pin keeps.")

@@ -35,12 +35,20 @@ from compilesvc.spec.flags import (
     model_builder_problems,
     uses_model_builder,
 )
-from compilesvc.spec.neuron_releases import NotShipped, UnknownRelease, toolchain_material
+from compilesvc.spec.neuron_releases import (
+    TARGET_FAMILIES,
+    NotShipped,
+    TargetNotSupported,
+    UnknownRelease,
+    require_target,
+    toolchain_material,
+)
 
-Target = Literal["inf2", "trn1", "trn2", "cpu"]
+Target = Literal["inf2", "trn1", "trn2", "trn3", "cpu"]
 ModelFormat = Literal["torchscript", "exported-program", "hf-dir", "hlo"]
 
-NEURON_TARGETS: frozenset[str] = frozenset({"inf2", "trn1", "trn2"})
+#: Which releases support each one: the release table (:func:`compilesvc.spec.neuron_releases.release_targets`).
+NEURON_TARGETS: frozenset[str] = frozenset(TARGET_FAMILIES)
 #: backend -> model formats it can compile
 BACKEND_FORMATS: dict[str, dict[str, frozenset[str]]] = {
     "neuron": {
@@ -233,10 +241,13 @@ class CompileSpec(_Strict):
         # check of a release newer than the table still names a misspelt option.
         try:
             toolchain_material(self.sdk, self.backend, self.compiler.tp_degree)
+            require_target(self.sdk, self.target)
         except UnknownRelease as exc:
             raise _FieldError(("sdk",), str(exc)) from None
         except NotShipped as exc:
             raise _FieldError(("compiler", "backend"), str(exc)) from None
+        except TargetNotSupported as exc:
+            raise _FieldError(("target",), str(exc)) from None
 
     @cached_property
     def document(self) -> dict[str, Any]:

@@ -21,8 +21,9 @@ from typing import Any
 from compilesvc.spec.compile_spec import ISA_RE, NEURON_TARGETS, CompileSpec
 from compilesvc.spec.flags import canonical_flags
 from compilesvc.spec.neuron_releases import toolchain_material
+from compilesvc.spec.neuronx_cc_options import default_lnc, effective_lnc
 
-KEY_SCHEMA = "compilesvc-key/3"
+KEY_SCHEMA = "compilesvc-key/4"
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -80,10 +81,15 @@ def set_material(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt
         "backend": spec.backend,
         "tp_degree": spec.compiler.tp_degree,
     }
+    flags = canonical_flags(spec.compiler.args)
     if spec.target in NEURON_TARGETS:
         # The exact packages the release resolves to, not its label: releases shipping the same toolchain
         # share artifacts, and a table entry that changed would show as a changed key (docs/keys.md).
         toolchain["neuron"] = toolchain_material(spec.sdk, spec.backend, spec.compiler.tp_degree)
+        # The logical NeuronCores the compile runs with, resolved here (the spec's --logical-nc-config, else
+        # the target's default): the worker gives this one value to the compiler and to NxD, and a spec that
+        # writes the default shares the key of one that omits it.
+        toolchain["lnc"], flags = effective_lnc(spec.target, flags)
     else:
         toolchain["sdk"] = spec.sdk  # the cpu target's sdk is the exact torch version already
     if spec.backend == "aotinductor":
@@ -96,7 +102,7 @@ def set_material(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt
         "salt": salt,
         "model": {"sha256": sha, "format": spec.model.format},
         "toolchain": toolchain,
-        "flags": canonical_flags(spec.compiler.args),
+        "flags": flags,
     }
 
 
@@ -138,6 +144,13 @@ def explain(keys: KeySet) -> list[str]:
     for name in ("salt", "model", "toolchain", "flags"):
         value = json.dumps(keys.material[name], sort_keys=True)
         lines.append(f"{name:<13} {keys.components[name][:16]}  {value}")
+        toolchain = keys.material["toolchain"]
+        if name == "toolchain" and "lnc" in toolchain:
+            target, lnc = toolchain["target"], toolchain["lnc"]
+            why = (f"{target}'s default" if lnc == default_lnc(target)
+                   else f"--logical-nc-config; {target}'s default is {default_lnc(target)}")
+            lines.append(f"  lnc         {lnc}  (logical NeuronCores, resolved at submit: {why}; neuronx-cc and NxD "
+                         f"both get it)")
     lines.append(f"{'buckets':<13} {keys.components['buckets'][:16]}  ({len(keys.bucket_keys)} unique)")
     for bucket in keys.buckets:
         shapes = ", ".join(f"{i['name']}:{i['dtype']}{i['shape']}" for i in bucket.inputs)

@@ -47,6 +47,9 @@ PACKAGES = {
 }
 #: Packages a release may list several builds of (one per torch line / per framework).
 MULTI = frozenset({"torch-neuronx", "libneuronxla"})
+#: The Neuron targets a spec may name (compilesvc.spec.compile_spec.NEURON_TARGETS): the instance families the
+#: manifest can list for a release's neuronx-cc. trn1n is a trn1 to the service (one target, one queue).
+TARGET_FAMILIES = ("inf2", "trn1", "trn2", "trn3")
 
 
 class UnknownRelease(ValueError):
@@ -57,6 +60,15 @@ class UnknownRelease(ValueError):
         newest = known[-1] if known else "none"
         super().__init__(f"Neuron SDK release {release} is not in this service's release table (newest known: "
                          f"{newest}); if it is a new release, refresh the table: {REFRESH_COMMAND}")
+
+
+class TargetNotSupported(ValueError):
+    """The release's compiler does not support the spec's target (``release``, ``target``)."""
+
+    def __init__(self, release: str, target: str, supported: tuple[str, ...]):
+        self.release, self.target = release, target
+        super().__init__(f"Neuron SDK {release} does not support target {target}: its neuronx-cc lists the instance "
+                         f"families {', '.join(supported) or 'none'} (the SDK's release manifest)")
 
 
 class NotShipped(ValueError):
@@ -87,6 +99,9 @@ class Release:
     neuronx_distributed: str | None
     libneuronxla: tuple[str, ...]
     runtime_lib: str | None  # aws-neuronx-runtime-lib, a system package: recorded, not checked
+    #: The Neuron targets (:data:`TARGET_FAMILIES`) among the instance families the manifest lists for this
+    #: release's neuronx-cc (``supported_instances``): trn2 from 2.21.0, trn3 from 2.29.0.
+    targets: tuple[str, ...] = ()
 
     @property
     def trace_torch_neuronx(self) -> str | None:
@@ -105,7 +120,8 @@ def _release_of(label: str, entry: Mapping[str, Any]) -> Release:
                    torch_neuronx=tuple(entry.get("torch-neuronx") or ()),
                    neuronx_distributed=entry.get("neuronx-distributed"),
                    libneuronxla=tuple(entry.get("libneuronxla") or ()),
-                   runtime_lib=entry.get("aws-neuronx-runtime-lib"))
+                   runtime_lib=entry.get("aws-neuronx-runtime-lib"),
+                   targets=tuple(t for t in TARGET_FAMILIES if t in (entry.get("instances") or ())))
 
 
 def table_path() -> Path:
@@ -185,6 +201,20 @@ def require_kind(release: str, backend: str, tp_degree: int) -> None:
     offered = ", ".join(KIND_TITLES[k] for k in release_kinds(release)) or "nothing"
     raise NotShipped(f"Neuron SDK {release} ships no {missing}: {KIND_TITLES[kind]} compiles are not available "
                      f"with it (it supports {offered})", release=release, package=missing)
+
+
+def release_targets(release: str) -> tuple[str, ...]:
+    """The Neuron targets ``release`` supports, from the instance families its manifest entry lists
+    (:class:`UnknownRelease` for a release the table does not list)."""
+    return lookup(release).targets
+
+
+def require_target(release: str, target: str) -> None:
+    """Raise :class:`TargetNotSupported`, naming the release and the target, unless ``release``'s compiler lists
+    ``target``'s instance family: a trn3 spec for a release before 2.29.0 has no compiler that can build it."""
+    supported = release_targets(release)
+    if target not in supported:
+        raise TargetNotSupported(release, target, supported)
 
 
 # -- trace without a device: what a compile host must have ----------------------------------------------------
@@ -313,11 +343,14 @@ def from_sdk_manifest(document: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         except (TypeError, KeyError) as exc:
             raise ValueError(f"not an SDK release manifest: a release entry lacks {exc}") from None
         found: dict[str, set[str]] = {name: set() for name in PACKAGES}
+        families: set[str] = set()
         for package in packages:
             name, version = package.get("name"), package.get("version")
             instances = set(package.get("supported_instances") or ())
             if instances and not instances - {"inf1"}:
                 continue  # the inf1 (neuron, not neuronx) build of a package: another SDK family
+            if name == "neuronx-cc":
+                families |= instances - {"inf1"}
             for ours, theirs in PACKAGES.items():
                 if name in theirs and version:
                     found[ours].add(str(version))
@@ -332,6 +365,8 @@ def from_sdk_manifest(document: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
                 raise ValueError(f"release {label} lists several {ours} versions: {ordered}")
             else:
                 entry[ours] = ordered[0] if ordered else None
+        # The instance families the release's compiler supports: what specs of it may name as target.
+        entry["instances"] = sorted(families)
         out[label] = entry
     if not out:
         raise ValueError("the SDK manifest lists no release that ships neuronx-cc")
@@ -360,7 +395,8 @@ def refreshed_document(current: Mapping[str, Any] | None, sdk_document: Mapping[
         },
         "note": ("Generated by `compilesvc neuron-releases refresh`; do not edit by hand. Per SDK release, the "
                  "exact versions of the packages compilesvc checks and keys by (multi-build packages newest "
-                 "first; aws-neuronx-runtime-lib is the non-inf1 build)."),
+                 "first; aws-neuronx-runtime-lib is the non-inf1 build), and the instance families its "
+                 "neuronx-cc supports (supported_instances)."),
         "releases": {label: merged[label] for label in sorted(merged, key=version_tuple)},
     }
     return document, added, changed

@@ -115,10 +115,23 @@ def _positive_int(value: str) -> str | None:
     return None if value.isdigit() and int(value) > 0 else "expected a positive integer"
 
 
-TRN2 = frozenset({"trn2"})
+#: Targets with logical NeuronCores (LNC 1 or 2), and the compiler's default there: 2. Sources: the CLI
+#: reference (``--logical-nc-config``: "Only available on trn2; Default: 2"); about-neuron/arch/neuron-features/
+#: logical-neuroncore-config.rst ("LNC applies only to Trn2 and Trn3 instances", LNC=2 the default on Trn2);
+#: trn3's default is not written in the compiler's pages: neuronx-distributed ``utils/model_utils.py``
+#: ``get_platform_lnc`` and NxDI ``models/config.py`` ``get_platform_lnc`` give 2 on trn2 and trn3, 1 elsewhere.
+#: Since compilesvc passes the resolved value to the compiler explicitly (:func:`effective_lnc`), the
+#: compiler's own trn3 default never decides an artifact. Elsewhere only 1 (compiler/error-codes/EARG001.rst:
+#: "On trn1, only lnc=1 is supported").
+LNC_TARGETS = frozenset({"trn2", "trn3"})
+#: "trn2 and later" in the CLI reference (``--native-int64``: "Only available on trn2 and later").
+TRN2_AND_LATER = frozenset({"trn2", "trn3"})
+LNC_OPTION = "--logical-nc-config"
 
 OPTIONS: tuple[Option, ...] = (
     # --- set by the service -------------------------------------------------------------------------------
+    # Its values are the spec's target: inf2, trn1, trn2 and (SDK examples, NKI docs, compiler notes 2.29-2.32)
+    # trn3, each from the first release whose manifest lists it (compilesvc.spec.neuron_releases.release_targets).
     Option("--target", Arity.ONE, f"{_CLI_OLD} (CLI@2.3.0)",
            reserved="is set by the service from the spec's target"),
     Option("--framework", Arity.ONE, f"{_CLI_OLD} (CLI@2.3.0)",
@@ -156,10 +169,10 @@ OPTIONS: tuple[Option, ...] = (
     # "-lnc" (CLI@2.21.0) and "--lnc" (compiler/error-codes/EARG001.rst, which also says "On trn1, only lnc=1
     # is supported", so 2 is refused off trn2). CLI: "Only available on trn2; Default: 2".
     Option("--logical-nc-config", Arity.ONE, f"{_RN} (Neuron 2.21.0 Beta); {_CLI}; compiler/error-codes/"
-           "EARG001.rst", aliases=("-lnc", "--lnc"), values=(Value("1"), Value("2", targets=TRN2)),
+           "EARG001.rst", aliases=("-lnc", "--lnc"), values=(Value("1"), Value("2", targets=LNC_TARGETS)),
            since="2.21.0"),
     Option("--native-int64", Arity.ONE, f"{_RN} (Neuron 2.32.0); {_CLI} ('Only available on trn2 and later')",
-           values=_v("default", "enabled", "disabled"), since="2.32.0", targets=TRN2),
+           values=_v("default", "enabled", "disabled"), since="2.32.0", targets=TRN2_AND_LATER),
     Option("--implicit-integer-downcast", Arity.ONE, f"{_RN} (Neuron 2.32.0); {_CLI}",
            value_check=_integer_downcast, since="2.32.0"),
     # --- undocumented options that the SDK's own libraries pass ------------------------------------------
@@ -208,6 +221,28 @@ BY_NAME: dict[str, Option] = {name: o for o in OPTIONS for name in (o.name, *o.a
 OUTPUT_NEUTRAL: frozenset[str] = frozenset(name for name, o in BY_NAME.items() if not o.changes_output)
 #: Names of the options that never take a value.
 SWITCHES: frozenset[str] = frozenset(name for name, o in BY_NAME.items() if o.arity is Arity.SWITCH)
+
+
+def default_lnc(target: str) -> int:
+    """The logical NeuronCore config a compile for ``target`` gets when no ``--logical-nc-config`` is given."""
+    return 2 if target in LNC_TARGETS else 1
+
+
+def effective_lnc(target: str, canonical: list[str]) -> tuple[int, list[str]]:
+    """The logical NeuronCore config a compile of ``canonical`` flags (:func:`compilesvc.spec.flags.
+    canonical_flags`, aliases resolved, right-most kept) for ``target`` runs with, and the flags without it.
+
+    The spec's ``--logical-nc-config`` if it has one, else the target's default: a spec that writes the
+    default gets the value (and so the key) of one that omits it. A value that is not a number (refused at
+    submit) is left in the flags for the compiler to refuse.
+    """
+    prefix = LNC_OPTION + "="
+    end = canonical.index("--") if "--" in canonical else len(canonical)  # the "--" tail is verbatim
+    options, tail = canonical[:end], canonical[end:]
+    given = [flag for flag in options if flag.startswith(prefix)]
+    if given and given[-1][len(prefix):].isdigit():
+        return int(given[-1][len(prefix):]), [flag for flag in options if not flag.startswith(prefix)] + tail
+    return default_lnc(target), list(canonical)
 
 
 def lookup(name: str) -> Option | None:

@@ -440,3 +440,20 @@ def test_a_ledger_without_tables_is_refused_with_the_migrate_command(run: Run, t
     assert result.returncode == 2, result.stderr
     assert "has no tables: run `compilesvc migrate`" in result.stderr
     assert inspect(create_engine(url)).get_table_names() == []
+
+
+def test_explain_shows_the_resolved_lnc(tmp_path: Path, run: Run) -> None:
+    # Issue 28 (5): the logical NeuronCore config is resolved at submit; --explain shows it on its own line.
+    spec = {"model": {"uri": "blob:sha256:" + "a" * 64, "format": "hlo"}, "target": "trn3", "sdk": "2.29.0",
+            "buckets": [{"batch_size": 1, "seq_len": 16}]}
+    omitted, written = tmp_path / "omitted.json", tmp_path / "written.json"
+    omitted.write_text(json.dumps(spec))
+    written.write_text(json.dumps({**spec, "compiler": {"args": ["--lnc", "2"]}}))
+    outputs = []
+    for path in (omitted, written):
+        result = run("key", "--explain", path)
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout)
+        assert "  lnc         2  (logical NeuronCores, resolved at submit: trn3's default;" in result.stdout
+        assert '"lnc": 2' in result.stdout and '"target": "trn3"' in result.stdout
+    assert outputs[0] == outputs[1]  # the default written out is the same key, component by component

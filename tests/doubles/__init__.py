@@ -39,8 +39,12 @@ please supply compiler argument target" RuntimeError; neuronx-cc rejects unknown
 
 ``ok`` (default)
     trace really traces with ``torch.jit.trace`` (the artifact loads and runs on CPU); neuronx-cc writes a
-    deterministic fake NEFF recording ``target=`` (the compiler's) and ``lowered_for=`` (trace's frozen
-    platform). Both print neuronx-cc-style log lines.
+    deterministic fake NEFF recording ``target=`` (the compiler's), ``lowered_for=`` (trace's frozen
+    platform), ``lnc=`` (the compile's logical NeuronCores: the option, else 2 on trn2/trn3 and 1 elsewhere)
+    and, when ModelBuilder ran it, ``nxd_logical_nc_config=`` (the builder's, which laid out its process
+    groups). Both print neuronx-cc-style log lines. The compiler takes the ``--target`` values of the
+    emulated release only (trn2 from 2.21.0, trn3 from 2.29.0, per the manifest's instance families) and
+    refuses LNC 2 off trn2/trn3 with ``NCC_EARG001`` (exit 70).
 ``ncc-error`` / ``ncc-error:NCC_EXXX000``
     exit 70 with ``[NCC_EOOM001] ...`` (default code); on releases before 2.21 the bare form ``[OOM001]``.
     trace raises ``RuntimeError("neuronx-cc failed with 70")``. Any family prints this way, e.g.

@@ -98,3 +98,20 @@ def test_a_cpu_release_is_said_once_and_options_with_several_values_are_one_flag
     swapped = {**base, "flags": ["--pipeline", "SaveTemps", "compile", "-O2"]}
     assert [c.text for c in changes(pipeline, [], "2.13.0", swapped, [], "2.13.0")] == [
         "flag --pipeline compile SaveTemps → --pipeline SaveTemps compile"]
+
+
+def test_a_schema_3_key_against_its_schema_4_key_names_the_lnc_move() -> None:
+    # Key schema 4 (issue 28): the logical NeuronCore config left the flags for toolchain.lnc. An artifact made
+    # under schema 3 is explained against the same spec's schema-4 key component by component.
+    old = {"schema": "compilesvc-key/3", "salt": "", "model": {"sha256": "a" * 64, "format": "hlo"},
+           "toolchain": {"target": "trn2", "backend": "neuronx-cc", "tp_degree": 1,
+                         "neuron": {"neuronx-cc": "2.22.12471.0"}},
+           "flags": ["--logical-nc-config=2", "-O2"]}
+    new = {**old, "schema": "compilesvc-key/4", "toolchain": {**old["toolchain"], "lnc": 2}, "flags": ["-O2"]}
+    assert [(c.component, c.text) for c in changes(old, [], "2.27.1", new, [], "2.27.1")] == [
+        ("schema", "key schema compilesvc-key/3 → compilesvc-key/4"),
+        ("toolchain", "lnc 2 added"),
+        ("flags", "flag --logical-nc-config=2 removed"),
+    ]
+    lnc1 = {**new, "toolchain": {**new["toolchain"], "lnc": 1}}
+    assert [c.text for c in changes(new, [], "2.27.1", lnc1, [], "2.27.1")] == ["lnc 2 → 1"]

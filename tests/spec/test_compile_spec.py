@@ -161,7 +161,7 @@ def flags_doc(args: list[str], sdk: str = "2.20.0", target: str = "inf2") -> dic
          "2.26.1", "trn2"),
         (["--auto-cast-type", "fp8_e4m3", "--optlevel=3", "--verbose", "35", "--no_cache"], "2.20.0", "inf2"),
         (["--native-int64=enabled", "--implicit-integer-downcast=dot,pow"], "2.32.0", "trn2"),
-        (["--neuroncore-pipeline-cores", "4"], "2.3.0", "inf2"),
+        (["--neuroncore-pipeline-cores", "4"], "2.3.0", "trn1"),  # inf2 is a target from 2.8.0 (manifest)
     ],
 )
 def test_documented_neuron_flags_are_accepted(args: list[str], sdk: str, target: str) -> None:
@@ -180,7 +180,7 @@ def test_documented_neuron_flags_are_accepted(args: list[str], sdk: str, target:
         (["--auto-cast", "matmul"], "2.20.0", "inf2", "compiler.args[0]",
          "'--auto-cast' does not accept 'matmul': expected one of none, matmult, all"),
         (["--model-type=unet-inference"], "2.9.1", "inf2", "compiler.args[0]", "exists from Neuron SDK 2.10.0 on"),
-        (["-lnc", "2"], "2.21.0", "trn1", "compiler.args[0]", "only accepted for target trn2, not trn1"),
+        (["-lnc", "2"], "2.21.0", "trn1", "compiler.args[0]", "only accepted for target trn2, trn3, not trn1"),
         (["--lnc=2"], "2.20.0", "trn2", "compiler.args[0]", "'--lnc' is not available on Neuron SDK 2.20.0 "
                                                             "(it exists from 2.21.0 on)"),
         (["--disable-mixed-precision-accumulation"], "2.26.1", "inf2", "compiler.args[0]", "from 2.27.0 on"),

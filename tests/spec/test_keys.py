@@ -109,9 +109,8 @@ def test_golden_competing_flags_keep_the_right_most() -> None:
 
 def test_golden_multi_value_and_dash_leading_values_are_kept_whole() -> None:
     _, flags = _golden_flags("trn2-multi-value-and-dash-leading-values")
-    assert flags == [
+    assert flags == [  # -lnc 2 is toolchain.lnc (schema 4), not a flag
         "--internal-hlo2tensorizer-options=--verify-hlo=true",
-        "--logical-nc-config=2",
         "--pipeline", "compile", "SaveTemps",
         "--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=2",
     ]
@@ -130,7 +129,7 @@ def test_golden_a_neuron_key_holds_the_exact_toolchain_not_the_release_label() -
     trace_2271 = _golden("trn1-trace-release-2.27.1")
     assert trace_2270.key == trace_2271.key and trace_2270.bucket_keys == trace_2271.bucket_keys
     assert trace_2271.material["toolchain"] == {
-        "target": "trn1", "backend": "trace", "tp_degree": 1,
+        "target": "trn1", "backend": "trace", "tp_degree": 1, "lnc": 1,
         "neuron": {"neuronx-cc": "2.22.12471.0", "torch-neuronx": "2.9.0.2.11.19912", "libneuronxla": ["2.2.14584.0"]},
     }
     assert "sdk" not in trace_2271.material["toolchain"]
@@ -147,11 +146,34 @@ def test_golden_output_changing_environment_reaches_the_key_only_as_spec_flags()
     # with them, and the child's environment is an allow-list: tests/workers/host/test_toolchain.py); the spec
     # flags that say the same thing are key material and move the key.
     default = _golden("trn2-hlo-lnc-default-what-a-worker-env-cannot-change")
-    lnc2 = _golden("trn2-hlo-lnc-2-the-spec-form-of-NEURON_LOGICAL_NC_CONFIG")
+    lnc1 = _golden("trn2-hlo-lnc-1-the-spec-form-of-NEURON_LOGICAL_NC_CONFIG")
     bf16 = _golden("trn2-hlo-auto-cast-bf16-the-spec-form-of-XLA_USE_BF16")
-    assert len({default.key, lnc2.key, bf16.key}) == 3
-    assert lnc2.material["flags"] == ["--logical-nc-config=2", "-O2"]
+    assert len({default.key, lnc1.key, bf16.key}) == 3
+    assert (lnc1.material["toolchain"]["lnc"], lnc1.material["flags"]) == (1, ["-O2"])
     assert not any("environ" in name or name == "env" for name in default.material)
+
+
+def test_golden_lnc_is_resolved_at_submit_and_the_default_written_out_is_the_same_key() -> None:
+    # Schema 4: toolchain.lnc is the logical NeuronCore config the compile runs with: the spec's
+    # --logical-nc-config (any spelling), else the target's default (2 on trn2 and trn3, 1 elsewhere).
+    default = _golden("trn2-hlo-lnc-default-what-a-worker-env-cannot-change")
+    assert default.material["toolchain"]["lnc"] == 2 and default.material["flags"] == ["-O2"]
+    assert _golden("trn2-hlo-lnc-2-explicit-default-same-key-as-omitted").key == default.key
+    trn1 = _golden("trn1-trace-release-2.27.1")
+    assert trn1.material["toolchain"]["lnc"] == 1
+    assert _golden("trn1-trace-lnc-1-explicit-default-same-key-as-omitted").key == trn1.key
+    trn3 = _golden("trn3-hlo-release-2.29.0-lnc-default-2").material["toolchain"]
+    assert (trn3["target"], trn3["lnc"], trn3["neuron"]) == ("trn3", 2, {"neuronx-cc": "2.24.5133.0"})
+    assert _golden("trn3-trace-tp4-release-2.31.1-lnc-1").material["toolchain"]["lnc"] == 1
+    # The lnc is a Neuron setting: cpu keys have none.
+    assert "lnc" not in _golden("cpu-aotinductor-host-isa").material["toolchain"]
+
+
+def test_explain_shows_the_resolved_lnc() -> None:
+    lines = explain(_golden("trn2-hlo-lnc-default-what-a-worker-env-cannot-change"))
+    assert any(line.startswith("  lnc         2  (") and "trn2's default" in line for line in lines)
+    lines = explain(_golden("trn2-hlo-lnc-1-the-spec-form-of-NEURON_LOGICAL_NC_CONFIG"))
+    assert any(line.startswith("  lnc         1  (") and "trn2's default is 2" in line for line in lines)
 
 
 def test_golden_vectors_in_fresh_processes_under_several_hash_seeds() -> None:

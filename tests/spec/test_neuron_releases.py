@@ -38,7 +38,7 @@ def sdk_manifest(*releases: dict[str, Any]) -> dict[str, Any]:
 NEW_RELEASE = {"neuron_version": "2.99.0", "packages": [
     _package("aws-neuronx-runtime-lib", "2.12.23.0", ("inf1",)),  # the inf1 build: another SDK family
     _package("aws-neuronx-runtime-lib", "2.40.1.0"),
-    _package("neuronx-cc", "2.30.100.0"),
+    _package("neuronx-cc", "2.30.100.0", ("trn1", "inf2", "trn2", "trn3")),
     _package("torch-neuronx", "2.10.0.2.20.100"),
     _package("torch-neuronx", "2.11.0.2.20.100"),
     _package("neuronx_distributed", "0.22.1"),
@@ -116,7 +116,8 @@ def test_refresh_merges_a_new_release_from_the_sdk_manifest(tmp_path: Path, tabl
     assert after["source"]["from"] == str(source) and after["source"]["manifest_version"] == "2.99.0"
     assert after["releases"]["2.99.0"] == {
         "neuronx-cc": "2.30.100.0", "torch-neuronx": ["2.11.0.2.20.100", "2.10.0.2.20.100"],
-        "neuronx-distributed": "0.22.1", "libneuronxla": ["3.1.1.0"], "aws-neuronx-runtime-lib": "2.40.1.0"}
+        "neuronx-distributed": "0.22.1", "libneuronxla": ["3.1.1.0"], "aws-neuronx-runtime-lib": "2.40.1.0",
+        "instances": ["inf2", "trn1", "trn2", "trn3"]}  # neuronx-cc's supported_instances: the release's targets
     # Releases the new file does not list are kept (a published release does not go away).
     assert {k: v for k, v in after["releases"].items() if k != "2.99.0"} == before["releases"]
     assert list(after["releases"])[-1] == "2.99.0"  # ordered by version, not by text

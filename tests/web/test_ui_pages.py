@@ -234,3 +234,13 @@ def test_build_page_shows_the_verified_provenance(make_env: EnvFactory, sqlite_u
     env.services.store.create_document(name, forged)
     refused = text_of(page(env, f"/builds/{build_id}"))
     assert "No verified provenance" in refused and "which is not a trusted key" in refused
+
+
+def test_the_target_filters_offer_every_target_a_spec_may_name(sqlite_env: Env) -> None:
+    # Issue 28 (2): trn3 is a target (compilesvc.spec.compile_spec.Target); the history's and the artifacts'
+    # filters list what a spec may name, and filtering by trn3 is a valid query (an empty list here).
+    for url in ("/", "/artifacts"):
+        html = page(sqlite_env, url)
+        options = re.findall(r'<option value="([^"]*)"', html)
+        assert {"inf2", "trn1", "trn2", "trn3", "cpu"} <= set(options), (url, options)
+        page(sqlite_env, f"{url}?target=trn3")

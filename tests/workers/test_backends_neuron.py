@@ -97,7 +97,8 @@ def test_trace_writes_a_loadable_module_and_streams_compiler_logs(tmp_path: Path
     # No device on this host: trace lowers on the CPU backend, for the target frozen at the child's start.
     assert "cpu_backend=True devices=0 NEURON_PLATFORM_TARGET_OVERRIDE=trn1" in run.stdout
     assert "platform target frozen at import: trn1; cpu_backend=True" in run.stdout
-    assert _neff_metadata(run) == {"target": "trn1", "lowered_for": "trn1", "neuronx_cc": INSTALLED.neuronx_cc}
+    assert _neff_metadata(run) == {"target": "trn1", "lowered_for": "trn1", "neuronx_cc": INSTALLED.neuronx_cc,
+                                   "lnc": "1"}
     assert "Compiler status PASS" in run.stdout  # the compiler's own output passes through
     assert (run.work_dir / "neuron").is_dir()
 
@@ -322,7 +323,8 @@ def test_trace_lowers_for_the_requested_target_not_a_stale_override(tmp_path: Pa
                  model_format="torchscript")
     assert run.returncode == 0, run.describe()
     assert "platform target frozen at import: trn1" in run.stdout
-    assert _neff_metadata(run) == {"target": "trn1", "lowered_for": "trn1", "neuronx_cc": INSTALLED.neuronx_cc}
+    assert _neff_metadata(run) == {"target": "trn1", "lowered_for": "trn1", "neuronx_cc": INSTALLED.neuronx_cc,
+                                   "lnc": "1"}
 
 
 def test_the_runner_gives_neuron_children_their_target_from_process_start() -> None:

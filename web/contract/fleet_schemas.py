@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from compilesvc import states
+from compilesvc.spec.compile_spec import Target
 from web.contract.schemas import BuildState, JsonBool, JsonNumber, Outcome, _Out
 
 _SDK = Field(pattern=r"^\d+\.\d+\.\d+$", max_length=32, description='A release number, e.g. "2.21.0".')
@@ -23,7 +24,7 @@ class RollforwardIn(BaseModel):
     from_sdk: str = _SDK
     to_sdk: str = _SDK
     model: str | None = Field(default=None, min_length=1, max_length=200, description="Only this model name.")
-    target: Literal["inf2", "trn1", "trn2", "cpu"] | None = None
+    target: Target | None = None
     labels: dict[Annotated[str, Field(min_length=1, max_length=64)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=32, description="Only artifacts with a build carrying every one.")
     pinned: JsonBool = Field(default=False, description="Only artifacts a retention pin keeps.")

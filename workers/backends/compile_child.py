@@ -9,13 +9,14 @@ child never starts a session of its own) and classifies the outcome with :func:`
 Request (JSON object)::
 
     {"backend": "torchscript" | "aotinductor" | "trace" | "neuronx-cc",
-     "target": "cpu" | "inf2" | "trn1" | "trn2",
+     "target": "cpu" | "inf2" | "trn1" | "trn2" | "trn3",
      "sdk": "2.13.0",                       # cpu: the torch release; neuron: the Neuron SDK release
      "model_path": "/abs/model file",       # already downloaded and digest-checked by the runner
      "model_format": "torchscript" | "exported-program" | "hf-dir" | "hlo",
      "inputs": [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}, ...],
      "args": ["--auto-cast=none", "-O2"],   # canonical flags (compilesvc.spec.flags.canonical_flags)
      "tp_degree": 1,                        # optional, default 1
+     "lnc": 2 | null,                       # optional; neuron: logical NeuronCores resolved at submit (key)
      "isa": "x86_64-avx512" | null,         # optional; aotinductor refuses a host with another ISA
      "max_parallel_rank_compiles": 4,       # optional; tp > 1 on parallel_model_trace: ranks compiling at once
      "out_dir": "/abs/dir",                 # artifact files go here (created if missing)

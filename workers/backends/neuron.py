@@ -1,4 +1,4 @@
-"""The Neuron targets' backends (inf2, trn1, trn2), for hosts with the AWS Neuron SDK installed.
+"""The Neuron targets' backends (inf2, trn1, trn2, trn3), for hosts with the AWS Neuron SDK installed.
 
 Owns how a compile request becomes a ``torch_neuronx.trace`` call or a ``neuronx-cc compile`` command, how
 the compiler's output is passed through and read for its error codes, and which versions are recorded.
@@ -14,6 +14,12 @@ the compiler's output is passed through and read for its error codes, and which 
   <out_dir>/model.neff <args>`` run as a subprocess in ``<work_dir>/neuron`` with its output streamed through.
   neuronx-cc has no tensor-parallel option: an HLO module is one rank's program, so ``tp_degree`` changes
   nothing in the command (it is in the key, and logged).
+
+Logical NeuronCores: the request's ``lnc`` (resolved at submit into the key, ``toolchain.lnc``: the spec's
+``--logical-nc-config``, else the target's default, 2 on trn2/trn3) is given to the compiler as
+``--logical-nc-config=<lnc>`` on trn2/trn3 (the only targets with the option: CLI reference, EARG001) on every
+path, and to ModelBuilder as ``logical_nc_config`` (:mod:`workers.backends.neuron_parallel`), so NxD's replica
+groups and the compiled program agree (ModelBuilder's own default is 1, the compiler's 2 on trn2).
 
 Hosts without a Neuron device (compiling needs the SDK, not the chip): :func:`neuron_devices` looks for
 ``/dev/neuron*``; with none, trace gets ``cpu_backend=True`` and ``--target <target>`` in its compiler args
@@ -53,6 +59,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from compilesvc.spec.neuron_releases import device_requirement, toolchain_differences, trace_has_cpu_backend
+from compilesvc.spec.neuronx_cc_options import LNC_OPTION, LNC_TARGETS, effective_lnc
 from workers.backends.neuron_cache import discard_compile_cache, own_compile_cache
 from workers.backends.output_tee import TAIL_LINES, OutputTee
 from workers.compiling.classify import CORRUPT_CACHE_ROW, Evidence, judge, traceback_exception
@@ -153,8 +160,17 @@ def _freeze_platform_target(target: str) -> None:
     os.environ[PLATFORM_OVERRIDE_ENV] = target  # before any Neuron import in this process
 
 
+def request_lnc(request: CompileRequest) -> int:
+    """The logical NeuronCores of ``request``: resolved at submit (``lnc``), or for a request of an older key
+    (no ``lnc``) from its flags the same way (its --logical-nc-config, else the target's default)."""
+    if request.lnc is not None:
+        return request.lnc
+    return effective_lnc(request.target, list(request.args))[0]
+
+
 def _compiler_args(request: CompileRequest) -> list[str]:
-    """The request's flags without any --target (the request's target is the one in the key)."""
+    """The request's flags without any --target (the request's target is the one in the key), and with the
+    request's logical NeuronCores where the target has them (:func:`request_lnc`), once."""
     args = []
     for arg in request.args:
         name, _, value = arg.partition("=")
@@ -162,7 +178,11 @@ def _compiler_args(request: CompileRequest) -> list[str]:
             if value and value != request.target:
                 log(f"ignoring {arg} in compiler args: the request's target is {request.target}")
             continue
+        if name == LNC_OPTION:
+            continue  # an older key's spelling: request_lnc read it; it is given once, below
         args.append(arg)
+    if request.target in LNC_TARGETS:
+        args.append(f"{LNC_OPTION}={request_lnc(request)}")
     return args
 
 

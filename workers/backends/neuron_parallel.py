@@ -58,7 +58,7 @@ from typing import Any
 
 from compilesvc.spec.flags import MODEL_BUILDER_NXD, nxd_quoted
 from compilesvc.spec.neuron_releases import version_tuple
-from workers.backends.neuron import raise_for_trace_failure, read_compiler_logs
+from workers.backends.neuron import raise_for_trace_failure, read_compiler_logs, request_lnc
 from workers.backends.output_tee import OutputTee
 from workers.compiling.contract import ArtifactFile, CompileRequest, InfraError, log
 from workers.host.versions import neuronx_distributed_version
@@ -70,7 +70,6 @@ PARALLEL_MODEL_TRACE_PORT = 2022
 #: ModelBuilder's key for our one model (it names the compiler's working directory).
 MODEL_KEY = "model"
 WEIGHTS_DIR = "weights"
-_LNC_RE = re.compile(r"^--logical-nc-config(?:=(\d+))?$")
 
 
 def uses_model_builder(version: str) -> bool:
@@ -103,17 +102,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _logical_nc_config(args: list[str]) -> int | None:
-    """The request's ``--logical-nc-config`` (canonical form of ``--lnc``/``-lnc``), if any; right-most wins."""
-    value = None
-    for index, arg in enumerate(args):
-        match = _LNC_RE.match(arg)
-        if match:
-            given = match.group(1) or (args[index + 1] if index + 1 < len(args) else "")
-            value = int(given) if given.isdigit() else value
-    return value
-
-
 def _model_builder_trace(request: CompileRequest, model: Any, tensors: tuple[Any, ...], workdir: Path,
                          args: list[str], tee: OutputTee) -> list[ArtifactFile]:
     try:
@@ -125,15 +113,16 @@ def _model_builder_trace(request: CompileRequest, model: Any, tensors: tuple[Any
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(_free_port())
     options: dict[str, Any] = {"compiler_workdir": str(workdir / "nxd")}  # trace() deletes this directory first
-    lnc = _logical_nc_config(args)
-    if lnc is not None:
-        # The process-group layout must agree with the compiler's logical cores; the parameter was renamed.
-        parameters = inspect.signature(ModelBuilder).parameters
-        name = next((n for n in ("logical_nc_config", "logical_neuron_cores") if n in parameters), None)
-        if name:
-            options[name] = lnc
-        else:
-            log(f"this ModelBuilder takes no logical NC config: --logical-nc-config={lnc} reaches the compiler only")
+    # The process-group layout (NxD's replica groups) must agree with the compiler's logical cores, which the
+    # compiler gets in `args` (neuron._compiler_args); ModelBuilder's own default (1) is not the compiler's on
+    # trn2/trn3 (2), so it is always given. The parameter was renamed (logical_neuron_cores in 0.10).
+    lnc = request_lnc(request)
+    parameters = inspect.signature(ModelBuilder).parameters
+    name = next((n for n in ("logical_nc_config", "logical_neuron_cores") if n in parameters), None)
+    if name:
+        options[name] = lnc
+    else:
+        log(f"this ModelBuilder takes no logical NC config: logical NeuronCores {lnc} reach the compiler only")
     weights_dir = request.out_dir / WEIGHTS_DIR
     log(f"ModelBuilder(tp_degree={request.tp_degree}, {', '.join(f'{k}={v}' for k, v in options.items())}); "
         f"one compiler run for all ranks (max_parallel_rank_compiles={request.max_parallel_rank_compiles} has "

@@ -167,6 +167,9 @@ class CompileRequest:
     max_parallel_rank_compiles: int | None = None
     #: Caps on extracting an hf-dir archive (the worker's settings; absent: the defaults).
     extract_limits: ExtractLimits = ExtractLimits()
+    #: Neuron: the logical NeuronCore config resolved at submit (key material ``toolchain.lnc``); None in a
+    #: request for a key made before schema 4, whose flags still carry any --logical-nc-config.
+    lnc: int | None = None
 
     @property
     def family(self) -> str:
@@ -181,7 +184,7 @@ class CompileRequest:
         missing = [name for name in required if name not in data]
         if missing:
             raise RequestError(f"missing field(s): {', '.join(missing)}")
-        known = {*required, "args", "tp_degree", "isa", "max_parallel_rank_compiles", "extract_limits"}
+        known = {*required, "args", "tp_degree", "isa", "max_parallel_rank_compiles", "extract_limits", "lnc"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise RequestError(f"unknown field(s): {', '.join(unknown)}")
@@ -226,6 +229,9 @@ class CompileRequest:
         bound = data.get("max_parallel_rank_compiles")
         if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 1):
             raise RequestError("max_parallel_rank_compiles: expected a positive integer or null")
+        lnc = data.get("lnc")
+        if lnc is not None and (not isinstance(lnc, int) or isinstance(lnc, bool) or lnc < 1):
+            raise RequestError("lnc: expected a positive integer or null")
         isa = data.get("isa")
         if isa is not None and not isinstance(isa, str):
             raise RequestError("isa: expected a string or null")
@@ -246,6 +252,7 @@ class CompileRequest:
             work_dir=paths["work_dir"],
             max_parallel_rank_compiles=bound,
             extract_limits=ExtractLimits.from_json(data.get("extract_limits")),
+            lnc=lnc,
         )
 
 

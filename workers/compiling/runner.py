@@ -189,7 +189,7 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
         request = {
             "backend": claim.backend, "target": claim.target, "sdk": claim.sdk, "model_path": str(model_path),
             "model_format": model_format, "inputs": claim.inputs, "args": list(claim.material.get("flags", [])),
-            "tp_degree": int(toolchain.get("tp_degree", 1)), "isa": toolchain.get("isa"),
+            "tp_degree": int(toolchain.get("tp_degree", 1)), "isa": toolchain.get("isa"), "lnc": toolchain.get("lnc"),
             "out_dir": str(out_dir), "work_dir": str(work_dir),
             # A host setting, not key material: the child's environment carries no COMPILESVC_* variables.
             "max_parallel_rank_compiles": settings.neuron_max_parallel_rank_compiles,

@@ -105,10 +105,18 @@ class ChildRun:
 
 # -- host facts ---------------------------------------------------------------------------------------------
 
+#: An instance type's family and its variant letters: ``trn1n.32xlarge``, ``trn2n.48xlarge`` (neuron-ls's sample
+#: output, aws-neuron-sdk tools/neuron-sys-tools/neuron-ls.rst), ``trn2u.48xlarge`` (neuron-runtime/about/
+#: collectives.rst). The SDK's pages name no Trn3 instance type (only UltraServer generations): a ``trn3``
+#: prefix with or without letters is taken to be one, unverified against a real host.
+_FAMILY_RE = re.compile(r"^([a-z]+[0-9]+)[a-z]*\.")
+
+
 def host_family(instance: str | None) -> str | None:
-    """The Neuron target an instance type is (``inf2.xlarge`` -> inf2; trn1n is a trn1), else None."""
-    family = (instance or "").split(".")[0].removesuffix("n")
-    return family if family in NEURON_TARGETS else None
+    """The Neuron target an instance type is (``inf2.xlarge`` -> inf2; trn1n is a trn1, trn2u a trn2), else
+    None."""
+    match = _FAMILY_RE.match(instance or "")
+    return match.group(1) if match and match.group(1) in NEURON_TARGETS else None
 
 
 def default_target() -> tuple[str, str]:

@@ -17,8 +17,12 @@ compiler output (:mod:`workers.isolation.child_env`). Any of these wrong and the
 ``compilesvc worker`` refuses to start (exit 78, one line per problem): a key names the toolchain a release
 resolves to, so a worker whose packages are another release's would publish artifacts under keys that lie.
 
-Neuron targets: compiling needs the SDK, not the chip, so a host with neuronx-cc offers inf2, trn1 and trn2
-by default; ``COMPILESVC_NEURON_TARGETS`` (comma-separated, or ``none``) narrows that. Kinds of compile
+Neuron targets: compiling needs the SDK, not the chip, so a host with neuronx-cc offers every target its release
+supports (the instance families the SDK's manifest lists for that release's neuronx-cc:
+:func:`compilesvc.spec.neuron_releases.release_targets`; trn3 from 2.29.0), whatever its own instance type
+(the DMI product name, :func:`compilesvc.hostinfo.instance_type`, is reported, not used to choose: each compile
+sets ``NEURON_PLATFORM_TARGET_OVERRIDE`` to its target before the SDK is imported);
+``COMPILESVC_NEURON_TARGETS`` (comma-separated, or ``none``) narrows that. Kinds of compile
 (HLO, trace, tp > 1 trace: one queue each): those the release ships and the host has installed
 (:func:`_offered_kinds`); a host with neuronx-cc and no torch-neuronx (all an SDK 2.32.0 host has) serves HLO.
 A worker says how many Neuron devices it has (``neuron.devices``: the ``/dev/neuron*`` nodes the sandbox binds);
@@ -301,7 +305,11 @@ def detect_capabilities() -> dict[str, Any]:
             kinds = _offered_kinds(release, executable, not trace_packages_missing(), packages, devices, warnings)
             caps["neuron"]["kinds"] = kinds
             backends = sorted({neuron_releases.kind_request(kind)[0] for kind in kinds})
-            for target in targets if kinds else []:
+            supported = neuron_releases.release_targets(release)
+            if lacking := [t for t in targets if t not in supported]:
+                warnings.append(f"Neuron SDK {release} does not support target(s) {', '.join(lacking)} (its "
+                                f"neuronx-cc lists {', '.join(supported)}): not offered")
+            for target in [t for t in targets if t in supported] if kinds else []:
                 caps["targets"].append(target)
                 caps["sdk"][target] = release
                 caps["backends"][target] = backends

@@ -60,9 +60,11 @@ OUTPUT_CHANGING: dict[str, str] = {
     "XLA_USE_32BIT_LONG": "the model (cast int64 inputs before submitting) or the spec's input dtypes",
 }
 NEURON_CC_FLAGS = "NEURON_CC_FLAGS"
-#: The SDK's platform target override, and the targets it names (the SDK's own list includes trn1n).
+#: The SDK's platform target override, and the targets it names (the SDK's own list includes trn1n; trn3:
+#: aws-neuron-sdk nki/api/nki/__init__.py "Supported values: trn1|inf2|gen2, trn2|gen3, trn3|gen4", and
+#: nki/get-started/quickstart-implement-run-kernel.rst "NEURON_PLATFORM_TARGET_OVERRIDE=trn3").
 PLATFORM_OVERRIDE_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
-NEURON_PLATFORM_TARGETS = frozenset({"inf2", "trn1", "trn1n", "trn2"})
+NEURON_PLATFORM_TARGETS = frozenset({"inf2", "trn1", "trn1n", "trn2", "trn3"})
 
 
 def allowed(name: str) -> bool:

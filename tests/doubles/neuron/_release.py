@@ -27,7 +27,29 @@ RACE_ENV = "COMPILESVC_NEURON_DOUBLE_RACE_FILE"
 #: Rendezvous port parallel_model_trace hard-codes (2022, see neuronx_distributed/trace); tests may move it.
 PMT_PORT_ENV = "COMPILESVC_NEURON_DOUBLE_PMT_PORT"
 DEFAULT_RELEASE = "2.27.1"
-TARGETS = ("inf2", "trn1", "trn1n", "trn2")
+#: Every --target value some release's neuronx-cc takes (CLI reference: inf2|trn1|trn1n|trn2; trn3: SDK examples
+#: pass --target trn3, NKI's quickstart sets NEURON_PLATFORM_TARGET_OVERRIDE=trn3). Which ones a given release
+#: takes: :func:`targets`.
+TARGETS = ("inf2", "trn1", "trn1n", "trn2", "trn3")
+#: The first release whose compiler lists each instance family, from n2-manifest.json's ``supported_instances``
+#: of the neuronx-cc package (manifest_version 2.32.0, commit 81ce03ae): trn1 from 2.3.0, inf2 from 2.8.0,
+#: trn2 from 2.21.0, trn3 from 2.29.0. trn1n is a trn1 (the manifest lists no trn1n package row) and goes
+#: with trn1.
+TARGET_SINCE = {"trn1": (2, 3, 0), "trn1n": (2, 3, 0), "inf2": (2, 8, 0), "trn2": (2, 21, 0), "trn3": (2, 29, 0)}
+#: --logical-nc-config / --lnc / -lnc: introduced with Neuron 2.21.0 (release-notes/components/compiler.rst,
+#: "This release introduces the --logical-nc-config or -lnc compiler command line option ... The compiler's
+#: default is LNC=2"), values {1, 2}.
+LNC_SINCE = (2, 21, 0)
+#: Targets with logical NeuronCores, whose compiler default is LNC 2: trn2 (CLI reference, compiler/
+#: neuronx-cc/api-reference-guide/index.rst: "Only available on trn2; Default: 2") and trn3 (about-neuron/arch/
+#: neuron-features/logical-neuroncore-config.rst: "LNC applies only to Trn2 and Trn3 instances";
+#: neuronx-distributed utils/model_utils.py get_platform_lnc and NxDI models/config.py get_platform_lnc: 2 on
+#: trn2 and trn3, else 1). The compiler's own default on trn3 is not written down anywhere we found: the double
+#: takes NxD's. Elsewhere only 1 (compiler/error-codes/EARG001.rst: "On trn1, only lnc=1 is supported").
+LNC_TARGETS = ("trn2", "trn3")
+#: How ModelBuilder's ``logical_nc_config`` reaches the double's neuronx-cc, which records it in the NEFF next
+#: to its own LNC (not an SDK variable: the real value shapes NxD's replica groups inside the HLO).
+NXD_LNC_ENV = "COMPILESVC_NEURON_DOUBLE_NXD_LNC"
 
 
 @dataclass(frozen=True)
@@ -71,10 +93,15 @@ RELEASES: dict[str, Release] = {r.release: r for r in (
     Release("2.27.0", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12"),
     Release("2.27.1", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12"),
     Release("2.28.0", "2.23.6484.0", "2.9.0.2.12.22436", "0.17.26814", "2.30.51.0", "3.12"),
+    # The first release listing trn3 (every package's supported_instances), and the newest with torch-neuronx
+    # and NxD. Python: the manifest lists 3.10-3.12 (2.29.0) and 3.11-3.13 (2.31.1); which one the DLC ships is
+    # unverified (the double does not use it).
+    Release("2.29.0", "2.24.5133.0", "2.9.0.2.13.24727", "0.18.27753", "2.31.24.0", "3.12"),
     # The last release before, and the first with, the compiler fix of "non-deterministic compilation
     # failures" (compiler release notes, 2.31.0). Python: unverified (as 2.28.0's).
     Release("2.30.0", "2.25.3371.0", "2.9.0.2.14.27725", "0.19.28093", "2.32.31.0", "3.12"),
     Release("2.31.0", "2.26.6360.0", "2.9.0.2.15.32035", "0.19.28492", "2.33.10.0", "3.12"),
+    Release("2.31.1", "2.26.6360.0", "2.9.0.2.15.32035", "0.19.28492", "2.33.10.0", "3.12"),
     # 2.32.0 lists neuronx-cc 2.27.5334.0 and no torch-neuronx or neuronx_distributed package (the XLA-based
     # torch-neuronx is in maintenance from 2.32: archive/frameworks/torch/inference-torch-neuronx.rst; NxD
     # has no release after 2.31: announce-nxdi-maintenance-support-2-31.rst). A host of it has the compiler
@@ -106,6 +133,16 @@ CPU_BACKEND_SINCE = (2, 21, 0)
 #: ``submit_compilation_job_with_cache``): the Neuron persistent compile cache.
 COMPILE_CACHE_SINCE = (2, 23, 0)
 PMT_UNSUPPORTED_SINCE = (2, 27, 0)
+
+
+def targets(release: Release) -> tuple[str, ...]:
+    """The --target values ``release``'s neuronx-cc takes (:data:`TARGET_SINCE`)."""
+    return tuple(t for t in TARGETS if release.tuple >= TARGET_SINCE[t])
+
+
+def default_lnc(target: str) -> int:
+    """The compiler's logical NeuronCore config for ``target`` when no --logical-nc-config is given."""
+    return 2 if target in LNC_TARGETS else 1
 
 
 def current() -> Release:

@@ -13,7 +13,7 @@ from compilesvc.spec.neuron_releases import release_kinds
 from tests.workers.host.test_toolchain import capabilities, host, start_worker
 from workers.host.versions import capability_queues
 
-TARGETS = ["inf2", "trn1", "trn2"]
+TARGETS = ["inf2", "trn1", "trn2", "trn3"]  # 2.32.0's neuronx-cc supported_instances (n2-manifest.json)
 
 
 def neuron_queues(caps: dict[str, object]) -> list[str]:
@@ -60,3 +60,14 @@ def test_a_2_32_0_worker_passes_its_start_checks(tmp_path: Path) -> None:
     """(It then fails for want of a ledger and broker: none is reachable here.)"""
     proc = start_worker(tmp_path, host(tmp_path, sdk="2.32.0"))
     assert proc.returncode != 78, proc.stderr
+
+
+def test_a_host_offers_the_targets_its_release_supports(tmp_path: Path) -> None:
+    # Issue 28 (2): trn3 is an instance family of neuronx-cc from 2.29.0 in the SDK's manifest; a 2.28.0 host
+    # offers no trn3 and says why, a 2.29.0 host (the double's compiler takes --target trn3 from then) does.
+    before = capabilities(host(tmp_path, sdk="2.28.0"))
+    assert [t for t in before["targets"] if t != "cpu"] == ["inf2", "trn1", "trn2"]
+    assert any("Neuron SDK 2.28.0 does not support target(s) trn3" in w for w in before["warnings"])
+    after = capabilities(host(tmp_path, sdk="2.29.0"))
+    assert [t for t in after["targets"] if t != "cpu"] == TARGETS
+    assert queue_name("trn3", "2.29.0", "trace") in capability_queues(after)

@@ -231,3 +231,15 @@ def test_help_documents_the_exit_status(env: dict[str, str], tmp_path: Path) -> 
     assert run.returncode == 0
     text = " ".join(run.stdout.split())
     assert "Exit status: 0 every check passed or was skipped; 1 a check failed; 2 bad usage." in text
+
+
+@pytest.mark.parametrize(("instance", "family"), [
+    ("inf2.xlarge", "inf2"), ("trn1n.32xlarge", "trn1"), ("trn2n.48xlarge", "trn2"),  # neuron-ls's sample output
+    ("trn2u.48xlarge", "trn2"),  # neuron-runtime/about/collectives.rst
+    ("trn3.48xlarge", "trn3"),  # no Trn3 instance type is named in the SDK's pages: the family prefix decides
+    ("inf1.xlarge", None), ("m7i.4xlarge", None), (None, None),
+])
+def test_the_default_target_is_the_instance_familys(instance: str | None, family: str | None) -> None:
+    from workers.host.doctor import host_family
+
+    assert host_family(instance) == family

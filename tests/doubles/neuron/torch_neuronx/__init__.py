@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _release import CPU_BACKEND_SINCE, TARGETS, behaviour_from, current, detected_platform, device_count
+from _release import CPU_BACKEND_SINCE, behaviour_from, current, detected_platform, device_count, targets
 
 _RELEASE = current()
 if _RELEASE.torch_neuronx is None:  # neuron_double_env leaves the package off the path for such a release
@@ -97,7 +97,7 @@ def _check_preconditions(args: list[str], cpu_backend: bool) -> str:
         assert PLATFORM_TARGET is not None  # a device means a detected platform
         return PLATFORM_TARGET
     target = _target_arg(args)
-    if target not in TARGETS or PLATFORM_TARGET is None:
+    if target not in targets(_RELEASE) or PLATFORM_TARGET is None:
         # No usable --target, or nothing frozen at import to lower for (#961: the override must be set
         # before the import). Which one the real SDK checks first is unverified; both fail the same way.
         raise RuntimeError(CPU_TARGET_ERROR)
@@ -159,9 +159,11 @@ def _host_trouble(behaviour: str, where: Path, stage: str) -> None:
 
 
 def _trace(func: Any, example_inputs: Any, compiler_workdir: str | os.PathLike[str] | None, args: list[str],
-           lowered_for: str, inline_weights_to_neff: bool = True, compile_neff: bool = True) -> Any:
+           lowered_for: str, inline_weights_to_neff: bool = True, compile_neff: bool = True,
+           compiler_env: dict[str, str] | None = None) -> Any:
     """Lower (CPU TorchScript) and compile (the neuronx-cc on PATH); shared with the NxD double, which passes
-    ``compile_neff=False`` when its compile cache already holds the NEFF."""
+    ``compile_neff=False`` when its compile cache already holds the NEFF, and what the compiler's environment
+    adds (``compiler_env``)."""
     import torch
 
     behaviour = behaviour_from(args)
@@ -199,7 +201,7 @@ def _trace(func: Any, example_inputs: Any, compiler_workdir: str | os.PathLike[s
 
     sys.stdout.flush()
     sys.stderr.flush()
-    env = {**os.environ, "COMPILESVC_NEURON_DOUBLE_LOWERED_FOR": lowered_for}
+    env = {**os.environ, "COMPILESVC_NEURON_DOUBLE_LOWERED_FOR": lowered_for, **(compiler_env or {})}
     status = subprocess.run(command, cwd=run_dir, env=env, check=False).returncode
     if status != 0:
         raise RuntimeError(f"neuronx-cc failed with {status}")

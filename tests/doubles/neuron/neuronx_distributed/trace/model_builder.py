@@ -46,6 +46,7 @@ from _release import (
     COMPILE_CACHE_SINCE,
     COMPILER_FLAG_HOOK_SINCE,
     MODEL_BUILDER_SINCE,
+    NXD_LNC_ENV,
     behaviour_from,
     current,
     device_count,
@@ -195,11 +196,18 @@ class ModelBuilder:
         if target is None:
             raise RuntimeError(torch_neuronx.CPU_TARGET_ERROR)
         print(f"[neuronx_distributed TEST DOUBLE] ModelBuilder tracing {key} bucket {bucket_rank} for "
-              f"tp_degree={self.tp_degree} world_size={self.world_size} target={target}", flush=True)
+              f"tp_degree={self.tp_degree} world_size={self.world_size} target={target} "
+              f"logical_nc_config={self.logical_nc_config}", flush=True)
         inputs = container.example_inputs[bucket_rank]
+        # The process groups are laid out for logical_nc_config (model_builder.py at Release 2.29: trace()
+        # calls parallel_state.initialize_model_parallel(..., lnc_size=self.logical_nc_config)), and the main
+        # compile gets only the caller's flags: ModelBuilder adds --lnc itself only to its weight-layout compile
+        # (" --lnc={self.logical_nc_config}"). The compiler therefore runs at its own default unless told: the
+        # double hands logical_nc_config to its neuronx-cc, which records both in the NEFF.
+        compiler_env = {NXD_LNC_ENV: str(self.logical_nc_config)}
         if current().tuple < COMPILE_CACHE_SINCE:
-            return torch_neuronx._trace(model, inputs, workdir, args, target)
-        return _compile_with_cache(model, inputs, workdir, flags, args, target)
+            return torch_neuronx._trace(model, inputs, workdir, args, target, compiler_env=compiler_env)
+        return _compile_with_cache(model, inputs, workdir, flags, args, target, compiler_env)
 
     def shard_checkpoint(self, serialize_path: str | None = None) -> list[dict[str, torch.Tensor]]:
         checkpoint = self.checkpoint_loader()
@@ -255,7 +263,8 @@ def _module_hash(hlo_text: str, flags: str) -> str:
     return hashlib.sha256((hlo_text + flags.replace(" ", "")).encode("utf-8")).hexdigest()[:20]
 
 
-def _compile_with_cache(model: Any, inputs: Any, workdir: Path, flags: str, args: list[str], target: str) -> Any:
+def _compile_with_cache(model: Any, inputs: Any, workdir: Path, flags: str, args: list[str], target: str,
+                        compiler_env: dict[str, str]) -> Any:
     """``neuron_xla_compile(use_cache=True, retry_failed_compilation=False, ...)`` as ModelBuilder calls it.
 
     Entry layout (optimum-neuron cache/AGENTS.md, "Directory Layout"): ``<cache>/neuronxcc-<version>/
@@ -292,7 +301,8 @@ def _compile_with_cache(model: Any, inputs: Any, workdir: Path, flags: str, args
     if (entry / "model.done").exists() and (entry / "model.neff").exists():
         print(f"INFO ||NCC_WRAPPER||: Using a cached neff at {entry / 'model.neff'}. Exiting with a successfully "
               f"compiled graph.", flush=True)
-        return torch_neuronx._trace(model, inputs, workdir, args, target, compile_neff=False)
+        return torch_neuronx._trace(model, inputs, workdir, args, target, compile_neff=False,
+                                    compiler_env=compiler_env)
     if (entry / "model.log").exists():
         message = (f"Got a cached failed neff at {entry / 'model.neff'}. Will skip compilation, please set "
                    f"--retry_failed_compilation for recompilation.")
@@ -303,7 +313,7 @@ def _compile_with_cache(model: Any, inputs: Any, workdir: Path, flags: str, args
     lock = entry / "model.hlo_module.pb.lock"
     lock.touch()
     try:
-        traced = torch_neuronx._trace(model, inputs, workdir, args, target)
+        traced = torch_neuronx._trace(model, inputs, workdir, args, target, compiler_env=compiler_env)
     except Exception as exc:
         (entry / "model.log").write_text(f"{type(exc).__name__}: {exc}\n")
         raise
