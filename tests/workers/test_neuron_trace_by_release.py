@@ -20,7 +20,7 @@ import pytest
 from compilesvc.dispatch.routing import queue_name
 from tests.doubles import neuron_double_env, with_devices
 from tests.workers import REPO, run_child, text_inputs
-from tests.workers.test_backends_neuron import _capabilities
+from tests.workers.backends.test_neuron import _capabilities
 from workers.isolation.child_env import child_environment_for
 
 

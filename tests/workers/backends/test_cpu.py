@@ -363,7 +363,7 @@ def test_data_dependent_control_flow_keeps_its_tracer_warning(capsys: pytest.Cap
     # The warning is shown again through warnings.showwarning, which pytest.warns records (the child prints it).
     with pytest.warns(torch.jit.TracerWarning, match="Converting a tensor to a Python boolean") as shown:
         traced = trace_bucket(Branchy(), [ids, mask], set())
-    assert {Path(w.filename).name for w in shown if w.category is torch.jit.TracerWarning} == {"test_backends_cpu.py"}
+    assert {Path(w.filename).name for w in shown if w.category is torch.jit.TracerWarning} == {"test_cpu.py"}
     assert f"[compile-child] {TRACER_WARNING_EXPLAINED}" in capsys.readouterr().out
     assert torch.equal(traced(ids, torch.zeros_like(mask)), ids * 2)  # the branch of the example, frozen
     # Even with the exported program's guard filter on, the model's own warning still shows: the filter
