@@ -360,3 +360,17 @@ def redis_connections_of(pid: int) -> list[str]:
             ip = ".".join(str(int(ip_hex[i:i + 2], 16)) for i in (6, 4, 2, 0))
             addresses.append(f"{ip}:{int(port_hex, 16)}")
     return addresses
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The demo model as a TorchScript file: loads in milliseconds in each compile child (export.load takes ~1 s)."""
+    import torch
+
+    from tests.workers import DEMO_MODEL
+
+    path = tmp_path_factory.mktemp("models") / "demo.pt"
+    example = (torch.randint(0, 100, (2, 16)), torch.ones(2, 16, dtype=torch.int64))
+    with torch.no_grad():
+        torch.jit.save(torch.jit.trace(torch.export.load(str(DEMO_MODEL)).module(), example), str(path))
+    return str(path)

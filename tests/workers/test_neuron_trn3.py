@@ -24,23 +24,13 @@ from typing import Any
 import pytest
 
 from tests.doubles import NEURON_DOUBLE_DIR, neuron_double_env
-from tests.workers import DEMO_MODEL, run_child, text_inputs
+from tests.workers import run_child, text_inputs
 from workers.isolation.child_env import child_environment_for
 
 MakeCluster = Callable[..., Any]
 TRN3_RELEASE = "2.31.1"  # the newest release with torch-neuronx and NxD, and trn3 (from 2.29.0)
 
 
-@pytest.fixture(scope="module")
-def scripted(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The demo model as a TorchScript file (loads in milliseconds in each child)."""
-    import torch
-
-    path = tmp_path_factory.mktemp("models") / "demo.pt"
-    example = (torch.randint(0, 100, (2, 16)), torch.ones(2, 16, dtype=torch.int64))
-    with torch.no_grad():
-        torch.jit.save(torch.jit.trace(torch.export.load(str(DEMO_MODEL)).module(), example), str(path))
-    return str(path)
 
 
 def _device_less(tmp_path: Path, target: str, sdk: str) -> dict[str, str]:

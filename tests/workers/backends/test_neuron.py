@@ -48,16 +48,6 @@ def _neff_metadata(run: Any) -> dict[str, str]:
     return dict(line.split("=", 1) for line in neff.read_text().splitlines() if "=" in line)
 
 
-@pytest.fixture(scope="module")
-def scripted(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The demo model as a TorchScript file: loads in milliseconds in each child (export.load takes ~1 s)."""
-    import torch
-
-    path = tmp_path_factory.mktemp("models") / "demo.pt"
-    example = (torch.randint(0, 100, (2, 16)), torch.ones(2, 16, dtype=torch.int64))
-    with torch.no_grad():
-        torch.jit.save(torch.jit.trace(torch.export.load(str(DEMO_MODEL)).module(), example), str(path))
-    return str(path)
 
 
 @pytest.fixture
