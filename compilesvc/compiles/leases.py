@@ -194,7 +194,7 @@ def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass |
 
     - ``compile`` / ``bad_request``: final. The compile stays failed (the negative cache) and so do the sets
       containing it. Except a ``compile`` error with ``retry_once`` (why its code may be non-deterministic on
-      this release, :func:`workers.compiling.classify.for_release`): requeued once per round of attempts while
+      this release, :func:`workers.compiling.error_codes.for_release`): requeued once per round of attempts while
       attempts remain, and final (negatively cached) when the same code comes back.
     - ``infra`` / ``timeout``: requeued, to be sent after ``backoff_seconds``, while ``attempts <
       max_attempts`` and the failure is not the previous attempt's repeated identically (class, code and

@@ -28,10 +28,9 @@ import builtins
 import re
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from compilesvc.spec.neuron_releases import version_tuple
 from compilesvc.states import RETRIED, ErrorClass
 from workers.compiling.contract import one_line
 
@@ -189,7 +188,7 @@ TABLE: tuple[Row, ...] = (
         pattern=NCC_INTERNAL_RE),
     Row("ncc-cfg-code", E.COMPILE, "{code}", "an NCC_CFG… code in the output, any exit (usually 70)",
         "aws-neuron-sdk release-notes/components/compiler.rst, 2.29.0 ('NCC_CFG015 … stack overflow in control "
-        "flow graph validation'). Before 2.31.0 such a failure may not recur: see NONDETERMINISTIC",
+        "flow graph validation'). Before 2.31.0 such a failure may not recur: see error_codes.NONDETERMINISTIC",
         pattern=NCC_CFG_RE),
     Row("bare-code", E.COMPILE, "{code}", "a bare bracketed pre-2.2x code: [XTP002], [TEN404], [F134]",
         "#947 ('[TEN404] … Internal tensorizer error'), #1000 ('[F134] neuronx-cc terminated abnormally'), "
@@ -214,62 +213,6 @@ TABLE: tuple[Row, ...] = (
         applies=lambda e: True),
 )
 del E
-
-
-@dataclass(frozen=True)
-class CodeFamily:
-    """A family of the compiler's error codes, the row that classifies it, and where the family is documented."""
-
-    prefix: str
-    meaning: str
-    row: str
-    source: str
-
-
-_RN = "aws-neuron-sdk release-notes/components/compiler.rst"
-#: Every code family the SDK documents (aws-neuron-sdk at its 2.32.0 manifest, commit 81ce03ae). The error-code
-#: pages (compiler/error-codes/*.rst, index.rst) list user-facing codes only, all NCC_E: ARG, BIR, BVF, HCA,
-#: MOD, OOM, SFH, SPP, UOC, VRF, XSP, XTP; the release notes add NCC_ESMP002, internal NCC_I codes and
-#: NCC_CFG015. ``||NCC_WRAPPER||`` in the persistent cache's log lines is a logger tag, not a code.
-CODE_FAMILIES: tuple[CodeFamily, ...] = (
-    CodeFamily("NCC_E", "user-facing: the model or a flag, as the compiler explains it", "ncc-error-code",
-               "compiler/error-codes/index.rst (NCC_EARG001 … NCC_EXTP004); " + _RN + " 2.29.0 (NCC_ESMP002)"),
-    CodeFamily("NCC_I", "internal: the compiler failing on this graph, printed as [INTERNAL_ERROR] [NCC_I…]",
-               "ncc-internal-code", _RN + " 2.29.0 (NCC_INLA001), 2.30.0 (NCC_IBIR229, NCC_ILIN902, NCC_IBIR182), "
-               "2.32.0 (NCC_IRPX902); aws-neuron-sdk#1303 (NCC_IXCG856)"),
-    CodeFamily("NCC_CFG", "control flow graph validation", "ncc-cfg-code", _RN + " 2.29.0 (NCC_CFG015)"),
-)
-
-
-@dataclass(frozen=True)
-class Nondeterministic:
-    """Compile errors the release notes call non-deterministic: ``pattern`` codes on releases before ``fixed_in``."""
-
-    pattern: re.Pattern[str]
-    fixed_in: str
-    source: str
-
-
-#: Codes a release's compiler may print without the model being at fault every time. The 2.30.0 notes fixed "a
-#: rare data race that could cause non-deterministic compilation failures in control flow validation", the
-#: 2.31.0 notes "non-deterministic compilation failures caused by data races in control flow validation,
-#: constant propagation ordering, and internal optimization heuristics"; neither names a code. Control flow
-#: validation's code is NCC_CFG… (2.29.0 notes); the other two causes have no code of their own on record, so
-#: no other code is suspected (retrying every internal code would double the cost of real, repeatable ones).
-NONDETERMINISTIC: tuple[Nondeterministic, ...] = (
-    Nondeterministic(re.compile(r"^NCC_CFG\d+$"), "2.31.0",
-                     _RN + ", 2.30.0 and 2.31.0 ('non-deterministic compilation failures caused by data races "
-                     "in control flow validation'); NCC_CFG is control flow graph validation (2.29.0)"),
-)
-
-
-def nondeterministic(code: str, sdk: str) -> str | None:
-    """Why a compile error ``code`` on Neuron SDK ``sdk`` may not recur (None: it is final at once)."""
-    for rule in NONDETERMINISTIC:
-        if rule.pattern.match(code) and version_tuple(sdk) < version_tuple(rule.fixed_in):
-            return (f"{code} may be non-deterministic before Neuron SDK {rule.fixed_in}, whose compiler fixed "
-                    f"non-deterministic compilation failures in control flow validation")
-    return None
 
 
 def _last_line(lines: Sequence[str]) -> str:
@@ -380,8 +323,7 @@ class Outcome:
     error_class: ErrorClass | None
     code: str | None
     message: str
-    #: Set for a compile error the release notes call non-deterministic (:func:`for_release`): the reason it
-    #: gets one more attempt before it is final.
+    #: Why a compile error gets one more attempt before it is final (:mod:`workers.compiling.error_codes`).
     retry_once: str | None = None
 
     @property
@@ -439,15 +381,6 @@ def classify(returncode: int, result: dict[str, Any] | None, log_tail: list[str]
     if verdict.error_class == ErrorClass.UNKNOWN and 128 < returncode < 128 + 65:
         message = one_line(f"{message} (exit {returncode}: perhaps {_signal_name(returncode - 128)})")
     return Outcome(verdict.error_class, verdict.code, message)
-
-
-def for_release(outcome: Outcome, sdk: str) -> Outcome:
-    """``outcome`` of a compile for Neuron SDK ``sdk``, marked for one retry when its code is one the release
-    notes call non-deterministic on that release (:data:`NONDETERMINISTIC`)."""
-    if outcome.error_class != ErrorClass.COMPILE or not outcome.code:
-        return outcome
-    reason = nondeterministic(outcome.code, sdk)
-    return replace(outcome, retry_once=reason) if reason else outcome
 
 
 def traceback_exception(lines: Sequence[str]) -> tuple[str, ...]:

@@ -57,8 +57,9 @@ from compilesvc.pinning.pins import ModelRefError
 from compilesvc.services import Services
 from compilesvc.spec.manifest import BucketManifest
 from compilesvc.store import StoreError, bucket_manifest_name
-from workers.compiling.classify import Outcome, classify, for_release
+from workers.compiling.classify import Outcome, classify
 from workers.compiling.drain import DRAIN, Interruptible
+from workers.compiling.error_codes import for_release
 from workers.compiling.launch import RESULT_NAME, AttemptDirs, compile_dirs, read_result, start_child
 from workers.compiling.lease_keeper import LeaseKeeper
 from workers.compiling.logstream import LogStream
