@@ -151,14 +151,15 @@ def _check_compile_runner(settings: Settings, policy: Any) -> None:
 
 
 def _drain_on_shutdown(settings: Settings, beat: RegistryHeartbeat) -> None:
-    """Celery's warm shutdown (the first SIGTERM or SIGINT) starts the drain; a cold one (SIGQUIT, a second
-    signal) kills the compiles with the worker, and their leases bring them back."""
+    """Celery's warm shutdown (SIGTERM, or a first SIGINT) starts the drain; a cold one (SIGQUIT, a second
+    SIGINT) kills the compiles with the worker, and their leases bring them back. A worker already draining
+    (a spot notice, which then sends itself SIGTERM to stop consuming) keeps its window."""
     from celery.signals import worker_shutting_down
 
     from workers.compiling.drain import DRAIN
 
     def drain(sig: str = "", how: str = "", **_: Any) -> None:
-        if how == "Warm" and DRAIN.begin(settings.drain_seconds, f"told to stop ({sig})"):
+        if how == "Warm" and not DRAIN.draining and DRAIN.begin(settings.drain_seconds, f"told to stop ({sig})"):
             # Runs inside the signal handler: the registry write goes to a thread.
             threading.Thread(target=beat.mark_draining, name="mark-draining", daemon=True).start()
 
@@ -168,6 +169,8 @@ def _drain_on_shutdown(settings: Settings, beat: RegistryHeartbeat) -> None:
 def _drain_on_spot_notice(settings: Settings, beat: RegistryHeartbeat) -> None:
     """On a spot interruption notice: drain with the spot window, then stop as if told to (a SIGTERM to
     ourselves starts Celery's warm shutdown: no new compile; its drain keeps the earlier deadline)."""
+    from celery.signals import worker_ready
+
     from workers.compiling.drain import DRAIN
     from workers.host.spot import SpotWatcher
 
@@ -177,7 +180,12 @@ def _drain_on_spot_notice(settings: Settings, beat: RegistryHeartbeat) -> None:
             beat.mark_draining()
         os.kill(os.getpid(), signal.SIGTERM)
 
-    SpotWatcher(settings.imds_url, notice).start()
+    watcher = SpotWatcher(settings.imds_url, notice)
+
+    # Watched once Celery handles SIGTERM: a notice before that would find the default action (death).
+    @worker_ready.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _start(**_: Any) -> None:
+        watcher.start()
 
 
 def default_worker_name() -> str:

@@ -92,11 +92,12 @@ def record(session: Session, bucket_compile_id: int, attempt: int, phase: str, e
     })
 
 
-def last(session: Session, bucket_compile_id: int, *, attempt: int, phase: str) -> Failure | None:
-    """The most recent failure of a compile in ``attempt`` and ``phase``, or None."""
+def latest_before(session: Session, bucket_compile_id: int, *, attempt: int, attempt_round: int) -> Failure | None:
+    """The most recent failure of a compile's attempts before ``attempt`` in its round of attempts, or None
+    (attempts a draining worker handed back left none)."""
     row = session.scalars(select(BucketFailure)
-                          .where(BucketFailure.bucket_compile_id == bucket_compile_id, BucketFailure.attempt == attempt,
-                                 BucketFailure.phase == phase)
+                          .where(BucketFailure.bucket_compile_id == bucket_compile_id,
+                                 BucketFailure.attempt < attempt, BucketFailure.attempt_round == attempt_round)
                           .order_by(BucketFailure.id.desc()).limit(1)).one_or_none()
     return None if row is None else _failure(row)
 

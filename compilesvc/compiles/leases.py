@@ -221,13 +221,19 @@ def fail(session: Session, bucket_id: int, token: int, error_class: ErrorClass |
                            retry_once=retry_once)
 
 
+#: Hand-backs that do not count against ``max_attempts``; past them each counts as an infrastructure failure
+#: (a compile longer than every worker's life, on a pool that keeps scaling in, would otherwise loop forever).
+FREE_INTERRUPTIONS = 5
+
+
 def interrupt(session: Session, bucket_id: int, token: int, why: str) -> Outcome | None:
     """Give a running compile back to the queue at once, its attempt not counted: its worker is draining
     (told to stop, or its instance is being reclaimed) and the compile did not fit in the drain window. None
     when the lease was lost.
 
     The attempt keeps its number (its log lines stay its own), and ``interruptions`` grows by one, so the
-    retry budget (:func:`fail`) counts only attempts that ran their course. A compile whose cancel was
+    retry budget (:func:`fail`) counts only attempts that ran their course, for the first
+    :data:`FREE_INTERRUPTIONS`; later ones count as infrastructure failures. A compile whose cancel was
     requested meanwhile is cancelled instead: no one wants it back.
     """
     artifacts = _lock_artifacts(session, bucket_id)
@@ -237,6 +243,10 @@ def interrupt(session: Session, bucket_id: int, token: int, why: str) -> Outcome
     if bucket.cancel_requested:
         return _settle_attempt(session, bucket, artifacts, ErrorClass.CANCELLED, "CANCELLED",
                                f"cancelled; {why}", phase=Phase.WORKER, backoff_seconds=0.0, unknown_retries=0)
+    if bucket.interruptions >= FREE_INTERRUPTIONS:  # a compile longer than any worker lives: the budget decides
+        return _settle_attempt(session, bucket, artifacts, ErrorClass.INFRA, "INTERRUPTED",
+                               f"interrupted {bucket.interruptions + 1} times: {why}", phase=Phase.WORKER,
+                               backoff_seconds=0.0, unknown_retries=0)
     bucket.interruptions += 1
     reason = f"interrupted: {why}; attempt {bucket.attempts} not counted"
     outbox_id = requeue_bucket(session, bucket, reason, reset_attempts=False)
@@ -286,16 +296,20 @@ def expire(session: Session, bucket_id: int) -> Outcome | None:
 
 
 def _repeats_previous(session: Session, bucket: BucketCompile, phase: str, error_class: ErrorClass,
-                      code: str | None, message: str | None) -> bool:
-    """Whether the compiler failed this attempt exactly as it failed the previous one. Only the compiler's
-    own failures count: an outage (of the store, the ledger, a worker) reads the same every time it lasts,
-    and is what the retries exist for."""
+                      code: str | None, message: str | None) -> int | None:
+    """The attempt whose failure this one repeats exactly: the last one that failed, if the compiler failed it
+    the same way (attempts a draining worker handed back, which leave no failure, do not separate them); else
+    None. Only the compiler's own failures count: an outage (of the store, the ledger, a worker) reads the same
+    every time it lasts, and is what the retries exist for."""
     if phase != Phase.COMPILE:
-        return False
-    previous = failures.last(session, bucket.id, attempt=bucket.attempts - 1, phase=Phase.COMPILE)
+        return None
+    previous = failures.latest_before(session, bucket.id, attempt=bucket.attempts, attempt_round=bucket.attempt_round)
     # Compared as stored: the history keeps a long message shortened.
-    return previous is not None and (previous.error_class, previous.code, previous.message) == (
-        error_class, code, None if message is None else failures.shorten(message))
+    if previous is not None and previous.phase == Phase.COMPILE and (
+            previous.error_class, previous.code, previous.message) == (
+            error_class, code, None if message is None else failures.shorten(message)):
+        return previous.attempt
+    return None
 
 
 def _earlier_unknown_failures(session: Session, bucket: BucketCompile) -> int:
@@ -308,13 +322,14 @@ def _earlier_unknown_failures(session: Session, bucket: BucketCompile) -> int:
                row.attempt_round == bucket.attempt_round, row.attempt < bucket.attempts)) or 0)
 
 
-def _retried_once_before(session: Session, bucket: BucketCompile, code: str | None) -> bool:
-    """Whether an earlier attempt of this round already failed with this compile error ``code`` (and so had
-    its one retry)."""
+def _retried_once_before(session: Session, bucket: BucketCompile) -> bool:
+    """Whether an earlier attempt of this round already had its one retry for a compile error (any code: an
+    NCC_CFG015 then an NCC_CFG016 is one rule's second chance, not two). A compile error is retried for no
+    other reason."""
     row = BucketFailure.__table__.c
     return bool(session.scalar(
         select(func.count()).select_from(BucketFailure.__table__)
-        .where(row.bucket_compile_id == bucket.id, row.error_class == ErrorClass.COMPILE, row.code == code,
+        .where(row.bucket_compile_id == bucket.id, row.error_class == ErrorClass.COMPILE, row.retry.is_(True),
                row.attempt_round == bucket.attempt_round, row.attempt < bucket.attempts)))
 
 
@@ -331,12 +346,12 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
         outbox_id = requeue_bucket(session, bucket, "cancel superseded by a new request", reset_attempts=False)
         return Outcome(BucketState.QUEUED, bucket.key, outbox_id)
     unknown = error_class == ErrorClass.UNKNOWN
-    repeated = (error_class in RETRIED and not unknown
-                and _repeats_previous(session, bucket, phase, error_class, code, message))
+    repeated = (_repeats_previous(session, bucket, phase, error_class, code, message)
+                if error_class in RETRIED and not unknown else None)
     retried_unknowns = _earlier_unknown_failures(session, bucket) if unknown else 0
     suspect = bool(retry_once) and error_class == ErrorClass.COMPILE
-    recurred = suspect and _retried_once_before(session, bucket, code)
-    retry = (error_class in RETRIED and counted < bucket.max_attempts and not repeated
+    recurred = suspect and _retried_once_before(session, bucket)
+    retry = (error_class in RETRIED and counted < bucket.max_attempts and repeated is None
              and (not unknown or retried_unknowns < unknown_retries))
     if suspect and not recurred and counted < bucket.max_attempts:
         retry = True
@@ -344,8 +359,8 @@ def _settle_attempt(session: Session, bucket: BucketCompile, artifacts: list[Art
     message_of_record = message
     if recurred:
         message_of_record = f"{code} again after one retry ({retry_once}), so final: {message}"
-    elif repeated:
-        message_of_record = f"the same failure as attempt {attempt - 1}, so not retried again: {message}"
+    elif repeated is not None:
+        message_of_record = f"the same failure as attempt {repeated}, so not retried again: {message}"
     elif unknown and not retry:
         message_of_record = (f"no diagnosis after {retried_unknowns + 1} unknown failure(s) "
                              f"({retried_unknowns} retried; attempt {counted} of {bucket.max_attempts}): {message}")

@@ -79,7 +79,9 @@ def stale_workers(session: Session, stale_seconds: int) -> list[Worker]:
 
 
 def live_queues(session: Session, stale_seconds: int) -> set[str]:
-    return {queue for worker in live_workers(session, stale_seconds) for queue in worker.queues}
+    """The queues live workers will take work from: a draining one takes none (it is still listed as live)."""
+    return {queue for worker in live_workers(session, stale_seconds) if worker.draining_at is None
+            for queue in worker.queues}
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ def queue_depths(session: Session, live: Sequence[Worker]) -> list[QueueDepth]:
     """Every queue that has a live consumer or compiles queued or running, by name."""
     consumers: dict[str, int] = {}
     for worker in live:
+        if worker.draining_at is not None:  # takes no new compile: not a consumer of what waits
+            continue
         for name in worker.queues:
             consumers[name] = consumers.get(name, 0) + 1
     counts: dict[str, dict[str, Any]] = {}

@@ -289,6 +289,27 @@ def test_an_interrupted_attempt_is_requeued_at_once_and_not_counted(services: Se
     assert (row(services, bid).attempts, row(services, bid).interruptions) == (0, 0)
 
 
+def test_past_the_free_interruptions_a_hand_back_counts(services: Services) -> None:
+    """A compile that outlives every worker (a pool that keeps scaling in) does not loop for ever: after
+    FREE_INTERRUPTIONS hand-backs, each counts against max_attempts (2 here) as an infrastructure failure."""
+    result = submit(services)
+    bid = bucket_id(services, result.buckets[0].key)
+    for _ in range(leases.FREE_INTERRUPTIONS):
+        c = claim(services, bid)
+        assert c is not None
+        with transaction(services.sessions) as session:
+            assert leases.interrupt(session, bid, c.token, "worker w1 told to stop").state == "queued"
+    outcomes = []
+    for _ in range(2):
+        c = claim(services, bid)
+        assert c is not None
+        with transaction(services.sessions) as session:
+            outcomes.append(leases.interrupt(session, bid, c.token, "worker w1 told to stop").state)
+    assert outcomes == ["queued", "failed"]
+    bucket = row(services, bid)
+    assert (bucket.error_class, bucket.error_code, bucket.interruptions) == ("infra", "INTERRUPTED", 5)
+
+
 def test_an_interrupted_attempt_whose_build_was_cancelled_is_cancelled(services: Services) -> None:
     result = submit(services)
     bid = bucket_id(services, result.buckets[0].key)
@@ -690,6 +711,7 @@ def test_registry_lifecycle(services: Services) -> None:
         draining = session.get_one(registry.Worker, "w2")
         assert draining.draining_at is not None
         assert [w.id for w in registry.live_workers(session, 60)] == ["w2"]  # draining still heartbeats
+        assert registry.live_queues(session, 60) == set()  # but takes no new work: no capacity for a submit
         registry.register(session, "w2", "host-b", caps, ["compile.inf2.2.20.0"], 4)  # a new life
     with services.sessions() as session:
         assert session.get_one(registry.Worker, "w2").draining_at is None

@@ -83,6 +83,11 @@ def pod_specs(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> dict[s
     return specs
 
 
+def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """A pod's containers, its native sidecars (the pod split's compile container) first."""
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
 def env_names(container: dict[str, Any], docs: tuple[dict[str, Any], ...]) -> set[str]:
     names = {e["name"] for e in container.get("env", [])}
     for source in container.get("envFrom", []):
@@ -237,7 +242,7 @@ def test_a_bwrap_pool_gets_what_compose_gives_bubblewrap_and_nothing_else_does()
     assert "COMPILESVC_SANDBOX" not in env  # bwrap is the default
     for name, other in specs.items():
         if name != "compilesvc-worker-cpu":
-            assert all(c["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault" for c in other["containers"])
+            assert all(c["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault" for c in containers(other))
 
 
 # -- consistency with the code --------------------------------------------------------------------------------
@@ -383,7 +388,7 @@ def test_pods_are_non_root_read_only_and_unprivileged_with_bounded_scratch(examp
         assert spec["securityContext"]["runAsNonRoot"] is True, name
         assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
         assert spec["automountServiceAccountToken"] is False, name
-        for container in spec["containers"]:
+        for container in containers(spec):
             context = container["securityContext"]
             assert context["readOnlyRootFilesystem"] and context["allowPrivilegeEscalation"] is False, name
             assert context["capabilities"]["drop"] == ["ALL"], name
@@ -398,7 +403,7 @@ def test_devices_only_for_pools_that_need_one_and_hooks_and_gc_as_the_issue_says
     specs = pod_specs(docs)
     for pool in pools("eks-neuron-keda"):
         spec = specs[f"compilesvc-worker-{pool['name']}"]
-        devices = [c["resources"]["limits"].get("aws.amazon.com/neuron") for c in spec["containers"]]
+        devices = [c["resources"]["limits"].get("aws.amazon.com/neuron") for c in containers(spec)]
         tolerations = [t["key"] for t in spec.get("tolerations", [])]
         if pool["neuronDevices"]:
             assert pool["neuronDevices"] in devices and "aws.amazon.com/neuron" in tolerations
@@ -584,7 +589,7 @@ def test_only_the_worker_container_gets_a_token_to_annotate_its_pod(example: str
         if "-worker-" not in name:
             continue
         assert spec["automountServiceAccountToken"] is False
-        for container in spec["containers"]:
+        for container in containers(spec):
             mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
             env = {e["name"] for e in container.get("env", [])}
             if container["name"] == "worker":
@@ -598,3 +603,21 @@ def test_only_the_worker_container_gets_a_token_to_annotate_its_pod(example: str
     off = tuple(render(values))
     assert not [d for d in off if d["kind"] in ("Role", "RoleBinding")]
     assert "kube-api" not in json.dumps(off)
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_the_pod_splits_compile_container_is_a_native_sidecar(example: str) -> None:
+    """Stopped by the kubelet only after the worker has exited (Kubernetes docs, "Sidecar containers"): a
+    draining worker's compile runs on, and a scaledJob pod completes when its worker exits (--max-compiles 1)."""
+    values = merged_values(example)
+    split = 0
+    for name, spec in pod_specs(rendered(example)).items():
+        if "-worker-" not in name:
+            continue
+        sidecars = spec.get("initContainers", [])
+        if any(c["name"] == "compile" for c in sidecars):
+            split += 1
+            assert [(c["name"], c["restartPolicy"]) for c in sidecars] == [("compile", "Always")]
+        assert [c["name"] for c in spec["containers"]] == ["worker"], name
+    default = values["workers"]["defaults"]["sandbox"]
+    assert split == sum(1 for p in pools(example) if p.get("sandbox", default) == "pod")

@@ -32,7 +32,17 @@ def pod_spec() -> dict[str, Any]:
 
 
 def container(name: str) -> dict[str, Any]:
-    return next(c for c in pod_spec()["containers"] if c["name"] == name)
+    spec = pod_spec()
+    return next(c for c in [*spec.get("initContainers", []), *spec["containers"]] if c["name"] == name)
+
+
+def test_the_compile_container_outlives_the_worker() -> None:
+    """A native sidecar: the kubelet stops it only after the worker has exited (Kubernetes docs, "Sidecar
+    containers"), so a SIGTERMed pod's worker can drain while its compile runs on."""
+    spec = pod_spec()
+    assert [c["name"] for c in spec["initContainers"]] == ["compile"]
+    assert spec["initContainers"][0]["restartPolicy"] == "Always"
+    assert [c["name"] for c in spec["containers"]] == ["worker"]
 
 
 @pytest.mark.parametrize("document", documents(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")

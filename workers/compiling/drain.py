@@ -16,8 +16,8 @@ So a draining worker:
 A compile that has finished compiling is not interrupted: its output is on this worker, and publishing
 takes seconds, not the hours a recompile would.
 
-One :class:`Drain` per process (:data:`DRAIN`); the attempts register their stop events with it while
-their compile may still be handed back (:meth:`Drain.register`, :meth:`Drain.release`).
+One :class:`Drain` per process (:data:`DRAIN`); an attempt registers with it while its compile may still be
+handed back (:meth:`Drain.register`, :meth:`Drain.release`).
 """
 
 from __future__ import annotations
@@ -30,11 +30,36 @@ log = logging.getLogger(__name__)
 
 
 class Interruptible:
-    """One attempt as the drain sees it: set :attr:`interrupted`, then its ``stop`` event."""
+    """One attempt as the drain sees it: :attr:`interrupted` and :attr:`event` are set when the window ends while
+    it is registered. The drain has an event of its own, never the lease keeper's: that one also stops a
+    publish, which a drain must never do (the output is here; publishing takes seconds)."""
 
-    def __init__(self, stop: threading.Event):
-        self.stop = stop
+    def __init__(self) -> None:
+        self.event = threading.Event()
         self.interrupted = False
+
+    def either(self, stop: threading.Event) -> Either:
+        """A stop signal set when ``stop`` is, or when this attempt is interrupted."""
+        return Either(stop, self.event)
+
+
+class Either:
+    """Set when any of its events is (what :meth:`CompilerProcess.wait` and the store retries look at)."""
+
+    def __init__(self, *events: threading.Event):
+        self.events = events
+
+    def is_set(self) -> bool:
+        return any(event.is_set() for event in self.events)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            left = 0.1 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.events[0].wait(min(left, 0.1))
+        return True
 
 
 class Drain:
@@ -74,11 +99,11 @@ class Drain:
         return True
 
     def _expire(self) -> None:
-        with self._lock:
+        with self._lock:  # under the lock: an attempt released (compiled) meanwhile is never interrupted
             self.expired.set()
             attempts = list(self._attempts)
-        for attempt in attempts:
-            self._interrupt(attempt)
+            for attempt in attempts:
+                self._interrupt(attempt)
         if attempts:
             log.warning("drain window over: handing back the compiles still running",
                         extra={"compiles": len(attempts)})
@@ -86,17 +111,16 @@ class Drain:
     @staticmethod
     def _interrupt(attempt: Interruptible) -> None:
         attempt.interrupted = True
-        attempt.stop.set()
+        attempt.event.set()
 
-    def register(self, stop: threading.Event) -> Interruptible:
-        """From now until :meth:`release`, the attempt whose ``stop`` this is is interrupted when the drain
-        window ends (at once, if it has already ended)."""
-        attempt = Interruptible(stop)
+    def register(self) -> Interruptible:
+        """An attempt that, from now until :meth:`release`, is interrupted when the drain window ends (at
+        once, if it has already ended)."""
+        attempt = Interruptible()
         with self._lock:
             self._attempts.add(attempt)
-            over = self.expired.is_set()
-        if over:
-            self._interrupt(attempt)
+            if self.expired.is_set():
+                self._interrupt(attempt)
         return attempt
 
     def release(self, attempt: Interruptible) -> None:

@@ -8,7 +8,6 @@ failed try of the store is added to the compile's failure history, so the build 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ from compilesvc.ledger.engine import transaction
 from compilesvc.services import Services
 from compilesvc.states import ErrorClass
 from compilesvc.store import StoreUnavailable
+from workers.isolation.compiler_process import StopSignal
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Interrupted(Exception):
     """The lease was lost or a cancel requested while waiting to retry."""
 
 
-def retry_store(services: Services, claim: leases.Claim, stop: threading.Event, phase: str,
+def retry_store(services: Services, claim: leases.Claim, stop: StopSignal, phase: str,
                 action: Callable[[], T], logger: logging.LoggerAdapter[Any]) -> T:
     """Run ``action``, retrying while the store is unreachable (:class:`StoreUnavailable`) with a backoff for
     up to ``store_retry_seconds``, the lease kept, so that a store outage costs neither an attempt nor (at

@@ -160,7 +160,8 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
     model_dir, out_dir, work_dir = dirs.model, dirs.out, dirs.work
     logs = LogStream(services.sessions, claim.bucket_id, claim.attempt, tmp / LOG_NAME,
                      max_bytes=settings.sandbox_max_log_mb * 1024 * 1024)
-    drained = DRAIN.register(keeper.stop)
+    drained = DRAIN.register()
+    stop = drained.either(keeper.stop)  # the lease lost, a cancel, or the drain's window over
     try:
         handed_back = f" ({claim.interruptions} handed back before, not counted)" if claim.interruptions else ""
         logs.service(f"attempt {claim.counted} of {claim.max_attempts}{handed_back} on worker {worker_id} "
@@ -170,7 +171,7 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
         model_path = model_dir / MODEL_FILE_NAMES.get(model_format, "model.bin")
         fetch_started = time.monotonic()
         try:
-            retry_store(services, claim, keeper.stop, Phase.FETCH,
+            retry_store(services, claim, stop, Phase.FETCH,
                         lambda: services.resolver.fetch(claim.model["fetch"], model_path), logger)
         except ModelRefError as exc:  # gone or changed since it was pinned: only a new submit's new pin helps
             return _fail(services, claim, Outcome("model", "MODEL_UNAVAILABLE", str(exc)), logs, logger,
@@ -183,7 +184,7 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             return _stopped(services, claim, worker_id, keeper, drained, logs, logger)
         logs.service(f"fetched model sha256:{claim.model.get('sha256')} "
                      f"({model_path.stat().st_size} bytes) in {time.monotonic() - fetch_started:.1f}s")
-        if keeper.stop.is_set():
+        if stop.is_set():
             return _stopped(services, claim, worker_id, keeper, drained, logs, logger)
 
         toolchain = claim.material.get("toolchain", {})
@@ -205,7 +206,7 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
         child = start_child(settings, claim, dirs, tmp, logs, policy)
         logger.info("compiler started", extra={"pid": child.pid, "sandboxed": settings.sandbox != "off",
                                                "job_dir": str(dirs.spooled.dir if dirs.spooled else tmp)})
-        returncode, timed_out = child.wait(settings.compile_timeout_seconds, keeper.stop, KILL_GRACE_SECONDS)
+        returncode, timed_out = child.wait(settings.compile_timeout_seconds, stop, KILL_GRACE_SECONDS)
         DRAIN.release(drained)  # compiled (or stopped): from here on, the output is worth publishing
         wall = time.monotonic() - started
         result = read_result(work_dir / RESULT_NAME)

@@ -61,7 +61,7 @@ class SpotWatcher:
             try:
                 notice = self.check()
                 failures = 0
-            except (OSError, ValueError) as exc:
+            except Exception as exc:  # whatever the metadata service answers, the watch goes on
                 failures += 1
                 if failures in (1, 60):  # once, and again if it lasts five minutes: not a log line every 5 s
                     log.warning("spot notice check failed", extra={"error": f"{type(exc).__name__}: {exc}"})
@@ -86,6 +86,8 @@ class SpotWatcher:
                 self._token = None  # expired: a new one next time
             raise
         document = json.loads(body)
+        if not isinstance(document, dict):
+            raise ValueError(f"instance-action is not an object: {body[:200]!r}")
         return str(document.get("action", "terminate")), str(document.get("time", ""))
 
     def _request(self, method: str, path: str, headers: dict[str, str]) -> str:

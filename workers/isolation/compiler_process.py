@@ -50,6 +50,14 @@ def _die_with_parent(parent_pid: int, then: Callable[[], None] | None = None) ->
     return preexec
 
 
+
+class StopSignal(Protocol):
+    """What tells a wait to stop the compile: a :class:`threading.Event`, or several (``drain.Either``)."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
 class OutputSink(Protocol):
     """Where the child's output goes (:class:`workers.compiling.logstream.LogStream` for a worker, a file for the
     doctor): ``pump`` reads the stream to its end, on a thread of its own."""
@@ -123,7 +131,7 @@ class CompilerProcess:
             return "SANDBOX_OUTPUT_LIMIT", why
         return None
 
-    def wait(self, timeout: float, stop: threading.Event, grace: float) -> tuple[int, bool]:
+    def wait(self, timeout: float, stop: StopSignal, grace: float) -> tuple[int, bool]:
         """Wait for the child; kill the group on ``stop`` or after ``timeout`` seconds.
 
         Returns ``(returncode, timed_out)``.

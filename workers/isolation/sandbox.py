@@ -107,7 +107,11 @@ class Policy:
     @classmethod
     def from_settings(cls, settings: Settings) -> Policy:
         mib = 1024 * 1024
-        memory = settings.sandbox_memory_mb * mib if settings.sandbox_memory_mb else host_memory_bytes()
+        memory: int | None = host_memory_bytes()  # what this process may use: the host's, or its cgroup's limit
+        if settings.sandbox_memory_mb:
+            memory = settings.sandbox_memory_mb * mib
+        elif settings.sandbox == "pod":
+            memory = None  # the compile runs in another container, whose own memory limit binds it, not ours
         limits = Limits(memory_bytes=memory, memory_set=bool(settings.sandbox_memory_mb),
                         processes=settings.sandbox_max_processes, open_files=settings.sandbox_max_open_files,
                         file_bytes=settings.sandbox_max_file_mb * mib, disk_bytes=settings.sandbox_max_disk_mb * mib,

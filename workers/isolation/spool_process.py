@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from workers.isolation.compiler_process import OutputSink
+from workers.isolation.compiler_process import OutputSink, StopSignal
 from workers.isolation.sandbox import Limits
 from workers.isolation.spool import (
     ATTEMPTS,
@@ -182,7 +182,7 @@ class SpoolProcess:
                     f"(COMPILESVC_COMPILE_RUNNER_PICKUP_SECONDS)")
         return None
 
-    def wait(self, timeout: float, stop: threading.Event, grace: float) -> tuple[int, bool]:
+    def wait(self, timeout: float, stop: StopSignal, grace: float) -> tuple[int, bool]:
         """Wait for the runner's report; ask it to stop the compile on ``stop`` or after ``timeout``
         seconds. Returns ``(returncode, timed_out)``; :attr:`lost` says when the runner failed instead."""
         deadline = time.monotonic() + timeout

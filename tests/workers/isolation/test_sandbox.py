@@ -322,3 +322,21 @@ def test_a_sandbox_that_cannot_start_is_refused_with_the_reason(policy: Policy, 
 def test_signals_reported_by_bubblewrap_read_as_signals(policy: Policy, attempt: Attempt) -> None:
     sink, _, returncode, _ = run(policy, attempt, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert returncode == -signal.SIGKILL, sink.text
+
+
+def test_the_memory_limit_is_the_workers_own_or_none_where_the_compile_has_a_container_of_its_own(
+        tmp_path: Path) -> None:
+    """Unset, a compile's address space is what the worker may use (its cgroup's limit inside a container,
+    compilesvc.hostinfo); under the pod split the compile runs in another container, whose own limit binds it:
+    the worker's smaller one must not (issue 30's review)."""
+    from compilesvc.hostinfo import host_memory_bytes
+    from tests.fixtures.settings import make_settings
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    bwrap = Policy.from_settings(make_settings(tmp_path, url, sandbox="bwrap")).limits
+    assert (bwrap.memory_bytes, bwrap.memory_set) == (host_memory_bytes(), False)
+    pod = Policy.from_settings(make_settings(tmp_path, url, sandbox="pod", compile_spool=tmp_path / "spool")).limits
+    assert (pod.memory_bytes, pod.memory_set) == (None, False)
+    chosen = Policy.from_settings(make_settings(tmp_path, url, sandbox="pod", compile_spool=tmp_path / "spool",
+                                                sandbox_memory_mb=512)).limits
+    assert (chosen.memory_bytes, chosen.memory_set) == (512 * 1024 * 1024, True)

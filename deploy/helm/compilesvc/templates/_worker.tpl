@@ -33,6 +33,40 @@ tolerations:
 {{- with $pool.affinity }}
 affinity: {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- if $pod }}
+initContainers:
+  # deploy/kubernetes/compile-worker-pod.yaml: no env, no secret, no token; PID 1 of its container. A native
+  # sidecar (an init container that keeps running, Kubernetes 1.29+): the kubelet starts it before the worker
+  # and stops it only after the worker has exited, so a draining worker's compile is not killed under it, and
+  # a Job's pod (scaledJob) completes when its worker does.
+  - name: compile
+    restartPolicy: Always
+    image: {{ include "compilesvc.imageRef" (merge (dict "appVersion" $root.Chart.AppVersion) ($pool.image | default dict) $root.Values.image) }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    command: ["python", "-m", "workers.isolation.compile_runner", "--spool", "/spool"]
+    livenessProbe:
+      exec:
+        command: ["python", "-c", "import os, sys, time; sys.exit(time.time() - os.stat('/spool/runner/heartbeat').st_mtime > 30)"]
+      initialDelaySeconds: 10
+      periodSeconds: 10
+    readinessProbe:
+      exec:
+        command: ["python", "-c", "import os, sys, time; sys.exit(time.time() - os.stat('/spool/runner/heartbeat').st_mtime > 30)"]
+      initialDelaySeconds: 10
+      periodSeconds: 10
+    volumeMounts:
+      - {name: spool, mountPath: /spool/attempts, subPath: attempts}
+      - {name: spool, mountPath: /spool/runner, subPath: runner}
+      - {name: spool, mountPath: /spool/models, subPath: models, readOnly: true}
+    resources:
+      requests: {{- toYaml $pool.compileResources.requests | nindent 8 }}
+      limits:
+        {{- toYaml $pool.compileResources.limits | nindent 8 }}
+        {{- if gt (int $pool.neuronDevices) 0 }}
+        aws.amazon.com/neuron: {{ $pool.neuronDevices }}
+        {{- end }}
+    securityContext: {{- include "compilesvc.containerSecurityContext" $root | nindent 6 }}
+{{- end }}
 containers:
   - name: worker
     image: {{ include "compilesvc.imageRef" (merge (dict "appVersion" $root.Chart.AppVersion) ($pool.image | default dict) $root.Values.image) }}
@@ -90,35 +124,6 @@ containers:
       - {name: kube-api, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
       {{- end }}
       {{- include "compilesvc.scratchMounts" $root | nindent 6 }}
-  {{- if $pod }}
-  # deploy/kubernetes/compile-worker-pod.yaml: no env, no secret, no token; PID 1 of its container.
-  - name: compile
-    image: {{ include "compilesvc.imageRef" (merge (dict "appVersion" $root.Chart.AppVersion) ($pool.image | default dict) $root.Values.image) }}
-    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
-    command: ["python", "-m", "workers.isolation.compile_runner", "--spool", "/spool"]
-    livenessProbe:
-      exec:
-        command: ["python", "-c", "import os, sys, time; sys.exit(time.time() - os.stat('/spool/runner/heartbeat').st_mtime > 30)"]
-      initialDelaySeconds: 10
-      periodSeconds: 10
-    readinessProbe:
-      exec:
-        command: ["python", "-c", "import os, sys, time; sys.exit(time.time() - os.stat('/spool/runner/heartbeat').st_mtime > 30)"]
-      initialDelaySeconds: 10
-      periodSeconds: 10
-    volumeMounts:
-      - {name: spool, mountPath: /spool/attempts, subPath: attempts}
-      - {name: spool, mountPath: /spool/runner, subPath: runner}
-      - {name: spool, mountPath: /spool/models, subPath: models, readOnly: true}
-    resources:
-      requests: {{- toYaml $pool.compileResources.requests | nindent 8 }}
-      limits:
-        {{- toYaml $pool.compileResources.limits | nindent 8 }}
-        {{- if gt (int $pool.neuronDevices) 0 }}
-        aws.amazon.com/neuron: {{ $pool.neuronDevices }}
-        {{- end }}
-    securityContext: {{- include "compilesvc.containerSecurityContext" $root | nindent 6 }}
-  {{- end }}
 volumes:
   - name: work
     emptyDir: {sizeLimit: {{ $pool.workSizeLimit }}}
