@@ -1,11 +1,14 @@
 """A standing roll-forward policy starts its campaign by itself: artifacts built by a worker of one Neuron
 release (the SDK double), a policy, then the first worker of the next release registers, and the
 campaign is queued, compiled by that worker and published, with ``campaign.started`` for subscribers; a
-second worker of that release starts nothing more."""
+second worker of that release starts nothing more. And the policies' command line against a running API."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 from sqlalchemy import select
@@ -17,6 +20,8 @@ from compilesvc.ledger.webhooks import EventSubscription, WebhookDelivery
 from compilesvc.lifecycle import campaigns, policies
 from compilesvc.notify import webhooks
 from tests.doubles import neuron_double_env
+from tests.fixtures.ports import free_port
+from tests.fixtures.tokens import BOOTSTRAP_TOKEN
 from tests.fixtures.waiting import wait_for
 from tests.workers.conftest import NEURON_SDK, Cluster
 
@@ -74,3 +79,40 @@ def test_the_first_worker_of_a_new_release_starts_the_policys_campaign(make_clus
     with cluster.services.sessions() as session:
         assert session.scalars(select(Campaign.id).where(Campaign.policy_id == policy_id)).all() == [campaign.id]
         assert session.get_one(SdkRelease, ("inf2", NEXT_SDK)).first_worker_id == "w-new@test"
+
+
+def policies_cli(api: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``compilesvc rollforward-policies`` as a person runs it (through the CLI's main: one-line errors)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILESVC_", "AWS_"))}
+    env.update({"COMPILESVC_API_URL": api, "COMPILESVC_TOKEN": BOOTSTRAP_TOKEN,
+                "COMPILESVC_CONFIG": "/nonexistent/compilesvc.toml"})
+    return subprocess.run([sys.executable, "-m", "compilesvc.cli.policies", "rollforward-policies", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_policies_from_the_command_line(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster()
+    port = free_port()
+    cluster.start_api(port, workers=1)
+    api = f"http://127.0.0.1:{port}"
+
+    made = policies_cli(api, "add", "search", "--target", "inf2", "--label", "fleet=search", "--from-sdk", "2.24.0")
+    assert made.returncode == 0 and made.stdout.strip().isdigit(), made.stderr
+    listed = policies_cli(api, "list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split("\t")[1:4] == ["search", "enabled", "target=inf2 from=2.24.0 label:fleet=search"]
+    assert "not fired yet" in listed.stdout
+    assert json.loads(policies_cli(api, "list", "--json").stdout)["items"][0]["labels"] == {"fleet": "search"}
+
+    for argv, words in ((["add", "search"], "rollforward-policies remove"),
+                        (["add", "other", "--from-sdk", "2.24"], "from_sdk"),
+                        (["remove", "nobody"], "rollforward-policies list"),
+                        (["add", "x", "--label", "novalue"], "NAME=VALUE")):
+        refused = policies_cli(api, *argv)
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (argv, refused.stderr)
+        assert words in lines[0], (argv, lines[0])
+
+    removed = policies_cli(api, "remove", "search")
+    assert removed.returncode == 0 and "removed search" in removed.stderr, removed.stderr
+    assert policies_cli(api, "list").stdout == ""
