@@ -86,3 +86,22 @@ def test_a_new_release_fires_each_covering_policy_once_and_its_campaign_is_liste
     assert campaign["policy_id"] == shown["id"] and campaign["progress"]["total"] == 1
     (trn1_run,) = env.client.get("/v1/rollforward-policies/trn1-only").json["runs"]
     assert trn1_run["campaign_id"] is None and "no older release" in trn1_run["note"]
+
+
+def test_the_campaigns_page_lists_policies_and_the_campaigns_they_started(env: Env) -> None:
+    from tests.web.test_ui_pages import page, text_of
+
+    assert "No standing policy" in text_of(page(env, "/campaigns"))
+    build = env.submit(spec_for(env.upload(b"model a"), target="inf2")).json
+    complete_build(env.services, build["build_id"])
+    with transaction(env.services.sessions) as session:
+        policies.claim(session, "w-old", caps("2.13.0", "inf2"))
+    assert add(env, labels={"fleet": "search"}).status_code == 201
+    assert add(env, name="idle", target="trn2", enabled=False).status_code == 201
+    with transaction(env.services.sessions) as session:
+        (claimed,) = policies.claim(session, "w-new", caps("2.14.0", "inf2"))
+    campaign_id = policies.start_claimed(env.services.sessions, claimed, lambda d: int(env.submit(d).json["build_id"]))
+    words = text_of(page(env, "/campaigns"))
+    assert "search enabled" in words and "fleet=search" in words and "idle disabled" in words, words
+    assert "2.14.0 (inf2, first worker w-new" in words and f"campaign {campaign_id} from 2.13.0" in words, words
+    assert "2.13.0 → 2.14.0" in words and "policy search" in words and "not fired yet" in words, words
