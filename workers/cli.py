@@ -5,7 +5,7 @@ Startup: capabilities (:func:`workers.host.versions.detect_capabilities`) decide
 the worker registers them in the ledger's ``workers`` table (which is what lets submits with
 ``require_live_worker`` accept work for them), heartbeats from a thread, and runs the Celery worker
 in-process. The first worker of an SDK release new to the fleet starts the campaigns of the standing
-roll-forward policies covering it (:mod:`compilesvc.lifecycle.policies`) before it consumes.
+roll-forward policies covering it (:mod:`compilesvc.lifecycle.policies`), from a thread.
 Told to stop (SIGTERM), it drains (:mod:`workers.compiling.drain`): it takes no new compile, says
 so in the registry, gives running compiles ``drain_seconds`` to finish and hands back those that do not, then
 marks itself stopped and exits.
@@ -79,8 +79,9 @@ class RegistryHeartbeat:
                 registry.mark_draining(session, self.worker_id)
             # In the registration's transaction: the first worker of a release claims its policies' runs.
             claims = policies.claim(session, self.worker_id, self.capabilities)
-        if claims:
-            start_policy_campaigns(self.services, claims)
+        if claims:  # a thread: a campaign of many artifacts must not hold up the heartbeats or the consuming
+            threading.Thread(target=start_policy_campaigns, args=(self.services, claims), name="policy-campaigns",
+                             daemon=True).start()
 
     def mark_draining(self) -> None:
         try:
