@@ -80,6 +80,22 @@ def policies_remove(policy: str, api: str | None) -> None:
     click.echo(f"removed {removed['name']}", err=True)
 
 
+@policies_group.command("enable")
+@click.argument("policy")
+@API_OPTION
+def policies_enable(policy: str, api: str | None) -> None:
+    """Enable POLICY (its id or name; admin token): it fires for the next new release."""
+    call(connect(api), "POST", f"/v1/rollforward-policies/{policy}/enable")
+
+
+@policies_group.command("disable")
+@click.argument("policy")
+@API_OPTION
+def policies_disable(policy: str, api: str | None) -> None:
+    """Disable POLICY (its id or name; admin token): it starts nothing until enabled."""
+    call(connect(api), "POST", f"/v1/rollforward-policies/{policy}/disable")
+
+
 if __name__ == "__main__":  # `python -m compilesvc.cli.policies`, until the entry point is installed
     from compilesvc.cli.main import main
 

@@ -18,6 +18,7 @@ its ``note``; an operator starts that roll-forward by hand (``compilesvc rollfor
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 NEURON_TARGETS = ("inf2", "trn1", "trn2")
 TARGETS = (*NEURON_TARGETS, "cpu")
 NAME_MAX = 64
+NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{NAME_MAX}}}")  # the API's schema says the same
 
 
 class PolicyError(ValueError):
@@ -45,6 +47,10 @@ class PolicyError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field, self.message = field, message
+
+
+class PolicyExists(PolicyError):
+    """A policy has that name already."""
 
 
 @dataclass(frozen=True)
@@ -68,14 +74,14 @@ def add(session: Session, *, name: str, target: str | None = None, from_sdk: str
         fetched_within_days: float | None = None, enabled: bool = True,
         created_by: str | None = None) -> RollforwardPolicy:
     """Store a policy; :class:`PolicyError` for a bad field or a name already taken."""
-    if not name or len(name) > NAME_MAX or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+    if not NAME.fullmatch(name):
         raise PolicyError("name", f"1 to {NAME_MAX} letters, digits, '-', '_' or '.'")
     if target is not None and target not in TARGETS:
         raise PolicyError("target", f"one of {', '.join(TARGETS)}")
     if fetched_within_days is not None and fetched_within_days <= 0:
         raise PolicyError("fetched_within_days", "a number of days above 0")
     if session.scalar(select(RollforwardPolicy.id).where(RollforwardPolicy.name == name)) is not None:
-        raise PolicyError("name", f"a policy named {name!r} exists")
+        raise PolicyExists("name", f"a policy named {name!r} exists")
     policy = RollforwardPolicy(name=name, target=target, from_sdk=from_sdk, model=model, labels=dict(labels or {}),
                                pinned=pinned, fetched_within_days=fetched_within_days, enabled=enabled,
                                created_by=created_by)
@@ -85,9 +91,11 @@ def add(session: Session, *, name: str, target: str | None = None, from_sdk: str
 
 
 def find(session: Session, name_or_id: str) -> RollforwardPolicy | None:
-    where = (RollforwardPolicy.id == int(name_or_id)) if name_or_id.isdigit() else (
-        RollforwardPolicy.name == name_or_id)
-    return session.scalars(select(RollforwardPolicy).where(where)).first()
+    """By name, else (digits) by id: a policy may be named "7"."""
+    found = session.scalars(select(RollforwardPolicy).where(RollforwardPolicy.name == name_or_id)).first()
+    if found is None and name_or_id.isascii() and name_or_id.isdigit() and int(name_or_id) < 2**63:
+        found = session.get(RollforwardPolicy, int(name_or_id))
+    return found
 
 
 def runs_of(session: Session, policy_id: int) -> list[PolicyRun]:

@@ -34,6 +34,10 @@ def test_policies_are_added_listed_shown_and_removed(env: Env) -> None:
     assert [p["name"] for p in env.client.get("/v1/rollforward-policies").json["items"]] == ["search"]
     assert env.client.get("/v1/rollforward-policies/search").json["id"] == policy["id"]
     assert env.client.get(f"/v1/rollforward-policies/{policy['id']}").json["name"] == "search"
+    assert env.client.post("/v1/rollforward-policies/search/disable").json["enabled"] is False
+    assert env.client.get("/v1/rollforward-policies/search").json["enabled"] is False
+    assert env.client.post(f"/v1/rollforward-policies/{policy['id']}/enable").json["enabled"] is True
+    assert_problem(env.client.post("/v1/rollforward-policies/nobody/enable"), 404, "policy-not-found")
     assert env.client.delete("/v1/rollforward-policies/search").json["id"] == policy["id"]
     assert env.client.get("/v1/rollforward-policies").json["items"] == []
     assert_problem(env.client.get("/v1/rollforward-policies/search"), 404, "policy-not-found")
@@ -49,6 +53,9 @@ def test_bad_fields_are_422s_naming_the_field_and_a_name_taken_is_409(env: Env) 
         assert any(e["field"].split(".")[0].split("[")[0] == field for e in problem["errors"]), (body, problem)
     assert add(env).status_code == 201
     assert_problem(add(env), 409, "policy-exists")
+    assert add(env, name="1").status_code == 201  # a name of digits is a name, whatever policy has that id
+    assert env.client.get("/v1/rollforward-policies/1").json["name"] == "1"  # a name wins over an id
+    assert_problem(add(env, name="1"), 409, "policy-exists")
 
 
 def test_a_new_release_fires_each_covering_policy_once_and_its_campaign_is_listed(env: Env) -> None:

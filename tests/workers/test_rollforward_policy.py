@@ -113,6 +113,10 @@ def test_policies_from_the_command_line(make_cluster: MakeCluster) -> None:
         assert refused.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (argv, refused.stderr)
         assert words in lines[0], (argv, lines[0])
 
+    assert policies_cli(api, "disable", "search").returncode == 0
+    assert "\tsearch\tdisabled\t" in policies_cli(api, "list").stdout
+    assert policies_cli(api, "enable", "search").returncode == 0
+    assert "\tsearch\tenabled\t" in policies_cli(api, "list").stdout
     removed = policies_cli(api, "remove", "search")
     assert removed.returncode == 0 and "removed search" in removed.stderr, removed.stderr
     assert policies_cli(api, "list").stdout == ""

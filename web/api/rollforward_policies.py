@@ -58,13 +58,13 @@ def create_policy() -> Response:
     principal = current_principal()
     ctx = web()
     with transaction(ctx.services.sessions) as session:
-        if policies.find(session, asked.name) is not None:
-            raise Problem("policy-exists", f"a policy named {asked.name!r} exists")
         try:
             policy = policies.add(session, name=asked.name, target=asked.target, from_sdk=asked.from_sdk,
                                   model=asked.model, labels=dict(asked.labels), pinned=asked.pinned,
                                   fetched_within_days=asked.fetched_within_days, enabled=asked.enabled,
                                   created_by=principal.owner if principal else None)
+        except policies.PolicyExists as exc:
+            raise Problem("policy-exists", exc.message) from None
         except policies.PolicyError as exc:
             raise Problem("policy-invalid", str(exc), errors=[{"field": exc.field, "message": exc.message}]) from None
         body = policy_json(ctx, session, policy)
@@ -112,3 +112,32 @@ def delete_policy(policy_ref: str) -> Response:
         body = policy_json(ctx, session, policy)
         session.delete(policy)
     return respond(PolicyOut, body)
+
+
+def _set_enabled(policy_ref: str, enabled: bool) -> Response:
+    ctx = web()
+    with transaction(ctx.services.sessions) as session:
+        policy = policies.find(session, policy_ref)
+        if policy is None:
+            raise Problem("policy-not-found", f"no policy {policy_ref!r}")
+        policy.enabled = enabled
+        session.flush()
+        body = policy_json(ctx, session, policy)
+    return respond(PolicyOut, body)
+
+
+@bp.post("/<policy_ref>/enable")
+@operation(summary="Enable a roll-forward policy", tag="campaigns", access=Permission.ADMIN,
+           description="By id or name; answers the policy. It fires for the next release new to the fleet (not "
+                       "for one first seen while it was disabled).",
+           responses={200: PolicyOut}, problems=(404,))
+def enable_policy(policy_ref: str) -> Response:
+    return _set_enabled(policy_ref, True)
+
+
+@bp.post("/<policy_ref>/disable")
+@operation(summary="Disable a roll-forward policy", tag="campaigns", access=Permission.ADMIN,
+           description="By id or name; answers the policy, which starts nothing until enabled again.",
+           responses={200: PolicyOut}, problems=(404,))
+def disable_policy(policy_ref: str) -> Response:
+    return _set_enabled(policy_ref, False)
