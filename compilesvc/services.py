@@ -31,7 +31,7 @@ from compilesvc.store import ArtifactStore, open_store
 #: What a state change sets off, in this order (:mod:`compilesvc.ledger.events` calls them in it): a build's own
 #: callbacks; then its campaign, finished or reopened (which records the campaign's move, and so
 #: notifies ``campaign.finished`` before the next one runs); then the service-wide subscriptions of what
-#: just happened (``artifact.published``, ``build.failed``, ``campaign.finished``).
+#: just happened (``artifact.published``, ``build.failed``, ``campaign.started``, ``campaign.finished``).
 SUBSCRIBERS: tuple[events.Subscriber, ...] = (webhooks.BUILD_CALLBACKS, campaigns.BUILDS, webhooks.SUBSCRIPTIONS)
 
 

@@ -81,6 +81,7 @@ class ServiceEvent(StrEnum):
     ARTIFACT_PUBLISHED = "artifact.published"
     BUILD_FAILED = "build.failed"
     CAMPAIGN_FINISHED = "campaign.finished"
+    CAMPAIGN_STARTED = "campaign.started"
 
 
 class PinKind(StrEnum):

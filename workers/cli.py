@@ -4,7 +4,9 @@ Startup: capabilities (:func:`workers.host.versions.detect_capabilities`) decide
 ``compile.cpu.<torch>`` and ``compile.cpu.<torch>.<isa>``; neuron: ``compile.<target>.<sdk>`` per target);
 the worker registers them in the ledger's ``workers`` table (which is what lets submits with
 ``require_live_worker`` accept work for them), heartbeats from a thread, and runs the Celery worker
-in-process. Told to stop (SIGTERM), it drains (:mod:`workers.compiling.drain`): it takes no new compile, says
+in-process. The first worker of an SDK release new to the fleet starts the campaigns of the standing
+roll-forward policies covering it (:mod:`compilesvc.lifecycle.policies`), from a thread.
+Told to stop (SIGTERM), it drains (:mod:`workers.compiling.drain`): it takes no new compile, says
 so in the registry, gives running compiles ``drain_seconds`` to finish and hands back those that do not, then
 marks itself stopped and exits.
 
@@ -42,6 +44,7 @@ from compilesvc import jsonlog
 from compilesvc.config.settings import Settings
 from compilesvc.dispatch import registry
 from compilesvc.ledger.engine import transaction
+from compilesvc.lifecycle import policies
 from compilesvc.services import Services
 
 log = logging.getLogger("compilesvc.worker")
@@ -74,6 +77,11 @@ class RegistryHeartbeat:
                               self.slots)
             if DRAIN.draining:  # re-registered while draining: still draining
                 registry.mark_draining(session, self.worker_id)
+            # In the registration's transaction: the first worker of a release claims its policies' runs.
+            claims = policies.claim(session, self.worker_id, self.capabilities)
+        if claims:  # a thread: a campaign of many artifacts must not hold up the heartbeats or the consuming
+            threading.Thread(target=start_policy_campaigns, args=(self.services, claims), name="policy-campaigns",
+                             daemon=True).start()
 
     def mark_draining(self) -> None:
         try:
@@ -92,6 +100,27 @@ class RegistryHeartbeat:
                     self.register()
             except Exception as exc:  # the database is away; running compiles have their own leases
                 log.warning("registry heartbeat failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+
+def start_policy_campaigns(services: Services, claims: list[policies.Claim]) -> None:
+    """The campaigns of the standing roll-forward policies this worker's registration fired (it is the first
+    worker of a new release): submitted like an operator's, their compiles queued for the new release
+    (other targets' workers of it may not be up yet). A failure is the run's note; the worker starts."""
+    from compilesvc.builds.submit import Submitter
+    from compilesvc.spec.parsing import parse_spec
+
+    settings = services.settings
+    submitter = Submitter(services)
+
+    def submit(document: dict[str, Any]) -> int:
+        spec = parse_spec(document, settings.element_limits, settings.extra_flags)
+        return submitter.submit(spec, queue_anyway=True).build_id
+
+    for claimed in claims:
+        try:
+            policies.start_claimed(services.sessions, claimed, submit)
+        except Exception:  # start_claimed notes its own failures; this is the ledger gone meanwhile
+            log.exception("could not start a roll-forward policy's campaign", extra={"policy_id": claimed.policy_id})
 
 
 class ToolchainRefused(click.ClickException):

@@ -1,5 +1,7 @@
 """Ledger tables of campaigns: an operator's roll-forward of many artifacts from one SDK release to
-another, and one item per artifact it moves (:mod:`compilesvc.lifecycle.campaigns` owns the behaviour).
+another, and one item per artifact it moves (:mod:`compilesvc.lifecycle.campaigns` owns the behaviour);
+standing roll-forward policies, the SDK releases workers have registered with, and each policy's run per
+release (:mod:`compilesvc.lifecycle.policies`).
 
 Registered on the same metadata as :mod:`compilesvc.ledger.models` (which imports this module last), so
 migrations and tests see every table.
@@ -31,6 +33,8 @@ class Campaign(Base):
     created_by: Mapped[str | None] = mapped_column(String(255))
     team: Mapped[str | None] = mapped_column(String(255))
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"))
+    policy_id: Mapped[int | None] = mapped_column(ForeignKey("rollforward_policies.id", ondelete="SET NULL"),
+                                                  doc="The standing policy that started it; none: an operator.")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 
@@ -55,3 +59,54 @@ class CampaignItem(Base):
         UniqueConstraint("campaign_id", "source_key"),
         Index("ix_campaign_items_build_id", "build_id"),
     )
+
+
+class RollforwardPolicy(Base):
+    """A standing roll-forward: when the first worker of a new SDK release registers for a target the policy
+    covers, a campaign moves the selected artifacts to that release (:mod:`compilesvc.lifecycle.policies`)."""
+
+    __tablename__ = "rollforward_policies"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    target: Mapped[str | None] = mapped_column(String(16), doc="Only this target's releases and artifacts.")
+    from_sdk: Mapped[str | None] = mapped_column(
+        String(32), doc="The release moved from; none: the newest older release with published artifacts.")
+    model: Mapped[str | None] = mapped_column(String(255))
+    labels: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+    pinned: Mapped[bool] = mapped_column(default=False)
+    fetched_within_days: Mapped[float | None]
+    enabled: Mapped[bool] = mapped_column(default=True)
+    created_by: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SdkRelease(Base):
+    """A (target, SDK release) some worker registered with, and the first worker that did: what makes a
+    release new to the fleet. Taken with an insert that ignores conflicts, so one registration is first."""
+
+    __tablename__ = "sdk_releases"
+
+    target: Mapped[str] = mapped_column(String(16), primary_key=True)
+    sdk: Mapped[str] = mapped_column(String(32), primary_key=True)
+    first_worker_id: Mapped[str] = mapped_column(String(255))
+    first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class PolicyRun(Base):
+    """A policy fired for a release: at most one per (policy, release), the claim that makes it once only."""
+
+    __tablename__ = "rollforward_policy_runs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("rollforward_policies.id", ondelete="CASCADE"))
+    to_sdk: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(16), doc="The target whose first worker of to_sdk fired it.")
+    worker_id: Mapped[str] = mapped_column(String(255))
+    from_sdk: Mapped[str | None] = mapped_column(String(32))
+    campaign_id: Mapped[int | None] = mapped_column(ForeignKey("campaigns.id", ondelete="SET NULL"))
+    note: Mapped[str | None] = mapped_column(Text, doc="Why no campaign started (no source release, a failure).")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("policy_id", "to_sdk"), Index("ix_rollforward_policy_runs_campaign_id",
+                                                                      "campaign_id"))

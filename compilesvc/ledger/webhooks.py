@@ -30,7 +30,7 @@ class Webhook(Base):
 
 class EventSubscription(Base):
     """A URL notified of one kind of event service-wide (a deployment system: ``artifact.published``,
-    ``build.failed``, ``campaign.finished``)."""
+    ``build.failed``, ``campaign.started``, ``campaign.finished``)."""
 
     __tablename__ = "event_subscriptions"
 
@@ -58,7 +58,7 @@ class WebhookDelivery(Base):
     subscription_id: Mapped[int | None] = mapped_column(ForeignKey("event_subscriptions.id", ondelete="CASCADE"))
     subject_id: Mapped[int | None] = mapped_column(
         BigInteger, doc="A subscription's event: the artifact, build or campaign it is about (by the event's type).")
-    event: Mapped[str] = mapped_column(String(32), doc="build.* | artifact.published | campaign.finished")
+    event: Mapped[str] = mapped_column(String(32), doc="build.* | artifact.published | campaign.*")
     state: Mapped[str] = mapped_column(String(16), doc="pending | delivered | failed")
     payload: Mapped[str | None] = mapped_column(Text, doc="The body, made at the first try and sent on every try.")
     attempts: Mapped[int] = mapped_column(Integer, default=0)

@@ -123,20 +123,21 @@ def refusal_text(exc: Exception) -> str:
 
 
 def start(sessions: sessionmaker[Session], selection: Selection, submit: SubmitDocument,
-          principal: Principal | None) -> int:
+          principal: Principal | None, *, policy_id: int | None = None) -> int:
     """Create a roll-forward campaign and submit every item; returns its id. Items are recorded before any
-    submit, so the campaign lists everything it set out to move even if a submit fails."""
+    submit, so the campaign lists everything it set out to move even if a submit fails. ``policy_id``: the
+    standing policy starting it (:mod:`compilesvc.lifecycle.policies`), not an operator."""
     with transaction(sessions) as session:
         found = candidates(session, selection)
         campaign = Campaign(kind=ROLLFORWARD, from_sdk=selection.from_sdk, to_sdk=selection.to_sdk,
                             selection=selection.to_json(), state=CampaignState.RUNNING,
                             created_by=principal.owner if principal else None,
                             team=principal.team if principal else None,
-                            token_id=principal.token_id if principal else None)
+                            token_id=principal.token_id if principal else None, policy_id=policy_id)
         session.add(campaign)
         session.flush()
         events.record(session, "campaign", campaign.id, None, CampaignState.RUNNING, from_sdk=selection.from_sdk,
-                      to_sdk=selection.to_sdk, total=len(found))
+                      to_sdk=selection.to_sdk, total=len(found), policy_id=policy_id)
         items = [CampaignItem(campaign_id=campaign.id, source_key=c.artifact_key, source_build_id=c.build_id)
                  for c in found]
         session.add_all(items)

@@ -1,6 +1,6 @@
 """Webhooks: a signed POST to a build's callback URLs when it reaches a terminal state, and to the URLs
-subscribed service-wide to an event (``artifact.published``, ``build.failed``, ``campaign.finished``: a
-deployment system rolling a fleet once its artifacts exist).
+subscribed service-wide to an event (``artifact.published``, ``build.failed``, ``campaign.started``,
+``campaign.finished``: a deployment system rolling a fleet once its artifacts exist).
 
 A build names callback URLs in its spec (``callbacks``), and an operator may name more per team
 (``COMPILESVC_TEAM_WEBHOOKS``); each becomes a ``webhooks`` row when the build is recorded. When the build
@@ -8,7 +8,8 @@ reaches ``succeeded``, ``failed`` or ``cancelled`` (a hit is born succeeded), :f
 writes one ``webhook_deliveries`` row per URL *in the transaction that moves the build*, so a delivery is
 never lost to a crash and never made for a move that rolled back (the outbox pattern, as for dispatch).
 Subscriptions (``event_subscriptions``) get theirs the same way from :func:`enqueue_event`, in the
-transaction that publishes the artifact, fails the build or finishes the campaign. Both are subscribers of
+transaction that publishes the artifact, fails the build, starts (by an operator or a standing policy:
+the document names it) or finishes the campaign. Both are subscribers of
 :mod:`compilesvc.ledger.events` (:data:`BUILD_CALLBACKS`, :data:`SUBSCRIPTIONS`), installed by
 :func:`compilesvc.services.install_subscribers`. The relay sends due deliveries (:func:`deliver_due`), each
 try recorded in ``webhook_attempts``, retrying a failure (no answer, a non-2xx) with backoff until
@@ -42,7 +43,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import Table, insert, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from compilesvc.ledger.campaigns import Campaign
+from compilesvc.ledger.campaigns import Campaign, RollforwardPolicy
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.events import Subscriber, Transition
 from compilesvc.ledger.models import Artifact, Build, UTCDateTime, utcnow
@@ -157,16 +158,31 @@ SERVICE_EVENTS: dict[tuple[str, str], ServiceEvent] = {
 }
 
 
+#: Births that are service-wide events (a campaign reopened by a retry is running again, not started).
+SERVICE_BIRTHS: dict[tuple[str, str], ServiceEvent] = {
+    ("campaign", CampaignState.RUNNING): ServiceEvent.CAMPAIGN_STARTED,
+}
+
+
+def _service_event(transition: Transition) -> ServiceEvent | None:
+    if transition.from_state is None and (transition.entity, transition.to_state) in SERVICE_BIRTHS:
+        return SERVICE_BIRTHS[transition.entity, transition.to_state]
+    return SERVICE_EVENTS.get((transition.entity, transition.to_state))
+
+
 def _wants_service_event(transition: Transition) -> bool:
-    return (transition.entity, transition.to_state) in SERVICE_EVENTS
+    return _service_event(transition) is not None
 
 
 def _on_service_event(session: Session, transition: Transition) -> None:
-    enqueue_event(session, SERVICE_EVENTS[transition.entity, transition.to_state], transition.entity_id)
+    event = _service_event(transition)
+    assert event is not None
+    enqueue_event(session, event, transition.entity_id)
 
 
 #: The URLs subscribed service-wide to what just happened.
-SUBSCRIPTIONS = Subscriber("event subscriptions", frozenset(entity for entity, _ in SERVICE_EVENTS),
+SUBSCRIPTIONS = Subscriber("event subscriptions",
+                           frozenset(entity for entity, _ in (*SERVICE_EVENTS, *SERVICE_BIRTHS)),
                            _wants_service_event, _on_service_event)
 
 
@@ -211,7 +227,7 @@ def payload(session: Session, delivery: WebhookDelivery, public_url: str) -> byt
         document["build"] = _build_document(session.get_one(Build, subject), delivery.event, base)
     elif delivery.event == ServiceEvent.ARTIFACT_PUBLISHED:
         document["artifact"] = _artifact_document(session, session.get_one(Artifact, subject), base)
-    elif delivery.event == ServiceEvent.CAMPAIGN_FINISHED:
+    elif delivery.event in (ServiceEvent.CAMPAIGN_FINISHED, ServiceEvent.CAMPAIGN_STARTED):
         document["campaign"] = _campaign_document(session, subject, base)
     return json.dumps(document, separators=(",", ":"), sort_keys=True, default=str).encode()
 
@@ -245,7 +261,14 @@ def _campaign_document(session: Session, campaign_id: int, base: str) -> dict[st
     return {"id": campaign.id, "from_sdk": campaign.from_sdk, "to_sdk": campaign.to_sdk, "state": campaign.state,
             "progress": counts, "new_artifact_keys": [i["artifact_key"] for i in progress.items
                                                       if i["state"] == BuildState.SUCCEEDED],
-            "url": f"{base}/v1/campaigns/{campaign.id}"}
+            "policy": _policy_name(session, campaign.policy_id), "url": f"{base}/v1/campaigns/{campaign.id}"}
+
+
+def _policy_name(session: Session, policy_id: int | None) -> str | None:
+    """The standing roll-forward policy that started a campaign (none: an operator did)."""
+    if policy_id is None:
+        return None
+    return session.scalar(select(RollforwardPolicy.name).where(RollforwardPolicy.id == policy_id))
 
 
 def backoff(attempt: int, base: float, cap: float) -> float:

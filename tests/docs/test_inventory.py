@@ -130,6 +130,11 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/fleet.md", "Rolling forward to a new SDK release", "sh", "compilesvc rollforward --from-sdk 2.20.0 --to-sdk 2.21.0 --d"):
         f"run: {OPERATOR}::test_operator_blocks (the dry run; the campaign itself: "
         "tests/workers/test_rollforward.py)",
+    ("docs/fleet.md", "Roll-forwards that start themselves", "sh",
+     "compilesvc rollforward-policies add search --label fleet=sea"):
+        "run: tests/workers/test_rollforward_policy.py::test_policies_from_the_command_line (the same commands and "
+        "options, through the CLI's main); the policy firing: "
+        "tests/workers/test_rollforward_policy.py::test_the_first_worker_of_a_new_release_starts_the_policys_campaign",
     ("docs/keys.md", "What goes into the key, and why", "json", "{"): f"{OUTPUT} (`compilesvc key --json`)",
     ("docs/keys.md", "Explaining a cache miss", "console", "$ compilesvc key examples/inf2-llama/spec.json --explain"):
         f"run: {HERE}::test_the_explained_key_is_what_the_cli_prints",

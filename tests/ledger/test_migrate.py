@@ -353,3 +353,26 @@ def test_the_provenance_migration_gives_existing_compiles_the_build_that_made_th
     assert rows[ran] == first.build_id and len(rows) == 2
     assert [origin for bucket_id, origin in rows.items() if bucket_id != ran] == [None]  # never started here
     assert names == {None}  # the spec gave the model no name
+
+
+def test_the_policies_migration_counts_the_releases_workers_already_registered(empty_url: str) -> None:
+    """0019: every (target, release) a registered worker serves is seen already (its first worker the one
+    that started first), so a policy added after the upgrade fires for the next release only."""
+    upgrade(empty_url, "0018_drain")
+    engine = make_engine(empty_url, poolclass=pool.NullPool)
+    workers = [("w-b", {"targets": ["inf2", "trn1"], "sdk": {"inf2": "2.24.0", "trn1": "2.24.0"}}, 2),
+               ("w-a", {"targets": ["inf2", "cpu"], "sdk": {"inf2": "2.24.0", "cpu": "2.8.0"}}, 1),
+               ("w-c", {"targets": [], "sdk": {}}, 3)]
+    try:
+        with engine.begin() as conn:
+            for worker_id, caps, hour in workers:
+                at = datetime(2026, 11, 26, hour, tzinfo=UTC)
+                conn.execute(text("INSERT INTO workers (id, hostname, capabilities, queues, slots, started_at, "
+                                  "heartbeat_at) VALUES (:id, 'h', :caps, :queues, 1, :at, :at)"),
+                             {"id": worker_id, "caps": json.dumps(caps), "queues": "[]", "at": at})
+        upgrade(empty_url)
+        with engine.connect() as conn:
+            seen = {tuple(row) for row in conn.execute(text("SELECT target, sdk, first_worker_id FROM sdk_releases"))}
+        assert seen == {("inf2", "2.24.0", "w-a"), ("cpu", "2.8.0", "w-a"), ("trn1", "2.24.0", "w-b")}
+    finally:
+        engine.dispose()

@@ -27,7 +27,8 @@ def pages(stack: UiStack) -> dict[str, str]:
     """Every kind of page, by name: the seeded builds show every part of the build page."""
     builds = {f"build-{name}": f"/builds/{build_id}" for name, build_id in stack.builds.items()}
     return {"history": "/", "history-filtered": "/?label=team%3Asearch", **builds, "artifacts": "/artifacts",
-            "workers": "/workers", "stats-day": "/stats", "stats-week": "/stats?window=week", "api-docs": "/docs",
+            "workers": "/workers", "campaigns": "/campaigns", "stats-day": "/stats", "stats-week": "/stats?window=week",
+            "api-docs": "/docs",
             "not-found": "/builds/999999"}
 
 

@@ -46,7 +46,8 @@ def routes(env: Env) -> set[tuple[str, str]]:
     out = set()
     for rule in env.app.url_map.iter_rules():
         path = re.sub(r"<(?:\w+(?:\([^)]*\))?:)?(\w+)>", r"{\1}", rule.rule)
-        for long_name in ("{build_id}", "{token_id}", "{campaign_id}", "{pin_id}", "{subscription_id}"):
+        for long_name in ("{build_id}", "{token_id}", "{campaign_id}", "{pin_id}", "{subscription_id}",
+                          "{policy_ref}"):
             path = path.replace(long_name, "{id}")  # the table's shorter name
         for method in (rule.methods or set()) - {"HEAD", "OPTIONS"}:
             out.add((method, path))
@@ -127,6 +128,7 @@ def test_every_endpoint_answers_every_token_as_the_matrix_says(make_env: EnvFact
                    ("POST", "/v1/campaigns/rollforward"): {"from_sdk": "2.13.0", "to_sdk": "2.14.0",
                                                             "dry_run": True},
                    ("POST", "/v1/pins"): {"kind": "model", "value": "matrix-model"},
+                   ("POST", "/v1/rollforward-policies"): {"name": "matrix-policy"},
                    ("POST", "/v1/subscriptions"): {"url": "http://127.0.0.1:9/hook", "event": "build.failed"}},
     }
     with env.services.sessions() as session:

@@ -32,7 +32,8 @@ def campaign_json(ctx: WebContext, session: Session, campaign: Campaign) -> dict
     progress = campaigns.progress(session, campaign)
     counts = {name: getattr(progress, name) for name in
               ("total", "submitted", "building", "built", "hit", "failed", "cancelled", "refused")}
-    return {"id": campaign.id, "kind": campaign.kind, "from_sdk": campaign.from_sdk, "to_sdk": campaign.to_sdk,
+    return {"id": campaign.id, "kind": campaign.kind, "policy_id": campaign.policy_id, "from_sdk": campaign.from_sdk,
+            "to_sdk": campaign.to_sdk,
             "selection": campaign.selection, "state": campaign.state, "created_by": campaign.created_by,
             "created_at": campaign.created_at, "finished_at": campaign.finished_at, "progress": counts,
             "failures": progress.failures, "refusals": progress.refusals, "items": progress.items,

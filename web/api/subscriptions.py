@@ -1,6 +1,6 @@
-"""``/v1/subscriptions``: URLs notified service-wide of ``artifact.published``, ``build.failed`` and
-``campaign.finished`` (:mod:`compilesvc.notify.webhooks`), for deployment systems; admin only (a subscriber
-learns about every team's builds)."""
+"""``/v1/subscriptions``: URLs notified service-wide of ``artifact.published``, ``build.failed``,
+``campaign.started``, ``campaign.finished`` (:mod:`compilesvc.notify.webhooks`), for deployment systems;
+admin only (a subscriber learns about every team's builds)."""
 
 from __future__ import annotations
 

@@ -69,6 +69,7 @@ class CampaignProgress(_Out):
 class CampaignOut(_Out):
     id: int
     kind: Literal["rollforward"]
+    policy_id: int | None = Field(description="The standing policy that started it (null: an operator).")
     from_sdk: str
     to_sdk: str
     selection: dict[str, Any]
@@ -102,6 +103,58 @@ class RollforwardPlan(_Out):
     from_sdk: str
     to_sdk: str
     items: list[RollforwardPlanItem]
+
+
+class PolicyIn(BaseModel):
+    """POST /v1/rollforward-policies: when the first worker of a new SDK release registers for a target the
+    policy covers, roll the selected artifacts forward to that release."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="Unique; letters, digits, `.`, `_`, `-`.")
+    target: Literal["inf2", "trn1", "trn2", "cpu"] | None = Field(
+        default=None, description="Only this target's new releases and artifacts (null: every target).")
+    from_sdk: str | None = Field(default=None, pattern=r"^\d+\.\d+\.\d+$", max_length=32,
+                                 description="The release to move from (null: the newest release older than "
+                                             "the new one with published artifacts for the target).")
+    model: str | None = Field(default=None, min_length=1, max_length=200, description="Only this model name.")
+    labels: dict[Annotated[str, Field(min_length=1, max_length=64)], Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=dict, max_length=32, description="Only artifacts with a build carrying every one.")
+    pinned: JsonBool = Field(default=False, description="Only artifacts a retention pin keeps.")
+    fetched_within_days: JsonNumber | None = Field(default=None, gt=0, le=3650,
+                                              description="Only artifacts fetched by key within this many days.")
+    enabled: JsonBool = Field(default=True, description="A disabled policy starts nothing.")
+
+
+class PolicyRunOut(_Out):
+    to_sdk: str
+    target: str = Field(description="The target whose first worker of `to_sdk` fired the policy.")
+    worker_id: str
+    from_sdk: str | None
+    campaign_id: int | None = Field(description="null: no campaign started (see `note`).")
+    campaign_url: str | None
+    note: str | None
+    created_at: datetime
+
+
+class PolicyOut(_Out):
+    id: int
+    name: str
+    target: str | None
+    from_sdk: str | None
+    model: str | None
+    labels: dict[str, str]
+    pinned: bool
+    fetched_within_days: float | None
+    enabled: bool
+    created_by: str | None
+    created_at: datetime
+    runs: list[PolicyRunOut] = Field(description="Each release the policy fired for, newest first.")
+    url: str
+
+
+class PolicyList(_Out):
+    items: list[PolicyOut]
 
 
 class _PinIn(BaseModel):

@@ -76,6 +76,10 @@ _TYPES = [
                 "`detail` says which field is wrong (e.g. the same release twice, or a release number that "
                 "is not one)."),
     ProblemType("campaign-not-found", 404, "Campaign not found", "No campaign has this id."),
+    ProblemType("policy-invalid", 422, "Roll-forward policy is invalid",
+                "`errors` lists each bad field as {field, message}; nothing was stored."),
+    ProblemType("policy-exists", 409, "Roll-forward policy exists", "A policy has this name already."),
+    ProblemType("policy-not-found", 404, "Roll-forward policy not found", "No policy has this id or name."),
     ProblemType("pin-invalid", 422, "Pin cannot be made as asked",
                 "An artifact pin's value is a key (64 hex digits); a label pin's is `name:value`."),
     ProblemType("pin-not-found", 404, "Pin not found", "No pin has this id."),

@@ -27,7 +27,18 @@ from compilesvc.ledger.engine import transaction
 from compilesvc.lifecycle.fetch_stats import DEFAULT_INTERVAL_SECONDS, FetchRecorder
 from compilesvc.services import Services
 from web import auth, ui
-from web.api import artifacts, blobs, builds, campaigns, logs, pins, subscriptions, system, webhooks
+from web.api import (
+    artifacts,
+    blobs,
+    builds,
+    campaigns,
+    logs,
+    pins,
+    rollforward_policies,
+    subscriptions,
+    system,
+    webhooks,
+)
 from web.api import tokens as tokens_api
 from web.api.params import too_large
 from web.context import (
@@ -131,8 +142,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     security_headers.install(app)
     auth.install(app, settings)  # after the timing and size hooks: refusals are logged with their duration
 
-    for blueprint in (builds.bp, logs.bp, webhooks.bp, artifacts.bp, blobs.bp, campaigns.bp, pins.bp, subscriptions.bp,
-                      tokens_api.bp, system.bp, ui.bp):
+    for blueprint in (builds.bp, logs.bp, webhooks.bp, artifacts.bp, blobs.bp, campaigns.bp, rollforward_policies.bp,
+                      pins.bp, subscriptions.bp, tokens_api.bp, system.bp, ui.bp):
         app.register_blueprint(blueprint)
     return app
 

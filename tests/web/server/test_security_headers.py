@@ -76,8 +76,8 @@ def test_every_page_and_answer_carries_the_headers_and_no_inline_code(env: Env) 
     assert_secure(login_page.headers)
     assert login(browser, env.token).status_code == 303
 
-    pages = ["/", f"/builds/{done}", f"/builds/{failed}", "/artifacts", "/workers", "/stats", "/docs", "/login",
-             "/?label=x:y"]
+    pages = ["/", f"/builds/{done}", f"/builds/{failed}", "/artifacts", "/workers", "/campaigns", "/stats", "/docs",
+             "/login", "/?label=x:y"]
     for path in pages:
         answer = browser.get(path)
         assert answer.status_code == 200 and answer.mimetype == "text/html", path

@@ -1,0 +1,179 @@
+"""Standing roll-forward policies: a campaign (:mod:`compilesvc.lifecycle.campaigns`) that starts by itself
+when the first worker of a new SDK release registers, so the fleet's artifacts for that release exist
+before serving moves to it.
+
+A release is *new* for a target when no worker ever registered with it for that target: the
+``sdk_releases`` table holds every (target, release) seen, and the registration that inserts the row (an
+insert that ignores conflicts, in the registration's transaction: :func:`claim`) is the first. For that
+release, each enabled policy covering the target claims a run, unique per (policy, release): with several
+workers of the release registering at once on several hosts, one of them claims it, once. A policy without
+a target covers the Neuron targets (a cpu worker's release is its torch: a policy for it says ``cpu``).
+After commit the claimer starts the campaign (:func:`start_claimed`), from the policy's ``from_sdk`` or,
+when it names none, from the newest older release (by version) with published artifacts for the target.
+
+A claimed run whose campaign never started (its worker died in between; no source release) says so in
+its ``note``; an operator starts that roll-forward by hand (``compilesvc rollforward``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from compilesvc.ledger.campaigns import Campaign, PolicyRun, RollforwardPolicy, SdkRelease
+from compilesvc.ledger.engine import transaction
+from compilesvc.ledger.models import Artifact, utcnow
+from compilesvc.ledger.sql import insert_ignore, insert_ignore_duplicate
+from compilesvc.lifecycle import campaigns
+from compilesvc.spec.neuron_releases import version_tuple
+from compilesvc.states import ArtifactState
+
+log = logging.getLogger(__name__)
+
+NEURON_TARGETS = ("inf2", "trn1", "trn2")
+TARGETS = (*NEURON_TARGETS, "cpu")
+NAME_MAX = 64
+NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{NAME_MAX}}}")  # the API's schema says the same
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be stored: ``field`` names the bad input."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+class PolicyExists(PolicyError):
+    """A policy has that name already."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A policy run this registration claimed: start its campaign after commit."""
+
+    run_id: int
+    policy_id: int
+    target: str
+    to_sdk: str
+
+
+def releases_of(capabilities: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (target, release) pairs a worker's capabilities serve (a cpu worker's release is its torch)."""
+    sdk = capabilities.get("sdk") or {}
+    return sorted((target, str(sdk[target])) for target in capabilities.get("targets") or [] if sdk.get(target))
+
+
+def add(session: Session, *, name: str, target: str | None = None, from_sdk: str | None = None,
+        model: str | None = None, labels: dict[str, str] | None = None, pinned: bool = False,
+        fetched_within_days: float | None = None, enabled: bool = True,
+        created_by: str | None = None) -> RollforwardPolicy:
+    """Store a policy; :class:`PolicyError` for a bad field or a name already taken."""
+    if not NAME.fullmatch(name):
+        raise PolicyError("name", f"1 to {NAME_MAX} letters, digits, '-', '_' or '.'")
+    if target is not None and target not in TARGETS:
+        raise PolicyError("target", f"one of {', '.join(TARGETS)}")
+    if fetched_within_days is not None and fetched_within_days <= 0:
+        raise PolicyError("fetched_within_days", "a number of days above 0")
+    if session.scalar(select(RollforwardPolicy.id).where(RollforwardPolicy.name == name)) is not None:
+        raise PolicyExists("name", f"a policy named {name!r} exists")
+    policy = RollforwardPolicy(name=name, target=target, from_sdk=from_sdk, model=model, labels=dict(labels or {}),
+                               pinned=pinned, fetched_within_days=fetched_within_days, enabled=enabled,
+                               created_by=created_by)
+    session.add(policy)
+    session.flush()
+    return policy
+
+
+def find(session: Session, name_or_id: str) -> RollforwardPolicy | None:
+    """By name, else (digits) by id: a policy may be named "7"."""
+    found = session.scalars(select(RollforwardPolicy).where(RollforwardPolicy.name == name_or_id)).first()
+    if found is None and name_or_id.isascii() and name_or_id.isdigit() and int(name_or_id) < 2**63:
+        found = session.get(RollforwardPolicy, int(name_or_id))
+    return found
+
+
+def runs_of(session: Session, policy_id: int) -> list[PolicyRun]:
+    return list(session.scalars(select(PolicyRun).where(PolicyRun.policy_id == policy_id)
+                                .order_by(PolicyRun.id.desc())))
+
+
+def claim(session: Session, worker_id: str, capabilities: dict[str, Any]) -> list[Claim]:
+    """In the transaction registering ``worker_id``: the releases it is the first to serve, and for each, a
+    run of every enabled policy covering its target that no one claimed yet."""
+    claims: list[Claim] = []
+    for target, sdk in releases_of(capabilities):
+        if not insert_ignore_duplicate(session, SdkRelease, {"target": target, "sdk": sdk,
+                                                             "first_worker_id": worker_id,
+                                                             "first_seen_at": utcnow()}, ["target", "sdk"]):
+            continue  # some worker served it before (or is registering it now, and is first)
+        log.info("a new SDK release registered", extra={"target": target, "sdk": sdk, "worker": worker_id})
+        covers = RollforwardPolicy.target == target
+        if target in NEURON_TARGETS:
+            covers = covers | RollforwardPolicy.target.is_(None)
+        policies = session.scalars(select(RollforwardPolicy).where(RollforwardPolicy.enabled.is_(True), covers)
+                                   .order_by(RollforwardPolicy.id))
+        for policy in policies:
+            run_id = insert_ignore(session, PolicyRun, {"policy_id": policy.id, "to_sdk": sdk, "target": target,
+                                                        "worker_id": worker_id, "created_at": utcnow()},
+                                   ["policy_id", "to_sdk"])
+            if run_id is not None:
+                claims.append(Claim(run_id, policy.id, target, sdk))
+    return claims
+
+
+def source_release(session: Session, policy: RollforwardPolicy, target: str, to_sdk: str) -> str | None:
+    """The policy's ``from_sdk``, or the newest release older than ``to_sdk`` (by version number) with
+    published artifacts of the policy's target (of a Neuron target, for a policy without one)."""
+    if policy.from_sdk:
+        return policy.from_sdk
+    targets = [policy.target] if policy.target else list(NEURON_TARGETS)
+    sdks = session.scalars(select(Artifact.sdk).distinct().where(Artifact.state == ArtifactState.PUBLISHED,
+                                                                 Artifact.target.in_(targets)))
+    older = [(version_tuple(sdk), sdk) for sdk in sdks if version_tuple(sdk) < version_tuple(to_sdk)]
+    return max(older)[1] if older else None
+
+
+def start_claimed(sessions: sessionmaker[Session], claimed: Claim, submit: campaigns.SubmitDocument) -> int | None:
+    """Start the campaign of a claimed run (after the claim committed); its id, or None with the run's note
+    saying why not."""
+    with sessions() as session:
+        policy = session.get(RollforwardPolicy, claimed.policy_id)
+        if policy is None:
+            return None
+        from_sdk = source_release(session, policy, claimed.target, claimed.to_sdk)
+        selection = campaigns.Selection(from_sdk or "", claimed.to_sdk, policy.model, policy.target,
+                                        dict(policy.labels), policy.pinned, policy.fetched_within_days)
+    if from_sdk is None or from_sdk == claimed.to_sdk:
+        _note(sessions, claimed.run_id, None, f"no older release has published {policy.target or claimed.target} "
+                                            f"artifacts to move to {claimed.to_sdk}")
+        return None
+    try:
+        campaign_id = campaigns.start(sessions, selection, submit, None, policy_id=claimed.policy_id)
+    except Exception as exc:  # the worker still starts; the run says what to do by hand
+        log.exception("a policy's campaign did not start", extra={"policy_id": claimed.policy_id})
+        _note(sessions, claimed.run_id, from_sdk, f"the campaign did not start ({type(exc).__name__}: {exc}); "
+                                                  f"run `compilesvc rollforward --from-sdk {from_sdk} "
+                                                  f"--to-sdk {claimed.to_sdk}`")
+        return None
+    with transaction(sessions) as session:
+        run = session.get_one(PolicyRun, claimed.run_id)
+        run.from_sdk, run.campaign_id = from_sdk, campaign_id
+    log.info("a policy started a campaign", extra={"policy_id": claimed.policy_id, "campaign_id": campaign_id,
+                                                   "from_sdk": from_sdk, "to_sdk": claimed.to_sdk})
+    return campaign_id
+
+
+def _note(sessions: sessionmaker[Session], run_id: int, from_sdk: str | None, note: str) -> None:
+    with transaction(sessions) as session:
+        run = session.get_one(PolicyRun, run_id)
+        run.from_sdk, run.note = from_sdk, note
+
+
+def campaigns_of(session: Session, policy_id: int) -> list[Campaign]:
+    return list(session.scalars(select(Campaign).where(Campaign.policy_id == policy_id).order_by(Campaign.id.desc())))

@@ -1,0 +1,114 @@
+"""Standing roll-forward policies through the API on both ledgers: add, list, show, remove; every bad
+field a 422 naming it, a name taken a 409; a registration of a release new to the fleet fires each enabled
+policy covering its target once, and the campaign it starts is listed with the policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+
+from compilesvc.ledger.campaigns import PolicyRun
+from compilesvc.ledger.engine import transaction
+from compilesvc.lifecycle import policies
+from tests.web.support import Env, complete_build, spec_for
+from tests.web.test_submit import assert_problem
+
+
+def add(env: Env, **body: Any) -> Any:
+    return env.client.post("/v1/rollforward-policies", json={"name": "search", **body})
+
+
+def caps(sdk: str, *targets: str) -> dict[str, Any]:
+    return {"targets": list(targets), "sdk": dict.fromkeys(targets, sdk)}
+
+
+def test_policies_are_added_listed_shown_and_removed(env: Env) -> None:
+    made = add(env, target="inf2", labels={"fleet": "search"}, from_sdk="2.13.0")
+    assert made.status_code == 201, made.json
+    policy = made.json
+    assert made.headers["Location"] == policy["url"]
+    assert {k: policy[k] for k in ("name", "target", "from_sdk", "labels", "enabled", "runs")} == {
+        "name": "search", "target": "inf2", "from_sdk": "2.13.0", "labels": {"fleet": "search"}, "enabled": True,
+        "runs": []}
+    assert [p["name"] for p in env.client.get("/v1/rollforward-policies").json["items"]] == ["search"]
+    assert env.client.get("/v1/rollforward-policies/search").json["id"] == policy["id"]
+    assert env.client.get(f"/v1/rollforward-policies/{policy['id']}").json["name"] == "search"
+    assert env.client.post("/v1/rollforward-policies/search/disable").json["enabled"] is False
+    assert env.client.get("/v1/rollforward-policies/search").json["enabled"] is False
+    assert env.client.post(f"/v1/rollforward-policies/{policy['id']}/enable").json["enabled"] is True
+    assert_problem(env.client.post("/v1/rollforward-policies/nobody/enable"), 404, "policy-not-found")
+    assert env.client.delete("/v1/rollforward-policies/search").json["id"] == policy["id"]
+    assert env.client.get("/v1/rollforward-policies").json["items"] == []
+    assert_problem(env.client.get("/v1/rollforward-policies/search"), 404, "policy-not-found")
+    assert_problem(env.client.delete("/v1/rollforward-policies/search"), 404, "policy-not-found")
+
+
+def test_bad_fields_are_422s_naming_the_field_and_a_name_taken_is_409(env: Env) -> None:
+    for body, field in (({"name": "has space"}, "name"), ({"target": "tpu"}, "target"),
+                        ({"from_sdk": "2.13"}, "from_sdk"), ({"fetched_within_days": 0}, "fetched_within_days"),
+                        ({"labels": {"": "x"}}, "labels"), ({"enabled": "yes"}, "enabled"),
+                        ({"colour": "red"}, "colour")):
+        problem = assert_problem(add(env, **body), 422, "policy-invalid")
+        assert any(e["field"].split(".")[0].split("[")[0] == field for e in problem["errors"]), (body, problem)
+    assert add(env).status_code == 201
+    assert_problem(add(env), 409, "policy-exists")
+    assert add(env, name="1").status_code == 201  # a name of digits is a name, whatever policy has that id
+    assert env.client.get("/v1/rollforward-policies/1").json["name"] == "1"  # a name wins over an id
+    assert_problem(add(env, name="1"), 409, "policy-exists")
+
+
+def test_a_new_release_fires_each_covering_policy_once_and_its_campaign_is_listed(env: Env) -> None:
+    build = env.submit(spec_for(env.upload(b"model a"), target="inf2", labels={"fleet": "search"})).json
+    complete_build(env.services, build["build_id"])
+    sessions = env.services.sessions
+    with transaction(sessions) as session:  # the fleet so far: a worker of 2.13.0 (no policy yet)
+        assert policies.claim(session, "w-old", caps("2.13.0", "inf2", "trn1")) == []
+    for body in ({"name": "any-neuron"}, {"name": "trn1-only", "target": "trn1"}, {"name": "cpu", "target": "cpu"},
+                 {"name": "off", "enabled": False}):
+        assert add(env, **body).status_code == 201
+    with transaction(sessions) as session:  # a restart of the old release: not new
+        assert policies.claim(session, "w-old-2", caps("2.13.0", "inf2", "trn1")) == []
+    with transaction(sessions) as session:
+        claims = policies.claim(session, "w-new", caps("2.14.0", "inf2"))
+    assert [(c.target, c.to_sdk) for c in claims] == [("inf2", "2.14.0")]  # any-neuron; trn1-only waits
+
+    def submit(document: dict[str, Any]) -> int:
+        return int(env.submit(document).json["build_id"])
+
+    campaign_id = policies.start_claimed(sessions, claims[0], submit)
+    assert campaign_id is not None
+    with transaction(sessions) as session:  # another worker of 2.14.0, with trn1 too: only trn1-only fires
+        again = policies.claim(session, "w-new-2", caps("2.14.0", "inf2", "trn1"))
+    assert [(c.target, c.to_sdk) for c in again] == [("trn1", "2.14.0")]
+    assert policies.start_claimed(sessions, again[0], submit) is None  # no trn1 artifacts to move
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(PolicyRun)) == 2
+
+    shown = env.client.get("/v1/rollforward-policies/any-neuron").json
+    (run,) = shown["runs"]
+    assert (run["to_sdk"], run["from_sdk"], run["campaign_id"], run["worker_id"]) == (
+        "2.14.0", "2.13.0", campaign_id, "w-new")
+    campaign = env.client.get(f"/v1/campaigns/{campaign_id}").json
+    assert campaign["policy_id"] == shown["id"] and campaign["progress"]["total"] == 1
+    (trn1_run,) = env.client.get("/v1/rollforward-policies/trn1-only").json["runs"]
+    assert trn1_run["campaign_id"] is None and "no older release" in trn1_run["note"]
+
+
+def test_the_campaigns_page_lists_policies_and_the_campaigns_they_started(env: Env) -> None:
+    from tests.web.test_ui_pages import page, text_of
+
+    assert "No standing policy" in text_of(page(env, "/campaigns"))
+    build = env.submit(spec_for(env.upload(b"model a"), target="inf2")).json
+    complete_build(env.services, build["build_id"])
+    with transaction(env.services.sessions) as session:
+        policies.claim(session, "w-old", caps("2.13.0", "inf2"))
+    assert add(env, labels={"fleet": "search"}).status_code == 201
+    assert add(env, name="idle", target="trn2", enabled=False).status_code == 201
+    with transaction(env.services.sessions) as session:
+        (claimed,) = policies.claim(session, "w-new", caps("2.14.0", "inf2"))
+    campaign_id = policies.start_claimed(env.services.sessions, claimed, lambda d: int(env.submit(d).json["build_id"]))
+    words = text_of(page(env, "/campaigns"))
+    assert "search enabled" in words and "fleet=search" in words and "idle disabled" in words, words
+    assert "2.14.0 (inf2, first worker w-new" in words and f"campaign {campaign_id} from 2.13.0" in words, words
+    assert "2.13.0 → 2.14.0" in words and "policy search" in words and "not fired yet" in words, words
