@@ -95,9 +95,3 @@ def policies_disable(policy: str, api: str | None) -> None:
     """Disable POLICY (its id or name; admin token): it starts nothing until enabled."""
     call(connect(api), "POST", f"/v1/rollforward-policies/{policy}/disable")
 
-
-if __name__ == "__main__":  # `python -m compilesvc.cli.policies`, until the entry point is installed
-    from compilesvc.cli.main import main
-
-    main.add_command(policies_group)
-    main()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 
 from sqlalchemy import select
@@ -23,7 +22,7 @@ from tests.doubles import neuron_double_env
 from tests.fixtures.ports import free_port
 from tests.fixtures.tokens import BOOTSTRAP_TOKEN
 from tests.fixtures.waiting import wait_for
-from tests.workers.conftest import NEURON_SDK, Cluster
+from tests.workers.conftest import COMPILESVC, NEURON_SDK, Cluster
 
 MakeCluster = Callable[..., Cluster]
 NEXT_SDK = "2.25.0"
@@ -86,7 +85,7 @@ def policies_cli(api: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILESVC_", "AWS_"))}
     env.update({"COMPILESVC_API_URL": api, "COMPILESVC_TOKEN": BOOTSTRAP_TOKEN,
                 "COMPILESVC_CONFIG": "/nonexistent/compilesvc.toml"})
-    return subprocess.run([sys.executable, "-m", "compilesvc.cli.policies", "rollforward-policies", *args], env=env,
+    return subprocess.run([COMPILESVC, "rollforward-policies", *args], env=env,
                           capture_output=True, text=True, timeout=60)
 
 
