@@ -73,7 +73,7 @@ class CommandFailed(click.ClickException):
 #: step): a command that imports one runs part of the service, not the client.
 SERVER_PACKAGES = frozenset({"sqlalchemy", "alembic", "psycopg", "boto3", "botocore", "s3transfer", "celery",
                              "kombu", "redis", "flask", "werkzeug", "prometheus_client", "gunicorn", "http_sfv",
-                             "limits"})
+                             "limits", "lightkube"})
 
 
 def _needs_server(name: str) -> click.Command:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Distribution name (pyproject) -> the top-level module it installs.
 MODULE_OF = {"sqlalchemy": "sqlalchemy", "alembic": "alembic", "psycopg": "psycopg", "boto3": "boto3",
              "celery": "celery", "flask": "flask", "prometheus-client": "prometheus_client", "gunicorn": "gunicorn",
-             "http-sfv": "http_sfv", "limits": "limits"}
+             "http-sfv": "http_sfv", "limits": "limits", "lightkube": "lightkube"}
 BLOCKED_CLIENT = f"""
 import importlib.abc, sys
 class NoServer(importlib.abc.MetaPathFinder):
