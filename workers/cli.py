@@ -230,9 +230,10 @@ def default_worker_name() -> str:
               "(default: compilesvc-<pid>@<hostname>).")
 @click.option("--loglevel", "-l", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-@click.option("--pool", type=click.Choice(["threads", "prefork"]), default="threads", show_default=True,
-              help="Celery pool. A task only supervises its compiler's own process, so threads suffice and "
-                   "nothing is forked; prefork is there for comparison.")
+@click.option("--pool", type=click.Choice(["threads"]), default="threads", show_default=True,
+              help="Celery pool: threads only. A task only supervises its compiler's own process, so threads "
+                   "suffice; and the drain, --max-compiles and the pod's annotations live in this one process, "
+                   "which a prefork pool's children would not share.")
 @click.option("--max-compiles", type=click.IntRange(min=1), default=None,
               help="Stop (draining, as on SIGTERM) once this many compiles have ended here: 1 for a Kubernetes "
                    "Job per compile (the Helm chart's ScaledJob mode).")

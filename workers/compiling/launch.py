@@ -48,6 +48,7 @@ class AttemptDirs:
 
 @contextmanager
 def compile_dirs(settings: Settings, bucket_id: int, files: Path, work_dir: Path) -> Iterator[AttemptDirs]:
+    """The attempt's directories: beside its job dir ``files``, or an attempt in the pod's spool (wiped after)."""
     if settings.sandbox != "pod":
         for directory in (files / "model", files / "out"):
             directory.mkdir()
@@ -59,7 +60,7 @@ def compile_dirs(settings: Settings, bucket_id: int, files: Path, work_dir: Path
 
 
 def start_child(settings: Settings, claim: leases.Claim, dirs: AttemptDirs, tmp: Path, logs: LogStream,
-           policy: Policy) -> CompilerProcess | SpoolProcess:
+                policy: Policy) -> CompilerProcess | SpoolProcess:
     """The compile child of this attempt, started in the worker's sandbox, or handed to the pod's runner."""
     if dirs.spooled is not None:
         return SpoolProcess(dirs.spooled, logs=logs, limits=policy.limits, timeout=settings.compile_timeout_seconds,

@@ -118,7 +118,8 @@ class Policy:
                         tmp_bytes=settings.sandbox_tmp_mb * mib)
         extra = tuple(Path(p) for p in settings.sandbox_read_paths.split(",") if p.strip())
         secret = (settings.data_dir.expanduser().resolve(), Path.home().resolve(),
-                  *([settings.signing_key_file.expanduser().resolve()] if settings.signing_key_file else []))
+                  *([settings.signing_key_file.expanduser().resolve()] if settings.signing_key_file else []),
+                  *(Path(p) for p in SERVICE_SECRET_DIRS), *(Path(os.path.realpath(p)) for p in SERVICE_SECRET_DIRS))
         return cls(enabled=settings.sandbox != "off", user=resolve_user(settings.sandbox_user),
                    limits=limits, extra_read_paths=extra, secret_paths=secret)
 
@@ -142,6 +143,11 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(module.__path__))).resolve()
 
 
+#: Where orchestrators put a container's credentials: Docker's and Compose's secrets, Kubernetes'
+#: service-account token (a worker that annotates its pod has one). Never bound, whatever the settings add.
+SERVICE_SECRET_DIRS = ("/run/secrets", "/var/run/secrets")
+
+
 def toolchain_paths(env: Mapping[str, str], secret_paths: Iterable[Path] = ()) -> list[Path]:
     """What the child reads to run at all: the interpreter (where its binary really lives and the virtualenv
     pointing at it), our two packages' directories (never a checkout's root, which may hold the embedded
@@ -153,11 +159,15 @@ def toolchain_paths(env: Mapping[str, str], secret_paths: Iterable[Path] = ()) -
     for name in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH"):
         paths.update(Path(p) for p in env.get(name, "").split(os.pathsep) if p.startswith("/"))
     paths.update(Path(p) for p in SYSTEM_READ_PATHS)
-    secrets = [Path(p) for p in secret_paths]
     # Real paths (/bin is a link into /usr on merged-/usr hosts, recreated as such inside), each bound once.
     real = {Path(os.path.realpath(p)) for p in paths if p.exists()}
     return sorted(p for p in real if not any(parent in real for parent in p.parents)
-                  and not any(p == s or p in s.parents for s in secrets))
+                  and not holds_secret(p, secret_paths))
+
+
+def holds_secret(path: Path, secret_paths: Iterable[Path]) -> bool:
+    """Whether binding ``path`` would show one of ``secret_paths`` (it is one, or a directory above one)."""
+    return any(path == s or path in s.parents for s in (Path(p) for p in secret_paths))
 
 
 def device_nodes(env: Mapping[str, str]) -> list[Path]:
@@ -227,7 +237,8 @@ class Sandbox:
             elif top.is_dir():
                 args += ["--ro-bind", str(top), str(top)]
         read_only = toolchain_paths(self.env, self.policy.secret_paths) + [
-            p for p in self.policy.extra_read_paths if p.exists()]
+            p for p in self.policy.extra_read_paths
+            if p.exists() and not holds_secret(Path(os.path.realpath(p)), self.policy.secret_paths)]
         # bubblewrap makes missing parents of a bind with the host's modes (/root: 0700, which the sandbox
         # user could not cross): make them first, open to traverse, holding nothing but the binds.
         # Device nodes too: COMPILESVC_NEURON_DEVICE_GLOB may place them under a directory the user cannot cross.

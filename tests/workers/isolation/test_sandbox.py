@@ -340,3 +340,22 @@ def test_the_memory_limit_is_the_workers_own_or_none_where_the_compile_has_a_con
     chosen = Policy.from_settings(make_settings(tmp_path, url, sandbox="pod", compile_spool=tmp_path / "spool",
                                                 sandbox_memory_mb=512)).limits
     assert (chosen.memory_bytes, chosen.memory_set) == (512 * 1024 * 1024, True)
+
+
+def test_orchestrator_secrets_are_never_bound_whatever_the_settings_add(tmp_path: Path) -> None:
+    """Docker's /run/secrets and Kubernetes' service-account token (/var/run/secrets) hold credentials: an
+    operator's COMPILESVC_SANDBOX_READ_PATHS naming a directory above them binds nothing (issue 30's review)."""
+    from tests.fixtures.settings import make_settings
+    from workers.isolation.sandbox import holds_secret
+
+    extra = tmp_path / "models-cache"
+    extra.mkdir()
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}",
+                             sandbox_read_paths=f"/run,/var,{extra}")
+    policy = Policy.from_settings(settings)
+    assert holds_secret(Path(os.path.realpath("/var/run/secrets")), policy.secret_paths)
+    assert holds_secret(Path("/run"), policy.secret_paths) and not holds_secret(extra, policy.secret_paths)
+    argv = Sandbox(policy, Mounts(), child_environment(os.environ)).argv([sys.executable, "-c", "pass"], tmp_path)
+    bound = {argv[i + 1] for i, arg in enumerate(argv) if arg in ("--ro-bind", "--bind", "--ro-bind-try")}
+    assert str(extra) in bound
+    assert not {"/run", "/var", os.path.realpath("/var/run")} & bound
