@@ -3,9 +3,8 @@
 The task's arguments beyond ``bucket_compile_id`` exist for routing (:func:`compilesvc.dispatch.routing.route_task`)
 and for reading a queue by eye; the compile itself is described by the ledger row, which the runner claims.
 
-Each worker process builds one :class:`~compilesvc.services.Services` on first use, shared by its pool
-threads (engines and sessionmakers are thread-safe). With the prefork pool, each pool process builds its
-own after the fork: a database connection must never be shared between processes.
+The worker builds one :class:`~compilesvc.services.Services` on first use, shared by its pool threads
+(engines and sessionmakers are thread-safe; ``compilesvc worker`` runs the threads pool only).
 """
 
 from __future__ import annotations
@@ -30,36 +29,35 @@ from workers.host.pod_protection import PodProtection
 
 log = logging.getLogger(__name__)
 
-#: The registered worker id (set by ``compilesvc worker`` before the pool forks).
+#: The registered worker id (set by ``compilesvc worker`` before the pool starts).
 _worker_id: str | None = None
 #: ``compilesvc worker --max-compiles``: stop after this many compiles ended (None: never).
 _max_compiles: int | None = None
 _ended = 0
-_main_pid = os.getpid()
 #: ``COMPILESVC_KUBERNETES_PROTECT``: the pod's annotations follow the running compiles.
 _protection: PodProtection | None = None
 _services: tuple[int, Services] | None = None
 _services_lock = threading.Lock()
+_ended_lock = threading.Lock()
 
 
 def configure(worker_id: str, max_compiles: int | None = None, protection: PodProtection | None = None) -> None:
-    global _worker_id, _max_compiles, _main_pid, _protection
+    global _worker_id, _max_compiles, _protection
     _worker_id = worker_id
     _max_compiles = max_compiles
     _protection = protection
-    _main_pid = os.getpid()  # the worker's main process (a prefork pool's tasks run in its children)
 
 
 def _count_ended() -> None:
     """One compile more has ended here; at ``--max-compiles``, stop as if told to (a Kubernetes Job's pod
     runs one compile and exits: the chart's ScaledJob mode)."""
     global _ended
-    with _services_lock:
+    with _ended_lock:
         _ended += 1
         done = _max_compiles is not None and _ended == _max_compiles
     if done:
         log.info("max compiles reached: stopping", extra={"compiles": _ended})
-        os.kill(_main_pid, signal.SIGTERM)  # Celery's warm shutdown, and the drain of whatever still runs
+        os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown, and the drain of whatever still runs
 
 
 def worker_id() -> str:
