@@ -45,7 +45,7 @@ from compilesvc.spec.neuron_releases import (
 )
 
 Target = Literal["inf2", "trn1", "trn2", "trn3", "cpu"]
-ModelFormat = Literal["torchscript", "exported-program", "hf-dir", "hlo"]
+ModelFormat = Literal["torchscript", "exported-program", "hf-dir", "hlo", "hf-checkpoint"]
 
 #: Which releases support each one: the release table (:func:`compilesvc.spec.neuron_releases.release_targets`).
 NEURON_TARGETS: frozenset[str] = frozenset(TARGET_FAMILIES)
@@ -54,6 +54,8 @@ BACKEND_FORMATS: dict[str, dict[str, frozenset[str]]] = {
     "neuron": {
         "trace": frozenset({"torchscript", "exported-program", "hf-dir"}),
         "neuronx-cc": frozenset({"hlo"}),
+        # An LLM compiled by NxD Inference from a Hugging Face checkpoint (docs/llm.md).
+        "nxdi": frozenset({"hf-checkpoint"}),
     },
     "cpu": {
         "torchscript": frozenset({"torchscript", "exported-program", "hf-dir"}),
@@ -71,7 +73,8 @@ CPU_BACKEND_FLAGS: dict[str, frozenset[str]] = {
 # Schema ``pattern`` (anchored), so it is written in the subset Python and ECMA-262 read alike: explicit
 # character classes, no ``.``, ``\d`` or ``$`` (whose meanings differ between the two).
 _BLOB_FORM = "blob:sha256:[0-9a-f]{64}"
-_S3_FORM = "s3://[a-z0-9][a-z0-9.\\-]{1,61}[a-z0-9]/[^\\n\\u0000]*[^/\\n\\u0000]"
+# An hf-checkpoint model may name a prefix (ending in "/"); ModelRef refuses one for every other format.
+_S3_FORM = "s3://[a-z0-9][a-z0-9.\\-]{1,61}[a-z0-9]/[^\\n\\u0000]*[^\\n\\u0000]"
 # No host, query or fragment: a literal "#" or "?" in a file name is percent-encoded.
 _FILE_FORM = "file:///[^?#\\u0000]*"
 _URI_PATTERN = f"^({_BLOB_FORM}|{_S3_FORM}|{_FILE_FORM})$"
@@ -91,7 +94,8 @@ EXTRA_FLAGS_CONTEXT = "extra_compiler_flags"
 
 
 class ModelRef(_Strict):
-    uri: str = Field(description='"blob:sha256:<64 hex>", "s3://bucket/key" or "file:///abs/path".',
+    uri: str = Field(description='"blob:sha256:<64 hex>", "s3://bucket/key" or "file:///abs/path"; an hf-checkpoint '
+                     'may be "s3://bucket/prefix/" or a directory.',
                      json_schema_extra={"pattern": _URI_PATTERN})
     format: ModelFormat
     name: str | None = Field(default=None, max_length=200, description="Display only; not in the key.")
@@ -104,7 +108,8 @@ class ModelRef(_Strict):
             return uri
         if uri.startswith("s3://"):
             if not _S3_RE.fullmatch(uri):
-                raise ValueError("expected s3://bucket/key naming one object (not a prefix)")
+                raise ValueError("expected s3://bucket/key naming one object (not a prefix), or s3://bucket/prefix/ "
+                                 "for an hf-checkpoint")
             return uri
         if uri.startswith("file://"):
             if not _FILE_RE.fullmatch(uri):
@@ -118,7 +123,18 @@ class ModelRef(_Strict):
     def _version_only_for_s3(self) -> ModelRef:
         if self.version_id is not None and not self.uri.startswith("s3://"):
             raise _FieldError(("version_id",), "applies only to s3:// models")
+        if self.is_prefix and self.format != "hf-checkpoint":
+            raise _FieldError(("uri",), "expected s3://bucket/key naming one object (not a prefix): only an "
+                              "hf-checkpoint model may be a prefix")
+        if self.is_prefix and self.version_id is not None:
+            raise _FieldError(("version_id",), "a prefix is pinned object by object at submit; version_id names one "
+                              "object")
         return self
+
+    @property
+    def is_prefix(self) -> bool:
+        """An S3 prefix (a checkpoint directory in S3), pinned object by object at submit."""
+        return self.uri.startswith("s3://") and self.uri.endswith("/")
 
     @property
     def scheme(self) -> str:
@@ -170,7 +186,12 @@ class CompileSpec(_Strict):
     sdk: str = Field(description='Neuron SDK release, e.g. "2.20.0"; for cpu the torch version.',
                      json_schema_extra={"pattern": f"^{SDK_RE.pattern}$"})
     compiler: CompilerOptions = Field(default_factory=CompilerOptions)
-    buckets: list[Bucket] = Field(min_length=1, max_length=MAX_BUCKETS)
+    buckets: list[Bucket] = Field(default_factory=list, max_length=MAX_BUCKETS, description="Shape buckets, at "
+                                  "least one; none for hf-checkpoint models, whose sequence buckets are in "
+                                  "neuron_config.")
+    neuron_config: dict[str, Any] | None = Field(
+        default=None, description="hf-checkpoint models only: NxD Inference's NeuronConfig, checked field by field "
+        "against the NxDI release the SDK release ships (docs/llm.md).")
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=32, description="Recorded with the build; never in the key."
     )
@@ -188,6 +209,22 @@ class CompileSpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> CompileSpec:
         family = "cpu" if self.target == "cpu" else "neuron"
+        if self.model.format == "hf-checkpoint":
+            if family == "cpu":
+                raise _FieldError(("model", "format"), "an hf-checkpoint is compiled by NxD Inference, for a Neuron "
+                                  f"target ({', '.join(sorted(NEURON_TARGETS))}), not for cpu")
+            if self.buckets:
+                raise _FieldError(("buckets",), "an hf-checkpoint model takes its sequence buckets in "
+                                  "neuron_config.buckets (e.g. [128, 512, 2048]), not shape buckets")
+            if self.neuron_config is None:
+                raise _FieldError(("neuron_config",), "required for an hf-checkpoint model (tp_degree, batch_size, "
+                                  "seq_len, ...)")
+        else:
+            if not self.buckets:
+                raise _FieldError(("buckets",), "Field required: at least 1 shape bucket (hf-checkpoint "
+                                  "models take none)")
+            if self.neuron_config is not None:
+                raise _FieldError(("neuron_config",), "applies only to hf-checkpoint models (NxD Inference)")
         backends = BACKEND_FORMATS[family]
         backend = self.backend
         if backend not in backends:
@@ -262,4 +299,4 @@ class CompileSpec(_Strict):
             return self.compiler.backend
         if self.target == "cpu":
             return "torchscript"
-        return "neuronx-cc" if self.model.format == "hlo" else "trace"
+        return {"hlo": "neuronx-cc", "hf-checkpoint": "nxdi"}.get(self.model.format, "trace")
