@@ -43,6 +43,7 @@ from compilesvc.spec.neuron_releases import (
     require_target,
     toolchain_material,
 )
+from compilesvc.spec.nxdi_config import canonical_neuron_config
 
 Target = Literal["inf2", "trn1", "trn2", "trn3", "cpu"]
 ModelFormat = Literal["torchscript", "exported-program", "hf-dir", "hlo", "hf-checkpoint"]
@@ -291,6 +292,14 @@ class CompileSpec(_Strict):
         """The spec as every build of it records it (``builds.spec``): made once per spec, since a prepared spec
         is kept for its identical submits (and the spec is frozen). Shared: callers must not change it."""
         return self.model_dump(mode="json", exclude_none=True)
+
+    @cached_property
+    def nxdi_config(self) -> dict[str, Any]:
+        """The canonical NeuronConfig of an hf-checkpoint spec (every default of its NxDI release filled in, the
+        bucket short form expanded): what the key holds and the worker gives NxDI. Empty for other specs."""
+        if self.neuron_config is None:
+            return {}
+        return canonical_neuron_config(self.sdk, self.target, self.neuron_config)
 
     @property
     def backend(self) -> str:
