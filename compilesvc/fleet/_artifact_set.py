@@ -15,6 +15,7 @@ from compilesvc.client.api import Api
 from compilesvc.fleet._cache import ArtifactCache, Verify, default_cache_dir
 from compilesvc.fleet._fetch import DEFAULT_PARALLEL, Fetcher, FetchReport, Progress, spec_digest
 from compilesvc.fleet._host import HostCheck, HostReport, enforce
+from compilesvc.fleet._llm import LLMArtifact, NotAnLLMArtifact
 from compilesvc.fleet._remote import FleetError, Remote, Untrusted
 from compilesvc.fleet._select import Shape, order_key, select
 from compilesvc.signing.keys import KeyFileError, TrustedKeys
@@ -130,6 +131,22 @@ class ArtifactSet:
         host = enforce(key, (b.versions for b in report.manifest.buckets), policy)
         buckets = tuple(_bucket(report.directory, b) for b in report.manifest.buckets)
         return cls(key, report.manifest, report.directory, buckets, report, host)
+
+    @cached_property
+    def llm(self) -> LLMArtifact:
+        """The artifact as NxD Inference's compiled directory (an LLM compile: one bucket, no inputs), with
+        the InferenceConfig read from its neuron_config.json; :class:`NotAnLLMArtifact` for any other artifact."""
+        if len(self.buckets) != 1:
+            raise NotAnLLMArtifact(f"{self.key} is not an NxD Inference artifact: it has {len(self.buckets)} buckets, "
+                                   "an LLM compile has one")
+        bucket = self.buckets[0]
+        return LLMArtifact.from_directory(bucket.directory, tuple(bucket.files), key=self.key)
+
+    @property
+    def compiled_model_path(self) -> Path:
+        """NxD Inference's compiled directory (``<cache>/v1/artifacts/<key>/bucket-0``): what
+        ``NEURON_COMPILED_ARTIFACTS`` and NxDI's ``load()`` take. :class:`NotAnLLMArtifact` for other artifacts."""
+        return self.llm.compiled_model_path
 
     @cached_property
     def _by_preference(self) -> tuple[LocalBucket, ...]:
