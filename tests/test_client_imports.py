@@ -13,10 +13,10 @@ import pytest
 SERVER_ONLY = ("sqlalchemy", "boto3", "botocore", "celery", "kombu", "flask")
 #: The client's commands (docs/ci.md, docs/fleet.md): they talk to the API over HTTP, or read a local cache.
 CLIENT_COMMANDS = ("submit", "status", "logs", "cancel", "retry", "builds", "upload", "fetch", "verify",
-                   "rollforward", "campaigns")
+                   "rollforward", "campaigns", "serve-env")
 CLIENT_MODULES = ("compilesvc.cli.main", "compilesvc.cli.builds", "compilesvc.cli.campaigns",
-                  "compilesvc.cli.connection", "compilesvc.cli.fetch", "compilesvc.cli.verify",
-                  "compilesvc.client.follow", "compilesvc.fleet")
+                  "compilesvc.cli.connection", "compilesvc.cli.fetch", "compilesvc.cli.serve_env",
+                  "compilesvc.cli.verify", "compilesvc.client.follow", "compilesvc.fleet")
 
 
 def imported_top_level(stderr: str) -> set[str]:

@@ -19,7 +19,7 @@ PUBLIC = ["compilesvc.spec.CompileSpec", "compilesvc.config.Settings", "compiles
 # Commands users type, each an entry point of the distribution (the names are the public surface).
 COMMANDS = {"serve", "worker", "compile-runner", "doctor", "relay", "dev", "submit", "status", "logs", "cancel",
             "retry", "builds", "rollforward", "campaigns", "gc", "pins", "upload", "fetch", "tokens", "verify",
-            "sign-artifacts", "neuron-releases", "rollforward-policies"}
+            "sign-artifacts", "neuron-releases", "rollforward-policies", "serve-env"}
 
 
 def resolve(dotted: str) -> Any:

@@ -27,6 +27,7 @@ from compilesvc.fleet._select import Miss, NoBucketFits, select
 from compilesvc.fleet._serving import (
     ServingArgs,
     ServingArgsError,
+    check_loadable,
     check_serving,
     parse_vllm_args,
     vllm_environment,
@@ -63,6 +64,7 @@ __all__ = [
     "Verify",
     "VersionMismatch",
     "VersionMismatchWarning",
+    "check_loadable",
     "check_serving",
     "crop",
     "default_cache_dir",

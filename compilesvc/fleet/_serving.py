@@ -138,7 +138,9 @@ def vllm_serving_args(artifact: LLMArtifact) -> list[str]:
     if nc.get("is_prefix_caching"):
         out += ["--enable-prefix-caching", "--block-size", str(nc.get("pa_block_size", nc.get("seq_len")))]
     if nc.get("enable_fused_speculation"):
-        out += ["--speculative-config", json.dumps({"num_speculative_tokens": nc.get("speculation_length", 0)})]
+        # No spaces: the sh format's VLLM_SERVE_ARGS is word-split by the shell that expands it.
+        out += ["--speculative-config", json.dumps({"num_speculative_tokens": nc.get("speculation_length", 0)},
+                                                   separators=(",", ":"))]
     return out
 
 
@@ -179,18 +181,26 @@ def check_serving(artifact: LLMArtifact, args: ServingArgs) -> list[str]:
     elif args.max_num_seqs > batch:
         problems.append(f"--max-num-seqs {args.max_num_seqs} but the artifact was compiled for batch_size {batch} "
                         "(sequence ids beyond the compiled KV cache rows)")
-    if batch > 1 and not nc.get("is_continuous_batching"):
-        problems.append(f"the artifact has batch_size {batch} without is_continuous_batching, which vLLM's batching "
-                        "needs (V0 neuronx_distributed.py:L610; vllm-neuron L764)")
-
     problems += _lengths(nc, args)
     problems += _dtype(artifact, args)
     problems += _blocks(nc, args)
     problems += _speculation(nc, args)
     problems += _overrides(nc, args)
-    problems += _weights(artifact, args)
+    problems += check_loadable(artifact, args)
     problems += _model_config(artifact, args)
     return problems
+
+
+def check_loadable(artifact: LLMArtifact, args: ServingArgs | None = None) -> list[str]:
+    """What makes vLLM fail to load ``artifact`` on this host whatever its arguments (and then compile here):
+    the weights not where NxDI reads them, a batch vLLM cannot drive. One line each; empty when loadable."""
+    nc = artifact.neuron_config
+    problems = []
+    batch = _batch_size(nc)
+    if batch > 1 and not nc.get("is_continuous_batching"):
+        problems.append(f"the artifact has batch_size {batch} without is_continuous_batching, which vLLM's batching "
+                        "needs (V0 neuronx_distributed.py:L610; vllm-neuron L764)")
+    return problems + _weights(artifact, args or ServingArgs())
 
 
 def _lengths(nc: Mapping[str, Any], args: ServingArgs) -> list[str]:

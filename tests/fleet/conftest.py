@@ -52,14 +52,15 @@ class FleetApi:
 
     def publish(self, *, buckets: tuple[tuple[int, int], ...] = ((1, 8), (2, 8)), size: int = 0,
                 model: bytes = b"m", versions: dict[str, Any] | None = None,
-                payload: Callable[[str], bytes] | None = None) -> str:
+                payload: Callable[[str], bytes] | None = None,
+                files: Callable[[str], dict[str, tuple[str, bytes]]] | None = None) -> str:
         """Publish an artifact (the worker's core paths, no compiler) with ``size``-byte model files (or
-        ``payload(bucket key)``)."""
+        ``payload(bucket key)``, or each bucket's ``files(bucket key)``: path -> (role, bytes))."""
         uri = self.env.upload(model)
         response = self.env.submit(spec_for(uri, buckets=buckets))
         assert response.status_code == 202, response.get_data(as_text=True)
         complete_build(self.env.services, response.json["build_id"], payload=payload or payload_of(size),
-                       versions=versions)
+                       versions=versions, files=files)
         return str(response.json["artifact_key"])
 
     def manifest(self, key: str) -> dict[str, Any]:

@@ -90,9 +90,11 @@ def queued_buckets(services: Services, build_id: int) -> list[int]:
 
 def complete_build(services: Services, build_id: int, *, log_lines: tuple[str, ...] = ("compiling", "done"),
                    compile_seconds: float = 1.5, payload: Callable[[str], bytes] | None = None,
-                   versions: dict[str, Any] | None = None) -> None:
+                   versions: dict[str, Any] | None = None,
+                   files: Callable[[str], dict[str, tuple[str, bytes]]] | None = None) -> None:
     """Finish every queued compile of the build's artifact successfully, then publish it. Each bucket's
-    model file is ``payload(bucket key)`` (default: a few bytes naming the key); ``versions`` are what the
+    model file is ``payload(bucket key)`` (default: a few bytes naming the key), or its files are
+    ``files(bucket key)`` (path -> (role, bytes), e.g. NxDI's compiled directory); ``versions`` are what the
     manifests record."""
     store = services.store
     for bucket_id in queued_buckets(services, build_id):
@@ -100,12 +102,15 @@ def complete_build(services: Services, build_id: int, *, log_lines: tuple[str, .
             claim = leases.claim(session, bucket_id, WORKER, lease_seconds=60)
         assert claim is not None
         content = payload(claim.key) if payload is not None else f"compiled {claim.key}".encode()
-        model = store.put_stream(io.BytesIO(content))
+        wanted = files(claim.key) if files is not None else {"model.pt": ("model", content)}
+        entries = []
+        for path, (role, data) in wanted.items():
+            blob = store.put_stream(io.BytesIO(data))
+            entries.append(FileEntry(path=path, role=role, size=blob.size, sha256=blob.sha256))
         log = store.put_stream(io.BytesIO("\n".join(log_lines).encode()))
         recorded = versions if versions is not None else {"torch": "2.13.0", "compilesvc": "0.1.0"}
         manifest = BucketManifest(
-            key=claim.key, material=claim.material, inputs=claim.inputs,
-            files=[FileEntry(path="model.pt", role="model", size=model.size, sha256=model.sha256)],
+            key=claim.key, material=claim.material, inputs=claim.inputs, files=entries,
             log=FileEntry(path="compile.log", role="log", size=log.size, sha256=log.sha256),
             versions=recorded, worker=WORKER, compile_seconds=compile_seconds,
             created_at=datetime.now(UTC).isoformat(),
