@@ -127,6 +127,11 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
         "not run: needs an inf2 host and AWS Secrets Manager; shell checked with bash -n",
     ("docs/fleet.md", "Serving code: `compilesvc.fleet`", "python", "from compilesvc.fleet import ArtifactSet, NoBucketFits, crop"):
         f"run: {FLEET}::test_fleet_blocks" + FIRST_HOUR,
+    ("docs/fleet.md", "LLM artifacts for vLLM", "sh", "compilesvc serve-env KEY                              # or -"):
+        "not run: needs a Neuron host and vLLM; shell checked with bash -n; the same eval and check run in "
+        "tests/fleet/test_serve_env.py::test_a_fleet_host_gets_the_vllm_environment_and_keeps_it_with_the_api_gone",
+    ("docs/fleet.md", "LLM artifacts for vLLM", "text", "error: --tensor-parallel-size 4 but the artifact was compile"):
+        f"{OUTPUT}; tests/fleet/test_llm_serving.py::test_each_mismatch_is_refused_with_its_line provokes each",
     ("docs/fleet.md", "Rolling forward to a new SDK release", "sh", "compilesvc rollforward --from-sdk 2.20.0 --to-sdk 2.21.0 --d"):
         f"run: {OPERATOR}::test_operator_blocks (the dry run; the campaign itself: "
         "tests/workers/test_rollforward.py)",
