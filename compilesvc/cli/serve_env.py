@@ -82,11 +82,14 @@ def _llm(report: Any) -> LLMArtifact:
               help="sh: export lines to eval; json: one document.")
 @click.option("--verify", type=click.Choice(["sha256", "size"]), default="sha256", show_default=True,
               help="How cached files are checked before use: every byte, or sizes only.")
+@click.option("--check-host", is_flag=True,
+              help="Refuse (exit 1) unless this host's torch / torch-neuronx / runtime match the artifact's recorded "
+                   "versions (as `compilesvc fetch --check-host`).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress or summary on stderr.")
 @API_OPTION
 def serve_env(key: str | None, vllm_args: tuple[str, ...], spec_path: Path | None, cache_dir: Path | None,
-              offline: bool, checkpoint: Path | None, serving_dir: Path | None, fmt: str, verify: str, quiet: bool,
-              api: str | None) -> None:
+              offline: bool, checkpoint: Path | None, serving_dir: Path | None, fmt: str, verify: str,
+              check_host: bool, quiet: bool, api: str | None) -> None:
     """Print the environment and vLLM arguments for serving the NxD Inference artifact KEY (or --spec SPEC);
     with vLLM's arguments after `--`, refuse (exit 4) every one that does not match the artifact. An artifact
     vLLM could not load here (its weights not where NxDI reads them) is refused (exit 4) either way.
@@ -117,7 +120,7 @@ def serve_env(key: str | None, vllm_args: tuple[str, ...], spec_path: Path | Non
         args = parse_vllm_args(vllm_args) if vllm_args else None
     except ServingArgsError as exc:
         raise BadInput(f"vLLM arguments: {exc}") from None
-    report = _open(ref, cache_dir, api, offline, verify, False, False, 4, _Bar(not quiet and fmt == "sh"))
+    report = _open(ref, cache_dir, api, offline, verify, check_host, False, 4, _Bar(not quiet and fmt == "sh"))
     artifact = _llm(report)
     if checkpoint is not None and serving_dir is not None:
         try:

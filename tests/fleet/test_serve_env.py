@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from compilesvc.fleet import ArtifactSet, NotAnLLMArtifact, NotCached, check_serving, parse_vllm_args
 from tests.fleet.conftest import FleetApi
 from tests.fleet.nxdi_files import compiled_files, inference_config, write_checkpoint
 from tests.web.support import complete_build, spec_for
@@ -192,3 +193,36 @@ def test_fetch_and_serve_env_of_an_hf_checkpoint_spec(fleet_api: FleetApi, tmp_p
     served = serve_env(fleet_api, "--spec", str(spec), "--offline", "-q", "--", *MATCHING)
     assert served.returncode == 0, served.stderr
     assert f"export NEURON_COMPILED_ARTIFACTS={fetched['directory']}/bucket-0" in served.stdout
+
+
+def test_the_library_opens_an_llm_artifact_as_its_compiled_directory(fleet_api: FleetApi, tmp_path: Path) -> None:
+    key = publish_llm(fleet_api)
+    shapes = fleet_api.publish()
+    cache = tmp_path / "lib-cache"
+    ArtifactSet.open(key, cache_dir=cache, api_url=fleet_api.base, token=fleet_api.token)
+    fleet_api.stop()
+    artifacts = ArtifactSet.open(key, cache_dir=cache, offline=True)
+    bucket = cache / "v1" / "artifacts" / key / "bucket-0"
+    assert artifacts.compiled_model_path == bucket == artifacts.llm.directory
+    assert artifacts.llm.neuron_config["tp_degree"] == 1 and artifacts.llm.presharded
+    assert artifacts.llm.files == ("model.pt", "neuron_config.json", "weights/tp0_sharded_checkpoint.safetensors")
+    assert check_serving(artifacts.llm, parse_vllm_args(MATCHING)) == []
+    with pytest.raises(NotCached):
+        ArtifactSet.open(shapes, cache_dir=cache, offline=True)
+
+
+def test_a_shape_artifact_is_not_an_llm_artifact(fleet_api: FleetApi, tmp_path: Path) -> None:
+    shapes = fleet_api.publish()
+    artifacts = ArtifactSet.open(shapes, cache_dir=tmp_path / "lib-cache", api_url=fleet_api.base,
+                                 token=fleet_api.token)
+    with pytest.raises(NotAnLLMArtifact, match="it has 2 buckets, an LLM compile has one"):
+        _ = artifacts.compiled_model_path
+
+
+def test_check_host_refuses_an_artifact_built_for_other_neuron_packages(fleet_api: FleetApi) -> None:
+    document = inference_config(**PRESHARDED)
+    key = fleet_api.publish(buckets=((1, 8),), files=lambda _key: compiled_files(document, shards=1),
+                            versions={"torch_neuronx": "2.9.0.2.11.19912", "aws_neuronx_runtime_lib": "2.29.40.0"})
+    refused = serve_env(fleet_api, key, "--check-host", "-q")
+    assert refused.returncode == 1 and "torch-neuronx: built with 2.9.0.2.11.19912" in refused.stderr
+    assert serve_env(fleet_api, key, "-q").returncode == 0  # off by default, as for fetch
