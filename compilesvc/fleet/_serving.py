@@ -74,6 +74,8 @@ def parse_vllm_args(argv: Sequence[str]) -> ServingArgs:
     while i < len(items):
         token = items[i]
         name, eq, value = token.partition("=")
+        if name.startswith("--"):
+            name = name.replace("_", "-")  # vLLM's parser takes --max_model_len for --max-model-len
         if token.startswith("-") and name in _FLAGS and not eq:
             attr, flag = _FLAGS[name]
             setattr(args, attr, flag)
@@ -95,7 +97,7 @@ def parse_vllm_args(argv: Sequence[str]) -> ServingArgs:
 def _assign(args: ServingArgs, name: str, value: str) -> None:
     if name in _INT:
         try:
-            setattr(args, _INT[name], int(value))
+            setattr(args, _INT[name], _whole(value))
         except ValueError:
             raise ServingArgsError(f"{name} {value!r} is not a whole number") from None
     elif name == "--model":
@@ -113,6 +115,18 @@ def _assign(args: ServingArgs, name: str, value: str) -> None:
         tokens = _json_object(name, value).get("num_speculative_tokens")
         if tokens is not None:
             _assign(args, "--num-speculative-tokens", str(tokens))
+
+
+#: vLLM's human-readable integers (vllm/engine/arg_utils.py human_readable_int): "1k" is 1000 in every release,
+#: "1K" 1024 until the SI/IEC change that also made "1M" 10**6 and added "1Ki"; only the unambiguous ones are read.
+_SUFFIXES = {"k": 10**3, "K": 2**10, "Ki": 2**10}
+
+
+def _whole(value: str) -> int:
+    for suffix in ("Ki", "k", "K"):
+        if value.endswith(suffix):
+            return int(value[: -len(suffix)]) * _SUFFIXES[suffix]
+    return int(value)
 
 
 def _json_object(name: str, value: str) -> dict[str, Any]:
@@ -145,9 +159,9 @@ def vllm_serving_args(artifact: LLMArtifact) -> list[str]:
 
 
 def _batch_size(nc: Mapping[str, Any]) -> int:
-    # tkg_batch_size/max_batch_size default to batch_size (NXDI@ef2731e models/config.py:L161-L167); the KV
-    # cache has kv_cache_batch_size rows.
-    return int(nc.get("max_batch_size") or nc.get("batch_size") or 1)
+    # ctx/tkg/max/kv_cache batch sizes default to batch_size (NXDI@ef2731e models/config.py:L161-L167), and vLLM
+    # compiles with batch_size = max_num_seqs (V0 L601-L606): the bound is batch_size, the conservative one.
+    return int(nc.get("batch_size") or 1)
 
 
 def _max_model_len(nc: Mapping[str, Any]) -> int:
@@ -176,8 +190,8 @@ def check_serving(artifact: LLMArtifact, args: ServingArgs) -> list[str]:
     # with batch_size rows; fewer sequences than rows are padded (NXDI@ef2731e model_wrapper.py:L1343-L1399).
     batch = _batch_size(nc)
     if args.max_num_seqs is None:
-        problems.append(f"--max-num-seqs is not given: vLLM's default (32 with vllm-neuron, platform.py:L195-L197; "
-                        f"256 in V0) would exceed the artifact's batch_size; pass --max-num-seqs {batch}")
+        problems.append(f"--max-num-seqs is not given: vLLM would pick its own default (32 with vllm-neuron, "
+                        f"platform.py:L195-L197; 256 in V0); pass --max-num-seqs {batch}")
     elif args.max_num_seqs > batch:
         problems.append(f"--max-num-seqs {args.max_num_seqs} but the artifact was compiled for batch_size {batch} "
                         "(sequence ids beyond the compiled KV cache rows)")

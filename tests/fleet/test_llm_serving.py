@@ -65,7 +65,7 @@ def test_the_matching_arguments_pass_and_the_printed_ones_too(tmp_path: Path) ->
     assert refusals(art, *MATCHING) == []
     assert refusals(art, "serve", "meta-llama/Llama-3.1-8B", *vllm_serving_args(art)) == []
     # Bounds: fewer sequences than KV rows are padded; a shorter max length fits every bucket.
-    assert refusals(art, "-tp", "8", "--max-num-seqs=2", "--max-model-len=1024", "--dtype", "bfloat16",
+    assert refusals(art, "--tensor_parallel_size", "8", "--max-num-seqs=2", "--max-model-len=1k", "--dtype", "bfloat16",
                     "--block-size", "32") == []  # vLLM sets block_size = max_model_len itself without block KV
     # An override that restates the compiled value says nothing new; other vLLM options are not ours.
     assert refusals(art, *MATCHING, "--override-neuron-config", '{"batch_size": 4}', "--port", "8000",
@@ -108,8 +108,8 @@ def test_what_vllm_would_choose_itself_is_refused_with_what_to_pass(tmp_path: Pa
     art = artifact(tmp_path)
     assert refusals(art, "--dtype", "bfloat16") == [
         "--tensor-parallel-size is not given (vLLM's default 1) but the artifact was compiled for tp_degree 8",
-        "--max-num-seqs is not given: vLLM's default (32 with vllm-neuron, platform.py:L195-L197; 256 in V0) would "
-        "exceed the artifact's batch_size; pass --max-num-seqs 4",
+        "--max-num-seqs is not given: vLLM would pick its own default (32 with vllm-neuron, platform.py:L195-L197; "
+        "256 in V0); pass --max-num-seqs 4",
         "--max-model-len is not given: vLLM would take the model's max_position_embeddings; pass --max-model-len 2048",
     ]
     # "auto" is the checkpoint's dtype: bfloat16 here, so it matches; a float32 checkpoint is not certain.
@@ -226,6 +226,10 @@ def test_the_serving_dir_never_replaces_what_is_not_its_own(tmp_path: Path) -> N
 def test_unreadable_arguments_and_documents_are_errors(tmp_path: Path) -> None:
     with pytest.raises(ServingArgsError, match="--max-model-len 'abc' is not a whole number"):
         parse_vllm_args(["--max-model-len=abc"])
+    assert [parse_vllm_args(["--max-model-len", v]).max_model_len for v in ("2k", "2K", "2Ki", "2048")] == [
+        2000, 2048, 2048, 2048]
+    with pytest.raises(ServingArgsError, match="'1M' is not a whole number"):  # 10**6 or 2**20, by vLLM release
+        parse_vllm_args(["--max-model-len", "1M"])
     with pytest.raises(ServingArgsError, match="--override-neuron-config is not JSON"):
         parse_vllm_args(["--override-neuron-config", "{batch_size: 4}"])
     with pytest.raises(ServingArgsError, match="--tensor-parallel-size needs a value"):
