@@ -97,6 +97,12 @@ class _Bar(Progress):
 
 def _open(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, verify: str, check_host: bool,
           with_logs: bool, parallel: int, progress: Progress) -> FetchReport:
+    return open_set(ref, cache_dir, api, offline, verify, check_host, with_logs, parallel, progress).report
+
+
+def open_set(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, verify: str, check_host: bool,
+             with_logs: bool, parallel: int, progress: Progress) -> ArtifactSet:
+    """``ArtifactSet.open`` with its failures as this command's exit statuses (shared with ``serve-env``)."""
     try:
         artifact = ArtifactSet.open(ref, cache_dir=cache_dir, api_url=api, offline=offline, verify=verify,
                                     host_check=HostCheck.REFUSE if check_host else HostCheck.OFF,
@@ -110,7 +116,7 @@ def _open(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, veri
         raise CommandFailed(str(exc)) from None
     except OSError as exc:
         raise _cannot("the cache cannot be written", exc) from None
-    return artifact.report
+    return artifact
 
 
 def _cannot(what: str, exc: OSError) -> CommandFailed:

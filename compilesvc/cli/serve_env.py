@@ -24,9 +24,10 @@ from typing import Any
 import click
 
 from compilesvc.cli.connection import API_OPTION
-from compilesvc.cli.fetch import _Bar, _open
+from compilesvc.cli.fetch import _Bar, open_set
 from compilesvc.cli.main import BadInput, CommandFailed, SpecUsageError
 from compilesvc.fleet import (
+    ArtifactSet,
     LLMArtifact,
     NeuronConfigUnreadable,
     NotAnLLMArtifact,
@@ -39,7 +40,6 @@ from compilesvc.fleet import (
     vllm_environment,
     vllm_serving_args,
 )
-from compilesvc.spec.manifest import bucket_dir
 from compilesvc.spec.parsing import SpecError, load_spec_file
 from compilesvc.store.base import SHA256_RE
 
@@ -49,15 +49,9 @@ MISMATCH_EXIT = 4
 ARGS_VARIABLE = "VLLM_SERVE_ARGS"
 
 
-def _llm(report: Any) -> LLMArtifact:
-    buckets = report.manifest.buckets
-    if len(buckets) != 1:
-        raise BadInput(f"{report.key} is not an NxD Inference artifact: it has {len(buckets)} buckets, an LLM "
-                       "compile has one")
-    bucket = buckets[0]
+def _llm(artifacts: ArtifactSet) -> LLMArtifact:
     try:
-        return LLMArtifact.from_directory(report.directory / bucket_dir(bucket.position),
-                                          tuple(f.path for f in bucket.files), key=report.key)
+        return artifacts.llm
     except NotAnLLMArtifact as exc:
         raise BadInput(str(exc)) from None
     except NeuronConfigUnreadable as exc:
@@ -120,8 +114,8 @@ def serve_env(key: str | None, vllm_args: tuple[str, ...], spec_path: Path | Non
         args = parse_vllm_args(vllm_args) if vllm_args else None
     except ServingArgsError as exc:
         raise BadInput(f"vLLM arguments: {exc}") from None
-    report = _open(ref, cache_dir, api, offline, verify, check_host, False, 4, _Bar(not quiet and fmt == "sh"))
-    artifact = _llm(report)
+    artifact = _llm(open_set(ref, cache_dir, api, offline, verify, check_host, False, 4,
+                             _Bar(not quiet and fmt == "sh")))
     if checkpoint is not None and serving_dir is not None:
         try:
             artifact = make_serving_dir(artifact, checkpoint, serving_dir)
