@@ -118,7 +118,8 @@ def test_refresh_merges_a_new_release_from_the_sdk_manifest(tmp_path: Path, tabl
     assert after["releases"]["2.99.0"] == {
         "neuronx-cc": "2.30.100.0", "torch-neuronx": ["2.11.0.2.20.100", "2.10.0.2.20.100"],
         "neuronx-distributed": "0.22.1", "neuronx-distributed-inference": "0.12.1", "libneuronxla": ["3.1.1.0"],
-        "aws-neuronx-runtime-lib": "2.40.1.0", "instances": ["inf2", "trn1", "trn2", "trn3"]}  # neuronx-cc's supported_instances: the release's targets
+        "aws-neuronx-runtime-lib": "2.40.1.0",
+        "instances": ["inf2", "trn1", "trn2", "trn3"]}  # neuronx-cc's supported_instances: the release's targets
     # Releases the new file does not list are kept (a published release does not go away).
     assert {k: v for k, v in after["releases"].items() if k != "2.99.0"} == before["releases"]
     assert list(after["releases"])[-1] == "2.99.0"  # ordered by version, not by text
