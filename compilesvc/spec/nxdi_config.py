@@ -41,6 +41,9 @@ _DTYPES_BASE = ("float32", "float16", "bfloat16")
 _DTYPES_FP8 = ("float8_e4m3fn", "float8_e5m2")
 _FP8_COLUMNS = frozenset({"2.28", "2.29.0", "2.29-v2"})
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+#: The line of ``def to_torch_dtype`` in config.py at each ref (git grep at each ref of the NxDI repository).
+_TO_TORCH_DTYPE = {"v0.1.0": 14, "v0.1.1": 14, "v0.2.0": 15, "v0.3.5591": 21, "v0.4.7422": 33, "v0.5.9230": 36,
+                   "v0.6.10598": 36, "v0.7.14366": 45, "cd3abf3": 46, "c63afe0": 46, "ef2731e": 46}
 
 #: NeuronCores (physical) of each target's largest single instance: inf2.48xlarge 24 (aws-neuron-sdk@81ce03a
 #: archive/appnotes/torch-neuronx/torch-neuronx-dataparallel-app-note.rst:L39), trn1.32xlarge 32
@@ -108,8 +111,9 @@ def _check_value(path: tuple[str | int, ...], spec: Field, value: Any, rel: Nxdi
             dtype = normalise_dtype(value, rel.column)
             if dtype is not None:
                 return dtype
+            where = rel.cite(_TO_TORCH_DTYPE[rel.ref])
             raise NeuronConfigError(path, f"{value!r} is not a dtype NxDI {rel.version} accepts; expected one of "
-                                    f"{_allowed_dtypes(rel.column)} (to_torch_dtype: {rel.cite()}; 'bf16' and "
+                                    f"{_allowed_dtypes(rel.column)} (to_torch_dtype: {where}; 'bf16' and "
                                     "'torch.bfloat16' are read as bfloat16)")
         if base in ("int_list", "str_list", "list") and isinstance(value, list):
             item = {"int_list": int, "str_list": str}.get(base)
@@ -212,6 +216,9 @@ def canonical_neuron_config(sdk: str, target: str, raw: dict[str, Any]) -> dict[
             raise NeuronConfigError((name,), f"must be at least 1, got {checked[name]}")
         if spec.nested and isinstance(checked[name], dict):
             checked[name] = _nested(name, spec.nested, checked[name], sdk, target, rel)
+    if "overrides_torch_dtype" in checked and "torch_dtype" not in checked:  # config.py:L107-L116
+        raise NeuronConfigError(("overrides_torch_dtype",), "has no effect without torch_dtype: NxDI then keeps the "
+                                "checkpoint's dtype (and only logs the field as unexpected)")
     if "target" in checked and checked["target"] not in (None, target):
         raise NeuronConfigError(("target",), f"{checked['target']!r} differs from the spec's target {target!r}: "
                                 "NxDI passes it to the compiler as --target (models/model_wrapper.py:L138-L139); "
@@ -286,7 +293,7 @@ def _expand_buckets(out: dict[str, Any], raw: dict[str, Any], rel: NxdiRelease) 
             if item > max_len:
                 raise NeuronConfigError((_SHORT_FORM, index), f"bucket {item} is above seq_len/max_length {max_len}: "
                                         f"NxDI asserts 'Token generation bucket {item} should be <= {max_len}' "
-                                        f"({rel.cite()} NeuronConfig.__init__)")
+                                        f"({_nxdi_check(rel, 'Token generation bucket')})")
         for other in ("context_encoding_buckets", "token_generation_buckets"):
             if raw.get(other) is not None:
                 raise NeuronConfigError((other,), "give either buckets (our short form) or context_encoding_buckets/"
@@ -323,65 +330,79 @@ def _expand_buckets(out: dict[str, Any], raw: dict[str, Any], rel: NxdiRelease) 
         if ordered[-1] > bound:
             raise NeuronConfigError((name, given.index(ordered[-1])), f"{label} bucket {ordered[-1]} should be <= "
                                     f"{bound} ({'max_context_length' if label == 'Context' else 'max_length'}): NxDI "
-                                    f"asserts it ({rel.cite()} NeuronConfig.__init__)")
+                                    f"asserts it ({_nxdi_check(rel, f'{label} bucket')})")
         out[name] = ordered
 
 
+def _nxdi_check(rel: NxdiRelease, fragment: str) -> str | None:
+    """Where ``rel``'s NxDI makes the check whose message holds ``fragment`` (None: it does not)."""
+    line = rel.check_line(fragment)
+    return rel.cite(line) if line is not None else None
+
+
 def _check_combinations(out: dict[str, Any], rel: NxdiRelease, target: str) -> None:
-    """The combinations NxDI asserts (NXDI@ef2731e models/config.py unless said; per release in
-    docs/research/nxdi_config_fields.md), and our device rules."""
-    col = rel.column
-    newer = col not in ("2.21.0", "2.21.1", "2.22", "2.23")  # 2.24+
-    if out["max_context_length"] > out["max_length"]:  # asserted from 2.25 (v0.5.9230 L144); nonsense before
+    """The combinations NxDI asserts, each where the release's config.py asserts it (cited from the "checks" of
+    the table, docs/research/nxdi_config_fields.md), and our own rules, said to be ours."""
+    def refuse(path: str, message: str, fragment: str) -> None:
+        where = _nxdi_check(rel, fragment)
+        if where is not None:
+            raise NeuronConfigError((path,), f"{message} (NxDI refuses it: {where})")
+
+    if out["max_context_length"] > out["max_length"]:  # ours where NxDI does not assert it (before 2.25)
+        where = _nxdi_check(rel, "max_context_length cannot be more than max_length")
         raise NeuronConfigError(("max_context_length",), f"max_context_length {out['max_context_length']} cannot be "
-                                f"more than max_length {out['max_length']} (NxDI: 'max_context_length cannot be more "
-                                "than max_length', config.py:L139)")
+                                f"more than max_length {out['max_length']} ("
+                                + (f"NxDI refuses it: {where})" if where else "our rule: the context-encoding model "
+                                   "would outgrow the KV cache; NxDI asserts it from SDK 2.25.0)"))
     if out["quantized"] and not out["quantized_checkpoints_path"]:
-        raise NeuronConfigError(("quantized_checkpoints_path",), "quantized_checkpoints_path is required when "
-                                "quantized is true (NxDI asserts it: config.py:L219-L221)")
-    if newer and out.get("cast_type") not in ("config", "as-declared"):
-        raise NeuronConfigError(("cast_type",), f"cast_type must be one of config, as-declared, got "
-                                f"{out.get('cast_type')!r} (config.py:L118-L120)")
-    if newer and out.get("attention_dtype") not in (None, out["torch_dtype"]) and out["cast_type"] != "as-declared":
-        raise NeuronConfigError(("cast_type",), "attention_dtype differs from torch_dtype: NxDI requires cast_type "
-                                "'as-declared' then (config.py:L131)")
-    if newer and out["tp_degree"] % out.get("cp_degree", 1):
-        raise NeuronConfigError(("cp_degree",), f"TP Degree must be evenly divisible by CP Degree: tp_degree "
-                                f"{out['tp_degree']}, cp_degree {out['cp_degree']} (config.py:L371-L372)")
+        refuse("quantized_checkpoints_path", "quantized_checkpoints_path is required when quantized is true",
+               "quantized_checkpoints_path is required")
+    if out.get("cast_type", "config") not in ("config", "as-declared"):
+        refuse("cast_type", f"cast_type must be one of config, as-declared, got {out['cast_type']!r}",
+               "cast_type must be one of")
+    if out.get("attention_dtype") not in (None, out["torch_dtype"]) and out.get("cast_type") != "as-declared":
+        refuse("cast_type", "attention_dtype differs from torch_dtype: cast_type must be 'as-declared'",
+               "attention dtype and torch dtype are different")
+    if out["tp_degree"] % out.get("cp_degree", 1):
+        refuse("cp_degree", f"TP Degree must be evenly divisible by CP Degree: tp_degree {out['tp_degree']}, "
+               f"cp_degree {out['cp_degree']}", "TP Degree must be evenly divisible by CP Degree")
     if out.get("mlp_cp_degree", 1) > 1 and not out["sequence_parallel_enabled"]:
-        raise NeuronConfigError(("mlp_cp_degree",), "Context Parallel for MLP requires Sequence Parallel to be "
-                                "enabled: set sequence_parallel_enabled (config.py:L374-L375)")
+        refuse("mlp_cp_degree", "Context Parallel for MLP requires Sequence Parallel to be enabled: set "
+               "sequence_parallel_enabled", "Context Parallel for MLP requires Sequence Parallel")
     dp = out.get("attention_dp_degree", 1)
-    if dp > 1:  # config.py:L700-L715
-        for bad, message in ((out["tp_degree"] % dp, "TP Degree must be evenly divisible by DP Degree"),
-                             (out["batch_size"] % dp, "Batch Size must be evenly divisible by DP Degree"),
-                             (not out["is_continuous_batching"], "is_continuous_batching must be enabled when "
-                              "running DP")):
-            if bad:
-                raise NeuronConfigError(("attention_dp_degree",), f"{message} (config.py:L700-L715)")
+    if dp > 1:
+        if out["tp_degree"] % dp:
+            refuse("attention_dp_degree", "TP Degree must be evenly divisible by DP Degree",
+                   "TP Degree must be evenly divisible by DP Degree")
+        if out["batch_size"] % dp:
+            refuse("attention_dp_degree", "Batch Size must be evenly divisible by DP Degree",
+                   "Batch Size must be evenly divisible by DP Degree")
+        if not out["is_continuous_batching"]:
+            refuse("attention_dp_degree", "is_continuous_batching must be enabled when running DP",
+                   "is-continuous-batching must be enabled when running DP")
     batches = out.get("token_generation_batches")
     if batches is not None:
         largest = max(batches) if isinstance(batches, list) and batches else batches
         if isinstance(largest, int) and largest > out["tkg_batch_size"]:
-            raise NeuronConfigError(("token_generation_batches",), f"Token generation batch buckets {batches} should "
-                                    f"be <= token generation batch size ({out['tkg_batch_size']}) "
-                                    "(config.py:L205-L213)")
+            refuse("token_generation_batches", f"Token generation batch buckets {batches} should be <= token "
+                   f"generation batch size ({out['tkg_batch_size']})", "Token generation batch buckets")
     if out.get("chunked_prefill_config") is not None or out.get("is_chunked_prefill"):
-        if not out.get("is_block_kv_layout"):  # config.py:L306-L317 (v0.2.0 L200-L204)
-            raise NeuronConfigError(("is_block_kv_layout",), "is_block_kv_layout has to be true for chunked prefill "
-                                    "because it depends on block KV (config.py:L308)")
+        if not out.get("is_block_kv_layout"):
+            refuse("is_block_kv_layout", "is_block_kv_layout has to be true for chunked prefill because it depends "
+                   "on block KV", "is_block_kv_layout has to be true for chunked prefill")
         if out["batch_size"] != 1:
-            raise NeuronConfigError(("batch_size",), "batch_size has to be 1 for chunked prefill: it concatenates all "
-                                    "requests into one long request (config.py:L313)")
+            refuse("batch_size", "batch_size has to be 1 for chunked prefill: it concatenates all requests into one "
+                   "long request", "batch_size has to be 1 for chunked prefill")
     if out.get("is_medusa") and out.get("async_mode", out.get("async")):
-        raise NeuronConfigError(("is_medusa",), "Medusa Decoding is not yet supported with async (config.py:L274)")
+        refuse("is_medusa", "Medusa Decoding is not yet supported with async",
+               "Medusa Decoding is not yet supported with async")
     instance, cores = INSTANCE_CORES[target]
     lnc = out.get("logical_nc_config", out.get("logical_neuron_cores", 1))
     if out["tp_degree"] > cores // lnc:
         raise NeuronConfigError(("tp_degree",), f"tp_degree {out['tp_degree']} needs {out['tp_degree']} logical "
                                 f"NeuronCores; the largest {target} instance, {instance}, has {cores // lnc} at "
-                                f"logical_nc_config {lnc} (NxDI does not check this; the compile would build a model "
-                                "no single instance can load)")
+                                f"logical_nc_config {lnc} (our rule: NxDI does not check it, and would build a "
+                                "model no single instance can load)")
 
 
 def resolved_lnc(canonical: dict[str, Any]) -> int:

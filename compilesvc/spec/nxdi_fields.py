@@ -3,7 +3,8 @@
 Owns ``compilesvc/spec/nxdi_fields.json`` and its look-ups. The table is every ``kwargs.pop(name, default)``
 of ``src/neuronx_distributed_inference/models/config.py`` at the ref of github.com/aws-neuron/
 neuronx-distributed-inference holding each release's source (docs/research/nxdi_config_fields.md, made
-with Python's ast; each default keeps its line there, so a message can cite ``<ref> config.py:L<n>``).
+with Python's ast; each default keeps its line there, so a message can cite ``<ref> config.py:L<n>``), and
+every ``assert``/``raise`` of config.py per release with its line (the "checks" part).
 The types are read from how config.py uses a field (a ``None`` default does not say it).
 
 Which column a Neuron SDK release uses is decided by the NxDI version it ships (:mod:`neuron_releases`,
@@ -85,6 +86,14 @@ class NxdiRelease:
     column: str
     ref: str
     assumed: str | None
+
+    def check_line(self, fragment: str) -> int | None:
+        """The line of the ``assert``/``raise`` in this release's config.py whose text holds ``fragment``, or None
+        when this release does not make that check (the "checks" part of the table, per release)."""
+        for line, _cls, _kind, text in _document()["checks"].get(self.column, ()):
+            if fragment in text:
+                return int(line)
+        return None
 
     def cite(self, line: int | None = None) -> str:
         """``aws-neuron/neuronx-distributed-inference@<ref> …/config.py:L<n>`` (with the assumption, if any)."""

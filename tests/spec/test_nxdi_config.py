@@ -113,6 +113,8 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
      "neuron_config.token_generation_batches", "exists in NxDI of Neuron SDK 2.28.0"),
     ("a field only 2.21 has", llm({"async": True}), "neuron_config.async",
      "exists in NxDI of Neuron SDK 2.21.0 to 2.21.1"),
+    ("overrides_torch_dtype alone", llm({"overrides_torch_dtype": True}), "neuron_config.overrides_torch_dtype",
+     "has no effect without torch_dtype"),
     ("another target in neuron_config", llm({"target": "inf2"}), "neuron_config.target", "differs from the spec's"),
     ("a bucket list of strings", llm({"enable_bucketing": True, "context_encoding_buckets": ["128"]}),
      "neuron_config.context_encoding_buckets[0]", "expected an integer"),
@@ -300,3 +302,19 @@ def test_checkpoint_config_checks(config: Any, field: tuple[Any, ...], fragment:
 def test_a_llama_checkpoint_config_passes() -> None:
     check_checkpoint_config("2.29.1", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                                        "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2})
+
+
+def test_refusals_cite_the_line_of_the_release_that_makes_the_check() -> None:
+    # The context-bucket assertion is config.py:L146 at v0.3.5591 (2.23) and L194 at ef2731e (2.29).
+    for sdk, where in (("2.23.0", "@v0.3.5591 src/neuronx_distributed_inference/models/config.py:L146"),
+                       ("2.29.1", "@ef2731e src/neuronx_distributed_inference/models/config.py:L194")):
+        with pytest.raises(NeuronConfigError) as raised:
+            canonical({"enable_bucketing": True, "context_encoding_buckets": [512]}, sdk=sdk)
+        assert where in raised.value.message
+    # max_context_length <= max_length is asserted from 2.25 (v0.5.9230 L144); before that it is our rule.
+    with pytest.raises(NeuronConfigError, match="our rule"):
+        canonical({"seq_len": 256, "max_context_length": 512}, sdk="2.21.0")
+    with pytest.raises(NeuronConfigError, match=r"@v0\.5\.9230 .*config\.py:L144"):
+        canonical({"seq_len": 256, "max_context_length": 512}, sdk="2.25.0")
+    with pytest.raises(NeuronConfigError, match=r"@v0\.1\.0 .*config\.py:L14;"):
+        canonical({"torch_dtype": "float8_e5m2"}, sdk="2.21.0")
