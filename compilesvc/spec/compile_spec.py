@@ -301,17 +301,16 @@ class CompileSpec(_Strict):
             raise _FieldError(("compiler", "tp_degree"), "an NxD Inference compile takes its tp degree from "
                               "neuron_config.tp_degree; leave compiler.tp_degree at 1")
         context = info.context if isinstance(info.context, dict) else {}
-        if context.get(EXTRA_FLAGS_CONTEXT, frozenset()) is None:
-            return  # a client leaving release-dependent checks to the service (as _check_neuron_flags does)
         try:
             toolchain_material(self.sdk, "nxdi", 1)
             require_target(self.sdk, self.target)
-        except UnknownRelease as exc:
-            raise _FieldError(("sdk",), str(exc)) from None
-        except NotShipped as exc:
-            raise _FieldError(("compiler", "backend"), str(exc)) from None
-        except TargetNotSupported as exc:
-            raise _FieldError(("target",), str(exc)) from None
+        except (UnknownRelease, NotShipped, TargetNotSupported) as exc:
+            if context.get(EXTRA_FLAGS_CONTEXT, frozenset()) is None:
+                # A client leaves what its own release table cannot tell to the service (as _check_neuron_flags
+                # does), whose table may be newer; a release it knows, it checks as the service would.
+                return
+            field = {UnknownRelease: ("sdk",), NotShipped: ("compiler", "backend")}.get(type(exc), ("target",))
+            raise _FieldError(field, str(exc)) from None
         try:
             canonical_neuron_config(self.sdk, self.target, self.neuron_config or {})
         except NeuronConfigError as exc:

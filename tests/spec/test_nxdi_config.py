@@ -318,3 +318,15 @@ def test_refusals_cite_the_line_of_the_release_that_makes_the_check() -> None:
         canonical({"seq_len": 256, "max_context_length": 512}, sdk="2.25.0")
     with pytest.raises(NeuronConfigError, match=r"@v0\.1\.0 .*config\.py:L14;"):
         canonical({"torch_dtype": "float8_e5m2"}, sdk="2.21.0")
+
+
+def test_a_client_checks_neuron_config_for_a_release_it_knows_and_leaves_the_rest_to_the_service() -> None:
+    """parse_spec(extra_flags=None) is how the CLI and ArtifactSet read a spec before sending it."""
+    with pytest.raises(SpecError) as raised:
+        parse_spec(llm({"tp_degre": 8}), limits=None, extra_flags=None)
+    assert raised.value.errors[0]["field"] == "neuron_config.tp_degre"
+    unknown = parse_spec(llm({"tp_degre": 8}, sdk="2.99.0"), limits=None, extra_flags=None)
+    assert unknown.sdk == "2.99.0"  # the service, whose release table may be newer, decides
+    with pytest.raises(SpecError) as raised:
+        parse_spec(llm(sdk="2.99.0"))
+    assert raised.value.errors[0]["field"] == "sdk"
