@@ -330,3 +330,31 @@ def test_a_client_checks_neuron_config_for_a_release_it_knows_and_leaves_the_res
     with pytest.raises(SpecError) as raised:
         parse_spec(llm(sdk="2.99.0"))
     assert raised.value.errors[0]["field"] == "sdk"
+
+
+def test_the_field_table_is_the_research_tables_data() -> None:
+    """compilesvc/spec/nxdi_fields.json holds docs/research/nxdi_config_fields.md's table (made with Python's ast
+    over NxDI's config.py at each ref): every field, release and line agrees."""
+    import json
+    import re
+    from importlib import resources
+    from pathlib import Path
+
+    research = Path(__file__).resolve().parents[2] / "docs" / "research" / "nxdi_config_fields.md"
+    data = json.loads(resources.files("compilesvc.spec").joinpath("nxdi_fields.json").read_text())
+    columns = list(data["columns"])
+    rows = 0
+    for line in research.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("| ") or len(cells) != 12 or "." not in cells[0] or cells[0] == "class.field":
+            continue
+        cls, name = cells[0].split(".", 1)
+        defaults = data["classes"][cls][name]["defaults"]
+        for column, cell in zip(columns, cells[1:], strict=True):
+            if cell == "—":
+                assert column not in defaults, (cls, name, column)
+            else:
+                found = re.fullmatch(r"`.*` L(\d+)", cell)
+                assert found and defaults[column]["line"] == int(found.group(1)), (cls, name, column)
+        rows += 1
+    assert rows == sum(len(fields) for fields in data["classes"].values()) == 194
