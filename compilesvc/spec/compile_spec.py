@@ -43,7 +43,7 @@ from compilesvc.spec.neuron_releases import (
     require_target,
     toolchain_material,
 )
-from compilesvc.spec.nxdi_config import canonical_neuron_config
+from compilesvc.spec.nxdi_config import NeuronConfigError, canonical_neuron_config
 
 Target = Literal["inf2", "trn1", "trn2", "trn3", "cpu"]
 ModelFormat = Literal["torchscript", "exported-program", "hf-dir", "hlo", "hf-checkpoint"]
@@ -252,6 +252,8 @@ class CompileSpec(_Strict):
                     f"{sorted(unknown)} are not understood by the cpu {backend} backend; "
                     f"expected some of {sorted(CPU_BACKEND_FLAGS[backend])}",
                 )
+        elif backend == "nxdi":
+            self._check_nxdi(info)
         else:
             self._check_neuron_flags(info)
         if self.compiler.isa is not None and backend != "aotinductor":
@@ -286,6 +288,41 @@ class CompileSpec(_Strict):
             raise _FieldError(("compiler", "backend"), str(exc)) from None
         except TargetNotSupported as exc:
             raise _FieldError(("target",), str(exc)) from None
+
+    def _check_nxdi(self, info: ValidationInfo) -> None:
+        """An NxD Inference compile: NxDI makes the compiler's flags and the tp degree from neuron_config, which
+        is checked against the release's NeuronConfig table (compilesvc.spec.nxdi_config)."""
+        if self.compiler.args:
+            raise _FieldError(("compiler", "args", 0), "NxD Inference builds the compiler's flags from neuron_config "
+                              "(models/model_wrapper.py); set them there instead (logical_nc_config, "
+                              "cc_pipeline_tiling_factor, scratchpad_page_size, enable_spill_reload_dge, ...) and "
+                              "leave compiler.args empty")
+        if self.compiler.tp_degree != 1:
+            raise _FieldError(("compiler", "tp_degree"), "an NxD Inference compile takes its tp degree from "
+                              "neuron_config.tp_degree; leave compiler.tp_degree at 1")
+        context = info.context if isinstance(info.context, dict) else {}
+        try:
+            toolchain_material(self.sdk, "nxdi", 1)
+            require_target(self.sdk, self.target)
+        except (UnknownRelease, NotShipped, TargetNotSupported) as exc:
+            if context.get(EXTRA_FLAGS_CONTEXT, frozenset()) is None:
+                # A client leaves what its own release table cannot tell to the service (as _check_neuron_flags
+                # does), whose table may be newer; a release it knows, it checks as the service would.
+                return
+            field = {UnknownRelease: ("sdk",), NotShipped: ("compiler", "backend")}.get(type(exc), ("target",))
+            raise _FieldError(field, str(exc)) from None
+        try:
+            canonical_neuron_config(self.sdk, self.target, self.neuron_config or {})
+        except NeuronConfigError as exc:
+            raise _FieldError(("neuron_config", *exc.field), exc.message) from None
+
+    @property
+    def tp_degree(self) -> int:
+        """The tp degree of this compile: neuron_config.tp_degree for an NxD Inference compile (whose
+        compiler.tp_degree stays 1), compiler.tp_degree otherwise."""
+        if self.backend == "nxdi":
+            return int(self.nxdi_config.get("tp_degree", 1))
+        return self.compiler.tp_degree
 
     @cached_property
     def document(self) -> dict[str, Any]:

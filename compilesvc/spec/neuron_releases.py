@@ -42,6 +42,9 @@ PACKAGES = {
     "neuronx-cc": ("neuronx-cc",),
     "torch-neuronx": ("torch-neuronx",),
     "neuronx-distributed": ("neuronx_distributed", "neuronx-distributed"),
+    # NxD Inference (NxDI): SDK 2.21.0 (0.1.0) through 2.31.1 (0.10.18399); 2.32.0 ships none
+    # (docs/research/nxdi.md §0, from the manifest's "neuronx_distributed_inference" entries).
+    "neuronx-distributed-inference": ("neuronx_distributed_inference", "neuronx-distributed-inference"),
     "libneuronxla": ("libneuronxla",),
     "aws-neuronx-runtime-lib": ("aws-neuronx-runtime-lib",),
 }
@@ -102,6 +105,8 @@ class Release:
     #: The Neuron targets (:data:`TARGET_FAMILIES`) among the instance families the manifest lists for this
     #: release's neuronx-cc (``supported_instances``): trn2 from 2.21.0, trn3 from 2.29.0.
     targets: tuple[str, ...] = ()
+    #: neuronx-distributed-inference (NxDI), which compiles hf-checkpoint models (backend nxdi).
+    neuronx_distributed_inference: str | None = None
 
     @property
     def trace_torch_neuronx(self) -> str | None:
@@ -112,6 +117,7 @@ class Release:
         """The release's packages as manifests record them (``neuron_release_packages``)."""
         return {"release": self.release, "neuronx-cc": self.neuronx_cc, "torch-neuronx": list(self.torch_neuronx),
                 "neuronx-distributed": self.neuronx_distributed, "libneuronxla": list(self.libneuronxla),
+                "neuronx-distributed-inference": self.neuronx_distributed_inference,
                 "aws-neuronx-runtime-lib": self.runtime_lib}
 
 
@@ -121,6 +127,7 @@ def _release_of(label: str, entry: Mapping[str, Any]) -> Release:
                    neuronx_distributed=entry.get("neuronx-distributed"),
                    libneuronxla=tuple(entry.get("libneuronxla") or ()),
                    runtime_lib=entry.get("aws-neuronx-runtime-lib"),
+                   neuronx_distributed_inference=entry.get("neuronx-distributed-inference"),
                    targets=tuple(t for t in TARGET_FAMILIES if t in (entry.get("instances") or ())))
 
 
@@ -152,23 +159,30 @@ def lookup(release: str) -> Release:
 
 #: The kinds of Neuron compile, as queue names spell them (compilesvc.dispatch.routing), and the packages each
 #: runs, in the order they are needed: an HLO compile is neuronx-cc alone (tp > 1 compiles one rank's program
-#: as given); trace is torch-neuronx (which calls neuronx-cc); tp > 1 trace adds neuronx-distributed.
+#: as given); trace is torch-neuronx (which calls neuronx-cc); tp > 1 trace adds neuronx-distributed; an NxD
+#: Inference compile (hf-checkpoint) runs NxDI on NxD's ModelBuilder, at any tp degree (one kind: NxDI shards
+#: inside one process, so its tp does not change what a host needs); NxDI is listed first so that a release
+#: without it (2.32.0) is refused naming it.
 KIND_PACKAGES: dict[str, tuple[str, ...]] = {
     "neuronx-cc": ("neuronx-cc",),
     "neuronx-cc-tp": ("neuronx-cc",),
     "trace": ("neuronx-cc", "torch-neuronx"),
     "trace-tp": ("neuronx-cc", "torch-neuronx", "neuronx-distributed"),
+    "nxdi": ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx", "neuronx-distributed"),
 }
 #: What each kind is called where a person reads it (errors, docs/neuron-hosts.md's support matrix).
 KIND_TITLES = {"neuronx-cc": "HLO (neuronx-cc)", "neuronx-cc-tp": "HLO tp > 1 (neuronx-cc)",
-               "trace": "trace (torch-neuronx)", "trace-tp": "trace tp > 1 (torch-neuronx with NxD)"}
+               "trace": "trace (torch-neuronx)", "trace-tp": "trace tp > 1 (torch-neuronx with NxD)",
+               "nxdi": "LLM (NxD Inference)"}
+#: Backends whose tp degree does not make another kind of compile.
+_TP_AGNOSTIC = frozenset({"nxdi"})
 
 
 def compile_kind(backend: str, tp_degree: int) -> str:
     """The kind of a Neuron compile by ``backend`` at ``tp_degree`` (a key of :data:`KIND_PACKAGES`)."""
-    kind = f"{backend}-tp" if tp_degree > 1 else backend
+    kind = f"{backend}-tp" if tp_degree > 1 and backend not in _TP_AGNOSTIC else backend
     if kind not in KIND_PACKAGES:
-        raise ValueError(f"{backend!r} is not a Neuron backend; expected neuronx-cc or trace")
+        raise ValueError(f"{backend!r} is not a Neuron backend; expected neuronx-cc, trace or nxdi")
     return kind
 
 
@@ -180,7 +194,8 @@ def kind_request(kind: str) -> tuple[str, int]:
 
 def _ships(entry: Release, package: str) -> bool:
     return bool({"neuronx-cc": entry.neuronx_cc, "torch-neuronx": entry.torch_neuronx,
-                 "neuronx-distributed": entry.neuronx_distributed}[package])
+                 "neuronx-distributed": entry.neuronx_distributed,
+                 "neuronx-distributed-inference": entry.neuronx_distributed_inference}[package])
 
 
 def release_kinds(release: str) -> tuple[str, ...]:
@@ -235,7 +250,11 @@ def trace_has_cpu_backend(release: str) -> bool:
 def device_requirement(release: str, backend: str, tp_degree: int) -> str | None:
     """Why a ``backend`` compile of ``release`` needs a host with a Neuron device, or None when it does not.
 
-    Releases sharing a queue (:func:`toolchain_release`) ship the same torch-neuronx, so they agree."""
+    Releases sharing a queue (:func:`toolchain_release`) ship the same torch-neuronx, so they agree. An nxdi
+    compile never does: NxD's ModelBuilder generates HLO with ``cpu_backend=True`` (neuronx-distributed@fbac349
+    src/neuronx_distributed/trace/model_builder.py:L904-L911) and "Model compilation can be executed on a
+    non-inf2 instance" (aws-neuron-sdk@81ce03a deploy/ec2/inference-inf2.rst:L23-L25), and every release that
+    ships NxDI (2.21.0+) is at or after :data:`CPU_BACKEND_SINCE`."""
     if backend != "trace" or trace_has_cpu_backend(release):
         return None
     return (f"{KIND_TITLES[compile_kind(backend, tp_degree)]} compiles of Neuron SDK {release} need a host with a "
@@ -247,17 +266,20 @@ def toolchain_material(release: str, backend: str, tp_degree: int) -> dict[str, 
     """The exact toolchain a Neuron compile of ``release`` with ``backend`` runs: the key's ``neuron`` part.
 
     Only what the backend runs: an HLO compile is neuronx-cc alone; trace adds torch-neuronx (whose version
-    names its torch, e.g. 2.9.0.x) and libneuronxla (the lowering plugin), and tp > 1 neuronx-distributed.
-    :class:`NotShipped` where the release lacks one of them (:func:`require_kind`).
+    names its torch, e.g. 2.9.0.x) and libneuronxla (the lowering plugin), and tp > 1 neuronx-distributed;
+    nxdi (any tp) all of those and neuronx-distributed-inference (issue 29's key: NxDI, NxD, torch-neuronx,
+    neuronx-cc exact versions). :class:`NotShipped` where the release lacks one of them (:func:`require_kind`).
     """
     require_kind(release, backend, tp_degree)
     entry = lookup(release)
     material: dict[str, Any] = {"neuronx-cc": entry.neuronx_cc}
-    if backend == "trace":
+    if backend in ("trace", "nxdi"):
         material["torch-neuronx"] = entry.trace_torch_neuronx
         material["libneuronxla"] = sorted(entry.libneuronxla, key=version_tuple)
-        if tp_degree > 1:
+        if tp_degree > 1 or backend == "nxdi":
             material["neuronx-distributed"] = entry.neuronx_distributed
+    if backend == "nxdi":
+        material["neuronx-distributed-inference"] = entry.neuronx_distributed_inference
     return material
 
 
@@ -318,6 +340,8 @@ def installed_mismatches(release: str, installed: Mapping[str, str | None]) -> l
     differs("torch-neuronx", installed.get("torch-neuronx"), entry.trace_torch_neuronx, False,
             f" (keys pin its newest torch line; the release lists {lines})" if len(entry.torch_neuronx) > 1 else "")
     differs("neuronx-distributed", installed.get("neuronx-distributed"), entry.neuronx_distributed, False)
+    differs("neuronx-distributed-inference", installed.get("neuronx-distributed-inference"),
+            entry.neuronx_distributed_inference, False)
     libxla = installed.get("libneuronxla")
     if libxla is not None and base_version(libxla) not in entry.libneuronxla:
         problems.append(f"libneuronxla: installed {libxla}, release {release} ships "

@@ -34,7 +34,8 @@ def doc(sdk: str, model_format: str = "torchscript", tp_degree: int = 1) -> dict
 
 
 def test_kinds_follow_what_each_release_ships() -> None:
-    assert release_kinds("2.27.1") == ("neuronx-cc", "neuronx-cc-tp", "trace", "trace-tp")
+    assert release_kinds("2.27.1") == ("neuronx-cc", "neuronx-cc-tp", "trace", "trace-tp", "nxdi")
+    assert release_kinds("2.20.2") == ("neuronx-cc", "neuronx-cc-tp", "trace", "trace-tp")  # NxDI from 2.21.0
     assert release_kinds("2.32.0") == ("neuronx-cc", "neuronx-cc-tp")
     assert release_kinds("2.10.0") == ("neuronx-cc", "neuronx-cc-tp", "trace")  # no NxD yet
     for label, entry in table().items():  # every listed release ships neuronx-cc: HLO is always there
@@ -42,13 +43,16 @@ def test_kinds_follow_what_each_release_ships() -> None:
         assert "neuronx-cc" in kinds
         assert ("trace" in kinds) == bool(entry.torch_neuronx), label
         assert ("trace-tp" in kinds) == bool(entry.torch_neuronx and entry.neuronx_distributed), label
+        assert ("nxdi" in kinds) == bool(entry.neuronx_distributed_inference), label
     with pytest.raises(UnknownRelease):
         release_kinds("2.99.0")
 
 
 def test_a_kind_is_named_as_queues_name_it() -> None:
-    assert [compile_kind(b, tp) for b, tp in (("neuronx-cc", 1), ("neuronx-cc", 8), ("trace", 1), ("trace", 2))] \
-        == list(KIND_PACKAGES)
+    assert [compile_kind(b, tp) for b, tp in (("neuronx-cc", 1), ("neuronx-cc", 8), ("trace", 1), ("trace", 2),
+                                              ("nxdi", 8))] == list(KIND_PACKAGES)
+    assert compile_kind("nxdi", 1) == "nxdi"  # NxDI's tp degree does not make another kind of compile
+    assert queue_name("trn2", "2.27.1", "nxdi", tp_degree=32) == "compile.trn2.2.27.1.nxdi"
     assert queue_name("inf2", "2.32.0", "neuronx-cc").endswith(".neuronx-cc")
     with pytest.raises(ValueError, match="not a Neuron backend"):
         compile_kind("torchscript", 1)

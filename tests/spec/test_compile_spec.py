@@ -353,7 +353,8 @@ def test_bad_model_format() -> None:
         (neuron_doc(compiler={"backend": "torchscript"}), "compiler.backend", "not available for target inf2"),
         (cpu_doc(compiler={"backend": "trace"}), "compiler.backend", "not available for target cpu"),
         (cpu_doc(compiler={"backend": "neuronx-cc"}), "compiler.backend", "not available for target cpu"),
-        (neuron_doc(compiler={"backend": "gcc"}), "compiler.backend", "expected one of ['neuronx-cc', 'nxdi', 'trace']"),
+        (neuron_doc(compiler={"backend": "gcc"}), "compiler.backend",
+         "expected one of ['neuronx-cc', 'nxdi', 'trace']"),
         (
             neuron_doc(compiler={"backend": "neuronx-cc"}),
             "model.format",

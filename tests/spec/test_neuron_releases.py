@@ -42,6 +42,7 @@ NEW_RELEASE = {"neuron_version": "2.99.0", "packages": [
     _package("torch-neuronx", "2.10.0.2.20.100"),
     _package("torch-neuronx", "2.11.0.2.20.100"),
     _package("neuronx_distributed", "0.22.1"),
+    _package("neuronx_distributed_inference", "0.12.1"),  # the manifest's spelling (n2-manifest.json)
     _package("libneuronxla", "3.1.1.0"),
     _package("torch-neuron", "1.13.1.2.11.13.0", ("inf1",)),
 ]}
@@ -116,7 +117,8 @@ def test_refresh_merges_a_new_release_from_the_sdk_manifest(tmp_path: Path, tabl
     assert after["source"]["from"] == str(source) and after["source"]["manifest_version"] == "2.99.0"
     assert after["releases"]["2.99.0"] == {
         "neuronx-cc": "2.30.100.0", "torch-neuronx": ["2.11.0.2.20.100", "2.10.0.2.20.100"],
-        "neuronx-distributed": "0.22.1", "libneuronxla": ["3.1.1.0"], "aws-neuronx-runtime-lib": "2.40.1.0",
+        "neuronx-distributed": "0.22.1", "neuronx-distributed-inference": "0.12.1", "libneuronxla": ["3.1.1.0"],
+        "aws-neuronx-runtime-lib": "2.40.1.0",
         "instances": ["inf2", "trn1", "trn2", "trn3"]}  # neuronx-cc's supported_instances: the release's targets
     # Releases the new file does not list are kept (a published release does not go away).
     assert {k: v for k, v in after["releases"].items() if k != "2.99.0"} == before["releases"]

@@ -21,7 +21,8 @@ def test_the_matrix_has_a_row_per_release_with_its_kinds() -> None:
     rows = {row[0]: row for row in support_matrix.rows()}
     assert list(rows) == list(reversed(table()))
     assert rows["2.32.0"][2:4] == ("—", "—") and rows["2.32.0"][5] == "`neuronx-cc`, `neuronx-cc-tp`"
-    assert rows["2.27.1"][5] == "`neuronx-cc`, `neuronx-cc-tp`, `trace`, `trace-tp`"
+    assert rows["2.27.1"][5] == "`neuronx-cc`, `neuronx-cc-tp`, `trace`, `trace-tp`, `nxdi`"
+    assert rows["2.20.2"][5] == "`neuronx-cc`, `neuronx-cc-tp`, `trace`, `trace-tp`"  # NxDI from 2.21.0
 
 
 def test_targets_per_release_are_the_manifests_instance_families() -> None:

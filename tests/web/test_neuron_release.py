@@ -46,3 +46,22 @@ def test_a_kind_of_compile_the_release_does_not_ship_is_422_naming_release_and_p
     hlo = {**trace, "model": {"uri": uri, "format": "hlo", "name": "hlo"}}
     accepted = env.client.post("/v1/builds?queue_anyway=true", json=hlo)
     assert accepted.status_code == 202, accepted.get_data(as_text=True)
+
+
+def test_a_bad_neuron_config_is_422_naming_the_field(sqlite_env: Env) -> None:
+    """An hf-checkpoint spec's neuron_config is checked against the NxD Inference of its release before anything
+    is uploaded, keyed or queued (issue 29): a misspelt field, which NxDI itself would only log, is a
+    problem+json 422 naming neuron_config.<field> with a suggestion."""
+    env = sqlite_env
+    spec = {"model": {"uri": env.upload(), "format": "hf-checkpoint"}, "target": "trn2", "sdk": "2.29.1",
+            "neuron_config": {"tp_degree": 8, "seq_len": 2048, "buckets": [128, 4096]}}
+    for path in ("/v1/builds?queue_anyway=true", "/v1/artifacts/resolve"):
+        body = assert_problem(env.client.post(path, json=spec), 422, "spec-invalid")
+        [error] = body["errors"]
+        assert error["field"] == "neuron_config.buckets[1]"
+        assert "bucket 4096 is above seq_len/max_length 2048" in error["message"]
+    misspelt = {**spec, "neuron_config": {"tp_degre": 8}}
+    body = assert_problem(env.client.post("/v1/builds?queue_anyway=true", json=misspelt), 422, "spec-invalid")
+    assert body["errors"] == [{"field": "neuron_config.tp_degre", "message": body["errors"][0]["message"]}]
+    assert "did you mean 'tp_degree'?" in body["errors"][0]["message"]
+    assert builds(env) == 0

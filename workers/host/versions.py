@@ -320,9 +320,9 @@ def detect_capabilities() -> dict[str, Any]:
 #: the HLO backend runs the neuronx-cc executable, trace imports torch_neuronx (which calls the neuronxcc
 #: package), tp > 1 trace imports neuronx_distributed.
 _HOST_NEEDS = {"neuronx-cc": ("executable",), "neuronx-cc-tp": ("executable",), "trace": ("trace",),
-               "trace-tp": ("trace", "nxd")}
+               "trace-tp": ("trace", "nxd"), "nxdi": ("trace", "nxd", "nxdi")}
 _HOST_PARTS = {"executable": "the neuronx-cc executable on PATH", "trace": "torch_neuronx with torch",
-               "nxd": "neuronx_distributed"}
+               "nxd": "neuronx_distributed", "nxdi": "neuronx_distributed_inference"}
 
 
 def _offered_kinds(release: str, executable: str | None, trace: bool, packages: dict[str, str | None],
@@ -334,7 +334,8 @@ def _offered_kinds(release: str, executable: str | None, trace: bool, packages: 
     neuronx-cc alone (SDK 2.32.0 ships no torch-neuronx) serves HLO compiles, a device-less 2.19 host serves
     HLO and never the trace queues only device hosts consume; what it lacks is a warning, per kind."""
     have = {"executable": executable is not None, "trace": trace,
-            "nxd": trace and packages.get("neuronx-distributed") is not None}
+            "nxd": trace and packages.get("neuronx-distributed") is not None,
+            "nxdi": trace and packages.get("neuronx-distributed-inference") is not None}
     kinds = []
     shipped = neuron_releases.release_kinds(release)
     for kind in shipped:
