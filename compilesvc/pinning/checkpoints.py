@@ -20,6 +20,7 @@ own digests when they matter), never this sha256. A checkpoint that is not one N
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import stat
 import tarfile
@@ -235,3 +236,20 @@ def fetch_directory(fetch: dict[str, Any], dest: Path) -> None:
             partial.unlink()
             raise changed
         partial.replace(target)
+
+
+# -- what NxDI's model hub has ---------------------------------------------------------------------------------
+
+
+def check_architecture(sdk: str, material: CheckpointMaterial) -> None:
+    """A ModelRefError on ``model`` when the NxDI release ``sdk`` ships has no model class for the checkpoint's
+    architectures (the architecture hub: ``compilesvc.spec.nxdi_models.architecture_class``)."""
+    try:
+        # Looked up by name: the hub table is another part of issue 29, merged separately.
+        hub: Any = importlib.import_module("compilesvc.spec.nxdi_models")
+    except ImportError:  # TODO(lead): drop this branch once compilesvc.spec.nxdi_models is on main
+        return
+    try:
+        hub.architecture_class(sdk, list(material.config["architectures"]))
+    except hub.UnsupportedArchitecture as exc:
+        raise ModelRefError(str(exc), field="model") from None
