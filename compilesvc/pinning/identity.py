@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from compilesvc.config.settings import Settings
 from compilesvc.pinning.pins import ModelChangedError, ModelRefError, PinnedModel
+from compilesvc.spec.checkpoint import CheckpointMaterial
 from compilesvc.spec.compile_spec import ModelRef
 from compilesvc.store.base import SHA256_RE, ArtifactStore
 from compilesvc.store.hashing import CHUNK_SIZE, copy_hashing, verified_file
@@ -254,14 +255,27 @@ def content_sha256_for_key(ref: ModelRef, settings: Settings) -> str:
     ``file://`` is accepted here whatever ``allow_file_models`` says: the CLI hashes a file on the
     user's own machine, and the setting exists to stop the *service* reading its host's files.
     """
+    return identity_for_key(ref, settings)[0]
+
+
+def identity_for_key(ref: ModelRef, settings: Settings, *, weight_digests: bool = False
+                     ) -> tuple[str, CheckpointMaterial | None]:
+    """The model sha256 and (hf-checkpoint models) the checkpoint's key material, for the ``compilesvc key`` CLI,
+    pinned as the service pins them (:func:`content_sha256_for_key`). An uploaded checkpoint archive cannot be
+    read here: its config.json is in the service's store."""
     if ref.uri.startswith(BLOB_PREFIX):
         sha256 = ref.uri[len(BLOB_PREFIX) :]
         if not SHA256_RE.match(sha256):
             raise ModelRefError("expected blob:sha256:<64 lowercase hex digits>")
-        return sha256
+        if ref.format == "hf-checkpoint":
+            raise ModelRefError("an uploaded checkpoint is keyed by the config.json inside it, which is in the "
+                                "service's store: key the checkpoint's directory (file:///...) or S3 prefix, or ask "
+                                "the service (POST /v1/artifacts/resolve)")
+        return sha256, None
     if ref.uri.startswith("file://") and not settings.allow_file_models:
         settings = settings.model_copy(update={"allow_file_models": True})
-    return ModelResolver(settings, None, None).pin(ref).sha256
+    pinned = ModelResolver(settings, None, None).pin(ref, weight_digests=weight_digests)
+    return pinned.sha256, pinned.checkpoint
 
 
-__all__ = ["ModelResolver", "content_sha256_for_key"]
+__all__ = ["ModelResolver", "content_sha256_for_key", "identity_for_key"]
