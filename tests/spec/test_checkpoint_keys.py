@@ -7,10 +7,13 @@ Tests marked ``needs_nxdi_toolchain`` key an nxdi spec, which needs the release 
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from compilesvc.spec.checkpoint import (
     CheckpointError,
@@ -19,9 +22,9 @@ from compilesvc.spec.checkpoint import (
     checkpoint_files,
     parse_config,
 )
-from compilesvc.spec.keys import KEY_SCHEMA, compute_keys, explain
+from compilesvc.spec.keys import KEY_SCHEMA, compute_keys, explain, presharded
 from compilesvc.spec.parsing import parse_spec
-from tests.spec.test_keys import load_golden, needs_nxdi_toolchain
+from tests.spec.test_keys import PROPERTY_SETTINGS, load_golden, needs_nxdi_toolchain
 
 HEX = "5" * 64
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
@@ -158,3 +161,76 @@ def test_explain_shows_the_neuron_config_and_the_model_config() -> None:
     assert '"num_hidden_layers": 2' in text and "config.json without _name_or_path" in text
     assert "1 files' sha256 (save_sharded_checkpoint)" in text
     assert "bucket[0]" in text and "(one NxDI compile: every bucket)" in text
+
+
+# --- properties of generated nxdi specs -------------------------------------------------------------------------
+
+SHAS = st.text("0123456789abcdef", min_size=64, max_size=64)
+NXDI_RELEASES = ["2.28.0", "2.29.0"]
+
+
+@st.composite
+def nxdi_cases(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid nxdi spec document with its checkpoint: what a user and pinning can vary."""
+    neuron_config = {"tp_degree": draw(st.sampled_from([1, 2, 8])), "batch_size": draw(st.sampled_from([1, 2, 4])),
+                     "seq_len": draw(st.sampled_from([128, 256, 1024]))}
+    if draw(st.booleans()):
+        neuron_config["save_sharded_checkpoint"] = draw(st.booleans())
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "num_hidden_layers": draw(st.integers(1, 8)), "hidden_size": draw(st.sampled_from([64, 128, 4096])),
+              "rope_theta": draw(st.sampled_from([10000.0, 500000.0])),
+              "_name_or_path": draw(st.text(max_size=20)), "transformers_version": draw(st.sampled_from(["4.45.0",
+                                                                                                          "4.57.6"]))}
+    names = draw(st.lists(st.sampled_from(["model-00001.safetensors", "model-00002.safetensors"]), unique=True,
+                          min_size=1))
+    return {"doc": {"model": {"uri": "s3://models/llama/", "format": "hf-checkpoint"},
+                    "target": draw(st.sampled_from(["inf2", "trn1", "trn2"])),
+                    "sdk": draw(st.sampled_from(NXDI_RELEASES)),
+                    "neuron_config": neuron_config, "labels": draw(st.dictionaries(st.text(min_size=1, max_size=5),
+                                                                                   st.text(max_size=5), max_size=2))},
+            "config": config, "weights": {name: draw(SHAS) for name in ["model.safetensors.index.json", *names]},
+            "sha": draw(SHAS), "salt": draw(st.sampled_from(["", "s1"]))}
+
+
+def key_of_case(case: dict[str, Any]) -> Any:
+    return compute_keys(parse_spec(case["doc"]), model_sha256=case["sha"], default_isa="x86_64-avx2",
+                        salt=case["salt"], checkpoint=CheckpointMaterial(case["config"], case["weights"]))
+
+
+def _with(case: dict[str, Any], where: str, name: str, value: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(case)
+    target = changed["doc"]["neuron_config"] if where == "neuron_config" else changed[where]
+    target[name] = value
+    return changed
+
+
+@needs_nxdi_toolchain
+@PROPERTY_SETTINGS
+@given(case=nxdi_cases(), data=st.data())
+def test_generated_nxdi_keys_move_with_what_nxdi_compiles_and_nothing_else(case: dict[str, Any],
+                                                                           data: st.DataObject) -> None:
+    keys = key_of_case(case)
+    assert keys.key == key_of_case(copy.deepcopy(case)).key and [b.inputs for b in keys.buckets] == [[]]
+    pre = presharded(parse_spec(case["doc"]))
+    harmless = [
+        _with(case, "config", "_name_or_path", data.draw(st.text(max_size=20))),
+        _with(case, "config", "transformers_version", "9.9.9"),
+        {**case, "sha": data.draw(SHAS)},
+        _with(case, "doc", "labels", {"team": data.draw(st.text(max_size=5))}),
+    ]
+    if not pre:
+        harmless.append({**case, "weights": {"model.safetensors": data.draw(SHAS)}})
+    for same in harmless:
+        assert key_of_case(same).key == keys.key
+    moving = [
+        _with(case, "config", "num_hidden_layers", case["config"]["num_hidden_layers"] + 1),
+        _with(case, "config", "rope_theta", case["config"]["rope_theta"] * 2),
+        _with(case, "neuron_config", "seq_len", case["doc"]["neuron_config"]["seq_len"] * 2),
+        _with(case, "neuron_config", "batch_size", case["doc"]["neuron_config"]["batch_size"] * 2),
+        _with(case, "neuron_config", "save_sharded_checkpoint", not pre),
+        {**case, "salt": case["salt"] + "x"},
+    ]
+    if pre:
+        moving.append({**case, "weights": {**case["weights"], "model.safetensors.index.json": "f" * 64}})
+    for other in moving:
+        assert key_of_case(other).key != keys.key
