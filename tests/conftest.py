@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.ledger", "tests.fixtures.s3server"]
+pytest_plugins = ["tests.fixtures.ledger", "tests.fixtures.s3server", "tests.fixtures.checkpoints"]
 
 #: Fixtures that start processes: clusters, servers, private services, the S3 server, CLI subprocesses.
 SLOW_FIXTURES = frozenset({

@@ -44,11 +44,13 @@ from compilesvc.lifecycle.artifacts import (
     read_manifest,
 )
 from compilesvc.notify.webhooks import check_callbacks
-from compilesvc.pinning.pins import PinnedModel
+from compilesvc.pinning.checkpoints import check_architecture
+from compilesvc.pinning.pins import ModelRefError, PinnedModel
 from compilesvc.services import Services
 from compilesvc.spec.compile_spec import CompileSpec
-from compilesvc.spec.keys import KeySet, compute_keys, digest
+from compilesvc.spec.keys import KeySet, compute_keys, digest, presharded
 from compilesvc.spec.manifest import ArtifactManifest, BucketManifest
+from compilesvc.spec.nxdi_config import NeuronConfigError
 from compilesvc.states import (
     BUILD_STATE_FOR_ARTIFACT,
     ArtifactState,
@@ -116,9 +118,17 @@ class Submitter:
     # -- public -------------------------------------------------------------------------------------
 
     def keys_for(self, spec: CompileSpec) -> tuple[PinnedModel, KeySet]:
-        pinned = self.services.resolver.pin(spec.model)
+        """The spec's model pinned and its keys. An hf-checkpoint is pinned with its config.json (and its weights'
+        digests when the compile pre-shards them); one NxDI cannot compile is a :class:`ModelRefError` (a 422)."""
+        try:
+            weight_digests = spec.backend == "nxdi" and presharded(spec)
+        except NeuronConfigError as exc:  # (the spec's own validation reports these first)
+            raise ModelRefError(exc.message, field=".".join(["neuron_config", *map(str, exc.field)])) from None
+        pinned = self.services.resolver.pin(spec.model, weight_digests=weight_digests)
+        if pinned.checkpoint is not None:
+            check_architecture(spec.sdk, pinned.checkpoint)
         keys = compute_keys(spec, model_sha256=pinned.sha256, default_isa=self.services.default_isa,
-                            salt=self.settings.key_salt)
+                            salt=self.settings.key_salt, checkpoint=pinned.checkpoint)
         return pinned, keys
 
     def prepare(self, spec: CompileSpec) -> Prepared:

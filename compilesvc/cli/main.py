@@ -34,6 +34,7 @@ from compilesvc.spec.parsing import SpecError, load_spec_file
 if TYPE_CHECKING:
     from compilesvc.config.settings import Settings
     from compilesvc.services import Services
+    from compilesvc.spec.checkpoint import CheckpointMaterial
 
 ENTRY_POINT_GROUP = "compilesvc.commands"
 #: How many spec errors one ``error:`` line lists before summarising the rest.
@@ -246,17 +247,27 @@ def main() -> None:
 def model_sha256(spec: CompileSpec, settings: Settings | None = None) -> str:
     """The content identity of the spec's model (what the key names instead of the URI), computed exactly as
     the service computes it (:func:`compilesvc.pinning.identity.content_sha256_for_key`)."""
+    return model_identity(spec, settings)[0]
+
+
+def model_identity(spec: CompileSpec, settings: Settings | None = None) -> tuple[str, CheckpointMaterial | None]:
+    """:func:`model_sha256` and, for an hf-checkpoint, the checkpoint's key material (its config.json; its weights'
+    digests when the compile pre-shards them), pinned as the service pins them."""
     # Only `key` with a model loads these (the store and boto3 come with them): start-up cost, not a cycle.
-    from compilesvc.pinning.identity import content_sha256_for_key
+    from compilesvc.pinning.identity import identity_for_key
     from compilesvc.pinning.pins import ModelRefError
+    from compilesvc.spec.keys import presharded
 
     uri = spec.model.uri
     try:
-        return content_sha256_for_key(spec.model, settings or _settings())
+        return identity_for_key(spec.model, settings or _settings(),
+                                weight_digests=spec.backend == "nxdi" and presharded(spec))
     except ModelRefError as exc:
-        if uri.startswith("file://"):  # a file on this machine that cannot be read: exit 1, like any I/O error
+        unreadable = spec.model.format != "hf-checkpoint" or exc.message.startswith("cannot read")
+        if uri.startswith("file://") and unreadable:
+            # a file on this machine that cannot be read: exit 1, like any I/O error
             raise CommandFailed(f"cannot read model file: {exc.message}") from None
-        raise BadInput(str(exc)) from None  # a client mistake (no such object, a prefix): exit 2
+        raise BadInput(str(exc)) from None  # a client mistake (no such object, a prefix, not a checkpoint): exit 2
     except click.ClickException:
         raise
     except Exception as exc:  # S3 outages, credentials: one error line, exit 1
@@ -299,9 +310,9 @@ def key_command(spec_path: str, explain_: bool, as_json: bool, isa: str | None, 
         salt = settings.key_salt
     if isa is None:
         isa = host_isa()
-    sha = model_sha256(spec, settings)
+    sha, checkpoint = model_identity(spec, settings)
     try:
-        keys = compute_keys(spec, model_sha256=sha, default_isa=isa, salt=salt)
+        keys = compute_keys(spec, model_sha256=sha, default_isa=isa, salt=salt, checkpoint=checkpoint)
     except ValueError as exc:  # a model identity that is not a digest (from a lookup) or an unusable ISA
         raise CommandFailed(str(exc)) from None
     if as_json:

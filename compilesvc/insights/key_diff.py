@@ -35,7 +35,7 @@ CANDIDATES = 50
 @dataclass(frozen=True)
 class Change:
     """One difference between two keys' material: ``component`` is the key component it falls in
-    (``model``, ``toolchain``, ``flags``, ``buckets``, ``salt``, ``schema``)."""
+    (``model``, ``toolchain``, ``neuron_config``, ``flags``, ``buckets``, ``salt``, ``schema``)."""
 
     component: str
     text: str
@@ -98,14 +98,18 @@ def _flag_changes(before: list[str], after: list[str]) -> list[Change]:
     return found
 
 
-def _mapping_changes(component: str, label: str, before: dict[str, Any], after: dict[str, Any]) -> list[Change]:
+def _mapping_changes(component: str, label: str, before: dict[str, Any], after: dict[str, Any],
+                     sep: str = " ") -> list[Change]:
+    """One change per differing leaf, named by its path (``label`` + names joined by ``sep``)."""
     found = []
     for name in sorted(before.keys() | after.keys()):
         was, now = before.get(name), after.get(name)
         if was == now:
             continue
-        if isinstance(was, dict) and isinstance(now, dict):
-            found.extend(_mapping_changes(component, f"{label}{name} ", was, now))
+        if (isinstance(was, dict) and isinstance(now, dict)) or (
+                sep == "." and isinstance(was or now, dict) and None in (was, now)):
+            # (dotted paths: a mapping appearing, such as pre-sharded weights' digests, reads entry by entry)
+            found.extend(_mapping_changes(component, f"{label}{name}{sep}", was or {}, now or {}, sep))
         elif was is None:
             found.append(Change(component, f"{label}{name} {_short(now)} added"))
         elif now is None:
@@ -124,7 +128,12 @@ def changes(before: dict[str, Any], before_buckets: list[list[dict[str, Any]]], 
         found.append(Change("schema", f"key schema {before.get('schema')} → {after.get('schema')}"))
     if before.get("salt") != after.get("salt"):
         found.append(Change("salt", "the service's key salt changed (an operator disowned earlier artifacts)"))
-    found.extend(_mapping_changes("model", "model ", before.get("model", {}), after.get("model", {})))
+    if "neuron_config" in before or "neuron_config" in after:
+        # An NxD Inference key: its config.json and NeuronConfig fields by their dotted names, one per line
+        # ("model.config.num_hidden_layers 2 → 4", "neuron_config.tp_degree 8 → 16").
+        found.extend(_mapping_changes("model", "model.", before.get("model", {}), after.get("model", {}), "."))
+    else:
+        found.extend(_mapping_changes("model", "model ", before.get("model", {}), after.get("model", {})))
     old_tools, new_tools = dict(before.get("toolchain", {})), dict(after.get("toolchain", {}))
     # The cpu target's toolchain holds its sdk (the torch release) and says it below.
     if before_sdk != after_sdk and old_tools != new_tools and "sdk" not in new_tools:
@@ -132,6 +141,8 @@ def changes(before: dict[str, Any], before_buckets: list[list[dict[str, Any]]], 
         # what the user changed: name it, then the packages it brought.
         found.append(Change("toolchain", f"sdk {before_sdk} → {after_sdk}"))
     found.extend(_mapping_changes("toolchain", "", old_tools, new_tools))
+    found.extend(_mapping_changes("neuron_config", "neuron_config.", dict(before.get("neuron_config") or {}),
+                                  dict(after.get("neuron_config") or {}), "."))
     found.extend(_flag_changes(list(before.get("flags", [])), list(after.get("flags", []))))
     old_shapes = {shape_text(inputs): inputs for inputs in before_buckets}
     new_shapes = {shape_text(inputs): inputs for inputs in after_buckets}

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from compilesvc.config.settings import Settings
 from compilesvc.pinning.pins import ModelChangedError, ModelRefError, PinnedModel
+from compilesvc.spec.checkpoint import CheckpointMaterial
 from compilesvc.spec.compile_spec import ModelRef
 from compilesvc.store.base import SHA256_RE, ArtifactStore
 from compilesvc.store.hashing import CHUNK_SIZE, copy_hashing, verified_file
@@ -95,8 +96,14 @@ class ModelResolver:
 
     # -- pinning -------------------------------------------------------------------------------------
 
-    def pin(self, ref: ModelRef) -> PinnedModel:
-        """Resolve ``ref`` to immutable bytes and their sha256 (:class:`ModelRefError` on client mistakes)."""
+    def pin(self, ref: ModelRef, *, weight_digests: bool = False) -> PinnedModel:
+        """Resolve ``ref`` to immutable bytes and their sha256 (:class:`ModelRefError` on client mistakes).
+
+        An hf-checkpoint is pinned file by file with its key material (:mod:`compilesvc.pinning.checkpoints`);
+        ``weight_digests`` asks for its weight files' sha256 too (a compile that writes pre-sharded weights).
+        """
+        if ref.format == "hf-checkpoint":
+            return self._pin_checkpoint(ref, weight_digests)
         if ref.uri.startswith(BLOB_PREFIX):
             return self._pin_blob(ref)
         if ref.uri.startswith("s3://"):
@@ -104,6 +111,35 @@ class ModelResolver:
         if ref.uri.startswith("file://"):
             return self._pin_file(ref)
         raise ModelRefError('expected "blob:sha256:<hex>", "s3://bucket/key" or "file:///abs/path"')
+
+    def _pin_checkpoint(self, ref: ModelRef, weight_digests: bool) -> PinnedModel:
+        from compilesvc.pinning import checkpoints
+
+        if ref.uri.startswith(BLOB_PREFIX):
+            blob = self._pin_blob(ref)
+            return checkpoints.pin_blob(self, ref, blob.sha256, blob.size, weight_digests=weight_digests)
+        if ref.uri.startswith("s3://"):
+            if not ref.is_prefix:
+                raise ModelRefError("an hf-checkpoint in S3 is a prefix holding the checkpoint directory: "
+                                    "s3://bucket/prefix/ (ending in /)")
+            from compilesvc.pinning.s3_prefixes import pin_prefix
+
+            return pin_prefix(self.s3, ref, self.settings.hf_extract_max_files, weight_digests=weight_digests)
+        if ref.uri.startswith("file://"):
+            self._check_file_models_allowed()
+            root = Path(os.path.realpath(file_uri_path(ref.uri)))
+            if not root.is_dir():
+                raise ModelRefError(f"{root} is not a directory: an hf-checkpoint is the checkpoint's directory "
+                                    "(config.json and the weights)")
+            return checkpoints.pin_directory(self, ref, root, weight_digests=weight_digests)
+        raise ModelRefError('expected "blob:sha256:<hex>", "s3://bucket/prefix/" or "file:///abs/dir"')
+
+    def _check_file_models_allowed(self) -> None:
+        if not self.settings.allow_file_models:
+            raise ModelRefError(
+                "file:// models are disabled on this service (COMPILESVC_ALLOW_FILE_MODELS); "
+                "upload the file with POST /v1/models or use s3://"
+            )
 
     def _pin_blob(self, ref: ModelRef) -> PinnedModel:
         sha256 = ref.uri[len(BLOB_PREFIX) :]
@@ -118,11 +154,7 @@ class ModelResolver:
         return PinnedModel(ref.uri, ref.format, sha256, size, {"kind": "blob", "sha256": sha256})
 
     def _pin_file(self, ref: ModelRef) -> PinnedModel:
-        if not self.settings.allow_file_models:
-            raise ModelRefError(
-                "file:// models are disabled on this service (COMPILESVC_ALLOW_FILE_MODELS); "
-                "upload the file with POST /v1/models or use s3://"
-            )
+        self._check_file_models_allowed()
         path = Path(os.path.realpath(file_uri_path(ref.uri)))
         for _ in range(_PIN_ATTEMPTS):
             before = self._stat_model_file(path)
@@ -170,7 +202,9 @@ class ModelResolver:
     # -- fetching (worker side) ----------------------------------------------------------------------
 
     def fetch(self, pinned_fetch: dict[str, Any], dest: Path) -> None:
-        """Write exactly the pinned bytes to ``dest`` (atomically), verifying their sha256.
+        """Write exactly the pinned bytes to ``dest`` (atomically), verifying their sha256. A checkpoint pinned file
+        by file (``s3-prefix``, ``file-dir``) becomes a directory at ``dest``, each file verified against its pin;
+        a checkpoint archive (``blob``) is written as the archive, which the worker extracts with its caps.
 
         :class:`ModelChangedError` when the source no longer holds them; :class:`IntegrityError` when
         bytes arrive that do not hash to the pinned sha256.
@@ -188,6 +222,14 @@ class ModelResolver:
             self.s3.fetch(pinned_fetch, sha256, dest)
         elif kind == "file":
             self._fetch_file(pinned_fetch, sha256, dest)
+        elif kind == "s3-prefix":
+            from compilesvc.pinning.s3_prefixes import fetch_prefix
+
+            fetch_prefix(self.s3, pinned_fetch, dest)
+        elif kind == "file-dir":
+            from compilesvc.pinning.checkpoints import fetch_directory
+
+            fetch_directory(pinned_fetch, dest)
         else:
             raise ValueError(f"unknown pinned model kind {kind!r}")
 
@@ -213,14 +255,27 @@ def content_sha256_for_key(ref: ModelRef, settings: Settings) -> str:
     ``file://`` is accepted here whatever ``allow_file_models`` says: the CLI hashes a file on the
     user's own machine, and the setting exists to stop the *service* reading its host's files.
     """
+    return identity_for_key(ref, settings)[0]
+
+
+def identity_for_key(ref: ModelRef, settings: Settings, *, weight_digests: bool = False
+                     ) -> tuple[str, CheckpointMaterial | None]:
+    """The model sha256 and (hf-checkpoint models) the checkpoint's key material, for the ``compilesvc key`` CLI,
+    pinned as the service pins them (:func:`content_sha256_for_key`). An uploaded checkpoint archive cannot be
+    read here: its config.json is in the service's store."""
     if ref.uri.startswith(BLOB_PREFIX):
         sha256 = ref.uri[len(BLOB_PREFIX) :]
         if not SHA256_RE.match(sha256):
             raise ModelRefError("expected blob:sha256:<64 lowercase hex digits>")
-        return sha256
+        if ref.format == "hf-checkpoint":
+            raise ModelRefError("an uploaded checkpoint is keyed by the config.json inside it, which is in the "
+                                "service's store: key the checkpoint's directory (file:///...) or S3 prefix, or ask "
+                                "the service (POST /v1/artifacts/resolve)")
+        return sha256, None
     if ref.uri.startswith("file://") and not settings.allow_file_models:
         settings = settings.model_copy(update={"allow_file_models": True})
-    return ModelResolver(settings, None, None).pin(ref).sha256
+    pinned = ModelResolver(settings, None, None).pin(ref, weight_digests=weight_digests)
+    return pinned.sha256, pinned.checkpoint
 
 
-__all__ = ["ModelResolver", "content_sha256_for_key"]
+__all__ = ["ModelResolver", "content_sha256_for_key", "identity_for_key"]

@@ -3,8 +3,10 @@ worker), and the errors that say why a model reference cannot be pinned or fetch
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from compilesvc.spec.checkpoint import CheckpointMaterial
 
 
 class ModelRefError(ValueError):
@@ -26,7 +28,12 @@ class PinnedModel:
 
     ``fetch`` is one of ``{"kind": "blob", "sha256"}``,
     ``{"kind": "s3", "bucket", "key", "version_id" (or None), "etag", "size", "sha256"}`` or
-    ``{"kind": "file", "path", "size", "mtime_ns", "sha256"}``.
+    ``{"kind": "file", "path", "size", "mtime_ns", "sha256"}``; an hf-checkpoint directory's is
+    ``{"kind": "s3-prefix", "bucket", "prefix", "objects", "sha256"}`` or ``{"kind": "file-dir", "path", "files",
+    "sha256"}`` (:mod:`compilesvc.pinning.checkpoints`), or the blob of its archive.
+
+    ``checkpoint`` (hf-checkpoint models only) is what the key takes from the checkpoint: its config.json and, when
+    asked for at pinning, its weight files' sha256.
     """
 
     uri: str
@@ -34,9 +41,11 @@ class PinnedModel:
     sha256: str
     size: int
     fetch: dict[str, Any] = field(default_factory=dict)
+    checkpoint: CheckpointMaterial | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"uri": self.uri, "format": self.format, "sha256": self.sha256, "size": self.size,
+                "fetch": self.fetch, "checkpoint": None if self.checkpoint is None else self.checkpoint.as_json()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PinnedModel:
@@ -46,4 +55,5 @@ class PinnedModel:
             sha256=str(data["sha256"]),
             size=int(data["size"]),
             fetch=dict(data["fetch"]),
+            checkpoint=CheckpointMaterial.from_json(data["checkpoint"]) if data.get("checkpoint") else None,
         )

@@ -38,8 +38,11 @@ _PIN_ATTEMPTS = 3
 _DIRECTORY_CONTENT_TYPES = frozenset({"application/x-directory", "httpd/unix-directory"})
 
 
-class _Changed(Exception):
-    """Internal: the object changed between HEAD and GET while pinning (retry the pin)."""
+class ObjectChanged(Exception):
+    """The object changed between HEAD and GET while pinning (retry the pin), or is gone when fetched."""
+
+
+_Changed = ObjectChanged
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -83,13 +86,13 @@ class S3Models:
             # An object in a versioned bucket has a version id that never changes content; the version
             # "null" (versioning suspended) is overwritable, so the ETag is always pinned as well.
             version_id = head.get("VersionId") or ref.version_id
-            sha256 = self._remembered_pin(canonical, version_id, etag, size)
+            sha256 = self.remembered_pin(canonical, version_id, etag, size)
             if sha256 is None:
                 try:
-                    sha256 = self._hash_s3(bucket, key, version_id, etag, size)
+                    sha256 = self.hash_object(bucket, key, version_id, etag, size)
                 except _Changed:
                     continue  # overwritten between HEAD and GET: pin the new content instead
-                self._remember_pin(canonical, version_id, etag, size, sha256)
+                self.remember_pin(canonical, version_id, etag, size, sha256)
             fetch = {
                 "kind": "s3",
                 "bucket": bucket,
@@ -142,7 +145,7 @@ class S3Models:
             raise_store_error(exc, f"listing s3://{bucket}/{key}/")
         return int(listing.get("KeyCount", 0)) > 0
 
-    def _hash_s3(self, bucket: str, key: str, version_id: str | None, etag: str, size: int) -> str:
+    def hash_object(self, bucket: str, key: str, version_id: str | None, etag: str, size: int) -> str:
         copied = self.stream(bucket, key, version_id, etag, size, sink=None)
         if copied[1] != size:
             raise _Changed()
@@ -180,7 +183,7 @@ class S3Models:
             body.close()
         return copied.sha256, copied.size
 
-    def _remembered_pin(self, uri: str, version_id: str | None, etag: str, size: int) -> str | None:
+    def remembered_pin(self, uri: str, version_id: str | None, etag: str, size: int) -> str | None:
         if self.sessions is None:
             return None
         with transaction(self.sessions) as session:
@@ -193,7 +196,7 @@ class S3Models:
                 )
             )
 
-    def _remember_pin(self, uri: str, version_id: str | None, etag: str, size: int, sha256: str) -> None:
+    def remember_pin(self, uri: str, version_id: str | None, etag: str, size: int, sha256: str) -> None:
         if self.sessions is None:
             return
         values = {"uri": uri, "version_id": version_id or "", "etag": etag, "size": size, "sha256": sha256}

@@ -7,6 +7,11 @@ bucket order, dict order and the hash seed never reach the hash.
 
 Every key carries its per-component digests (:attr:`KeySet.components`) so a cache miss can be explained
 by diffing two keys' components (``compilesvc key SPEC --explain``).
+
+An NxD Inference spec (backend ``nxdi``, an hf-checkpoint model) is keyed by what NxDI compiles from: the
+checkpoint's canonical ``config.json``, the canonical NeuronConfig and the toolchain; its weights only when the
+compile writes pre-sharded weights (docs/keys.md, "LLM checkpoints (NxD Inference)"). It is one compile: one
+bucket key, with no inputs.
 """
 
 from __future__ import annotations
@@ -18,14 +23,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from compilesvc.spec.checkpoint import CheckpointMaterial, canonical_config
 from compilesvc.spec.compile_spec import ISA_RE, NEURON_TARGETS, CompileSpec
 from compilesvc.spec.flags import canonical_flags
 from compilesvc.spec.neuron_releases import toolchain_material
 from compilesvc.spec.neuronx_cc_options import default_lnc, effective_lnc
 
-KEY_SCHEMA = "compilesvc-key/4"
+KEY_SCHEMA = "compilesvc-key/5"
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+#: The set-level components of a key, in the order they are explained (neuron_config: nxdi keys only).
+COMPONENTS = ("schema", "salt", "model", "toolchain", "neuron_config", "flags")
 
 
 def canonical_json(value: Any) -> bytes:
@@ -106,6 +115,60 @@ def set_material(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt
     }
 
 
+def presharded(spec: CompileSpec) -> bool:
+    """Whether an nxdi compile of ``spec`` writes pre-sharded weights (``weights/tp{rank}_sharded_checkpoint.
+    safetensors``), so that its artifact depends on the weights' values: NeuronConfig ``save_sharded_checkpoint``
+    as the canonical NeuronConfig resolves it (its default is the release's: True in 2.21-2.22, False from 2.23,
+    docs/research/nxdi.md §2)."""
+    return bool(spec.nxdi_config.get("save_sharded_checkpoint"))
+
+
+def nxdi_material(spec: CompileSpec, checkpoint: CheckpointMaterial | None, salt: str) -> dict[str, Any]:
+    """The key material of an NxD Inference compile (the contract of issue 29, docs/keys.md).
+
+    The weights are in it only when the compile writes pre-sharded weights (:func:`presharded`): NxDI traces
+    with ``initialize_model_weights=False`` and hands the weights to the compiled model at load time, so model.pt
+    holds none (NXDI@ef2731e src/neuronx_distributed_inference/models/application_base.py:L302-L312, L404-L415;
+    docs/research/nxdi.md §1). Raises ValueError without ``checkpoint`` (or without its weight digests when they
+    are needed), and the release table's errors for a release that ships no NxDI.
+    """
+    if checkpoint is None:
+        raise ValueError("an hf-checkpoint model is keyed by its config.json: pin the checkpoint first "
+                         "(compute_keys(checkpoint=...))")
+    weights: dict[str, str] | None = None
+    if presharded(spec):
+        if checkpoint.weights is None:
+            raise ValueError("save_sharded_checkpoint puts the weights in the artifact: their digests are key "
+                             "material, and the checkpoint was pinned without them")
+        weights = dict(checkpoint.weights)
+        for path, sha in weights.items():
+            if not _SHA256_RE.match(sha):
+                raise ValueError(f"weight digest of {path!r} must be 64 lowercase hex digits, got {sha!r}")
+    neuron_config = spec.nxdi_config
+    tp_degree = int(neuron_config.get("tp_degree", 1))
+    # The logical NeuronCores: the NeuronConfig's logical_nc_config when given, else the target's default, as
+    # NxDI resolves it without the (never passed) NEURON_LOGICAL_NC_CONFIG variable (NXDI@ef2731e
+    # models/config.py:L729-L759).
+    lnc = neuron_config.get("logical_nc_config")
+    toolchain: dict[str, Any] = {
+        "target": spec.target,
+        "backend": spec.backend,
+        "tp_degree": tp_degree,
+        "neuron": toolchain_material(spec.sdk, spec.backend, tp_degree),
+        "lnc": lnc if isinstance(lnc, int) and not isinstance(lnc, bool) else default_lnc(spec.target),
+    }
+    return {
+        "schema": KEY_SCHEMA,
+        "salt": salt,
+        "model": {"format": spec.model.format, "config": canonical_config(checkpoint.config), "weights": weights},
+        "toolchain": toolchain,
+        "neuron_config": neuron_config,
+        # NxDI derives its compiler flags from the NeuronConfig (docs/research/nxdi_compiler_args.md): the
+        # NeuronConfig is in the key, so only the spec's own args (none, usually) are flags here.
+        "flags": canonical_flags(spec.compiler.args),
+    }
+
+
 def shape_text(inputs: Iterable[dict[str, Any]]) -> str:
     """A bucket's inputs (as key material has them) for people: ``input_ids: int64[2, 128], mask: …``."""
     return ", ".join(f"{i.get('name')}: {i.get('dtype')}{list(i.get('shape', []))}" for i in inputs)
@@ -121,19 +184,28 @@ def artifact_key_of(material: dict[str, Any], bucket_keys: list[str]) -> str:
     return digest({**material, "buckets": sorted(set(bucket_keys))})
 
 
-def compute_keys(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt: str = "") -> KeySet:
+def compute_keys(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt: str = "",
+                 checkpoint: CheckpointMaterial | None = None) -> KeySet:
     """Keys for ``spec`` whose model content hashes to ``model_sha256``.
 
-    ``default_isa`` fills in the ISA of cpu aotinductor specs that do not name one.
+    ``default_isa`` fills in the ISA of cpu aotinductor specs that do not name one. An nxdi spec needs its pinned
+    ``checkpoint`` (its model sha256 is recorded with builds, but the key holds the config, and the weights only
+    when pre-sharded): one bucket key, with no inputs, at position 0.
     """
-    material = set_material(spec, model_sha256=model_sha256, default_isa=default_isa, salt=salt)
-    buckets = []
-    for position, bucket in enumerate(spec.buckets):
-        inputs = [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in bucket.inputs]
-        buckets.append(BucketKey(key=bucket_key_of(material, inputs), inputs=inputs, position=position))
+    if spec.backend == "nxdi":
+        if not _SHA256_RE.match(model_sha256.lower()):
+            raise ValueError(f"model_sha256 must be 64 hex digits, got {model_sha256!r}")
+        material = nxdi_material(spec, checkpoint, salt)
+        buckets = [BucketKey(key=bucket_key_of(material, []), inputs=[], position=0)]
+    else:
+        material = set_material(spec, model_sha256=model_sha256, default_isa=default_isa, salt=salt)
+        buckets = []
+        for position, bucket in enumerate(spec.buckets):
+            inputs = [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in bucket.inputs]
+            buckets.append(BucketKey(key=bucket_key_of(material, inputs), inputs=inputs, position=position))
     bucket_keys = sorted({b.key for b in buckets})
     artifact_key = artifact_key_of(material, bucket_keys)
-    components = {name: digest(material[name]) for name in ("schema", "salt", "model", "toolchain", "flags")}
+    components = {name: digest(material[name]) for name in COMPONENTS if name in material}
     components["buckets"] = digest(bucket_keys)
     return KeySet(key=artifact_key, buckets=buckets, material=material, components=components)
 
@@ -141,18 +213,29 @@ def compute_keys(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt
 def explain(keys: KeySet) -> list[str]:
     """Human-readable lines: each component's digest and the value it was computed from."""
     lines = [f"artifact key  {keys.key}", f"schema        {keys.material['schema']}"]
-    for name in ("salt", "model", "toolchain", "flags"):
+    for name in COMPONENTS[1:]:
+        if name not in keys.material:
+            continue
         value = json.dumps(keys.material[name], sort_keys=True)
         lines.append(f"{name:<13} {keys.components[name][:16]}  {value}")
         toolchain = keys.material["toolchain"]
         if name == "toolchain" and "lnc" in toolchain:
             target, lnc = toolchain["target"], toolchain["lnc"]
+            how = "logical_nc_config" if "neuron_config" in keys.material else "--logical-nc-config"
             why = (f"{target}'s default" if lnc == default_lnc(target)
-                   else f"--logical-nc-config; {target}'s default is {default_lnc(target)}")
+                   else f"{how}; {target}'s default is {default_lnc(target)}")
             lines.append(f"  lnc         {lnc}  (logical NeuronCores, resolved at submit: {why}; neuronx-cc and NxD "
                          f"both get it)")
+        if name == "model" and "config" in keys.material["model"]:
+            model = keys.material["model"]
+            weights = model["weights"]
+            lines.append(f"  config      {digest(model['config'])[:16]}  config.json without "
+                         "_name_or_path and transformers_version")
+            lines.append("  weights     " + ("not in the key: NxDI loads them at load time (shared by fine-tunes)"
+                                            if weights is None else
+                                            f"{len(weights)} files' sha256 (save_sharded_checkpoint)"))
     lines.append(f"{'buckets':<13} {keys.components['buckets'][:16]}  ({len(keys.bucket_keys)} unique)")
     for bucket in keys.buckets:
         shapes = ", ".join(f"{i['name']}:{i['dtype']}{i['shape']}" for i in bucket.inputs)
-        lines.append(f"  bucket[{bucket.position}] {bucket.key}  {shapes}")
+        lines.append(f"  bucket[{bucket.position}] {bucket.key}  {shapes or '(one NxDI compile: every bucket)'}")
     return lines

@@ -115,3 +115,40 @@ def test_a_schema_3_key_against_its_schema_4_key_names_the_lnc_move() -> None:
     ]
     lnc1 = {**new, "toolchain": {**new["toolchain"], "lnc": 1}}
     assert [c.text for c in changes(new, [], "2.27.1", lnc1, [], "2.27.1")] == ["lnc 2 → 1"]
+
+
+def _nxdi_material(**changes_: Any) -> dict[str, Any]:
+    material: dict[str, Any] = {
+        "schema": "compilesvc-key/5", "salt": "",
+        "model": {"format": "hf-checkpoint", "weights": None,
+                  "config": {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64}},
+        "toolchain": {"target": "trn2", "backend": "nxdi", "tp_degree": 8, "lnc": 2,
+                      "neuron": {"neuronx-cc": "2.24.5133.0"}},
+        "neuron_config": {"tp_degree": 8, "seq_len": 256, "batch_size": 1}, "flags": []}
+    for path, value in changes_.items():
+        *parents, leaf = path.split("__")
+        node = material
+        for parent in parents:
+            node[parent] = dict(node[parent])
+            node = node[parent]
+        node[leaf] = value
+    return material
+
+
+def test_an_nxdi_miss_names_neuron_config_and_config_json_fields_one_per_line() -> None:
+    base = _nxdi_material()
+    tp16 = _nxdi_material(neuron_config__tp_degree=16, toolchain__tp_degree=16)
+    assert [(c.component, c.text) for c in changes(base, [[]], "2.29.0", tp16, [[]], "2.29.0")] == [
+        ("toolchain", "tp_degree 8 → 16"),
+        ("neuron_config", "neuron_config.tp_degree 8 → 16"),
+    ]
+    layers = _nxdi_material(model__config__num_hidden_layers=4)
+    assert [c.text for c in changes(base, [[]], "2.29.0", layers, [[]], "2.29.0")] == [
+        "model.config.num_hidden_layers 2 → 4"]
+    both = _nxdi_material(neuron_config__seq_len=1024, neuron_config__save_sharded_checkpoint=True,
+                          model__weights={"model.safetensors": "1" * 64})
+    assert [c.text for c in changes(base, [[]], "2.29.0", both, [[]], "2.29.0")] == [
+        "model.weights.model.safetensors 111111111111… added",
+        "neuron_config.save_sharded_checkpoint true added",
+        "neuron_config.seq_len 256 → 1024",
+    ]

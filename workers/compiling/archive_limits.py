@@ -1,4 +1,5 @@
-"""Caps on what an hf-dir model archive may expand to: total bytes, member count and compression ratio.
+"""Caps on what an hf-dir model archive may expand to: total bytes, member count and compression ratio; and its
+safe extraction (:func:`safe_extract`, torch-free: the worker extracts hf-checkpoint archives itself).
 
 Owns :class:`ArchiveLimitExceeded` (a compile error of its own code per cap) and :func:`check_archive`, which
 reads the archive's headers, not its contents, and stops at the first header past a cap: an archive that
@@ -14,13 +15,15 @@ another worker's disk.
 from __future__ import annotations
 
 import tarfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from workers.compiling.contract import CompileFailure, ExtractLimits
 
 #: Below this many extracted bytes the ratio is not checked: a small archive cannot hurt, and a tiny test
 #: model of zeros or a config-only directory compresses far better than real weights.
 RATIO_FLOOR_BYTES = 64 * 1024**2
+
+DEFAULT_EXTRACT_LIMITS = ExtractLimits()
 
 #: The codes, one per cap (documented in docs/security.md, "Extraction caps").
 TOO_LARGE = "HF_DIR_TOO_LARGE"
@@ -64,3 +67,35 @@ def check_archive(tar: tarfile.TarFile, archive: Path, limits: ExtractLimits) ->
                        f"its size (at least {_mib(total)} by member {member.name!r}), this worker's cap "
                        "(COMPILESVC_HF_EXTRACT_MAX_RATIO); nothing was extracted")
     return members
+
+
+def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = DEFAULT_EXTRACT_LIMITS) -> Path:
+    """Extract a .tar/.tar.gz of a Hugging Face model directory into ``dest``; return the model root.
+
+    Members with absolute names or ``..`` components are refused outright; extraction then uses tarfile's
+    ``data`` filter (Python >= 3.11.4), which also refuses links leaving ``dest`` and device files and
+    sanitises permission bits. An archive past one of ``limits`` (total bytes, members, ratio) is
+    refused before anything is written (:mod:`workers.compiling.archive_limits`). The root is ``dest`` or its
+    single top-level directory, whichever holds ``config.json``.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive) as tar:
+            members = check_archive(tar, archive, limits)
+            for member in members:
+                # The data filter would strip a leading "/" and extract inside dest; a model archive with
+                # absolute or parent-relative names is malformed or hostile either way, so refuse it.
+                if member.name.startswith("/") or ".." in PurePosixPath(member.name).parts:
+                    raise tarfile.FilterError(f"member {member.name!r} points outside the archive root")
+            tar.extractall(dest, members=members, filter="data")
+    except tarfile.FilterError as exc:
+        raise CompileFailure("HF_DIR_UNSAFE_ARCHIVE", f"refusing to extract the model archive: {exc}") from exc
+    except (tarfile.ReadError, tarfile.CompressionError, EOFError) as exc:
+        raise CompileFailure("MODEL_LOAD_ERROR", f"hf-dir model is not a readable tar archive: {exc}") from exc
+    if (dest / "config.json").is_file():
+        return dest
+    entries = [p for p in dest.iterdir()]
+    if len(entries) == 1 and entries[0].is_dir() and (entries[0] / "config.json").is_file():
+        return entries[0]
+    raise CompileFailure("HF_DIR_NO_CONFIG", "hf-dir archive has no config.json at its root or in its single "
+                                             "top-level directory")

@@ -12,21 +12,18 @@ on this worker is an :class:`InfraError`.
 from __future__ import annotations
 
 import inspect
-import tarfile
 import zlib
 from collections.abc import Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from compilesvc.states import ErrorClass
-from workers.compiling.archive_limits import check_archive
+from workers.compiling.archive_limits import DEFAULT_EXTRACT_LIMITS, safe_extract
 from workers.compiling.classify import Evidence, judge
 from workers.compiling.contract import CompileFailure, ExtractLimits, InfraError, InputDesc, log
-
-DEFAULT_EXTRACT_LIMITS = ExtractLimits()
 
 #: Example token ids are drawn from [0, ID_HIGH): inside any real vocabulary and the demo model's.
 ID_HIGH = 100
@@ -164,38 +161,6 @@ class TensorOutputs(nn.Module):
 
     def forward(self, *args: torch.Tensor) -> Any:
         return _to_tensors(self.model(**dict(zip(self.input_names, args, strict=True))))
-
-
-def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = DEFAULT_EXTRACT_LIMITS) -> Path:
-    """Extract a .tar/.tar.gz of a Hugging Face model directory into ``dest``; return the model root.
-
-    Members with absolute names or ``..`` components are refused outright; extraction then uses tarfile's
-    ``data`` filter (Python >= 3.11.4), which also refuses links leaving ``dest`` and device files and
-    sanitises permission bits. An archive past one of ``limits`` (total bytes, members, ratio) is
-    refused before anything is written (:mod:`workers.compiling.archive_limits`). The root is ``dest`` or its
-    single top-level directory, whichever holds ``config.json``.
-    """
-    dest.mkdir(parents=True, exist_ok=True)
-    try:
-        with tarfile.open(archive) as tar:
-            members = check_archive(tar, archive, limits)
-            for member in members:
-                # The data filter would strip a leading "/" and extract inside dest; a model archive with
-                # absolute or parent-relative names is malformed or hostile either way, so refuse it.
-                if member.name.startswith("/") or ".." in PurePosixPath(member.name).parts:
-                    raise tarfile.FilterError(f"member {member.name!r} points outside the archive root")
-            tar.extractall(dest, members=members, filter="data")
-    except tarfile.FilterError as exc:
-        raise CompileFailure("HF_DIR_UNSAFE_ARCHIVE", f"refusing to extract the model archive: {exc}") from exc
-    except (tarfile.ReadError, tarfile.CompressionError, EOFError) as exc:
-        raise CompileFailure("MODEL_LOAD_ERROR", f"hf-dir model is not a readable tar archive: {exc}") from exc
-    if (dest / "config.json").is_file():
-        return dest
-    entries = [p for p in dest.iterdir()]
-    if len(entries) == 1 and entries[0].is_dir() and (entries[0] / "config.json").is_file():
-        return entries[0]
-    raise CompileFailure("HF_DIR_NO_CONFIG", "hf-dir archive has no config.json at its root or in its single "
-                                             "top-level directory")
 
 
 #: The weight files ``from_pretrained`` reads from a local directory, in its order of preference:

@@ -57,7 +57,9 @@ from compilesvc.pinning.pins import ModelRefError
 from compilesvc.services import Services
 from compilesvc.spec.manifest import BucketManifest
 from compilesvc.store import StoreError, bucket_manifest_name
+from workers.compiling.checkpoint_dirs import materialise_checkpoint
 from workers.compiling.classify import Outcome, classify
+from workers.compiling.contract import CompileFailure, ExtractLimits
 from workers.compiling.drain import DRAIN, Interruptible
 from workers.compiling.error_codes import for_release
 from workers.compiling.launch import RESULT_NAME, AttemptDirs, compile_dirs, read_result, start_child
@@ -169,12 +171,24 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
 
         model_format = str(claim.model.get("format") or claim.material["model"]["format"])
         model_path = model_dir / MODEL_FILE_NAMES.get(model_format, "model.bin")
+        limits = ExtractLimits(settings.hf_extract_max_bytes, settings.hf_extract_max_files,
+                               settings.hf_extract_max_ratio)
+
+        def fetch_model() -> None:
+            nonlocal model_path
+            if model_format == "hf-checkpoint":  # a directory (NxDI reads one), made here: the child gets its path
+                model_path = materialise_checkpoint(services.resolver, claim.model["fetch"], model_dir, limits)
+            else:
+                services.resolver.fetch(claim.model["fetch"], model_path)
+
         fetch_started = time.monotonic()
         try:
-            retry_store(services, claim, stop, Phase.FETCH,
-                        lambda: services.resolver.fetch(claim.model["fetch"], model_path), logger)
+            retry_store(services, claim, stop, Phase.FETCH, fetch_model, logger)
         except ModelRefError as exc:  # gone or changed since it was pinned: only a new submit's new pin helps
             return _fail(services, claim, Outcome("model", "MODEL_UNAVAILABLE", str(exc)), logs, logger,
+                         phase=Phase.FETCH)
+        except CompileFailure as exc:  # a checkpoint archive past the extraction caps, or unsafe: the model's
+            return _fail(services, claim, Outcome(exc.error_class, exc.code, exc.message), logs, logger,
                          phase=Phase.FETCH)
         except (StoreRetriesExhausted, StoreError, OSError) as exc:
             error = str(exc) if isinstance(exc, StoreRetriesExhausted) else f"{type(exc).__name__}: {exc}"
@@ -182,8 +196,9 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
                          phase=Phase.FETCH)
         except Interrupted:
             return _stopped(services, claim, worker_id, keeper, drained, logs, logger)
-        logs.service(f"fetched model sha256:{claim.model.get('sha256')} "
-                     f"({model_path.stat().st_size} bytes) in {time.monotonic() - fetch_started:.1f}s")
+        logs.service(f"fetched model sha256:{claim.model.get('sha256')} ({claim.model.get('size')} bytes"
+                     f"{', a checkpoint directory' if model_path.is_dir() else ''}) in "
+                     f"{time.monotonic() - fetch_started:.1f}s")
         if stop.is_set():
             return _stopped(services, claim, worker_id, keeper, drained, logs, logger)
 

@@ -1,0 +1,255 @@
+"""Hugging Face checkpoint directories (``hf-checkpoint`` models) pinned at submit: the files, the ``config.json``
+the key needs, and (only for a compile that writes pre-sharded weights) the weight files' sha256.
+
+Three forms of one directory:
+
+- ``blob:sha256:<hex>``: a tar archive in the store (the form hf-dir uploads use: config.json at its root or in its
+  single top-level directory). Its headers are read, streamed from the store, and config.json (at most
+  :data:`~compilesvc.spec.checkpoint.CONFIG_MAX_BYTES`) is read out of it; nothing is extracted here. The worker
+  fetches the archive and extracts it with its own caps (:mod:`workers.compiling.checkpoint_dirs`). Its model
+  sha256 is the archive's.
+- ``s3://bucket/prefix/``: every object pinned by version (:mod:`compilesvc.pinning.s3_prefixes`).
+- ``file:///abs/dir`` (``settings.allow_file_models`` only): every file pinned by (path, size, mtime).
+
+For the last two the model sha256 is a digest over the pinned file list (:func:`listing_sha256`), not over
+the bytes: the files are pinned one by one, and the key of an NxDI compile holds the config (and the weights'
+own digests when they matter), never this sha256. A checkpoint that is not one NxDI can read is a
+:class:`~compilesvc.pinning.pins.ModelRefError` on ``model.uri`` (a 422).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import stat
+import tarfile
+from collections.abc import Callable, Iterable
+from pathlib import Path, PurePosixPath
+from typing import IO, TYPE_CHECKING, Any
+
+from compilesvc.pinning.pins import ModelChangedError, ModelRefError, PinnedModel
+from compilesvc.spec.checkpoint import (
+    CONFIG_MAX_BYTES,
+    CONFIG_NAME,
+    INDEX_MAX_BYTES,
+    CheckpointError,
+    CheckpointMaterial,
+    checkpoint_files,
+    parse_config,
+)
+from compilesvc.spec.compile_spec import ModelRef
+from compilesvc.spec.keys import digest
+from compilesvc.store.hashing import CHUNK_SIZE
+
+if TYPE_CHECKING:
+    from compilesvc.pinning.identity import ModelResolver
+
+#: Files the key may read whole: config.json and weight indexes.
+_SMALL_LIMITS = {CONFIG_NAME: CONFIG_MAX_BYTES, "model.safetensors.index.json": INDEX_MAX_BYTES,
+                 "pytorch_model.bin.index.json": INDEX_MAX_BYTES}
+#: What a weight file can be called (the layouts' files and the shards indexes name): hashed only when needed.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json")
+
+
+def listing_sha256(entries: Iterable[Iterable[Any]]) -> str:
+    """The model sha256 of a directory pinned file by file: a digest over its sorted pinned entries (each a list
+    such as ``[path, version id, etag, size]``), so another version of any file is another sha256."""
+    return digest({"checkpoint-files": sorted([list(entry) for entry in entries])})
+
+
+def safe_relative(path: str, where: str) -> str:
+    """``path`` as a checkpoint-relative POSIX path, or a ModelRefError: never absolute, never ``..``."""
+    parts = PurePosixPath(path).parts
+    if not parts or path.startswith("/") or any(part in ("..", ".") for part in path.split("/")) or "" in \
+            path.split("/"):
+        raise ModelRefError(f"{where}: {path!r} is not a plain relative path inside the checkpoint")
+    return path
+
+
+def material_of(names: Iterable[str], read_small: Callable[[str], bytes],
+                weight_sha256: Callable[[str], str] | None) -> CheckpointMaterial:
+    """The checkpoint's key material from its file ``names`` (relative to its root): config.json parsed, and the
+    weight files' digests when ``weight_sha256`` is given. Refusals (a missing config.json or weights, an index
+    naming absent shards) are ModelRefErrors."""
+    try:
+        files = checkpoint_files(names, read_small)
+        config = parse_config(read_small(CONFIG_NAME), CONFIG_NAME)
+    except CheckpointError as exc:
+        raise ModelRefError(f"not a checkpoint NxD Inference can compile: {exc}") from None
+    weights = None if weight_sha256 is None else {name: weight_sha256(name) for name in files}
+    return CheckpointMaterial(config, weights)
+
+
+def _hash_stream(read: Callable[[int], bytes]) -> str:
+    hasher = hashlib.sha256()
+    while chunk := read(CHUNK_SIZE):
+        hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+# -- blob: a tar archive in the store -------------------------------------------------------------------------
+
+
+def _archive_root(names: Iterable[str]) -> str:
+    """The archive's checkpoint root ("" or "top/"), as the worker's extraction finds it: config.json at the root,
+    else in its single top-level directory (workers.compiling.model_loading.safe_extract)."""
+    names = set(names)
+    if CONFIG_NAME in names:
+        return ""
+    tops = {name.split("/", 1)[0] for name in names}
+    if len(tops) == 1 and f"{next(iter(tops))}/{CONFIG_NAME}" in names:
+        return f"{next(iter(tops))}/"
+    raise ModelRefError("not a checkpoint NxD Inference can compile: the archive has no config.json at its root or "
+                        "in its single top-level directory")
+
+
+def pin_blob(resolver: ModelResolver, ref: ModelRef, sha256: str, size: int, *, weight_digests: bool) -> PinnedModel:
+    """An uploaded checkpoint archive: its members listed from the store, config.json read out of it (bounded),
+    each weight member hashed as it streams past only when ``weight_digests``."""
+    assert resolver.store is not None
+    max_files = resolver.settings.hf_extract_max_files
+    sizes: dict[str, int] = {}
+    small: dict[str, bytes] = {}
+    hashed: dict[str, str] = {}
+    with resolver.store.open_blob(sha256) as blob:
+        # A seekable blob (the local store) is read header by header, skipping member data; a stream is read
+        # through (tarfile cannot skip without seeking).
+        mode = "r:*" if _seekable(blob) else "r|*"
+        try:
+            with tarfile.open(fileobj=blob, mode=mode) as tar:  # type: ignore[call-overload]
+                for member in tar:
+                    if len(sizes) >= max_files:
+                        raise ModelRefError(f"the checkpoint archive has more than {max_files} files, the most this "
+                                            "service reads (COMPILESVC_HF_EXTRACT_MAX_FILES)")
+                    if not member.isfile():
+                        continue
+                    name = member.name.removeprefix("./")
+                    sizes[name] = member.size
+                    base = name.rsplit("/", 1)[-1]
+                    data = None  # a streamed member can be read once: its bytes, when kept, are hashed
+                    if base in _SMALL_LIMITS and name.count("/") <= 1:
+                        if member.size > _SMALL_LIMITS[base]:
+                            raise ModelRefError(f"not a checkpoint NxD Inference can compile: {name} in the archive "
+                                                f"is larger than {_SMALL_LIMITS[base] // 1024**2} MiB")
+                        small[name] = data = _member(tar, member).read()
+                    if weight_digests and base.endswith(_WEIGHT_SUFFIXES):
+                        hashed[name] = (hashlib.sha256(data).hexdigest() if data is not None
+                                        else _hash_stream(_member(tar, member).read))
+        except tarfile.TarError as exc:
+            raise ModelRefError(f"blob sha256:{sha256} is not a readable tar archive of a checkpoint directory: "
+                                f"{exc}") from None
+    root = _archive_root(sizes)
+    names = [name[len(root):] for name in sizes if name.startswith(root)]
+    material = material_of(names, lambda name: small[root + name],
+                           (lambda name: hashed[root + name]) if weight_digests else None)
+    return PinnedModel(ref.uri, ref.format, sha256, size, {"kind": "blob", "sha256": sha256}, material)
+
+
+def _seekable(blob: IO[bytes]) -> bool:
+    try:
+        return bool(blob.seekable())
+    except (AttributeError, OSError):
+        return False
+
+
+def _member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
+    extracted = tar.extractfile(member)
+    assert extracted is not None  # a regular file
+    return extracted
+
+
+# -- file:///abs/dir -------------------------------------------------------------------------------------------
+
+
+def pin_directory(resolver: ModelResolver, ref: ModelRef, root: Path, *, weight_digests: bool) -> PinnedModel:
+    """A checkpoint directory on this host: every regular file pinned by (path, size, mtime), config.json read,
+    weight files hashed only when ``weight_digests``. Symbolic links are followed (a Hugging Face cache snapshot
+    is links into its blobs) and pinned as the files they reach."""
+    max_files = resolver.settings.hf_extract_max_files
+    files: dict[str, tuple[int, int]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for filename in sorted(filenames):
+            path = Path(dirpath) / filename
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue  # a dangling link: not a file of the checkpoint
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if len(files) >= max_files:
+                raise ModelRefError(f"{root} has more than {max_files} files, the most this service reads "
+                                    "(COMPILESVC_HF_EXTRACT_MAX_FILES)")
+            files[path.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns)
+
+    def read_small(name: str) -> bytes:
+        limit = _SMALL_LIMITS.get(name.rsplit("/", 1)[-1], CONFIG_MAX_BYTES)
+        with open(root / name, "rb") as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            raise ModelRefError(f"not a checkpoint NxD Inference can compile: {root / name} is larger than "
+                                f"{limit // 1024**2} MiB")
+        return data
+
+    def weight_sha256(name: str) -> str:
+        with open(root / name, "rb") as fh:
+            sha = _hash_stream(fh.read)
+        if (os.stat(root / name).st_size, os.stat(root / name).st_mtime_ns) != files[name]:
+            raise ModelChangedError(f"{root / name} changed while it was being read; retry once writes to it stop")
+        return sha
+
+    try:
+        material = material_of(files, read_small, weight_sha256 if weight_digests else None)
+    except OSError as exc:
+        raise ModelRefError(f"cannot read the checkpoint in {root}: {exc.strerror}") from None
+    listed = [[name, size, mtime_ns] for name, (size, mtime_ns) in files.items()]
+    sha256 = listing_sha256(listed)
+    fetch = {"kind": "file-dir", "path": str(root), "sha256": sha256,
+             "files": [{"path": name, "size": size, "mtime_ns": mtime_ns} for name, size, mtime_ns in listed]}
+    return PinnedModel(ref.uri, ref.format, sha256, sum(size for size, _ in files.values()), fetch, material)
+
+
+def fetch_directory(fetch: dict[str, Any], dest: Path) -> None:
+    """The worker's copy of a pinned checkpoint directory at ``dest``: each file copied, and checked to be the
+    one pinned (size and mtime, before and after the copy); :class:`ModelChangedError` otherwise."""
+    root = Path(str(fetch["path"]))
+    for entry in fetch["files"]:
+        name = safe_relative(str(entry["path"]), "model.uri")
+        pinned = (int(entry["size"]), int(entry["mtime_ns"]))
+        source, target = root / name, dest / name
+        changed = ModelChangedError(f"{source} changed since it was pinned (size or mtime differ); resubmit the "
+                                    "build to pin it again")
+        try:
+            before = os.stat(source)
+        except FileNotFoundError:
+            raise changed from None
+        if (before.st_size, before.st_mtime_ns) != pinned:
+            raise changed
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        with open(source, "rb") as src, open(partial, "wb") as out:
+            while chunk := src.read(CHUNK_SIZE):
+                out.write(chunk)
+        after = os.stat(source)
+        if (after.st_size, after.st_mtime_ns) != pinned or partial.stat().st_size != pinned[0]:
+            partial.unlink()
+            raise changed
+        partial.replace(target)
+
+
+# -- what NxDI's model hub has ---------------------------------------------------------------------------------
+
+
+def check_architecture(sdk: str, material: CheckpointMaterial) -> None:
+    """A ModelRefError on ``model`` when the NxDI release ``sdk`` ships has no model class for the checkpoint's
+    architectures (the architecture hub: ``compilesvc.spec.nxdi_models.architecture_class``)."""
+    try:
+        # Looked up by name: the hub table is another part of issue 29, merged separately.
+        hub: Any = importlib.import_module("compilesvc.spec.nxdi_models")
+    except ImportError:  # TODO(lead): drop this branch once compilesvc.spec.nxdi_models is on main
+        return
+    try:
+        hub.architecture_class(sdk, list(material.config["architectures"]))
+    except hub.UnsupportedArchitecture as exc:
+        raise ModelRefError(str(exc), field="model") from None

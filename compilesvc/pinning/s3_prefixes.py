@@ -1,0 +1,164 @@
+"""Checkpoint directories kept in S3 (``s3://bucket/prefix/``): every object under the prefix pinned at submit by
+its version id (or its ETag and size in an unversioned bucket), config.json read by that version, and on the
+worker each object fetched again by its pin and verified.
+
+Weight digests (only for a compile that writes pre-sharded weights) come from the object's full-object SHA-256
+checksum when S3 has one, else from the ledger's remembered pins (``model_pins``), else from hashing the object
+as it streams (and remembering it).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import ClientError
+
+from compilesvc.pinning.checkpoints import _SMALL_LIMITS, listing_sha256, material_of, safe_relative
+from compilesvc.pinning.pins import ModelChangedError, ModelRefError, PinnedModel
+from compilesvc.pinning.s3_models import ObjectChanged, parse_s3_uri
+from compilesvc.spec.checkpoint import CONFIG_MAX_BYTES
+from compilesvc.spec.compile_spec import ModelRef
+from compilesvc.store.s3_client import error_code, http_status, is_not_found, raise_store_error
+
+if TYPE_CHECKING:
+    from compilesvc.pinning.s3_models import S3Models
+
+
+def _denied_or_missing(exc: ClientError, what: str) -> ModelRefError | None:
+    if error_code(exc) == "NoSuchBucket" or is_not_found(exc):
+        return ModelRefError(f"{what} does not exist")
+    if http_status(exc) == 403:
+        return ModelRefError(f"access to {what} is denied (403); grant the service s3:ListBucket and s3:GetObject "
+                             "on it")
+    return None
+
+
+def _list(s3: S3Models, bucket: str, prefix: str, max_files: int) -> list[str]:
+    canonical = f"s3://{bucket}/{prefix}"
+    keys: list[str] = []
+    try:
+        for page in s3.s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                key = str(item["Key"])
+                if key.endswith("/") and int(item.get("Size", 0)) == 0:
+                    continue  # a "directory" marker, not a file
+                keys.append(key)
+                if len(keys) > max_files:
+                    raise ModelRefError(f"{canonical} holds more than {max_files} objects, the most this service "
+                                        "pins (COMPILESVC_HF_EXTRACT_MAX_FILES)")
+    except ClientError as exc:
+        refusal = _denied_or_missing(exc, canonical)
+        if refusal is not None:
+            raise refusal from None
+        raise_store_error(exc, f"listing {canonical}")
+    except ModelRefError:
+        raise
+    except Exception as exc:
+        raise_store_error(exc, f"listing {canonical}")
+    if not keys:
+        raise ModelRefError(f"{canonical} holds no objects: upload the checkpoint directory under it")
+    return keys
+
+
+def _head(s3: S3Models, bucket: str, key: str, checksum: bool) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+    if checksum:
+        kwargs["ChecksumMode"] = "ENABLED"
+    try:
+        return dict(s3.s3_client.head_object(**kwargs))
+    except ClientError as exc:
+        refusal = _denied_or_missing(exc, f"s3://{bucket}/{key}")
+        if refusal is not None:  # deleted since it was listed
+            raise ModelChangedError(f"s3://{bucket}/{key} changed while the checkpoint was being pinned; retry once "
+                                    "writes to it stop") from None
+        raise_store_error(exc, f"looking up s3://{bucket}/{key}")
+    except Exception as exc:
+        raise_store_error(exc, f"looking up s3://{bucket}/{key}")
+
+
+def _s3_sha256(head: dict[str, Any]) -> str | None:
+    """The object's SHA-256 when S3 holds a full-object one (a multipart upload's is a checksum of part checksums,
+    ``<base64>-<parts>``, and says nothing of the bytes)."""
+    value = head.get("ChecksumSHA256")
+    if not isinstance(value, str) or "-" in value or head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: bool) -> PinnedModel:
+    """Pin every object under ``ref``'s prefix (see the module docstring)."""
+    bucket, prefix = parse_s3_uri(ref.uri)
+    canonical = f"s3://{bucket}/{prefix}"
+    objects: dict[str, dict[str, Any]] = {}
+    for key in _list(s3, bucket, prefix, max_files):
+        name = safe_relative(key[len(prefix):], f"object {key!r} under {canonical}")
+        head = _head(s3, bucket, key, weight_digests)
+        objects[name] = {"path": name, "key": key, "version_id": head.get("VersionId"), "etag": str(head["ETag"]),
+                         "size": int(head["ContentLength"]), "sha256": _s3_sha256(head) if weight_digests else None}
+
+    def read_small(name: str) -> bytes:
+        entry = objects[name]
+        limit = _SMALL_LIMITS.get(name.rsplit("/", 1)[-1], CONFIG_MAX_BYTES)
+        if entry["size"] > limit:
+            raise ModelRefError(f"not a checkpoint NxD Inference can compile: s3://{bucket}/{entry['key']} is larger "
+                                f"than {limit // 1024**2} MiB")
+        data = bytearray()
+        try:
+            s3.stream(bucket, entry["key"], entry["version_id"], entry["etag"], entry["size"], sink=data.extend)
+        except ObjectChanged:
+            raise ModelChangedError(f"s3://{bucket}/{entry['key']} changed while the checkpoint was being pinned; "
+                                    "retry once writes to it stop") from None
+        return bytes(data)
+
+    def weight_sha256(name: str) -> str:
+        entry = objects[name]
+        if entry["sha256"] is None:
+            uri = f"s3://{bucket}/{entry['key']}"
+            remembered = s3.remembered_pin(uri, entry["version_id"], entry["etag"], entry["size"])
+            if remembered is None:
+                try:
+                    remembered = s3.hash_object(bucket, entry["key"], entry["version_id"], entry["etag"], entry["size"])
+                except ObjectChanged:
+                    raise ModelChangedError(f"{uri} changed while the checkpoint was being pinned; retry once "
+                                            "writes to it stop") from None
+                s3.remember_pin(uri, entry["version_id"], entry["etag"], entry["size"], remembered)
+            entry["sha256"] = remembered
+        return str(entry["sha256"])
+
+    material = material_of(objects, read_small, weight_sha256 if weight_digests else None)
+    listed = sorted(objects.values(), key=lambda entry: str(entry["path"]))
+    sha256 = listing_sha256([e["path"], e["version_id"] or "", e["etag"], e["size"]] for e in listed)
+    fetch = {"kind": "s3-prefix", "bucket": bucket, "prefix": prefix, "sha256": sha256, "objects": listed}
+    return PinnedModel(ref.uri, ref.format, sha256, sum(int(e["size"]) for e in listed), fetch, material)
+
+
+def fetch_prefix(s3: S3Models, fetch: dict[str, Any], dest: Path) -> None:
+    """Each pinned object of ``fetch`` (from :func:`pin_prefix`) written under ``dest`` at its relative path:
+    exactly its pinned version (IfMatch its ETag), of its pinned size and, when pinned, sha256."""
+    bucket = str(fetch["bucket"])
+    for entry in fetch["objects"]:
+        name = safe_relative(str(entry["path"]), "model.uri")
+        key, version_id, etag, size = str(entry["key"]), entry.get("version_id"), str(entry["etag"]), int(entry["size"])
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        with open(partial, "wb") as out:
+            try:
+                sha256, got = s3.stream(bucket, key, version_id, etag, size, sink=out.write)
+            except ObjectChanged:
+                which = f"version {version_id}" if version_id else f"ETag {etag}"
+                raise ModelChangedError(f"s3://{bucket}/{key} changed since it was pinned ({which} is gone); "
+                                        "resubmit the build to pin the current object") from None
+        pinned_sha = entry.get("sha256")
+        if got != size or (pinned_sha and sha256 != pinned_sha):
+            partial.unlink()
+            raise ModelChangedError(f"s3://{bucket}/{key} is not the object pinned (size or sha256 differ); "
+                                    "resubmit the build to pin it again")
+        partial.replace(target)
