@@ -20,7 +20,6 @@ own digests when they matter), never this sha256. A checkpoint that is not one N
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import stat
 import tarfile
@@ -29,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
 from compilesvc.pinning.pins import ModelChangedError, ModelRefError, PinnedModel
+from compilesvc.spec import nxdi_models
 from compilesvc.spec.checkpoint import (
     CONFIG_MAX_BYTES,
     CONFIG_NAME,
@@ -245,11 +245,8 @@ def check_architecture(sdk: str, material: CheckpointMaterial) -> None:
     """A ModelRefError on ``model`` when the NxDI release ``sdk`` ships has no model class for the checkpoint's
     architectures (the architecture hub: ``compilesvc.spec.nxdi_models.architecture_class``)."""
     try:
-        # Looked up by name: the hub table is another part of issue 29, merged separately.
-        hub: Any = importlib.import_module("compilesvc.spec.nxdi_models")
-    except ImportError:  # TODO(lead): drop this branch once compilesvc.spec.nxdi_models is on main
-        return
-    try:
-        hub.architecture_class(sdk, list(material.config["architectures"]))
-    except hub.UnsupportedArchitecture as exc:
+        nxdi_models.check_checkpoint_config(sdk, material.config)
+    except nxdi_models.UnsupportedArchitecture as exc:
         raise ModelRefError(str(exc), field="model") from None
+    except nxdi_models.CheckpointConfigError as exc:
+        raise ModelRefError(f"config.json: {exc.message}", field="model") from None

@@ -177,8 +177,6 @@ def test_an_hf_checkpoint_spec_is_a_spec_the_client_takes(fleet_api: FleetApi, t
         assert result.stderr.startswith("error: offline, and this spec was never fetched into "), result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="the API resolves hf-checkpoint specs once the nxdi key lands (issue 29, "
-                                       "keys); then remove this mark")
 def test_fetch_and_serve_env_of_an_hf_checkpoint_spec(fleet_api: FleetApi, tmp_path: Path) -> None:
     spec = llm_spec(fleet_api, tmp_path)
     response = fleet_api.env.submit(json.loads(spec.read_text()))
