@@ -1,8 +1,9 @@
-"""CPU time of processes, from Linux's /proc (shared by the benches; not a bench itself)."""
+"""CPU time and memory of processes, from Linux's /proc (shared by the benches; not a bench itself)."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,3 +43,9 @@ def children(parent: int) -> list[int]:
 def cpu_of_each(pids: list[int]) -> list[float]:
     """User + system CPU seconds of each of ``pids`` (0 for one that is gone)."""
     return [cpu_seconds(lambda pid, _fields, wanted=wanted: pid == wanted) for wanted in pids]
+
+
+def status_kib(field: str, pid: int | str = "self") -> int:
+    """A kB field of /proc/PID/status (``VmRSS``, ``VmHWM``), in KiB; 0 when the process has none (a zombie)."""
+    match = re.search(rf"^{field}:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
+    return int(match.group(1)) if match else 0

@@ -17,13 +17,14 @@ its time is about the spool plus an upload like boto3's; the ratio shows what th
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench._proc import status_kib
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,11 +40,6 @@ class Compared:
     boto3_seconds: float
     api_extra_bytes: int  # the sum of the API processes' peak RSS increases during the upload
     processes: int
-
-
-def _status_kib(pid: int, field: str) -> int:
-    match = re.search(rf"^{field}:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
-    return int(match.group(1)) if match else 0
 
 
 def _group(pgid: int) -> list[int]:
@@ -84,7 +80,7 @@ def compare(workdir: Path, source: Path, bucket: str, s3_env: dict[str, str], en
            "TMPDIR": str(workdir / "spool")}
     with compilesvc_serve(workdir, workers=api_workers, env=env) as served:
         pids = _group(_server_pgid(served.port))
-        before = {pid: _status_kib(pid, "VmRSS") for pid in pids}
+        before = {pid: status_kib("VmRSS", pid) for pid in pids}
         for pid in pids:
             Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS, so the peak read is the upload's
         client_env = {**{k: v for k, v in os.environ.items() if not k.startswith("COMPILESVC_")},
@@ -93,7 +89,7 @@ def compare(workdir: Path, source: Path, bucket: str, s3_env: dict[str, str], en
         subprocess.run([sys.executable, "-m", "compilesvc", "upload", str(source), "--api", served.base], cwd=ROOT,
                        env=client_env, check=True, stdout=subprocess.DEVNULL)
         api_seconds = time.monotonic() - started
-        extra = sum(max(0, _status_kib(pid, "VmHWM") - before[pid]) for pid in pids if Path(f"/proc/{pid}").exists())
+        extra = sum(max(0, status_kib("VmHWM", pid) - before[pid]) for pid in pids if Path(f"/proc/{pid}").exists())
     started = time.monotonic()
     subprocess.run([sys.executable, "-c", BOTO3_UPLOAD, endpoint, str(source), bucket, f"{prefix}-boto3/model.bin"],
                    env={**os.environ, **s3_env}, check=True)

@@ -32,12 +32,10 @@ import os
 import random
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -46,29 +44,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._fetch_compare import compare_row, curl_and_sha256sum, median_seconds  # noqa: E402
 from bench._proc import children, cpu_of_each  # noqa: E402
 from bench._table import record  # noqa: E402  (after the path, so it runs from anywhere)
 from bench._wrk import run_wrk  # noqa: E402
 from compilesvc.store.base import artifact_manifest_name  # noqa: E402
 
 
-def _median(fn: Callable[[], Any], rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def _row(name: str, value: float, baseline_name: str, baseline: float, target: float) -> bool:
-    ratio = value / baseline if baseline else float("inf")
-    ok = ratio <= target
-    print(f"{name:<34} {value * 1000:9.1f} ms   {baseline_name:<34} {baseline * 1000:9.1f} ms   "
-          f"ratio {ratio:5.2f} (target <= {target:.2f}) {'ok' if ok else 'MISSED'}", flush=True)
-    record("fleet_fetch", name, ratio, "x", at_most=target, vs=baseline_name,
-           note=f"{value * 1000:.0f} ms vs {baseline * 1000:.0f} ms")
-    return ok
+    return compare_row("fleet_fetch", name, value, baseline_name, baseline, target)
 
 
 def lookup_vs_presigned(workdir: Path, args: argparse.Namespace, s3: Any, database: str, key: str, token: str,
@@ -180,20 +164,11 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(fetch, env={**env, "COMPILESVC_CACHE_DIR": fresh_cache()}, check=True,
                            stdout=subprocess.DEVNULL)
 
-        def curl_and_sha256sum() -> None:
-            described = client.get(f"/v1/artifacts/{key}").json
-            out = workdir / "curl"
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir()
-            paths = []
-            for b in described["buckets"]:
-                for f in b["files"]:
-                    paths.append(str(out / f"{b['position']}-{f['path']}"))
-                    subprocess.run(["curl", "-sf", "-o", paths[-1], f["url"]], check=True)
-            subprocess.run(["sha256sum", *paths], check=True, stdout=subprocess.DEVNULL)
+        def curl_and_sha256sum_all() -> None:
+            curl_and_sha256sum(client.get(f"/v1/artifacts/{key}").json, workdir / "curl")
 
-        results = [_row("cold fetch (verified, installed)", _median(cold, args.rounds), "curl + sha256sum",
-                        _median(curl_and_sha256sum, args.rounds), 1.2)]
+        results = [_row("cold fetch (verified, installed)", median_seconds(cold, args.rounds), "curl + sha256sum",
+                        median_seconds(curl_and_sha256sum_all, args.rounds), 1.2)]
 
         cache = fresh_cache()
         subprocess.run(fetch, env={**env, "COMPILESVC_CACHE_DIR": cache}, check=True, stdout=subprocess.DEVNULL)
@@ -206,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         def sha256sum() -> None:
             subprocess.run(["sha256sum", *map(str, files)], check=True, stdout=subprocess.DEVNULL)
 
-        results.append(_row("warm fetch (from cache, re-hashed)", _median(warm, args.rounds),
-                            "sha256sum of the same files", _median(sha256sum, args.rounds), 1.5))
+        results.append(_row("warm fetch (from cache, re-hashed)", median_seconds(warm, args.rounds),
+                            "sha256sum of the same files", median_seconds(sha256sum, args.rounds), 1.5))
 
         def eight(shared: bool) -> Callable[[], None]:
             def run() -> None:
@@ -217,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                 assert all(p.wait() == 0 for p in procs)
             return run
 
-        results.append(_row("8 processes, one shared cache", _median(eight(True), args.rounds),
-                            "8 processes, a cache each", _median(eight(False), args.rounds), 1.0))
+        results.append(_row("8 processes, one shared cache", median_seconds(eight(True), args.rounds),
+                            "8 processes, a cache each", median_seconds(eight(False), args.rounds), 1.0))
 
         lookup_token = {"Authorization": f"Bearer {fleet}"}
 
@@ -238,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                 except urllib.error.HTTPError as exc:
                     assert exc.code == 404
 
-        results.append(_row("200 lookups of an unknown key (404)", _median(misses, args.rounds),
-                            "200 lookups of a published key", _median(lookups(key), args.rounds), 1.5))
+        results.append(_row("200 lookups of an unknown key (404)", median_seconds(misses, args.rounds),
+                            "200 lookups of a published key", median_seconds(lookups(key), args.rounds), 1.5))
         server.shutdown()
         app.extensions["compilesvc"].fetches.close()
         manifest_location = services.store.document_location(artifact_manifest_name(key))

@@ -7,9 +7,11 @@ its baseline and the host's cores and load. Exit status 1 if any bench failed (1
 
 Defaults are each bench's own, which suit a 2-core host: api_throughput ~3 min (both ledgers), pipeline ~7 min
 (two direct compiles beside the service's, 500 concurrent submits), stream_memory (1 GiB blob, then a served
-upload) ~2 min, fleet_fetch (256 MiB, then 2 x 10 s of wrk) ~2 min, history_scale (1,000,000 builds) several
-minutes, soak 10 min, fault_recovery (the fault suite's heavy variant: 60 s S3 outages, 12 builds lost with
-Redis) ~6 min, fuzz (5,000 schemathesis cases per ledger) ~3 min, signing (64 MiB cached artifact) ~10 s.
+upload) ~2 min, fleet_fetch (256 MiB, then 2 x 10 s of wrk) ~2 min, llm_artifact (a 4 GiB NxDI-shaped directory
+published into a local and an S3 store, then 3 cold fetches beside curl; ~9 GiB of disk at the peak) 4-7 min,
+history_scale (1,000,000 builds) several minutes, soak 10 min, fault_recovery (the fault suite's heavy variant:
+60 s S3 outages, 12 builds lost with Redis) ~6 min, fuzz (5,000 schemathesis cases per ledger) ~3 min, signing
+(64 MiB cached artifact) ~10 s.
 ``--quick`` passes smaller sizes (:data:`QUICK`) for a smoke run of a few minutes in all.
 
 Ctrl-C or SIGTERM is passed on to the running bench once (each bench runs in its own process group, so it is
@@ -31,14 +33,15 @@ from types import FrameType
 from bench import _table
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("api_throughput", "pipeline", "stream_memory", "fleet_fetch", "history_scale", "scaler_query",
-           "db_preping", "soak", "fault_recovery", "fuzz", "sandbox_cost", "signing")
+BENCHES = ("api_throughput", "pipeline", "stream_memory", "fleet_fetch", "llm_artifact", "history_scale",
+           "scaler_query", "db_preping", "soak", "fault_recovery", "fuzz", "sandbox_cost", "signing")
 QUICK: dict[str, list[str]] = {
     "api_throughput": ["--duration", "2", "--rounds", "1"],
     "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "5", "--submits", "50", "--client-processes",
                  "2"],
     "stream_memory": ["--size-mib", "128"],
     "fleet_fetch": ["--size-mib", "64", "--rounds", "1", "--lookup-seconds", "3"],
+    "llm_artifact": ["--size-mib", "128", "--rounds", "1"],
     "history_scale": ["--rows", "100000", "--reps", "50"],
     "scaler_query": ["--rows", "100000", "--reps", "200"],
     "db_preping": ["--transactions", "300", "--rounds", "3"],

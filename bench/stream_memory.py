@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._proc import status_kib
 from bench._table import record
 
 MB = 1000 * 1000
@@ -39,13 +39,6 @@ OPERATIONS = ("put_file", "put_stream", "download_blob")
 
 
 # -- child: one measurement ---------------------------------------------------------------------------
-
-
-def _status_kib(field: str) -> int:
-    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
-    if not match:
-        raise RuntimeError(f"{field} missing from /proc/self/status")
-    return int(match.group(1))
 
 
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -61,7 +54,7 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
     store = open_store(settings)
     source = Path(args.file)
 
-    baseline = _status_kib("VmRSS")
+    baseline = status_kib("VmRSS")
     # "5" resets VmHWM to the current RSS (Linux >= 4.0), so the peak we read is this operation's alone.
     Path("/proc/self/clear_refs").write_text("5")
     started = time.perf_counter()
@@ -78,7 +71,7 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
         result = {"sha256": args.sha256, "created": False}
         dest.unlink()
     seconds = time.perf_counter() - started
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     return {**result, "seconds": seconds, "baseline_kib": baseline, "extra_bytes": (peak - baseline) * 1024}
 
 
