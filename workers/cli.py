@@ -135,8 +135,9 @@ class SandboxRefused(click.ClickException):
     exit_code = 78  # EX_CONFIG, as for a refused toolchain: a restart does not help until the host is fixed
 
 
-def _check_sandbox(settings: Settings) -> None:
-    """Start a sandboxed interpreter as a compile would (workers.isolation.sandbox), or refuse to start."""
+def _check_sandbox(settings: Settings) -> int | None:
+    """Start a sandboxed interpreter as a compile would (workers.isolation.sandbox), or refuse to start. In
+    the pod split, the Neuron devices of the compile container (where compiles run; None: this host's)."""
     from workers.compiling.workdirs import work_root
     from workers.isolation.child_env import child_environment
     from workers.isolation.sandbox import Policy, SandboxUnavailable, probe
@@ -144,22 +145,23 @@ def _check_sandbox(settings: Settings) -> None:
     try:
         policy = Policy.from_settings(settings)
         if settings.sandbox == "pod":
-            _check_compile_runner(settings, policy)
-            return
+            return _check_compile_runner(settings, policy)
         if not policy.enabled:
             log.warning("compile sandbox is off (COMPILESVC_SANDBOX=off): compiles run as this worker's user, "
                         "with its files and network; isolate this worker another way (docs/deploy.md)")
-            return
+            return None
         with tempfile.TemporaryDirectory(prefix="sandbox-probe-", dir=work_root()) as scratch:
             probe(policy, child_environment(os.environ), Path(scratch))
     except SandboxUnavailable as exc:
         log.error("refusing to start", extra={"detail": str(exc)})
         raise SandboxRefused(f"refusing to start: {exc}") from None
     log.info("compile sandbox ready", extra={"sandbox": "bwrap", "user": policy.user if os.geteuid() == 0 else None})
+    return None
 
 
-def _check_compile_runner(settings: Settings, policy: Any) -> None:
-    """COMPILESVC_SANDBOX=pod: the spool is there and the pod's compile runner answers a probe attempt."""
+def _check_compile_runner(settings: Settings, policy: Any) -> int:
+    """COMPILESVC_SANDBOX=pod: the spool is there and the pod's compile runner answers a probe attempt; the
+    Neuron devices its container has (the chart gives them to the compile container, not to this one)."""
     from workers.isolation.sandbox import SandboxUnavailable
     from workers.isolation.spool_process import SpoolUnavailable, probe, sweep_spool
 
@@ -170,13 +172,15 @@ def _check_compile_runner(settings: Settings, policy: Any) -> None:
         swept = sweep_spool(settings.compile_spool)
         if swept:
             log.info("removed leftovers from the compile spool", extra={"entries": swept})
-        probe(settings.compile_spool, policy.limits, pickup_seconds=settings.compile_runner_pickup_seconds,
-              stale_seconds=settings.compile_runner_stale_seconds)
+        devices = probe(settings.compile_spool, policy.limits, pickup_seconds=settings.compile_runner_pickup_seconds,
+                        stale_seconds=settings.compile_runner_stale_seconds)
     except (SpoolUnavailable, OSError) as exc:
         raise SandboxUnavailable(f"the pod's compile runner does not answer ({exc}); start it beside this worker "
                                  "(python -m workers.isolation.compile_runner --spool "
                                  f"{settings.compile_spool})") from None
-    log.info("compile runner ready", extra={"sandbox": "pod", "spool": str(settings.compile_spool)})
+    log.info("compile runner ready", extra={"sandbox": "pod", "spool": str(settings.compile_spool),
+                                            "neuron_devices": devices})
+    return devices
 
 
 def _drain_on_shutdown(settings: Settings, beat: RegistryHeartbeat) -> None:
@@ -251,8 +255,7 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
         settings = Settings()
     except ValidationError as exc:
         raise click.UsageError(f"invalid COMPILESVC_* settings: {exc}") from None
-    _check_sandbox(settings)
-    capabilities = detect_capabilities()
+    capabilities = detect_capabilities(devices=_check_sandbox(settings))
     capabilities["sandbox"] = settings.sandbox
     refused = (capabilities.get("neuron") or {}).get("refused") or []
     if refused:

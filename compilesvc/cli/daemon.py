@@ -3,8 +3,10 @@
 The loop relays unsent outbox rows every ``relay_interval_seconds`` (the API relays its own rows right
 after commit; this catches what a crash or a broker outage left behind), runs the reaper
 (:mod:`compilesvc.compiles.reaper`) every ``reap_interval`` and, every few minutes, has the store remove abandoned
-uploads (:meth:`compilesvc.store.ArtifactStore.sweep_incomplete_uploads`). Any number of these processes
-may run: outbox rows and expired leases are taken with ``SKIP LOCKED``. SIGTERM/SIGINT finish the current
+uploads (:meth:`compilesvc.store.ArtifactStore.sweep_incomplete_uploads`) and starts the campaigns of standing
+roll-forward policies whose worker died before it could (:func:`compilesvc.lifecycle.policies.start_stalled`).
+Any number of these processes may run: outbox rows and expired leases are taken with ``SKIP LOCKED``, and a
+policy run gets one campaign however many relays start it (a unique index). SIGTERM/SIGINT finish the current
 pass and exit 0.
 
 Its log lines are :mod:`compilesvc.jsonlog`'s, as every process's are.
@@ -19,19 +21,23 @@ import threading
 import time
 from datetime import timedelta
 from types import FrameType
+from typing import Any
 
 import click
 from pydantic import ValidationError
 
 from compilesvc import jsonlog
 from compilesvc.access import idempotency
+from compilesvc.builds.submit import Submitter
 from compilesvc.compiles.reaper import ReapReport, reap
 from compilesvc.compiles.reconcile import Reconciler, broker_view
 from compilesvc.config.settings import Settings
 from compilesvc.dispatch.outbox import OutboxRelay
 from compilesvc.ledger.engine import transaction
+from compilesvc.lifecycle import policies
 from compilesvc.notify.webhooks import Sender
 from compilesvc.services import Services
+from compilesvc.spec.parsing import parse_spec
 from compilesvc.store import StoreError
 
 log = logging.getLogger("compilesvc.relay")
@@ -60,6 +66,8 @@ class RelayLoop:
         self.sweep_interval = upload_sweep_interval(services.settings)
         self.stop = threading.Event()
         self._stale: set[str] = set()
+        self._submitter: Submitter | None = None
+        self.policy_grace = policies.START_GRACE_SECONDS
         settings = services.settings
         self.reconciler = Reconciler(services.sessions, broker_view(settings, services.producer),
                                      settings.dispatch_grace_seconds)
@@ -114,10 +122,31 @@ class RelayLoop:
             log.info("removed expired idempotency keys", extra={"removed": removed})
         return removed
 
+    def start_stalled_policy_runs(self) -> int:
+        """Start the campaigns of policy runs whose worker died between claiming and starting them."""
+        settings = self.services.settings
+        if self._submitter is None:
+            self._submitter = Submitter(self.services)
+        submitter = self._submitter
+
+        def submit(document: dict[str, Any]) -> int:  # as the registering worker does (workers/cli.py)
+            spec = parse_spec(document, settings.element_limits, settings.extra_flags)
+            return submitter.submit(spec, queue_anyway=True).build_id
+
+        try:
+            started = policies.start_stalled(self.services.sessions, submit, self.policy_grace)
+        except Exception:  # the ledger is down: the next pass retries
+            log.exception("policy run pass failed")
+            return 0
+        if started:
+            log.info("started stalled roll-forward policy runs", extra={"campaigns": started})
+        return len(started)
+
     def _sweep_loop(self) -> None:
         while True:
             self.sweep_uploads()
             self.sweep_idempotency_keys()
+            self.start_stalled_policy_runs()
             if self.stop.wait(self.sweep_interval):
                 return
 
@@ -188,6 +217,7 @@ def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
             loop.run_once()
             loop.sweep_uploads()
             loop.sweep_idempotency_keys()
+            loop.start_stalled_policy_runs()
             loop.deliver_webhooks()
         else:
             loop.run()

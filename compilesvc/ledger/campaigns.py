@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from compilesvc.ledger.models import Base, BigId, Json, check_constraint, utcnow
@@ -38,7 +38,13 @@ class Campaign(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 
-    __table_args__ = (Index("ix_campaigns_state", "state"), check_constraint("state", CampaignState, "state"))
+    __table_args__ = (
+        Index("ix_campaigns_state", "state"),
+        # One campaign per policy run, whoever starts it (a relay after a worker that died: migration 0020).
+        Index("uq_campaigns_policy_id_to_sdk", "policy_id", "to_sdk", unique=True,
+              postgresql_where=text("policy_id IS NOT NULL"), sqlite_where=text("policy_id IS NOT NULL")),
+        check_constraint("state", CampaignState, "state"),
+    )
 
 
 class CampaignItem(Base):

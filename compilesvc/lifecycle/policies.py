@@ -11,8 +11,17 @@ a target covers the Neuron targets (a cpu worker's release is its torch: a polic
 After commit the claimer starts the campaign (:func:`start_claimed`), from the policy's ``from_sdk`` or,
 when it names none, from the newest older release (by version) with published artifacts for the target.
 
-A claimed run whose campaign never started (its worker died in between; no source release) says so in
-its ``note``; an operator starts that roll-forward by hand (``compilesvc rollforward``).
+A claimed run whose campaign never started because its worker died in between (no campaign, no note) is
+started by the relay once :data:`START_GRACE_SECONDS` have passed (:func:`start_stalled`); a run that could
+not start (no source release, a failed start) says so in its ``note``, and an operator starts that roll-forward
+by hand (``compilesvc rollforward``). At most one campaign exists per run, whoever starts it: migration 0020's
+unique index on a campaign's (policy, release), so a relay and a slow worker, or two relays, racing to start
+the same run end with one campaign, which the run then names.
+
+A policy enabled again (:func:`catch_up`) runs for the releases it missed while disabled: those first seen
+after it was created, that a live worker serves now, and that it has no run for, as if it had been enabled
+when their first worker registered. Releases no live worker serves any more are history (the fleet moved
+on), and a policy created now fires from the next release on, as before.
 """
 
 from __future__ import annotations
@@ -20,11 +29,14 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from compilesvc.dispatch.registry import live_workers
 from compilesvc.ledger.campaigns import Campaign, PolicyRun, RollforwardPolicy, SdkRelease
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Artifact, utcnow
@@ -39,6 +51,10 @@ NEURON_TARGETS = ("inf2", "trn1", "trn2")
 TARGETS = (*NEURON_TARGETS, "cpu")
 NAME_MAX = 64
 NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{NAME_MAX}}}")  # the API's schema says the same
+#: How long a claimed run may go without a campaign before the relay starts it: its worker submits the
+#: campaign right after registering (the campaign's row exists within seconds), so a run this old with no
+#: campaign and no note lost its worker. The unique index makes a late start harmless anyway.
+START_GRACE_SECONDS = 300.0
 
 
 class PolicyError(ValueError):
@@ -103,6 +119,18 @@ def runs_of(session: Session, policy_id: int) -> list[PolicyRun]:
                                 .order_by(PolicyRun.id.desc())))
 
 
+def _covers(target: str) -> Any:
+    covers = RollforwardPolicy.target == target
+    return covers | RollforwardPolicy.target.is_(None) if target in NEURON_TARGETS else covers
+
+
+def _claim_run(session: Session, policy_id: int, target: str, sdk: str, worker_id: str) -> Claim | None:
+    run_id = insert_ignore(session, PolicyRun, {"policy_id": policy_id, "to_sdk": sdk, "target": target,
+                                                "worker_id": worker_id, "created_at": utcnow()},
+                           ["policy_id", "to_sdk"])
+    return Claim(run_id, policy_id, target, sdk) if run_id is not None else None
+
+
 def claim(session: Session, worker_id: str, capabilities: dict[str, Any]) -> list[Claim]:
     """In the transaction registering ``worker_id``: the releases it is the first to serve, and for each, a
     run of every enabled policy covering its target that no one claimed yet."""
@@ -113,18 +141,68 @@ def claim(session: Session, worker_id: str, capabilities: dict[str, Any]) -> lis
                                                              "first_seen_at": utcnow()}, ["target", "sdk"]):
             continue  # some worker served it before (or is registering it now, and is first)
         log.info("a new SDK release registered", extra={"target": target, "sdk": sdk, "worker": worker_id})
-        covers = RollforwardPolicy.target == target
-        if target in NEURON_TARGETS:
-            covers = covers | RollforwardPolicy.target.is_(None)
-        policies = session.scalars(select(RollforwardPolicy).where(RollforwardPolicy.enabled.is_(True), covers)
-                                   .order_by(RollforwardPolicy.id))
+        policies = session.scalars(select(RollforwardPolicy).where(RollforwardPolicy.enabled.is_(True),
+                                                                   _covers(target)).order_by(RollforwardPolicy.id))
         for policy in policies:
-            run_id = insert_ignore(session, PolicyRun, {"policy_id": policy.id, "to_sdk": sdk, "target": target,
-                                                        "worker_id": worker_id, "created_at": utcnow()},
-                                   ["policy_id", "to_sdk"])
-            if run_id is not None:
-                claims.append(Claim(run_id, policy.id, target, sdk))
+            if (claimed := _claim_run(session, policy.id, target, sdk, worker_id)) is not None:
+                claims.append(claimed)
     return claims
+
+
+def catch_up(session: Session, policy: RollforwardPolicy, stale_seconds: int, by: str) -> list[Claim]:
+    """In the transaction enabling ``policy``: a run for each release it missed while disabled (first seen
+    after the policy was created, served by a live worker now, of a target it covers, with no run of it)."""
+    serving: set[tuple[str, str]] = set()
+    for worker in live_workers(session, stale_seconds):
+        serving.update(releases_of(worker.capabilities or {}))
+    claims: list[Claim] = []
+    missed = session.scalars(select(SdkRelease).where(SdkRelease.first_seen_at >= policy.created_at)
+                             .order_by(SdkRelease.first_seen_at))
+    for release in missed:
+        covered = release.target == policy.target or (policy.target is None and release.target in NEURON_TARGETS)
+        if not covered or (release.target, release.sdk) not in serving:
+            continue
+        if (claimed := _claim_run(session, policy.id, release.target, release.sdk, by)) is not None:
+            claims.append(claimed)
+    return claims
+
+
+def stalled(session: Session, grace_seconds: float = START_GRACE_SECONDS) -> list[Claim]:
+    """Runs claimed more than ``grace_seconds`` ago with neither a campaign nor a note: their starter died."""
+    cutoff = utcnow() - timedelta(seconds=grace_seconds)
+    runs = session.scalars(select(PolicyRun).where(PolicyRun.campaign_id.is_(None), PolicyRun.note.is_(None),
+                                                   PolicyRun.created_at < cutoff).order_by(PolicyRun.id))
+    return [Claim(run.id, run.policy_id, run.target, run.to_sdk) for run in runs]
+
+
+def start_stalled(sessions: sessionmaker[Session], submit: campaigns.SubmitDocument,
+                  grace_seconds: float = START_GRACE_SECONDS) -> list[int]:
+    """The relay's pass: start every stalled run's campaign (or name the one that exists); their ids."""
+    with sessions() as session:
+        found = stalled(session, grace_seconds)
+    started = []
+    for claimed in found:
+        log.warning("a policy run has no campaign: starting it", extra={"run_id": claimed.run_id,
+                                                                         "policy_id": claimed.policy_id})
+        if (campaign_id := start_claimed(sessions, claimed, submit)) is not None:
+            started.append(campaign_id)
+    return started
+
+
+def _existing_campaign(session: Session, claimed: Claim) -> Campaign | None:
+    return session.scalars(select(Campaign).where(Campaign.policy_id == claimed.policy_id,
+                                                  Campaign.to_sdk == claimed.to_sdk)).first()
+
+
+def _link(sessions: sessionmaker[Session], claimed: Claim) -> int | None:
+    """Name the campaign another process started for this run (None: there is none)."""
+    with transaction(sessions) as session:
+        campaign = _existing_campaign(session, claimed)
+        run = session.get(PolicyRun, claimed.run_id)
+        if campaign is None or run is None:
+            return None
+        run.from_sdk, run.campaign_id = campaign.from_sdk, campaign.id
+        return campaign.id
 
 
 def source_release(session: Session, policy: RollforwardPolicy, target: str, to_sdk: str) -> str | None:
@@ -142,6 +220,8 @@ def source_release(session: Session, policy: RollforwardPolicy, target: str, to_
 def start_claimed(sessions: sessionmaker[Session], claimed: Claim, submit: campaigns.SubmitDocument) -> int | None:
     """Start the campaign of a claimed run (after the claim committed); its id, or None with the run's note
     saying why not."""
+    if (existing := _link(sessions, claimed)) is not None:  # started already (a relay after a slow worker)
+        return existing
     with sessions() as session:
         policy = session.get(RollforwardPolicy, claimed.policy_id)
         if policy is None:
@@ -155,6 +235,8 @@ def start_claimed(sessions: sessionmaker[Session], claimed: Claim, submit: campa
         return None
     try:
         campaign_id = campaigns.start(sessions, selection, submit, None, policy_id=claimed.policy_id)
+    except IntegrityError:  # another process created this run's campaign meanwhile (the unique index)
+        return _link(sessions, claimed)
     except Exception as exc:  # the worker still starts; the run says what to do by hand
         log.exception("a policy's campaign did not start", extra={"policy_id": claimed.policy_id})
         _note(sessions, claimed.run_id, from_sdk, f"the campaign did not start ({type(exc).__name__}: {exc}); "

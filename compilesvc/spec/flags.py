@@ -37,11 +37,15 @@ from dataclasses import dataclass
 from compilesvc.spec import neuron_releases
 from compilesvc.spec.neuron_releases import version_tuple
 from compilesvc.spec.neuronx_cc_options import (
+    INTERNAL_LNC_OPTION,
+    LNC_OPTION,
+    LNC_TARGETS,
     NEWEST_RELEASE,
     OUTPUT_NEUTRAL,
     SWITCHES,
     Arity,
     Option,
+    default_lnc,
     lookup,
     nearest,
     table_release,
@@ -218,6 +222,38 @@ def _option_problem(flag: _Flag, sdk: str, target: str, extra: frozenset[str]) -
     return None
 
 
+def _lnc_problems(parsed: _Parsed, target: str) -> list[FlagProblem]:
+    """``--internal-num-neuroncores-per-sengine`` with another value than the logical NeuronCores the compile
+    runs with (the spec's ``--logical-nc-config``, else the target's default, which the service passes
+    explicitly: :func:`compilesvc.spec.neuronx_cc_options.effective_lnc`): two settings of one thing that
+    disagree (:data:`compilesvc.spec.neuronx_cc_options.INTERNAL_LNC_OPTION`)."""
+    def last(name: str) -> _Flag | None:
+        found = [f for f in parsed.flags if f.option is not None and f.option.name == name and f.values]
+        return found[-1] if found else None
+
+    internal, explicit = last(INTERNAL_LNC_OPTION), last(LNC_OPTION)
+    if internal is None or not internal.values or not internal.values[0].isdigit():
+        return []  # absent, or a bad value _option_problem reports
+    value = int(internal.values[0])
+    if explicit is not None and explicit.values and explicit.values[0].isdigit():
+        lnc = int(explicit.values[0])
+        if value == lnc:
+            return []
+        why = (f"contradicts {explicit.given} {lnc}: both set the logical NeuronCores; give only "
+               f"{LNC_OPTION} (the option the service resolves, passes and keys)")
+    else:
+        lnc = default_lnc(target)
+        if value == lnc:
+            return []
+        if target in LNC_TARGETS:
+            why = (f"sets {value} logical NeuronCores, but a {target} compile runs with {lnc} (the target's "
+                   f"default, which the service passes as {LNC_OPTION}={lnc}): write {LNC_OPTION} {value} instead")
+        else:
+            why = (f"sets {value} logical NeuronCores, but {target} has {lnc} (logical NeuronCores are trn2 and "
+                   f"trn3's; compiler/error-codes/EARG001.rst: 'On trn1, only lnc=1 is supported')")
+    return [FlagProblem(internal.given, internal.item, f"{internal.given}={value} {why}")]
+
+
 #: Where a tp > 1 compile's flags go, and how they come back apart (the rule of :func:`model_builder_problems`).
 MODEL_BUILDER_FLAGS_SOURCE = (
     "neuronx-distributed's ModelBuilder takes the flags as one string and never splits it (neuronx_distributed/"
@@ -281,6 +317,7 @@ def check_neuron_flags(args: Iterable[str], *, sdk: str, target: str,
         message = _option_problem(flag, sdk, target, extra)
         if message:
             problems.append(FlagProblem(flag.given, flag.item, message))
+    problems.extend(_lnc_problems(parsed, target))
     if parsed.tail and parsed.tail_item is not None:
         problems.append(FlagProblem("--", parsed.tail_item,
                                     "'--' would pass what follows to neuronx-cc as model files"))

@@ -127,6 +127,13 @@ LNC_TARGETS = frozenset({"trn2", "trn3"})
 #: "trn2 and later" in the CLI reference (``--native-int64``: "Only available on trn2 and later").
 TRN2_AND_LATER = frozenset({"trn2", "trn3"})
 LNC_OPTION = "--logical-nc-config"
+#: The undocumented option NxDI 2.21 set the logical NeuronCores with (model_wrapper.py at NXDI@v0.1.0,
+#: L106-L140: "--internal-num-neuroncores-per-sengine={logical_neuron_cores}"), replaced from NxDI 2.22 by
+#: ``--lnc`` with the same value (docs/research/nxdi.md, "Per-release differences"). No public page says how
+#: neuronx-cc combines it with ``--logical-nc-config``, so a spec may give it only with the value the compile
+#: runs with anyway (:func:`effective_lnc`; compilesvc.spec.flags refuses any other value): it can never
+#: contradict the ``--logical-nc-config`` the service passes, and the resolved LNC (in the key) is its value.
+INTERNAL_LNC_OPTION = "--internal-num-neuroncores-per-sengine"
 
 OPTIONS: tuple[Option, ...] = (
     # --- set by the service -------------------------------------------------------------------------------

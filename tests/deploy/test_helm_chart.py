@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import celpy
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -29,6 +30,7 @@ from compilesvc.dispatch.routing import queue_name
 from compilesvc.spec.neuron_releases import kind_request, release_kinds
 from compilesvc.states import BucketState
 from tests.fixtures.docs import doc_block
+from workers.host import pod_protection
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk has no wheel for this platform (pyproject.toml)")
 
@@ -621,3 +623,132 @@ def test_the_pod_splits_compile_container_is_a_native_sidecar(example: str) -> N
         assert [c["name"] for c in spec["containers"]] == ["worker"], name
     default = values["workers"]["defaults"]["sandbox"]
     assert split == sum(1 for p in pools(example) if p.get("sandbox", default) == "pod")
+
+
+# -- the pod-protection admission policy ------------------------------------------------------------------------
+
+def _policy(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+
+
+def _cel(expression: str, activation: dict[str, Any]) -> Any:
+    env = celpy.Environment()
+    return env.program(env.compile(expression)).evaluate(
+        {name: celpy.json_to_cel(value) for name, value in activation.items()})
+
+
+def admission(policy: dict[str, Any], request: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What the API server would answer (the messages of the failed validations; [] admits), evaluating the
+    policy's CEL as ValidatingAdmissionPolicy does: matchConditions first, then variables, then validations."""
+    activation = {"request": request, "object": new, "oldObject": old}
+    if not all(_cel(c["expression"], activation) for c in policy["spec"]["matchConditions"]):
+        return []  # not the worker: the policy does not apply
+    variables: dict[str, Any] = {}
+    for variable in policy["spec"]["variables"]:
+        variables[variable["name"]] = json.loads(json.dumps(
+            _cel(variable["expression"], {**activation, "variables": variables}), default=_plain))
+    return [v["message"] for v in policy["spec"]["validations"]
+            if not _cel(v["expression"], {**activation, "variables": variables})]
+
+
+def _plain(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else list(value)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (PatchType.MERGE, what workers/host/pod_protection.py sends)."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def a_worker_pod(docs: tuple[dict[str, Any], ...], name: str) -> dict[str, Any]:
+    """A pod as the ReplicaSet controller makes it from the chart's worker Deployment."""
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "compilesvc-worker-cpu")
+    template = copy.deepcopy(deployment["spec"]["template"])
+    metadata = {**template["metadata"], "name": name, "namespace": "compilesvc", "uid": f"uid-{name}",
+                "labels": {**template["metadata"]["labels"], "pod-template-hash": "7d9f8c6b5"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "uid": "rs-uid",
+                                     "name": "compilesvc-worker-cpu-7d9f8c6b5", "controller": True,
+                                     "blockOwnerDeletion": True}]}
+    spec = {**template["spec"], "nodeName": "ip-10-0-1-7"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def the_workers_request(pod: str | None) -> dict[str, Any]:
+    extra = {} if pod is None else {"authentication.kubernetes.io/pod-name": [pod],
+                                    "authentication.kubernetes.io/pod-uid": [f"uid-{pod}"],
+                                    "authentication.kubernetes.io/node-name": ["ip-10-0-1-7"]}
+    return {"operation": "UPDATE", "namespace": "compilesvc", "name": "",
+            "userInfo": {"username": "system:serviceaccount:compilesvc:compilesvc-worker", "uid": "sa-uid",
+                         "groups": ["system:serviceaccounts", "system:serviceaccounts:compilesvc",
+                                    "system:authenticated"],
+                         "extra": extra}}
+
+
+@pytest.mark.parametrize("version", ["1.30.0", KUBERNETES_VERSION])
+def test_the_pod_protection_policy_validates_for_every_version_we_support(version: str) -> None:
+    docs = rendered("minimal")
+    found = [d for d in docs if d["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    assert [d["apiVersion"] for d in found] == ["admissionregistration.k8s.io/v1"] * 2
+    for doc in found:
+        kubernetes_validate.validate(doc, version, strict=True)
+    policy, binding = found
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    values = values_of("minimal")
+    values.setdefault("workers", {})["podProtectionPolicy"] = False
+    assert not [d for d in render(values) if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    values["workers"] = {"protectPods": False}  # no Role to narrow: no policy either
+    assert not [d for d in render(values) if d["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+def test_the_pod_protection_policy_admits_the_workers_own_patch_and_nothing_else() -> None:
+    """The policy's CEL, evaluated offline (cel-python) on requests as the API server builds them from the
+    worker's merge patch (workers/host/pod_protection.py annotations(), applied as RFC 7386 says)."""
+    docs = rendered("minimal")
+    policy = _policy(docs)
+    mine, other = "compilesvc-worker-cpu-7d9f8c6b5-x2k4p", "compilesvc-worker-cpu-7d9f8c6b5-q9w3z"
+    pod = a_worker_pod(docs, mine)
+    pod["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"] = "2026-11-26T17:00:00Z"
+    request = the_workers_request(mine)
+
+    def patched(old: dict[str, Any], running: int) -> dict[str, Any]:
+        return merge_patch(old, {"metadata": {"annotations": pod_protection.annotations(running)}})
+
+    busy = patched(pod, 1)
+    assert busy["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert admission(policy, request, pod, busy) == []  # protected while compiling
+    idle = patched(busy, 0)
+    assert "karpenter.sh/do-not-disrupt" not in idle["metadata"]["annotations"]
+    assert admission(policy, request, busy, idle) == []  # and back
+    assert admission(policy, request, pod, patched(pod, 0)) == []  # a restarted worker's first patch
+
+    other_pod = a_worker_pod(docs, other)
+    refused = admission(policy, request, other_pod, patched(other_pod, 1))
+    assert refused == ["the compilesvc worker may annotate only its own pod (its token is not bound to this one)"]
+    assert admission(policy, the_workers_request(None), pod, busy) == refused  # a token bound to no pod
+
+    sneaky = merge_patch(busy, {"metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "no"}}})
+    assert admission(policy, request, busy, sneaky) == [
+        "the compilesvc worker may change only the pod-deletion-cost and karpenter.sh/do-not-disrupt annotations"]
+    dropped = merge_patch(busy, {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": None}}})
+    assert len(admission(policy, request, busy, dropped)) == 1
+    relabelled = merge_patch(busy, {"metadata": {"labels": {"app.kubernetes.io/component": "api"}}})
+    assert admission(policy, request, busy, relabelled) == [
+        "the compilesvc worker may change nothing of a pod but its two protection annotations"]
+    reimaged = copy.deepcopy(busy)
+    reimaged["spec"]["containers"][0]["image"] = "attacker/image:latest"
+    assert len(admission(policy, request, busy, reimaged)) == 1
+    for value in ({"controller.kubernetes.io/pod-deletion-cost": "2147483647"}, {"karpenter.sh/do-not-disrupt": "x"}):
+        assert len(admission(policy, request, pod, merge_patch(pod, {"metadata": {"annotations": value}}))) == 1
+
+    # Anyone else (the ReplicaSet controller, an operator) is not the policy's business.
+    kubectl = {**request, "userInfo": {"username": "admin", "groups": ["system:masters"], "extra": {}}}
+    assert admission(policy, kubectl, busy, relabelled) == []

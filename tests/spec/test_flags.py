@@ -21,6 +21,7 @@ from compilesvc.spec.neuronx_cc_options import (
     NEWEST_RELEASE,
     OPTIONS,
     Arity,
+    effective_lnc,
     lookup,
     nearest,
     parse_extra_flags,
@@ -271,3 +272,40 @@ def test_nxd_quoted_writes_values_as_nxdi_does(flag: str, written: str) -> None:
     writes them (models/model_wrapper.py); the split gives the flag back."""
     assert nxd_quoted(flag) == written
     assert shlex.split(nxd_quoted(flag)) == [flag]
+
+
+# --internal-num-neuroncores-per-sengine: NxDI 2.21's way of setting the logical NeuronCores (model_wrapper.py
+# at NXDI@v0.1.0), --lnc from NxDI 2.22. It may only agree with the LNC the compile runs with.
+
+@pytest.mark.parametrize(("args", "item", "said"), [
+    (["--logical-nc-config", "2", "--internal-num-neuroncores-per-sengine", "1"], 2,
+     "contradicts --logical-nc-config 2"),
+    (["-lnc", "2", "--internal-num-neuroncores-per-sengine=1"], 2, "contradicts -lnc 2"),
+    (["--lnc=1", "--internal-num-neuroncores-per-sengine=2"], 1, "contradicts --lnc 1"),
+])
+def test_an_internal_lnc_contradicting_the_logical_nc_config_is_refused_naming_it(args: list[str], item: int,
+                                                                                   said: str) -> None:
+    for target in ("trn2", "trn3"):
+        (problem,) = check_neuron_flags(args, sdk="2.29.0", target=target)
+        assert (problem.flag, problem.item) == ("--internal-num-neuroncores-per-sengine", item)
+        assert said in problem.message and "give only --logical-nc-config" in problem.message
+
+
+def test_an_internal_lnc_alone_resolves_the_lnc_logical_nc_config_would_or_is_refused_with_a_pointer() -> None:
+    from tests.spec.test_compile_spec import assert_refused, neuron_doc
+
+    agreeing = ["--internal-num-neuroncores-per-sengine=2"]  # trn2's default: what the service passes anyway
+    assert check_neuron_flags(agreeing, sdk="2.27.1", target="trn2") == []
+    assert effective_lnc("trn2", canonical_flags(agreeing))[0] == \
+        effective_lnc("trn2", canonical_flags(["--logical-nc-config=2"]))[0] == 2
+    assert check_neuron_flags(["--lnc", "1", "--internal-num-neuroncores-per-sengine", "1"], sdk="2.27.1",
+                              target="trn2") == []  # both say 1: LNC 1, as --lnc 1 alone
+    (problem,) = check_neuron_flags(["--internal-num-neuroncores-per-sengine=1"], sdk="2.27.1", target="trn2")
+    assert "a trn2 compile runs with 2" in problem.message and "write --logical-nc-config 1 instead" in problem.message
+    assert check_neuron_flags(["--internal-num-neuroncores-per-sengine=1"], sdk="2.21.0", target="trn1") == []
+    (problem,) = check_neuron_flags(["--internal-num-neuroncores-per-sengine=2"], sdk="2.21.0", target="trn1")
+    assert "trn1 has 1" in problem.message and "EARG001" in problem.message
+    # Through the spec, as the API answers it (a 422 naming the item).
+    doc = neuron_doc(sdk="2.27.1", target="trn2",
+                     compiler={"args": ["-O2", "--internal-num-neuroncores-per-sengine=1"]})
+    assert_refused(doc, "compiler.args[1]", "--internal-num-neuroncores-per-sengine=1 sets 1 logical NeuronCores")

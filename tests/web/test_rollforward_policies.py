@@ -4,13 +4,18 @@ policy covering its target once, and the campaign it starts is listed with the p
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
-from compilesvc.ledger.campaigns import PolicyRun
+from compilesvc.cli.daemon import RelayLoop
+from compilesvc.dispatch import registry
+from compilesvc.ledger.campaigns import Campaign, PolicyRun
 from compilesvc.ledger.engine import transaction
-from compilesvc.lifecycle import policies
+from compilesvc.lifecycle import campaigns, policies
 from tests.web.support import Env, complete_build, spec_for
 from tests.web.test_submit import assert_problem
 
@@ -112,3 +117,88 @@ def test_the_campaigns_page_lists_policies_and_the_campaigns_they_started(env: E
     assert "search enabled" in words and "fleet=search" in words and "idle disabled" in words, words
     assert "2.14.0 (inf2, first worker w-new" in words and f"campaign {campaign_id} from 2.13.0" in words, words
     assert "2.13.0 → 2.14.0" in words and "policy search" in words and "not fired yet" in words, words
+
+
+def _fleet_with_an_artifact(env: Env) -> None:
+    """A published inf2 artifact of 2.13.0, and 2.13.0 seen by the fleet."""
+    build = env.submit(spec_for(env.upload(b"model a"), target="inf2", labels={"fleet": "search"})).json
+    complete_build(env.services, build["build_id"])
+    with transaction(env.services.sessions) as session:
+        assert policies.claim(session, "w-old", caps("2.13.0", "inf2")) == []
+
+
+def _campaigns(env: Env) -> list[tuple[int | None, str]]:
+    with env.services.sessions() as session:
+        return [(c.policy_id, c.to_sdk) for c in session.scalars(select(Campaign).order_by(Campaign.id))]
+
+
+def test_a_run_whose_worker_died_before_its_campaign_is_started_by_the_relay_once(env: Env) -> None:
+    """The registering worker claimed the run and died before submitting: after the grace the relay's pass
+    (compilesvc relay: RelayLoop.start_stalled_policy_runs) starts it; later passes, another relay, or the worker
+    come back late, start no second campaign (migration 0020's unique index)."""
+    _fleet_with_an_artifact(env)
+    assert add(env).status_code == 201
+    sessions = env.services.sessions
+    with transaction(sessions) as session:
+        (claimed,) = policies.claim(session, "w-new", caps("2.14.0", "inf2"))  # … and the worker dies here
+    loop = RelayLoop(env.services, env.services.relay)
+    assert loop.start_stalled_policy_runs() == 0  # within the grace: its worker may be starting it
+    with transaction(sessions) as session:  # the grace has passed
+        session.get_one(PolicyRun, claimed.run_id).created_at -= timedelta(seconds=policies.START_GRACE_SECONDS + 1)
+    assert loop.start_stalled_policy_runs() == 1
+    (run,) = env.client.get("/v1/rollforward-policies/search").json["runs"]
+    assert run["campaign_id"] is not None and run["from_sdk"] == "2.13.0" and run["note"] is None
+    assert env.client.get(f"/v1/campaigns/{run['campaign_id']}").json["progress"]["total"] == 1
+    assert RelayLoop(env.services, env.services.relay).start_stalled_policy_runs() == 0  # a second relay
+
+    # The worker was only slow: its start finds the campaign and names it, no second one.
+    submitted: list[dict[str, Any]] = []
+    assert policies.start_claimed(sessions, claimed, lambda d: submitted.append(d) or 0) == run["campaign_id"]
+    assert submitted == [] and len(_campaigns(env)) == 1
+
+    # A campaign created by one starter that died before naming it in its run: the relay names it.
+    with transaction(sessions) as session:
+        session.get_one(PolicyRun, claimed.run_id).campaign_id = None
+    assert policies.start_stalled(sessions, lambda d: submitted.append(d) or 0, 0) == [run["campaign_id"]]
+    assert submitted == [] and len(_campaigns(env)) == 1
+
+    # Two starters past each other's check: the ledger refuses the second campaign.
+    with pytest.raises(IntegrityError):
+        campaigns.start(sessions, campaigns.Selection("2.13.0", "2.14.0", None, None, {}, False, None),
+                        lambda d: 0, None, policy_id=claimed.policy_id)
+    assert len(_campaigns(env)) == 1
+
+
+def test_a_policy_enabled_again_catches_up_with_the_releases_it_missed(env: Env) -> None:
+    """Disabled when 2.14.0's first worker registered: enabling it starts that roll-forward at once (the
+    release is live), not for a release no live worker serves, and enabling it again starts nothing more."""
+    _fleet_with_an_artifact(env)
+    assert add(env, enabled=False).status_code == 201
+    sessions = env.services.sessions
+    for worker, sdk in (("w-new", "2.14.0"), ("w-gone", "2.15.0")):
+        with transaction(sessions) as session:
+            registry.register(session, worker, "host", caps(sdk, "inf2"), [], 1)
+            assert policies.claim(session, worker, caps(sdk, "inf2")) == []  # disabled: no run
+    with transaction(sessions) as session:  # the 2.15.0 worker stopped: that release is not live
+        registry.mark_stopped(session, "w-gone")
+    enabled = env.client.post("/v1/rollforward-policies/search/enable")
+    assert enabled.status_code == 200, enabled.json
+    (run,) = enabled.json["runs"]
+    assert (run["to_sdk"], run["from_sdk"], run["target"]) == ("2.14.0", "2.13.0", "inf2")
+    assert run["campaign_id"] is not None and run["worker_id"].startswith("enabled")
+    assert env.client.get(f"/v1/campaigns/{run['campaign_id']}").json["progress"]["total"] == 1
+    assert env.client.post("/v1/rollforward-policies/search/enable").json["runs"] == enabled.json["runs"]
+    env.client.post("/v1/rollforward-policies/search/disable")
+    assert len(env.client.post("/v1/rollforward-policies/search/enable").json["runs"]) == 1  # has its run
+    assert _campaigns(env) == [(enabled.json["id"], "2.14.0")]
+
+
+def test_a_policy_created_now_does_not_fire_for_the_live_release(env: Env) -> None:
+    """Created (enabled) while 2.14.0 is live: it waits for the next release, as the docs say."""
+    _fleet_with_an_artifact(env)
+    with transaction(env.services.sessions) as session:
+        registry.register(session, "w-new", "host", caps("2.14.0", "inf2"), [], 1)
+        policies.claim(session, "w-new", caps("2.14.0", "inf2"))
+    assert add(env).json["runs"] == []
+    env.client.post("/v1/rollforward-policies/search/disable")
+    assert env.client.post("/v1/rollforward-policies/search/enable").json["runs"] == []

@@ -16,7 +16,7 @@ from compilesvc.ledger.campaigns import RollforwardPolicy
 from compilesvc.ledger.engine import transaction
 from compilesvc.lifecycle import policies
 from web import readers
-from web.api.params import model_body, respond
+from web.api.params import model_body, parse_for_service, respond
 from web.auth import current_principal
 from web.context import WebContext, web
 from web.contract.fleet_schemas import PolicyIn, PolicyList, PolicyOut
@@ -116,20 +116,34 @@ def delete_policy(policy_ref: str) -> Response:
 
 def _set_enabled(policy_ref: str, enabled: bool) -> Response:
     ctx = web()
+    principal = current_principal()
     with transaction(ctx.services.sessions) as session:
         policy = policies.find(session, policy_ref)
         if policy is None:
             raise Problem("policy-not-found", f"no policy {policy_ref!r}")
+        caught_up = []
+        if enabled and not policy.enabled:  # the releases it missed while disabled (policies.catch_up)
+            caught_up = policies.catch_up(session, policy, ctx.settings.worker_stale_seconds,
+                                          f"enabled by {principal.owner}"[:255] if principal else "enabled")
         policy.enabled = enabled
-        session.flush()
-        body = policy_json(ctx, session, policy)
+        policy_id = policy.id
+
+    def submit(document: dict[str, Any]) -> int:  # as the registering worker does: compiles queued for workers
+        return ctx.submitter.submit(parse_for_service(document, ctx.settings), queue_anyway=True).build_id
+
+    for claimed in caught_up:  # after commit; a start that dies here is the relay's (policies.start_stalled)
+        policies.start_claimed(ctx.services.sessions, claimed, submit)
+    with ctx.services.sessions() as session:
+        body = policy_json(ctx, session, session.get_one(RollforwardPolicy, policy_id))
     return respond(PolicyOut, body)
 
 
 @bp.post("/<policy_ref>/enable")
 @operation(summary="Enable a roll-forward policy", tag="campaigns", access=Permission.ADMIN,
-           description="By id or name; answers the policy. It fires for the next release new to the fleet (not "
-                       "for one first seen while it was disabled).",
+           description="By id or name; answers the policy (its runs). It fires for the next release new to the "
+                       "fleet, and at once for each release it missed while disabled: first seen after the policy "
+                       "was created, served by a live worker now, with no run of this policy; a disabled policy "
+                       "enabled again catches up with the fleet. Enabling an enabled policy starts nothing.",
            responses={200: PolicyOut}, problems=(404,))
 def enable_policy(policy_ref: str) -> Response:
     return _set_enabled(policy_ref, True)

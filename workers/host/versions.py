@@ -229,7 +229,7 @@ def _neuron_targets(warnings: list[str]) -> list[str]:
     return sorted({t for t in wanted if t in NEURON_TARGETS})
 
 
-def detect_capabilities() -> dict[str, Any]:
+def detect_capabilities(devices: int | None = None) -> dict[str, Any]:
     """What this worker can compile. Shape::
 
         {"targets": ["cpu", "inf2", "trn1", "trn2"],            # targets it takes compiles for
@@ -289,7 +289,8 @@ def detect_capabilities() -> dict[str, Any]:
         caps["versions"].update({"neuronx_distributed": packages["neuronx-distributed"],
                                  "libneuronxla": packages["libneuronxla"]})
         known = neuron_releases.table().get(release) if release else None
-        devices = len(device_nodes(os.environ))
+        if devices is None:  # else the pod's compile container's count (COMPILESVC_SANDBOX=pod: its probe)
+            devices = len(device_nodes(os.environ))
         caps["neuron"] = {"release": release, "neuronx_cc_path": executable, "packages": packages,
                           "release_packages": known.as_versions() if known else None, "kinds": [],
                           "devices": devices, "refused": refused}

@@ -39,7 +39,7 @@ import click
 
 from workers.isolation.child_env import allowed, child_environment
 from workers.isolation.compiler_process import CompilerProcess
-from workers.isolation.sandbox import Limits, Mounts, Policy, Sandbox, output_limit_why
+from workers.isolation.sandbox import Limits, Mounts, Policy, Sandbox, device_nodes, output_limit_why
 from workers.isolation.spool import (
     ATTEMPTS,
     CANCEL,
@@ -206,9 +206,12 @@ def _run_claimed(directory: Path, netns: list[str]) -> None:
     finally:
         finished.set()
         _leave_nothing(child)
+    # A probe also says how many Neuron devices this container has: the pod gives them to the compile
+    # container, not to the worker's, which registers with this count (workers.isolation.spool_process.probe).
+    seen = {"devices": len(device_nodes(os.environ))} if control.get("probe") else {}
     write_document(run / STATUS, {"returncode": returncode, "signal": -returncode if returncode < 0 else None,
                                   "timed_out": timed_out, "cancelled": cancel.is_set(),
-                                  "limit": list(child.limit) if child.limit else None})
+                                  "limit": list(child.limit) if child.limit else None, **seen})
     log.info("compile finished", extra={"attempt": directory.name, "returncode": returncode})
 
 

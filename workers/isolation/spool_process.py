@@ -221,9 +221,11 @@ class _Discard:
             pass
 
 
-def probe(spool: Path, limits: Limits, *, pickup_seconds: float, stale_seconds: float) -> None:
+def probe(spool: Path, limits: Limits, *, pickup_seconds: float, stale_seconds: float) -> int:
     """Hand the runner an attempt that only starts the interpreter as a compile would; raise
-    :class:`SpoolUnavailable` naming the reason if it does not answer or the interpreter fails."""
+    :class:`SpoolUnavailable` naming the reason if it does not answer or the interpreter fails. Returns the
+    Neuron devices the runner's container has (``/dev/neuron*`` there: the pod split gives the devices to the
+    compile container, so the worker's own container has none), 0 when it does not say."""
     if not spool.is_dir():
         raise SpoolUnavailable(f"COMPILESVC_COMPILE_SPOOL={spool}: no such directory (mount the spool volume "
                                f"shared with the compile container there)")
@@ -236,3 +238,5 @@ def probe(spool: Path, limits: Limits, *, pickup_seconds: float, stale_seconds: 
         raise SpoolUnavailable(process.lost)
     if returncode != 0:
         raise SpoolUnavailable(f"the compile runner could not start the interpreter (exit {returncode})")
+    devices = (process.status or {}).get("devices")
+    return devices if isinstance(devices, int) and not isinstance(devices, bool) and 0 <= devices <= 1024 else 0

@@ -370,3 +370,53 @@ def test_a_worker_in_pod_mode_refuses_to_start_without_a_runner_and_compiles_wit
         wait_for(lambda: spool_is_empty(spool), 30, "the worker to wipe the attempt")  # after it recorded it
     finally:
         runner.kill()
+
+
+def test_the_probe_says_how_many_neuron_devices_the_compile_container_has(pod: Services, spool: Path,
+                                                                          tmp_path: Path) -> None:
+    limits = Policy.from_settings(pod.settings).limits
+    nodes = tmp_path / "dev"
+    nodes.mkdir()
+    for index in range(2):
+        (nodes / f"neuron{index}").touch()
+    runner = Runner(spool, extra_env={"COMPILESVC_NEURON_DEVICE_GLOB": str(nodes / "neuron[0-9]*")})
+    try:
+        assert probe(spool, limits, pickup_seconds=10, stale_seconds=3) == 2
+    finally:
+        runner.kill()
+    bare = Runner(spool, extra_env={"COMPILESVC_NEURON_DEVICE_GLOB": str(tmp_path / "none" / "neuron[0-9]*")})
+    try:
+        assert probe(spool, limits, pickup_seconds=10, stale_seconds=3) == 0
+    finally:
+        bare.kill()
+
+
+def test_a_pod_split_worker_offers_what_its_compile_containers_devices_allow(
+        make_cluster: Any, spool: Path, tiny_torch_model: Path, tmp_path: Path) -> None:
+    """The Helm chart gives a device pool's Neuron devices to the compile container, not the worker's: the real
+    `compilesvc worker` in pod mode registers the runner's device count (its probe), so it offers a 2.19 trace
+    (which needs a device; compilesvc.spec.neuron_releases.device_requirement) and the compile runs beside it."""
+    from compilesvc.dispatch.registry import live_workers
+    from compilesvc.dispatch.routing import queue_name
+    from tests.doubles import neuron_double_env, with_devices
+
+    release = "2.19.0"
+    cluster = make_cluster(sandbox="pod", compile_spool=str(spool), compile_runner_pickup_seconds=10,
+                           compile_runner_stale_seconds=5)
+    worker_env = neuron_double_env(cluster.env, sdk=release, devices=0)
+    worker_env["COMPILESVC_NEURON_DEVICE_GLOB"] = str(tmp_path / "none" / "neuron[0-9]*")  # no device here
+    runner = Runner(spool, environ=with_devices(worker_env, tmp_path, 1))  # the compile container's device
+    try:
+        cluster.start_worker("pod", concurrency=1, env=worker_env)
+        with cluster.services.sessions() as session:
+            [registered] = live_workers(session, cluster.settings.worker_stale_seconds)
+        queue = queue_name("inf2", release, "trace")
+        assert registered.capabilities["neuron"]["devices"] == 1 and queue in registered.queues
+        uri = cluster.upload(tiny_torch_model.read_bytes(), "tiny.pt2")
+        result = cluster.submit({"model": {"uri": uri, "format": "exported-program", "name": "tiny"},
+                                 "target": "inf2", "sdk": release, "buckets": [{"batch_size": 1, "seq_len": 8}]})
+        bucket = cluster.wait_bucket(result.buckets[0].key, ("succeeded", "failed"), timeout=150)
+        assert bucket.state == "succeeded", bucket.error_message
+        assert (bucket.queue, bucket.versions["trace_lowering"]) == (queue, "device")
+    finally:
+        runner.kill()
