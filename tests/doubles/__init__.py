@@ -166,7 +166,8 @@ def installed_metadata(release: str) -> Path:
     from tests.doubles.neuron._release import RELEASES
 
     entry = RELEASES[release]
-    root = Path(tempfile.gettempdir()) / "compilesvc-neuron-double-metadata" / release
+    # "v2": the records gained neuronx-distributed-inference; an older run's directory lacks it.
+    root = Path(tempfile.gettempdir()) / "compilesvc-neuron-double-metadata" / "v2" / release
     if root.is_dir():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +175,8 @@ def installed_metadata(release: str) -> Path:
     staging.chmod(0o755)  # readable by every user, as pip leaves site-packages (compiles run as another user)
     for name, version in (("neuronx-cc", f"{entry.neuronx_cc}+{entry.build_hash}"),
                           ("torch-neuronx", entry.torch_neuronx and f"{entry.torch_neuronx}+{entry.build_hash}"),
-                          ("neuronx-distributed", entry.neuronx_distributed)):
+                          ("neuronx-distributed", entry.neuronx_distributed),
+                          ("neuronx-distributed-inference", entry.nxdi)):
         if not version:
             continue  # a package the release does not ship is not installed (2.32.0: no torch-neuronx)
         dist = staging / f"{name.replace('-', '_')}-{version}.dist-info"
@@ -191,7 +193,8 @@ def installed_metadata(release: str) -> Path:
 
 #: The double's top-level modules and the distributions that install them.
 MODULE_DISTRIBUTIONS = {"neuronxcc": "neuronx-cc", "torch_neuronx": "torch-neuronx",
-                        "neuronx_distributed": "neuronx-distributed"}
+                        "neuronx_distributed": "neuronx-distributed",
+                        "neuronx_distributed_inference": "neuronx-distributed-inference"}
 
 
 def _double_digest(modules: tuple[str, ...]) -> str:
