@@ -198,6 +198,8 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             "extract_limits": {"max_bytes": settings.hf_extract_max_bytes, "max_files": settings.hf_extract_max_files,
                                "max_ratio": settings.hf_extract_max_ratio},
         }
+        if claim.backend == "nxdi":  # the canonical NeuronConfig the key holds (issue 29's key material)
+            request["neuron_config"] = claim.material.get("neuron_config")
         request_path = dirs.request
         dirs.staged(request_path).write_text(json.dumps(request, indent=1, sort_keys=True))
 

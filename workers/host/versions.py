@@ -105,6 +105,54 @@ def neuronx_distributed_version() -> str | None:
     return dist_version("neuronx-distributed") or module_version("neuronx_distributed._version")
 
 
+#: NxD Inference per Neuron SDK release: the ``neuronx_distributed_inference`` entries of the SDK's release manifest
+#: (aws-neuron/aws-neuron-sdk@81ce03a src/helperscripts/n2-manifest.json; docs/research/nxdi.md §0). Read only
+#: while the release table (:mod:`compilesvc.spec.neuron_releases`) has no such column: :func:`nxdi_release_version`.
+NXDI_RELEASES = {
+    "2.21.0": "0.1.0", "2.21.1": "0.1.1", "2.22.0": "0.2.0", "2.23.0": "0.3.5591", "2.24.0": "0.4.7422",
+    "2.24.1": "0.4.7422", "2.25.0": "0.5.9230", "2.26.0": "0.6.10598", "2.26.1": "0.6.10598", "2.27.0": "0.7.14366",
+    "2.27.1": "0.7.15063", "2.28.0": "0.8.16251", "2.28.1": "0.8.16251", "2.29.0": "0.9.17334", "2.29.1": "0.9.17334",
+    "2.30.0": "0.10.17970", "2.31.0": "0.10.18399", "2.31.1": "0.10.18399",
+}
+
+
+def nxdi_release_version(release: str) -> str | None:
+    """The neuronx-distributed-inference version ``release`` ships (None: none, e.g. 2.32.0 or before 2.21)."""
+    try:
+        entry: Any = neuron_releases.lookup(release)
+    except neuron_releases.UnknownRelease:
+        entry = None
+    version = getattr(entry, "neuronx_distributed_inference", None)
+    return str(version) if version else NXDI_RELEASES.get(release)
+
+
+def neuronx_distributed_inference_version() -> str | None:
+    """NxDI's version: package metadata, else its ``_version`` module (which says major.minor.0 only)."""
+    if not module_available("neuronx_distributed_inference"):
+        return None
+    return (dist_version("neuronx-distributed-inference")
+            or module_version("neuronx_distributed_inference._version"))
+
+
+def nxdi_unavailable(release: str) -> str | None:
+    """Why this host cannot run ``release``'s NxDI compiles (None: it can): the release must ship NxDI, and its
+    exact version must be importable here with what it imports (torch-neuronx, neuronx-distributed, and
+    transformers, which reads the checkpoint's config.json)."""
+    want = nxdi_release_version(release)
+    if want is None:
+        return f"Neuron SDK {release} ships no neuronx-distributed-inference"
+    have = neuronx_distributed_inference_version()
+    if have is None:
+        return "neuronx-distributed-inference is not installed"
+    if neuron_releases.base_version(have) != want:
+        return f"neuronx-distributed-inference {have} is installed, Neuron SDK {release} ships {want}"
+    missing = [*trace_packages_missing(), *(["neuronx-distributed"] if neuronx_distributed_version() is None else []),
+               *(["transformers"] if not module_available("transformers") else [])]
+    if missing:
+        return f"NxDI needs {' and '.join(missing)}, not installed"
+    return None
+
+
 def neuronx_cc_executable() -> str | None:
     return shutil.which("neuronx-cc")
 
@@ -173,7 +221,8 @@ def libneuronxla_version() -> str | None:
 def installed_neuron_packages(executable: str | None = None, neuronx_cc: str | None = None) -> dict[str, str | None]:
     """The installed Neuron packages' versions, by the release table's package names (None: not installed)."""
     return {"neuronx-cc": neuronx_cc or neuronx_cc_version(executable), "torch-neuronx": torch_neuronx_version(),
-            "neuronx-distributed": neuronx_distributed_version(), "libneuronxla": libneuronxla_version()}
+            "neuronx-distributed": neuronx_distributed_version(), "libneuronxla": libneuronxla_version(),
+            "neuronx-distributed-inference": neuronx_distributed_inference_version()}
 
 
 def neuron_manifest_versions(release: str | None, *, trace: bool) -> dict[str, str]:
@@ -287,7 +336,8 @@ def detect_capabilities() -> dict[str, Any]:
             refused.append(f"{NEURON_SDK_ENV}={raw_release!r} is not a release such as 2.27.1")
         packages = installed_neuron_packages(executable, ncc)
         caps["versions"].update({"neuronx_distributed": packages["neuronx-distributed"],
-                                 "libneuronxla": packages["libneuronxla"]})
+                                 "libneuronxla": packages["libneuronxla"],
+                                 "neuronx_distributed_inference": packages["neuronx-distributed-inference"]})
         known = neuron_releases.table().get(release) if release else None
         devices = len(device_nodes(os.environ))
         caps["neuron"] = {"release": release, "neuronx_cc_path": executable, "packages": packages,
@@ -320,9 +370,9 @@ def detect_capabilities() -> dict[str, Any]:
 #: the HLO backend runs the neuronx-cc executable, trace imports torch_neuronx (which calls the neuronxcc
 #: package), tp > 1 trace imports neuronx_distributed.
 _HOST_NEEDS = {"neuronx-cc": ("executable",), "neuronx-cc-tp": ("executable",), "trace": ("trace",),
-               "trace-tp": ("trace", "nxd")}
+               "trace-tp": ("trace", "nxd"), "nxdi": ("nxdi",)}
 _HOST_PARTS = {"executable": "the neuronx-cc executable on PATH", "trace": "torch_neuronx with torch",
-               "nxd": "neuronx_distributed"}
+               "nxd": "neuronx_distributed", "nxdi": "neuronx_distributed_inference of the release's version"}
 
 
 def _offered_kinds(release: str, executable: str | None, trace: bool, packages: dict[str, str | None],
@@ -333,12 +383,16 @@ def _offered_kinds(release: str, executable: str | None, trace: bool, packages: 
     :func:`compilesvc.spec.neuron_releases.device_requirement`). Each queue carries one kind, so a host with
     neuronx-cc alone (SDK 2.32.0 ships no torch-neuronx) serves HLO compiles, a device-less 2.19 host serves
     HLO and never the trace queues only device hosts consume; what it lacks is a warning, per kind."""
+    nxdi_missing = nxdi_unavailable(release)
     have = {"executable": executable is not None, "trace": trace,
-            "nxd": trace and packages.get("neuronx-distributed") is not None}
+            "nxd": trace and packages.get("neuronx-distributed") is not None, "nxdi": nxdi_missing is None}
     kinds = []
     shipped = neuron_releases.release_kinds(release)
     for kind in shipped:
-        lacking = [_HOST_PARTS[part] for part in _HOST_NEEDS[kind] if not have[part]]
+        # An NxDI kind ("nxdi", and any "-tp" form the release table gives it) needs NxDI of the release's version.
+        needs = _HOST_NEEDS.get(kind) or _HOST_NEEDS[kind.removesuffix("-tp")]
+        lacking = [_HOST_PARTS[part] if part != "nxdi" else f"NxDI ({nxdi_missing})" for part in needs
+                   if not have[part]]
         needs_device = neuron_releases.device_requirement(release, *neuron_releases.kind_request(kind))
         if lacking:
             warnings.append(f"Neuron SDK {release}: {kind} compiles not offered: missing {' and '.join(lacking)}")

@@ -45,6 +45,7 @@ def hlo_generation(short: int | None) -> None:
     if short is not None and os.environ.get(OOM_ENV, "f137") == "sigkill":
         for handler in logging.getLogger().handlers:
             handler.flush()
+        time.sleep(0.3)  # allocating takes a moment; the line reaches whatever reads the process's output
         os.kill(os.getpid(), signal.SIGKILL)  # the OOM killer: no message from the process itself
         time.sleep(10)
 
