@@ -66,6 +66,9 @@ please supply compiler argument target" RuntimeError; neuronx-cc rejects unknown
 ``oom``
     the compiler is SIGKILLed (the OOM killer): neuronx-cc's status is -9, trace raises
     ``RuntimeError("neuronx-cc failed with -9")``.
+``f137``
+    neuronx-cc prints ``[F137] neuronx-cc was forcibly killed - This most commonly occurs due to insufficient
+    system memory. …`` and exits 70 (the host's memory, as the driver reports it).
 ``crash`` / ``segfault``
     trace: the calling process (the compile child) kills itself with SIGKILL / SIGSEGV -> child
     returncode -9 / -11. neuronx-cc: the compiler kills itself -> status -9 / -11.
@@ -121,6 +124,12 @@ cache_dir=None)``, neuronx-distributed commit e834945): the directory is ``--cac
 else ``NEURON_COMPILE_CACHE_URL``, else ``/var/tmp/neuron-compile-cache`` (neuron-caching.rst); entries are
 keyed by the module and the flags, ``--logfile=<absolute path>`` included; a done entry is reused, a failed
 one is not recompiled, a lock file marks a running compile.
+
+neuronx_distributed_inference (NxD Inference, releases whose manifest ships it): ``NeuronConfig``/``InferenceConfig``,
+``load_pretrained_config`` and the model classes compile a Hugging Face checkpoint directory into NxDI's layout
+(``neuron_config.json``, ``model.pt``, ``weights/`` with pre-sharding); the knobs ``COMPILESVC_NXDI_DOUBLE_SECONDS``,
+``COMPILESVC_NXDI_DOUBLE_MEMORY_MB``, ``COMPILESVC_NXDI_DOUBLE_HOST_MEMORY_MB`` and ``COMPILESVC_NXDI_DOUBLE_OOM``
+(``f137`` | ``sigkill``) make a compile take time or run out of host memory (see its ``models/_claims.py``).
 
 torch_neuronx: ``trace(..., cpu_backend=...)`` exists from 2.21.0 (the keyword first appears in that release's
 trace API reference, aws-neuron-sdk commit 752349fd); on 2.19/2.20 passing it is a TypeError and a host with no

@@ -116,7 +116,7 @@ def nxdi_kwargs(neuron_config: dict[str, Any]) -> dict[str, Any]:
     """The NeuronConfig keywords of a canonical ``neuron_config``: our short form ``buckets: [..]`` (issue 29) is
     NxDI's ``enable_bucketing`` with those context-encoding (those <= max_context_length) and token-generation
     buckets, unless the canonical form already spelled them out. (A copy: NxDI sorts bucket lists in place.)"""
-    kwargs = json.loads(json.dumps(neuron_config))
+    kwargs: dict[str, Any] = json.loads(json.dumps(neuron_config))
     short = kwargs.get("buckets")
     spelled = {"enable_bucketing", "context_encoding_buckets", "token_generation_buckets"} & set(kwargs)
     if isinstance(short, list) and not spelled:

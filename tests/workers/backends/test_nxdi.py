@@ -104,7 +104,7 @@ def test_pre_sharding_writes_one_safetensors_file_per_rank_from_the_checkpoint(
     run = _nxdi(tmp_path, "shards", env, checkpoints["base"], tp_degree=2, save_sharded_checkpoint=True)
     assert run.returncode == 0, run.describe()
     shards = {f["path"]: f for f in run.result["files"] if f["role"] == "weights-shard"}
-    assert sorted(shards) == ["weights/tp0_sharded_checkpoint.safetensors", "weights/tp1_sharded_checkpoint.safetensors"]
+    assert sorted(shards) == [f"weights/tp{rank}_sharded_checkpoint.safetensors" for rank in (0, 1)]
     assert [shards[p]["rank"] for p in sorted(shards)] == [0, 1]
     original = safetensors_torch.load_file(str(checkpoints["base"] / "model.safetensors"))
     rank1 = safetensors_torch.load_file(str(run.out_dir / "weights/tp1_sharded_checkpoint.safetensors"))
