@@ -278,3 +278,23 @@ def test_a_worker_offers_nxdi_only_with_its_releases_nxdi_installed(installed: s
     probe = "from workers.host.versions import nxdi_unavailable as u; import sys; print(u(sys.argv[1]))"
     out = subprocess.run([PYTHON, "-c", probe, claimed], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(why), out.stderr
+
+
+def test_the_request_of_an_nxdi_compile(tmp_path: Path) -> None:
+    from workers.compiling.contract import CompileRequest, RequestError
+
+    request = {"backend": "nxdi", "target": "trn2", "sdk": SDK, "model_path": str(tmp_path / "checkpoint"),
+               "model_format": "hf-checkpoint", "inputs": [], "out_dir": str(tmp_path / "out"),
+               "work_dir": str(tmp_path / "work"), "neuron_config": BASE}
+    parsed = CompileRequest.from_json(request)
+    assert parsed.inputs == () and parsed.neuron_config == BASE and parsed.nxdi_model is None
+    for change, field in [({"neuron_config": None}, "neuron_config"), ({"nxdi_model": "NoModule"}, "nxdi_model"),
+                          ({"model_format": "hf-dir"}, "model_format")]:
+        with pytest.raises(RequestError, match=f"^{field}: "):
+            CompileRequest.from_json({**request, **change})
+    trace = {**request, "backend": "trace", "model_format": "hf-dir", "neuron_config": None}
+    with pytest.raises(RequestError, match="^inputs: "):  # shape buckets stay required for every other backend
+        CompileRequest.from_json(trace)
+    with pytest.raises(RequestError, match="^neuron_config: only an nxdi compile"):
+        CompileRequest.from_json({**trace, "inputs": [{"name": "x", "shape": [1], "dtype": "int64"}],
+                                  "neuron_config": BASE})
