@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from compilesvc.spec import neuron_releases
 from workers.backends.neuron import _check_neuron_cc_flags, _freeze_platform_target
 from workers.backends.neuron_cache import own_compile_cache
 from workers.backends.output_tee import OutputTee
@@ -61,6 +62,8 @@ from workers.host.versions import (
     module_version,
     neuron_manifest_versions,
     neuronx_distributed_inference_version,
+    neuronxcc_package_version,
+    nxdi_release_version,
     nxdi_unavailable,
     python_version,
     torch_neuronx_version,
@@ -170,17 +173,52 @@ def output_files(out_dir: Path) -> list[ArtifactFile]:
     return files
 
 
+def _same_toolchain(requested: str, host: str, tp_degree: int) -> list[str]:
+    """How ``host``'s NxDI toolchain differs from ``requested``'s (empty: none). The release table's own answer when
+    it knows NxDI compiles; else the packages an NxDI compile runs, compared here."""
+    try:
+        return neuron_releases.toolchain_differences(requested, host, "nxdi", tp_degree)
+    except neuron_releases.NotShipped as exc:
+        return [str(exc)]
+    except ValueError:  # a table without an NxDI kind: compare what it lists, and NxDI's own version
+        pass
+    try:
+        want, have = neuron_releases.lookup(requested), neuron_releases.lookup(host)
+    except neuron_releases.UnknownRelease as exc:
+        return [str(exc)]
+    pairs = {"neuronx-cc": (want.neuronx_cc, have.neuronx_cc),
+             "torch-neuronx": (want.trace_torch_neuronx, have.trace_torch_neuronx),
+             "neuronx-distributed": (want.neuronx_distributed, have.neuronx_distributed),
+             "neuronx-distributed-inference": (nxdi_release_version(requested), nxdi_release_version(host))}
+    return [f"{package}: release {requested} has {a}, this host's {host} has {b}"
+            for package, (a, b) in pairs.items() if a != b]
+
+
 def _check_host(request: CompileRequest) -> str | None:
+    """The host's release and packages are the ones the key names (the trace backend's checks, for NxDI)."""
     host = os.environ.get(NEURON_SDK_ENV, "").strip() or None
     if host is None:
         log(f"{NEURON_SDK_ENV} is not set: cannot check that this host has Neuron SDK {request.sdk}")
     elif host != request.sdk:
-        # Releases sharing a queue ship the same NxDI toolchain; the release table decides (spec's part).
-        raise InfraError("WRONG_SDK", f"this host has Neuron SDK {host}, the request needs {request.sdk}")
+        differences = _same_toolchain(request.sdk, host, request.tp_degree)
+        if differences:
+            raise InfraError("WRONG_SDK", f"this host has Neuron SDK {host}, the request needs {request.sdk}: "
+                             + "; ".join(differences))
+        log(f"request for Neuron SDK {request.sdk} runs on {host}: the same NxD Inference toolchain")
     why = nxdi_unavailable(request.sdk)
     if why is not None:
         raise InfraError("NXDI_MISSING" if "not installed" in why else "TOOLCHAIN_MISMATCH",
                          f"cannot compile with NxD Inference for Neuron SDK {request.sdk}: {why}")
+    # An SDK upgraded under a running worker would publish under the old toolchain's key.
+    packages = {**installed_neuron_packages(neuronx_cc=neuronxcc_package_version()),
+                "neuronx-cc": neuronxcc_package_version()}
+    try:
+        mismatches = neuron_releases.installed_mismatches(request.sdk, packages)
+    except neuron_releases.UnknownRelease as exc:
+        raise InfraError("WRONG_SDK", str(exc)) from None
+    if mismatches:
+        raise InfraError("TOOLCHAIN_MISMATCH", f"this worker's packages are not Neuron SDK {request.sdk}'s "
+                         "(upgraded since the worker started? restart it): " + "; ".join(mismatches))
     return host
 
 
@@ -189,6 +227,9 @@ def _prepare_environment(request: CompileRequest) -> Path:
     # "SKIPPING pre-sharding …"): the compile's log must show them, in the form users post them (basicConfig's
     # "INFO:Neuron:…", aws-neuron-sdk#1222).
     logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+    # The checkpoint is a local directory: a compile never downloads (and a sandboxed one has no network), so
+    # Hugging Face's libraries must not try (set before transformers is imported).
+    os.environ["HF_HUB_OFFLINE"] = "1"
     _freeze_platform_target(request.target)
     for name in UNKEYED_ENV:
         if os.environ.pop(name, None) is not None:

@@ -290,11 +290,21 @@ def test_the_request_of_an_nxdi_compile(tmp_path: Path) -> None:
     assert parsed.inputs == () and parsed.neuron_config == BASE and parsed.nxdi_model is None
     for change, field in [({"neuron_config": None}, "neuron_config"), ({"nxdi_model": "NoModule"}, "nxdi_model"),
                           ({"model_format": "hf-dir"}, "model_format")]:
-        with pytest.raises(RequestError, match=f"^{field}: "):
+        with pytest.raises(RequestError, match=rf"^{field}: "):
             CompileRequest.from_json({**request, **change})
     trace = {**request, "backend": "trace", "model_format": "hf-dir", "neuron_config": None}
-    with pytest.raises(RequestError, match="^inputs: "):  # shape buckets stay required for every other backend
+    with pytest.raises(RequestError, match=r"^inputs: "):  # shape buckets stay required for every other backend
         CompileRequest.from_json(trace)
-    with pytest.raises(RequestError, match="^neuron_config: only an nxdi compile"):
+    with pytest.raises(RequestError, match=r"^neuron_config: only an nxdi compile"):
         CompileRequest.from_json({**trace, "inputs": [{"name": "x", "shape": [1], "dtype": "int64"}],
                                   "neuron_config": BASE})
+
+
+def test_a_host_with_another_releases_nxdi_is_refused_before_compiling(tmp_path: Path,
+                                                                       checkpoints: dict[str, Path]) -> None:
+    env = neuron_double_env(sdk=SDK, installed="2.29.0", devices=0)  # NxDI 0.9.17334 where 2.27.1 ships 0.7.15063
+    run = _nxdi(tmp_path, "wrong", env, checkpoints["base"])
+    assert (run.returncode, run.result["code"]) == (4, "TOOLCHAIN_MISMATCH"), run.describe()
+    assert (f"neuronx-distributed-inference 0.9.17334 is installed, Neuron SDK {SDK} ships {NXDI}"
+            in run.result["message"])
+    assert not (run.out_dir / "model.pt").exists()
