@@ -308,3 +308,44 @@ def test_a_host_with_another_releases_nxdi_is_refused_before_compiling(tmp_path:
     assert (f"neuronx-distributed-inference 0.9.17334 is installed, Neuron SDK {SDK} ships {NXDI}"
             in run.result["message"])
     assert not (run.out_dir / "model.pt").exists()
+
+
+_PROBE = """
+import json, logging, os, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+from neuronx_distributed_inference.models.config import NeuronConfig
+try:
+    config = NeuronConfig(**json.loads(sys.argv[1]))
+except Exception as exc:
+    print(f"raised {type(exc).__name__}: {exc}")
+else:
+    print("override=" + str(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")))
+"""
+
+
+@pytest.mark.parametrize(("release", "kwargs", "expected"), [
+    # dma_order_config is popped from 2.28 (NxDI cd3abf3): on 2.27.1 it is an unknown keyword, only warned about.
+    ("2.27.1", {"dma_order_config": None}, "NeuronConfig init: Unexpected keyword arguments: {'dma_order_config'"),
+    ("2.28.0", {"dma_order_config": None}, "override=trn1"),
+    ("2.27.1", {"torch_dtype": "float8_e5m2"}, "override=trn1"),
+    ("2.27.1", {"torch_dtype": "fp16"}, "raised AssertionError: Unsupported dtype: fp16"),
+])
+def test_the_double_has_each_releases_neuron_config(release: str, kwargs: dict[str, Any], expected: str) -> None:
+    env = {**neuron_double_env(sdk=release, devices=0), "NEURON_PLATFORM_TARGET_OVERRIDE": "trn1"}
+    out = subprocess.run([PYTHON, "-c", _PROBE, json.dumps(kwargs)], env=env, capture_output=True, text=True)
+    assert expected in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("release", "devices", "expected"), [
+    # 2.29 writes the platform into the environment when it is unset (config.py:L723-L727); 2.28 does not.
+    ("2.29.0", 1, "override=trn1"),
+    ("2.28.0", 1, "override=None"),
+    # Unset on a device-less host the platform is unknown (unverified in the real SDK: the double refuses).
+    ("2.29.0", 0, "raised RuntimeError: TEST DOUBLE: no Neuron device"),
+])
+def test_nxdi_2_29_sets_the_platform_override_itself(release: str, devices: int, expected: str) -> None:
+    env = neuron_double_env(sdk=release, devices=devices)
+    env.pop("NEURON_PLATFORM_TARGET_OVERRIDE", None)
+    out = subprocess.run([PYTHON, "-c", _PROBE, json.dumps({"logical_nc_config": 1})], env=env, capture_output=True,
+                         text=True)
+    assert expected in out.stdout, out.stdout + out.stderr
