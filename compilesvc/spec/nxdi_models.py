@@ -172,6 +172,13 @@ def architecture_class(sdk: str, architectures: Any) -> tuple[str, str]:
     return f"{PACKAGE}.{module}", cls
 
 
+def class_path(sdk: str, config: dict[str, Any]) -> str:
+    """``"module:Class"`` of the NxDI model the compile of ``config`` (config.json, as the key holds it) builds:
+    the compile request's ``nxdi_model``, so the worker builds the class this table admitted at submit."""
+    module, cls = architecture_class(sdk, config.get("architectures"))
+    return f"{module}:{cls}"
+
+
 def class_source(sdk: str, architecture: str) -> str:
     """Where the class of ``architecture`` is defined in ``sdk``'s NxDI source (``repo@ref path:Lnnn``)."""
     rel = nxdi_release(sdk)

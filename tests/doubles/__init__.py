@@ -66,6 +66,9 @@ please supply compiler argument target" RuntimeError; neuronx-cc rejects unknown
 ``oom``
     the compiler is SIGKILLed (the OOM killer): neuronx-cc's status is -9, trace raises
     ``RuntimeError("neuronx-cc failed with -9")``.
+``f137``
+    neuronx-cc prints ``[F137] neuronx-cc was forcibly killed - This most commonly occurs due to insufficient
+    system memory. …`` and exits 70 (the host's memory, as the driver reports it).
 ``crash`` / ``segfault``
     trace: the calling process (the compile child) kills itself with SIGKILL / SIGSEGV -> child
     returncode -9 / -11. neuronx-cc: the compiler kills itself -> status -9 / -11.
@@ -122,6 +125,12 @@ else ``NEURON_COMPILE_CACHE_URL``, else ``/var/tmp/neuron-compile-cache`` (neuro
 keyed by the module and the flags, ``--logfile=<absolute path>`` included; a done entry is reused, a failed
 one is not recompiled, a lock file marks a running compile.
 
+neuronx_distributed_inference (NxD Inference, releases whose manifest ships it): ``NeuronConfig``/``InferenceConfig``,
+``load_pretrained_config`` and the model classes compile a Hugging Face checkpoint directory into NxDI's layout
+(``neuron_config.json``, ``model.pt``, ``weights/`` with pre-sharding); the knobs ``COMPILESVC_NXDI_DOUBLE_SECONDS``,
+``COMPILESVC_NXDI_DOUBLE_MEMORY_MB``, ``COMPILESVC_NXDI_DOUBLE_HOST_MEMORY_MB`` and ``COMPILESVC_NXDI_DOUBLE_OOM``
+(``f137`` | ``sigkill``) make a compile take time or run out of host memory (see its ``models/_claims.py``).
+
 torch_neuronx: ``trace(..., cpu_backend=...)`` exists from 2.21.0 (the keyword first appears in that release's
 trace API reference, aws-neuron-sdk commit 752349fd); on 2.19/2.20 passing it is a TypeError and a host with no
 device cannot trace (aws-neuron-sdk#910).
@@ -166,7 +175,8 @@ def installed_metadata(release: str) -> Path:
     from tests.doubles.neuron._release import RELEASES
 
     entry = RELEASES[release]
-    root = Path(tempfile.gettempdir()) / "compilesvc-neuron-double-metadata" / release
+    # "v2": the records gained neuronx-distributed-inference; an older run's directory lacks it.
+    root = Path(tempfile.gettempdir()) / "compilesvc-neuron-double-metadata" / "v2" / release
     if root.is_dir():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +184,8 @@ def installed_metadata(release: str) -> Path:
     staging.chmod(0o755)  # readable by every user, as pip leaves site-packages (compiles run as another user)
     for name, version in (("neuronx-cc", f"{entry.neuronx_cc}+{entry.build_hash}"),
                           ("torch-neuronx", entry.torch_neuronx and f"{entry.torch_neuronx}+{entry.build_hash}"),
-                          ("neuronx-distributed", entry.neuronx_distributed)):
+                          ("neuronx-distributed", entry.neuronx_distributed),
+                          ("neuronx-distributed-inference", entry.nxdi)):
         if not version:
             continue  # a package the release does not ship is not installed (2.32.0: no torch-neuronx)
         dist = staging / f"{name.replace('-', '_')}-{version}.dist-info"
@@ -191,7 +202,8 @@ def installed_metadata(release: str) -> Path:
 
 #: The double's top-level modules and the distributions that install them.
 MODULE_DISTRIBUTIONS = {"neuronxcc": "neuronx-cc", "torch_neuronx": "torch-neuronx",
-                        "neuronx_distributed": "neuronx-distributed"}
+                        "neuronx_distributed": "neuronx-distributed",
+                        "neuronx_distributed_inference": "neuronx-distributed-inference"}
 
 
 def _double_digest(modules: tuple[str, ...]) -> str:

@@ -2,7 +2,8 @@
 behind the contract in :mod:`workers.compiling.contract`.
 
 ``torchscript`` and ``aotinductor`` (:mod:`.cpu`) serve the cpu target with the worker's torch; ``trace``
-and ``neuronx-cc`` (:mod:`.neuron`) serve inf2/trn1/trn2 with the Neuron SDK. :func:`backend_class` imports
+and ``neuronx-cc`` (:mod:`.neuron`) serve inf2/trn1/trn2 with the Neuron SDK; ``nxdi`` (:mod:`.nxdi`) compiles a
+Hugging Face checkpoint with NxD Inference. :func:`backend_class` imports
 a backend's module only when asked for it, so importing this package needs neither torch nor the SDK.
 
 May import the core, :mod:`workers.compiling` (the contract, model loading, classification),
@@ -22,6 +23,7 @@ BACKENDS: dict[str, str] = {
     "aotinductor": "workers.backends.cpu:AOTInductorBackend",
     "trace": "workers.backends.neuron:TraceBackend",
     "neuronx-cc": "workers.backends.neuron:NeuronxCcBackend",
+    "nxdi": "workers.backends.nxdi:NxdiBackend",
 }
 
 

@@ -8,12 +8,15 @@ child never starts a session of its own) and classifies the outcome with :func:`
 
 Request (JSON object)::
 
-    {"backend": "torchscript" | "aotinductor" | "trace" | "neuronx-cc",
+    {"backend": "torchscript" | "aotinductor" | "trace" | "neuronx-cc" | "nxdi",
      "target": "cpu" | "inf2" | "trn1" | "trn2" | "trn3",
      "sdk": "2.13.0",                       # cpu: the torch release; neuron: the Neuron SDK release
      "model_path": "/abs/model file",       # already downloaded and digest-checked by the runner
-     "model_format": "torchscript" | "exported-program" | "hf-dir" | "hlo",
-     "inputs": [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}, ...],
+                                            # (hf-checkpoint: the checkpoint directory)
+     "model_format": "torchscript" | "exported-program" | "hf-dir" | "hlo" | "hf-checkpoint",
+     "inputs": [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}, ...],   # nxdi: []
+     "neuron_config": {...},                # nxdi only: the canonical NeuronConfig
+     "nxdi_model": "pkg.module:Class",      # nxdi, optional: the NxDI class (else from config.json)
      "args": ["--auto-cast=none", "-O2"],   # canonical flags (compilesvc.spec.flags.canonical_flags)
      "tp_degree": 1,                        # optional, default 1
      "lnc": 2 | null,                       # optional; neuron: logical NeuronCores resolved at submit (key)
@@ -111,7 +114,12 @@ def run(request: CompileRequest) -> int:
 
     started = time.monotonic()
     try:
-        if not request.model_path.is_file():  # checked before a backend imports torch: fails in milliseconds
+        # Checked before a backend imports torch: fails in milliseconds. An hf-checkpoint is a directory.
+        if request.model_format == "hf-checkpoint":
+            if not request.model_path.is_dir():
+                raise InfraError("MODEL_FILE_MISSING", f"checkpoint directory {request.model_path} does not exist "
+                                 "on this worker")
+        elif not request.model_path.is_file():
             raise InfraError("MODEL_FILE_MISSING", f"model file {request.model_path} does not exist on this worker")
         backend = backend_class(request.backend)()
         result = backend.compile(request)

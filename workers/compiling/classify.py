@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import builtins
 import re
+import resource
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from compilesvc.hostinfo import host_memory_bytes
 from compilesvc.states import RETRIED, ErrorClass
 from workers.compiling.contract import one_line
 
@@ -64,6 +66,30 @@ _EXCEPTION_LINE_RE = re.compile(r"^([A-Za-z_][\w.]*)(?::|\s*$)")
 
 #: The row for a corrupt persistent-cache entry (the Neuron backend removes the cache when it decides).
 CORRUPT_CACHE_ROW = "corrupt-compile-cache"
+#: The row for neuronx-cc's F137, killed for want of host memory.
+F137_ROW = "compiler-out-of-host-memory"
+#: The setting bounding each compile's memory (compilesvc/config/settings.py sandbox_memory_mb), named in messages.
+MEMORY_SETTING = "COMPILESVC_SANDBOX_MEMORY_MB"
+
+
+def _gib(size: int) -> str:
+    return f"{size / 1024**3:.1f} GiB"
+
+
+def memory_words() -> str:
+    """The memory a compile had, in words, for a failure that says memory ran out: the host's (or its cgroup's,
+    :func:`compilesvc.hostinfo.host_memory_bytes`) and this process's address-space bound (RLIMIT_AS: the
+    sandbox's ``COMPILESVC_SANDBOX_MEMORY_MB``)."""
+    words = []
+    total = host_memory_bytes()
+    if total:
+        words.append(f"this worker's host has {_gib(total)} of memory")
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        words.append(f"each compile process may map {_gib(soft)} ({MEMORY_SETTING})")
+    else:
+        words.append(f"{MEMORY_SETTING} bounds each compile's memory")
+    return "; ".join(words)
 
 
 @dataclass(frozen=True)
@@ -136,6 +162,12 @@ TABLE: tuple[Row, ...] = (
         "REFERENCE (OOM-killed compiles surface as 'neuronx-cc failed with -9'); subprocess returncode "
         "convention: the compile did not finish",
         applies=_killed),
+    Row(F137_ROW, E.INFRA, "HOST_OOM",
+        "neuronx-cc's '[F137] neuronx-cc was forcibly killed … insufficient system memory', any exit (usually 70)",
+        "the neuronx-cc driver's fatal-exit text (aws-neuron-samples#64; docs/research/nxdi.md §6, exit 70): the host "
+        "ran out of memory for the compiler, not the model's fault; read before 'bare-code', which would take "
+        "[F137] for a compile error. The message names the memory (:func:`memory_words`)",
+        pattern=re.compile(r"\[F137\]|neuronx-cc was forcibly killed")),
     Row("disk-full", E.INFRA, "DISK_FULL", "'No space left on device' (ENOSPC), any exit",
         "errno ENOSPC's message (strerror(3)): the host's disk, not the model", skip_coded_lines=True,
         pattern=re.compile(r"No space left on device")),
@@ -279,9 +311,11 @@ def _find(row: Row, evidence: Evidence) -> tuple[str, re.Match[str] | None] | No
 def _message(row: Row, evidence: Evidence, line: str, match: re.Match[str] | None) -> str:
     status = evidence.status
     last = _last_line(evidence.lines)
+    if row.name == F137_ROW:
+        return one_line(f"{evidence.who} ran out of host memory: {line.strip()} ({memory_words()})")
     if row.name == "killed-by-signal" and status is not None:
         name = _signal_name(-status)
-        why = " (possibly OOM-killed)" if -status == signal.SIGKILL else ""
+        why = f" (possibly OOM-killed: {memory_words()})" if -status == signal.SIGKILL else ""
         return f"{evidence.who} was killed by {name}{why}" + (f"; last output: {last}" if last else "")
     if row.name == "rejected-flag" and match is not None:
         return one_line(f"the compiler rejected {_rejected_flag(match)}: {line.strip()}")
@@ -404,7 +438,7 @@ def _child_killed(number: int, tail: list[str], last: str) -> Outcome:
     if host.error_class == ErrorClass.INFRA:
         message += f" ({host.code}: {host.message})"
     elif number == signal.SIGKILL and host.error_class == ErrorClass.UNKNOWN:
-        message += " (possibly OOM-killed: nothing in the log explains it)"
+        message += f" (possibly OOM-killed: nothing in the log explains it; {memory_words()})"
     elif last:
         message += f"; last output: {last}"
     return Outcome(ErrorClass.INFRA, name if name.startswith("SIG") else f"SIGNAL_{number}", one_line(message))

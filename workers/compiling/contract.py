@@ -170,6 +170,11 @@ class CompileRequest:
     #: Neuron: the logical NeuronCore config resolved at submit (key material ``toolchain.lnc``); None in a
     #: request for a key made before schema 4, whose flags still carry any --logical-nc-config.
     lnc: int | None = None
+    #: nxdi: the canonical NeuronConfig (key material ``neuron_config``, ``CompileSpec.nxdi_config``).
+    neuron_config: dict[str, Any] | None = None
+    #: nxdi: the NxDI model class, ``"package.module:Class"`` (the architecture hub's answer); None: the backend
+    #: maps config.json's ``architectures[0]`` itself (:mod:`workers.backends.nxdi`).
+    nxdi_model: str | None = None
 
     @property
     def family(self) -> str:
@@ -184,7 +189,8 @@ class CompileRequest:
         missing = [name for name in required if name not in data]
         if missing:
             raise RequestError(f"missing field(s): {', '.join(missing)}")
-        known = {*required, "args", "tp_degree", "isa", "max_parallel_rank_compiles", "extract_limits", "lnc"}
+        known = {*required, "args", "tp_degree", "isa", "max_parallel_rank_compiles", "extract_limits", "lnc",
+                 "neuron_config", "nxdi_model"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise RequestError(f"unknown field(s): {', '.join(unknown)}")
@@ -208,7 +214,10 @@ class CompileRequest:
             paths[name] = Path(value)
 
         raw_inputs = data["inputs"]
-        if not isinstance(raw_inputs, list) or not raw_inputs:
+        # An NxDI compile has no shape bucket: its sequence buckets are in neuron_config (one compile unit,
+        # inputs == []: issue 29's contract).
+        nxdi = backend == "nxdi"
+        if not isinstance(raw_inputs, list) or (not raw_inputs and not nxdi):
             raise RequestError("inputs: expected a non-empty list of {name, shape, dtype}")
         inputs = []
         for index, item in enumerate(raw_inputs):
@@ -238,6 +247,14 @@ class CompileRequest:
         sdk = data["sdk"]
         if not isinstance(sdk, str) or not sdk:
             raise RequestError("sdk: expected a release string")
+        neuron_config = data.get("neuron_config")
+        if nxdi and not isinstance(neuron_config, dict):
+            raise RequestError("neuron_config: an nxdi compile needs the canonical NeuronConfig (an object)")
+        if not nxdi and neuron_config is not None:
+            raise RequestError("neuron_config: only an nxdi compile takes one")
+        nxdi_model = data.get("nxdi_model")
+        if nxdi_model is not None and (not isinstance(nxdi_model, str) or ":" not in nxdi_model):
+            raise RequestError("nxdi_model: expected \"package.module:Class\" or null")
         return cls(
             backend=backend,
             target=target,
@@ -253,6 +270,8 @@ class CompileRequest:
             max_parallel_rank_compiles=bound,
             extract_limits=ExtractLimits.from_json(data.get("extract_limits")),
             lnc=lnc,
+            neuron_config=neuron_config,
+            nxdi_model=nxdi_model,
         )
 
 

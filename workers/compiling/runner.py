@@ -55,6 +55,7 @@ from compilesvc.compiles.publishing import LOG_NAME, PublishError, archive_log, 
 from compilesvc.ledger.engine import transaction
 from compilesvc.pinning.pins import ModelRefError
 from compilesvc.services import Services
+from compilesvc.spec import nxdi_models
 from compilesvc.spec.manifest import BucketManifest
 from compilesvc.store import StoreError, bucket_manifest_name
 from workers.compiling.checkpoint_dirs import materialise_checkpoint
@@ -213,6 +214,9 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             "extract_limits": {"max_bytes": settings.hf_extract_max_bytes, "max_files": settings.hf_extract_max_files,
                                "max_ratio": settings.hf_extract_max_ratio},
         }
+        if claim.backend == "nxdi":  # the canonical NeuronConfig the key holds, and the hub's class for the model
+            request["neuron_config"] = claim.material.get("neuron_config")
+            request["nxdi_model"] = nxdi_models.class_path(claim.sdk, claim.material["model"]["config"])
         request_path = dirs.request
         dirs.staged(request_path).write_text(json.dumps(request, indent=1, sort_keys=True))
 

@@ -105,6 +105,41 @@ def neuronx_distributed_version() -> str | None:
     return dist_version("neuronx-distributed") or module_version("neuronx_distributed._version")
 
 
+def nxdi_release_version(release: str) -> str | None:
+    """The neuronx-distributed-inference version ``release`` ships (None: none, e.g. 2.32.0 or before 2.21)."""
+    try:
+        return neuron_releases.lookup(release).neuronx_distributed_inference
+    except neuron_releases.UnknownRelease:
+        return None
+
+
+def neuronx_distributed_inference_version() -> str | None:
+    """NxDI's version: package metadata, else its ``_version`` module (which says major.minor.0 only)."""
+    if not module_available("neuronx_distributed_inference"):
+        return None
+    return (dist_version("neuronx-distributed-inference")
+            or module_version("neuronx_distributed_inference._version"))
+
+
+def nxdi_unavailable(release: str) -> str | None:
+    """Why this host cannot run ``release``'s NxDI compiles (None: it can): the release must ship NxDI, and its
+    exact version must be importable here with what it imports (torch-neuronx, neuronx-distributed, and
+    transformers, which reads the checkpoint's config.json)."""
+    want = nxdi_release_version(release)
+    if want is None:
+        return f"Neuron SDK {release} ships no neuronx-distributed-inference"
+    have = neuronx_distributed_inference_version()
+    if have is None:
+        return "neuronx-distributed-inference is not installed"
+    if neuron_releases.base_version(have) != want:
+        return f"neuronx-distributed-inference {have} is installed, Neuron SDK {release} ships {want}"
+    missing = [*trace_packages_missing(), *(["neuronx-distributed"] if neuronx_distributed_version() is None else []),
+               *(["transformers"] if not module_available("transformers") else [])]
+    if missing:
+        return f"NxDI needs {' and '.join(missing)}, not installed"
+    return None
+
+
 def neuronx_cc_executable() -> str | None:
     return shutil.which("neuronx-cc")
 
@@ -173,7 +208,8 @@ def libneuronxla_version() -> str | None:
 def installed_neuron_packages(executable: str | None = None, neuronx_cc: str | None = None) -> dict[str, str | None]:
     """The installed Neuron packages' versions, by the release table's package names (None: not installed)."""
     return {"neuronx-cc": neuronx_cc or neuronx_cc_version(executable), "torch-neuronx": torch_neuronx_version(),
-            "neuronx-distributed": neuronx_distributed_version(), "libneuronxla": libneuronxla_version()}
+            "neuronx-distributed": neuronx_distributed_version(), "libneuronxla": libneuronxla_version(),
+            "neuronx-distributed-inference": neuronx_distributed_inference_version()}
 
 
 def neuron_manifest_versions(release: str | None, *, trace: bool) -> dict[str, str]:
@@ -287,7 +323,8 @@ def detect_capabilities(devices: int | None = None) -> dict[str, Any]:
             refused.append(f"{NEURON_SDK_ENV}={raw_release!r} is not a release such as 2.27.1")
         packages = installed_neuron_packages(executable, ncc)
         caps["versions"].update({"neuronx_distributed": packages["neuronx-distributed"],
-                                 "libneuronxla": packages["libneuronxla"]})
+                                 "libneuronxla": packages["libneuronxla"],
+                                 "neuronx_distributed_inference": packages["neuronx-distributed-inference"]})
         known = neuron_releases.table().get(release) if release else None
         if devices is None:  # else the pod's compile container's count (COMPILESVC_SANDBOX=pod: its probe)
             devices = len(device_nodes(os.environ))
@@ -321,9 +358,9 @@ def detect_capabilities(devices: int | None = None) -> dict[str, Any]:
 #: the HLO backend runs the neuronx-cc executable, trace imports torch_neuronx (which calls the neuronxcc
 #: package), tp > 1 trace imports neuronx_distributed.
 _HOST_NEEDS = {"neuronx-cc": ("executable",), "neuronx-cc-tp": ("executable",), "trace": ("trace",),
-               "trace-tp": ("trace", "nxd"), "nxdi": ("trace", "nxd", "nxdi")}
+               "trace-tp": ("trace", "nxd"), "nxdi": ("nxdi",)}
 _HOST_PARTS = {"executable": "the neuronx-cc executable on PATH", "trace": "torch_neuronx with torch",
-               "nxd": "neuronx_distributed", "nxdi": "neuronx_distributed_inference"}
+               "nxd": "neuronx_distributed", "nxdi": "neuronx_distributed_inference of the release's version"}
 
 
 def _offered_kinds(release: str, executable: str | None, trace: bool, packages: dict[str, str | None],
@@ -334,13 +371,16 @@ def _offered_kinds(release: str, executable: str | None, trace: bool, packages: 
     :func:`compilesvc.spec.neuron_releases.device_requirement`). Each queue carries one kind, so a host with
     neuronx-cc alone (SDK 2.32.0 ships no torch-neuronx) serves HLO compiles, a device-less 2.19 host serves
     HLO and never the trace queues only device hosts consume; what it lacks is a warning, per kind."""
+    nxdi_missing = nxdi_unavailable(release)
     have = {"executable": executable is not None, "trace": trace,
-            "nxd": trace and packages.get("neuronx-distributed") is not None,
-            "nxdi": trace and packages.get("neuronx-distributed-inference") is not None}
+            "nxd": trace and packages.get("neuronx-distributed") is not None, "nxdi": nxdi_missing is None}
     kinds = []
     shipped = neuron_releases.release_kinds(release)
     for kind in shipped:
-        lacking = [_HOST_PARTS[part] for part in _HOST_NEEDS[kind] if not have[part]]
+        # An NxDI kind ("nxdi", and any "-tp" form the release table gives it) needs NxDI of the release's version.
+        needs = _HOST_NEEDS.get(kind) or _HOST_NEEDS[kind.removesuffix("-tp")]
+        lacking = [_HOST_PARTS[part] if part != "nxdi" else f"NxDI ({nxdi_missing})" for part in needs
+                   if not have[part]]
         needs_device = neuron_releases.device_requirement(release, *neuron_releases.kind_request(kind))
         if lacking:
             warnings.append(f"Neuron SDK {release}: {kind} compiles not offered: missing {' and '.join(lacking)}")

@@ -62,12 +62,16 @@ class Release:
     neuronx_distributed: str | None
     runtime: str  # aws-neuronx-runtime-lib
     python: str  # the DLC image's Python (REFERENCE.md: <= 2.25 py310, 2.26.1 py311, 2.27.1 py312)
+    #: neuronx-distributed-inference (NxDI), the manifest's ``neuronx_distributed_inference`` entry (research:
+    #: docs/research/nxdi.md §0); None where the release ships none (before 2.21, and 2.32.0).
+    nxdi: str | None = None
 
     @property
     def modules(self) -> tuple[str, ...]:
         """The double's top-level modules this release's install has (``neuronxcc`` always)."""
         shipped = {"neuronxcc": self.neuronx_cc, "torch_neuronx": self.torch_neuronx,
-                   "neuronx_distributed": self.neuronx_distributed}
+                   "neuronx_distributed": self.neuronx_distributed,
+                   "neuronx_distributed_inference": self.nxdi}
         return tuple(module for module, version in shipped.items() if version)
 
     @property
@@ -87,21 +91,21 @@ class Release:
 RELEASES: dict[str, Release] = {r.release: r for r in (
     Release("2.19.0", "2.14.213.0", "2.1.2.2.2.0", "0.8.0", "2.21.41.0", "3.10"),
     Release("2.20.0", "2.15.128.0", "2.1.2.2.3.0", "0.9.0", "2.22.14.0", "3.10"),
-    Release("2.25.0", "2.20.9961.0", "2.7.0.2.9.9357", "0.14.18461", "2.27.23.0", "3.10"),
-    Release("2.26.0", "2.21.18209.0", "2.8.0.2.10.13553", "0.15.22404", "2.28.23.0", "3.11"),
-    Release("2.26.1", "2.21.33363.0", "2.8.0.2.10.16998", "0.15.22404", "2.28.23.0", "3.11"),
-    Release("2.27.0", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12"),
-    Release("2.27.1", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12"),
-    Release("2.28.0", "2.23.6484.0", "2.9.0.2.12.22436", "0.17.26814", "2.30.51.0", "3.12"),
+    Release("2.25.0", "2.20.9961.0", "2.7.0.2.9.9357", "0.14.18461", "2.27.23.0", "3.10", "0.5.9230"),
+    Release("2.26.0", "2.21.18209.0", "2.8.0.2.10.13553", "0.15.22404", "2.28.23.0", "3.11", "0.6.10598"),
+    Release("2.26.1", "2.21.33363.0", "2.8.0.2.10.16998", "0.15.22404", "2.28.23.0", "3.11", "0.6.10598"),
+    Release("2.27.0", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12", "0.7.14366"),
+    Release("2.27.1", "2.22.12471.0", "2.9.0.2.11.19912", "0.16.25997", "2.29.40.0", "3.12", "0.7.15063"),
+    Release("2.28.0", "2.23.6484.0", "2.9.0.2.12.22436", "0.17.26814", "2.30.51.0", "3.12", "0.8.16251"),
     # The first release listing trn3 (every package's supported_instances), and the newest with torch-neuronx
     # and NxD. Python: the manifest lists 3.10-3.12 (2.29.0) and 3.11-3.13 (2.31.1); which one the DLC ships is
     # unverified (the double does not use it).
-    Release("2.29.0", "2.24.5133.0", "2.9.0.2.13.24727", "0.18.27753", "2.31.24.0", "3.12"),
+    Release("2.29.0", "2.24.5133.0", "2.9.0.2.13.24727", "0.18.27753", "2.31.24.0", "3.12", "0.9.17334"),
     # The last release before, and the first with, the compiler fix of "non-deterministic compilation
     # failures" (compiler release notes, 2.31.0). Python: unverified (as 2.28.0's).
-    Release("2.30.0", "2.25.3371.0", "2.9.0.2.14.27725", "0.19.28093", "2.32.31.0", "3.12"),
-    Release("2.31.0", "2.26.6360.0", "2.9.0.2.15.32035", "0.19.28492", "2.33.10.0", "3.12"),
-    Release("2.31.1", "2.26.6360.0", "2.9.0.2.15.32035", "0.19.28492", "2.33.10.0", "3.12"),
+    Release("2.30.0", "2.25.3371.0", "2.9.0.2.14.27725", "0.19.28093", "2.32.31.0", "3.12", "0.10.17970"),
+    Release("2.31.0", "2.26.6360.0", "2.9.0.2.15.32035", "0.19.28492", "2.33.10.0", "3.12", "0.10.18399"),
+    Release("2.31.1", "2.26.6360.0", "2.9.0.2.15.32035", "0.19.28492", "2.33.10.0", "3.12", "0.10.18399"),
     # 2.32.0 lists neuronx-cc 2.27.5334.0 and no torch-neuronx or neuronx_distributed package (the XLA-based
     # torch-neuronx is in maintenance from 2.32: archive/frameworks/torch/inference-torch-neuronx.rst; NxD
     # has no release after 2.31: announce-nxdi-maintenance-support-2-31.rst). A host of it has the compiler

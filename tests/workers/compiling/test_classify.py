@@ -37,6 +37,8 @@ UNHANDLED = ("2026-05-09T07:35:25Z USER 4242 [neuronx-cc]: [INTERNAL_ERROR] [NCC
 
 # id, evidence, expected row, class, code, a part of the message
 #: The bare form the autoport guide quotes, completed with nlohmann::json's wording for an empty document.
+F137 = ("[F137] neuronx-cc was forcibly killed - This most commonly occurs due to insufficient system memory. Using "
+        "a smaller data type, dimensions, batch size, or a larger instance type may help.")
 CORRUPT_CACHE = ("[NLA001] Unhandled exception with message: [json.exception.parse_error.101] parse error at line "
                  "1, column 1: syntax error while parsing value - unexpected end of input")
 JUDGE_CASES: list[tuple[str, Evidence, str, ErrorClass, str, str]] = [
@@ -47,7 +49,13 @@ JUDGE_CASES: list[tuple[str, Evidence, str, ErrorClass, str, str]] = [
                                                     NCC_OOM], 70),
      "missing-shared-library", ErrorClass.INFRA, "SHARED_LIBRARY", "libnrt"),
     ("OOM-killed CLI", Evidence(["progress"], -9), "killed-by-signal", ErrorClass.INFRA, "COMPILER_KILLED",
-     "killed by SIGKILL (possibly OOM-killed)"),
+     "killed by SIGKILL (possibly OOM-killed: this worker's host has"),
+    # neuronx-cc's own text for it (docs/research/nxdi.md §6): host memory, never a compile error, although
+    # "[F137]" looks like a bare code.
+    ("F137, exit 70", Evidence([F137], 70), "compiler-out-of-host-memory", ErrorClass.INFRA, "HOST_OOM",
+     "ran out of host memory: [F137] neuronx-cc was forcibly killed"),
+    ("F137 beats a code printed before it", Evidence(["[F134] earlier", NCC_OOM, F137], 70),
+     "compiler-out-of-host-memory", ErrorClass.INFRA, "HOST_OOM", "COMPILESVC_SANDBOX_MEMORY_MB"),
     ("segfault beats a code printed before it", Evidence([NCC_OOM], -11), "killed-by-signal", ErrorClass.INFRA,
      "COMPILER_KILLED", "SIGSEGV"),
     ("disk full", Evidence(["OSError: [Errno 28] No space left on device", "[NCC_IBIR001] write failed"], 70),

@@ -239,6 +239,8 @@ ROW_CASES = [
     pytest.param(["--double-behaviour=missing-lib"], "infra", "SHARED_LIBRARY", None, id="missing-shared-library"),
     pytest.param(["--double-behaviour=crash"], "infra", "COMPILER_KILLED", None, id="killed-by-signal"),
     pytest.param(["--double-behaviour=oom"], "infra", "COMPILER_KILLED", None, id="killed-by-signal/oom"),
+    # neuronx-cc's own "[F137] … forcibly killed … insufficient system memory": the host's, retried.
+    pytest.param(["--double-behaviour=f137"], "infra", "HOST_OOM", None, id="compiler-out-of-host-memory"),
     # The host's trouble behind the compiler's internal code ([INTERNAL_ERROR] [NCC_INLA001] Unhandled
     # exception with message: [Errno 28] …): retried, never negatively cached.
     pytest.param(["--double-behaviour=disk-full"], "infra", "DISK_FULL", None, id="disk-full"),

@@ -1,0 +1,317 @@
+"""The ``nxdi`` backend: an NxD Inference (NxDI) compile of a Hugging Face checkpoint directory.
+
+Owns how a compile request becomes ``Model(checkpoint_dir, config).compile(out_dir)`` and how its failures and
+its output directory are reported. In the compile child, in this order (docs/research/nxdi.md):
+
+1. the release and the installed packages are the key's (:func:`workers.host.versions.nxdi_unavailable`, and
+   the trace checks of :mod:`workers.backends.neuron`);
+2. the environment, before any Neuron import: ``NEURON_PLATFORM_TARGET_OVERRIDE`` = the request's target (§6:
+   models overriding ``get_compiler_args`` never get ``--target``/``--lnc``, e.g. Qwen2 and Mixtral, so the
+   platform is what the libraries see at import; 2.29's NeuronConfig would otherwise write its own guess),
+   ``BASE_COMPILE_WORK_DIR`` inside the attempt's work dir (§2: ModelBuilder wipes it at each trace; the
+   default ``/tmp/nxd_model/`` is shared by every compile on the host), a per-compile Neuron cache
+   (:mod:`workers.backends.neuron_cache`), and no ``NXD_LAYOUT_TRANSFORMATION_OPTIONS`` (§1: it changes the
+   pre-sharded weights and is in no key);
+3. NxDI's own ``load_pretrained_config`` (transformers' AutoConfig of config.json), ``NeuronConfig(**neuron_config)``
+   and the model's InferenceConfig class; then ``compile(out_dir)``, which writes ``neuron_config.json``,
+   ``model.pt`` and, with ``save_sharded_checkpoint``, ``weights/tp{rank}_sharded_checkpoint.safetensors``;
+4. every file under the output directory is reported: ``model.pt`` role ``model``, ``weights/…`` role
+   ``weights-shard`` (with its rank), anything else ``aux``; the child streams each one's sha256.
+
+Failures: NxDI's checks of the config (``ValueError``/``AssertionError``/``NotImplementedError`` with NxDI's texts,
+config.py; ``Config must define [...]`` for a config.json lacking what the model needs) are final compile errors
+naming the field (``NXDI_CONFIG_ERROR``); missing weights when pre-sharding (modules/checkpoint.py's
+FileNotFoundError) are final, naming the file (``NXDI_WEIGHTS_MISSING``); the compiler's own failures go through
+:data:`workers.compiling.classify.TABLE` (F137 and a SIGKILL are the host's memory: infrastructure).
+
+The NxDI model class: the request's ``nxdi_model`` ("package.module:Class", the spec's architecture hub),
+else config.json's ``architectures[0]`` through :data:`ARCHITECTURES` (the classes vllm-neuron would pick,
+§4). Nothing here imports torch, transformers or the SDK at module level.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from compilesvc.spec import neuron_releases
+from workers.backends.neuron import _check_neuron_cc_flags, _freeze_platform_target
+from workers.backends.neuron_cache import own_compile_cache
+from workers.backends.output_tee import OutputTee
+from workers.compiling.classify import Evidence, judge
+from workers.compiling.contract import (
+    ArtifactFile,
+    Backend,
+    CompileFailure,
+    CompileRequest,
+    CompileResult,
+    InfraError,
+    failure_for,
+    log,
+)
+from workers.host.versions import (
+    NEURON_SDK_ENV,
+    installed_neuron_packages,
+    module_version,
+    neuron_manifest_versions,
+    neuronx_distributed_inference_version,
+    neuronxcc_package_version,
+    nxdi_release_version,
+    nxdi_unavailable,
+    python_version,
+    torch_neuronx_version,
+)
+from workers.isolation.child_env import PLATFORM_OVERRIDE_ENV
+
+WORK_DIR_ENV = "BASE_COMPILE_WORK_DIR"
+#: Never given to a compile (docs/research/nxdi.md §1, §3): they change the artifact and are in no key.
+UNKEYED_ENV = ("NXD_LAYOUT_TRANSFORMATION_OPTIONS", "NEURON_LOGICAL_NC_CONFIG")
+_MODELS = "neuronx_distributed_inference.models"
+#: HF ``architectures[0]`` -> the NxDI class (vllm-neuron's mapping onto MODEL_TYPES, docs/research/nxdi.md §4).
+#: Used only when the request names no class; the spec's hub table decides what may be submitted.
+ARCHITECTURES = {
+    "LlamaForCausalLM": f"{_MODELS}.llama.modeling_llama:NeuronLlamaForCausalLM",
+    "MixtralForCausalLM": f"{_MODELS}.mixtral.modeling_mixtral:NeuronMixtralForCausalLM",
+    "Qwen2ForCausalLM": f"{_MODELS}.qwen2.modeling_qwen2:NeuronQwen2ForCausalLM",
+    "Qwen3ForCausalLM": f"{_MODELS}.qwen3.modeling_qwen3:NeuronQwen3ForCausalLM",
+    "MistralForCausalLM": f"{_MODELS}.mistral.modeling_mistral:NeuronMistralForCausalLM",
+}
+#: NxDI's config messages (NXDI@ef2731e models/config.py, model_base.py; docs/research/nxdi.md §3, §8) -> the
+#: neuron_config field they are about, where the text does not name it.
+_MESSAGE_FIELDS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^Unsupported dtype"), "torch_dtype"),
+    (re.compile(r"^Context bucket"), "context_encoding_buckets"),
+    (re.compile(r"^Token generation bucket"), "token_generation_buckets"),
+    (re.compile(r"^Token generation batch buckets|^Batch bucketing"), "token_generation_batches"),
+    (re.compile(r"^max_context_length cannot"), "max_context_length"),
+    (re.compile(r"^TP Degree must be evenly divisible by CP"), "cp_degree"),
+    (re.compile(r"^TP Degree must be evenly divisible by DP|DP Degree"), "attention_dp_degree"),
+    (re.compile(r"Chunked Prefill|chunked prefill"), "chunked_prefill_config"),
+    (re.compile(r"Context Parallel for MLP"), "mlp_cp_degree"),
+    (re.compile(r"^quantized_checkpoints_path is required"), "quantized_checkpoints_path"),
+)
+
+
+def _field_of(message: str, given: dict[str, Any]) -> str:
+    for pattern, name in _MESSAGE_FIELDS:
+        if pattern.search(message):
+            return name
+    named = [name for name in given if re.search(rf"\b{re.escape(name)}\b", message)]
+    return named[0] if named else "neuron_config"
+
+
+def _config_failure(exc: BaseException, given: dict[str, Any]) -> NoReturn:
+    text = str(exc) or type(exc).__name__
+    field = _field_of(text, given)
+    where = "neuron_config" if field == "neuron_config" else f"neuron_config.{field}"
+    raise CompileFailure("NXDI_CONFIG_ERROR", f"{where}: NxD Inference refused the configuration: "
+                                              f"{type(exc).__name__}: {text}") from exc
+
+
+def nxdi_kwargs(neuron_config: dict[str, Any]) -> dict[str, Any]:
+    """The NeuronConfig keywords of a canonical ``neuron_config``: our short form ``buckets: [..]`` (issue 29) is
+    NxDI's ``enable_bucketing`` with those context-encoding (those <= max_context_length) and token-generation
+    buckets, unless the canonical form already spelled them out. (A copy: NxDI sorts bucket lists in place.)"""
+    kwargs: dict[str, Any] = json.loads(json.dumps(neuron_config))
+    short = kwargs.get("buckets")
+    spelled = {"enable_bucketing", "context_encoding_buckets", "token_generation_buckets"} & set(kwargs)
+    if isinstance(short, list) and not spelled:
+        kwargs.pop("buckets")
+        seq_len = kwargs.get("seq_len", 128)
+        context = kwargs.get("max_context_length", seq_len)
+        kwargs.update(enable_bucketing=True, context_encoding_buckets=[b for b in short if b <= context] or [context],
+                      token_generation_buckets=list(short))
+    return kwargs
+
+
+def model_class(request: CompileRequest, checkpoint: Path) -> Any:
+    """The NxDI class to compile with (see the module docstring)."""
+    spec = request.nxdi_model
+    if spec is None:
+        try:
+            architectures = json.loads((checkpoint / "config.json").read_text()).get("architectures") or []
+        except (OSError, ValueError) as exc:
+            raise CompileFailure("NXDI_CHECKPOINT_CONFIG", f"model config.json: cannot be read: {exc}") from exc
+        architecture = architectures[0] if architectures else None
+        spec = ARCHITECTURES.get(str(architecture))
+        if spec is None:
+            raise CompileFailure("NXDI_UNSUPPORTED_ARCHITECTURE",
+                                 f"model config.json architectures: {architecture!r} has no NxD Inference model class "
+                                 f"here (known: {', '.join(sorted(ARCHITECTURES))})")
+    module_name, _, class_name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("neuronx_distributed_inference.models."):
+            raise CompileFailure("NXDI_UNSUPPORTED_ARCHITECTURE", f"{spec}: this NxD Inference release has no "
+                                                                  f"such model ({exc})") from exc
+        raise InfraError("NXDI_MISSING", f"NxD Inference is not importable on this worker: {exc}") from exc
+    except AttributeError as exc:
+        raise CompileFailure("NXDI_UNSUPPORTED_ARCHITECTURE", f"{spec}: no such class in this NxD Inference "
+                                                              "release") from exc
+
+
+def output_files(out_dir: Path) -> list[ArtifactFile]:
+    """Every file NxDI wrote under ``out_dir``, with its role (issue 29's contract), in path order."""
+    files = []
+    for path in sorted(p for p in out_dir.rglob("*") if p.is_file()):
+        relative = path.relative_to(out_dir).as_posix()
+        match = re.fullmatch(r"weights/tp(\d+)_sharded_checkpoint\.safetensors", relative)
+        if relative == "model.pt":
+            files.append(ArtifactFile(relative, "model"))
+        elif match:
+            files.append(ArtifactFile(relative, "weights-shard", {"rank": int(match.group(1))}))
+        else:
+            files.append(ArtifactFile(relative, "aux"))
+    return files
+
+
+def _same_toolchain(requested: str, host: str, tp_degree: int) -> list[str]:
+    """How ``host``'s NxDI toolchain differs from ``requested``'s (empty: none). The release table's own answer when
+    it knows NxDI compiles; else the packages an NxDI compile runs, compared here."""
+    try:
+        return neuron_releases.toolchain_differences(requested, host, "nxdi", tp_degree)
+    except neuron_releases.NotShipped as exc:
+        return [str(exc)]
+    except ValueError:  # a table without an NxDI kind: compare what it lists, and NxDI's own version
+        pass
+    try:
+        want, have = neuron_releases.lookup(requested), neuron_releases.lookup(host)
+    except neuron_releases.UnknownRelease as exc:
+        return [str(exc)]
+    pairs = {"neuronx-cc": (want.neuronx_cc, have.neuronx_cc),
+             "torch-neuronx": (want.trace_torch_neuronx, have.trace_torch_neuronx),
+             "neuronx-distributed": (want.neuronx_distributed, have.neuronx_distributed),
+             "neuronx-distributed-inference": (nxdi_release_version(requested), nxdi_release_version(host))}
+    return [f"{package}: release {requested} has {a}, this host's {host} has {b}"
+            for package, (a, b) in pairs.items() if a != b]
+
+
+def _check_host(request: CompileRequest) -> str | None:
+    """The host's release and packages are the ones the key names (the trace backend's checks, for NxDI)."""
+    host = os.environ.get(NEURON_SDK_ENV, "").strip() or None
+    if host is None:
+        log(f"{NEURON_SDK_ENV} is not set: cannot check that this host has Neuron SDK {request.sdk}")
+    elif host != request.sdk:
+        differences = _same_toolchain(request.sdk, host, request.tp_degree)
+        if differences:
+            raise InfraError("WRONG_SDK", f"this host has Neuron SDK {host}, the request needs {request.sdk}: "
+                             + "; ".join(differences))
+        log(f"request for Neuron SDK {request.sdk} runs on {host}: the same NxD Inference toolchain")
+    why = nxdi_unavailable(request.sdk)
+    if why is not None:
+        raise InfraError("NXDI_MISSING" if "not installed" in why else "TOOLCHAIN_MISMATCH",
+                         f"cannot compile with NxD Inference for Neuron SDK {request.sdk}: {why}")
+    # An SDK upgraded under a running worker would publish under the old toolchain's key.
+    packages = {**installed_neuron_packages(neuronx_cc=neuronxcc_package_version()),
+                "neuronx-cc": neuronxcc_package_version()}
+    try:
+        mismatches = neuron_releases.installed_mismatches(request.sdk, packages)
+    except neuron_releases.UnknownRelease as exc:
+        raise InfraError("WRONG_SDK", str(exc)) from None
+    if mismatches:
+        raise InfraError("TOOLCHAIN_MISMATCH", f"this worker's packages are not Neuron SDK {request.sdk}'s "
+                         "(upgraded since the worker started? restart it): " + "; ".join(mismatches))
+    return host
+
+
+def _prepare_environment(request: CompileRequest) -> Path:
+    # NxDI and NxD log through the "Neuron" logger at INFO ("generating HLO: …", "Neuron compiler flags: …",
+    # "SKIPPING pre-sharding …"): the compile's log must show them, in the form users post them (basicConfig's
+    # "INFO:Neuron:…", aws-neuron-sdk#1222).
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+    # The checkpoint is a local directory: a compile never downloads (and a sandboxed one has no network), so
+    # Hugging Face's libraries must not try (set before transformers is imported).
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    _freeze_platform_target(request.target)
+    for name in UNKEYED_ENV:
+        if os.environ.pop(name, None) is not None:
+            log(f"{name} removed from this compile's environment: it changes the artifact and is in no key")
+    work = request.work_dir / "nxd_model"
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ[WORK_DIR_ENV] = str(work)
+    own_compile_cache(request.work_dir)
+    log(f"{PLATFORM_OVERRIDE_ENV}={os.environ[PLATFORM_OVERRIDE_ENV]} {WORK_DIR_ENV}={work}")
+    return work
+
+
+class NxdiBackend(Backend):
+    """NxD Inference: ``Model(checkpoint, config).compile(out_dir)``."""
+
+    name = "nxdi"
+
+    def compile(self, request: CompileRequest) -> CompileResult:
+        host_sdk = _check_host(request)
+        _check_neuron_cc_flags(for_trace=True)
+        _prepare_environment(request)
+        checkpoint = request.model_path
+        given = dict(request.neuron_config or {})
+        cls = model_class(request, checkpoint)  # the first Neuron import: after the environment is set
+        try:
+            from neuronx_distributed_inference.models.config import NeuronConfig
+            from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
+        except ImportError as exc:
+            raise InfraError("NXDI_MISSING", f"NxD Inference is not importable on this worker: {exc}") from exc
+
+        try:
+            neuron_config = NeuronConfig(**nxdi_kwargs(given))
+        except (ValueError, AssertionError, TypeError, NotImplementedError) as exc:
+            _config_failure(exc, given)
+        try:
+            config = cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(str(checkpoint)))
+        except AssertionError as exc:  # "Config must define [...]": the checkpoint's config.json lacks it
+            raise CompileFailure("NXDI_CONFIG_ERROR", f"model config.json: {cls.__name__} needs what it lacks: "
+                                                      f"{exc}") from exc
+        except (OSError, ValueError, KeyError) as exc:  # transformers could not read or does not know config.json
+            raise CompileFailure("NXDI_CHECKPOINT_CONFIG", f"model config.json: {type(exc).__name__}: {exc}") from exc
+        try:
+            model = cls(str(checkpoint), config)
+        except (ValueError, AssertionError, NotImplementedError) as exc:
+            _config_failure(exc, given)
+        log(f"NxD Inference {neuronx_distributed_inference_version()}: {cls.__name__}.compile({request.out_dir}) "
+            f"tp_degree={neuron_config.tp_degree} save_sharded_checkpoint={neuron_config.save_sharded_checkpoint}")
+
+        started = time.monotonic()
+        tee = OutputTee()
+        try:
+            with tee:
+                model.compile(str(request.out_dir))
+        except FileNotFoundError as exc:  # pre-sharding reads the weights: the checkpoint lacks them
+            raise CompileFailure("NXDI_WEIGHTS_MISSING", f"model weights: {exc} (neuron_config.save_sharded_checkpoint"
+                                                         " reads them at compile time)") from exc
+        except Exception as exc:
+            _raise_for_compile_failure(exc, [*tee.lines, *str(exc).splitlines()])
+        log(f"NxD Inference compiled in {time.monotonic() - started:.2f} s")
+        files = output_files(request.out_dir)
+        if not any(f.role == "model" for f in files):
+            raise InfraError("NO_OUTPUT", "NxD Inference's compile returned but wrote no model.pt")
+        packages = installed_neuron_packages()
+        versions = {
+            "neuronx_distributed_inference": neuronx_distributed_inference_version() or "unknown",
+            "neuronx_distributed": packages.get("neuronx-distributed") or "unknown",
+            "torch_neuronx": torch_neuronx_version() or "unknown",
+            "neuronx_cc": module_version("neuronxcc") or packages.get("neuronx-cc") or "unknown",
+            "python": python_version(),
+            "target": request.target,
+            **neuron_manifest_versions(host_sdk, trace=True),
+        }
+        return CompileResult(files=files, versions=versions)
+
+
+def _raise_for_compile_failure(exc: BaseException, lines: list[str]) -> NoReturn:
+    """NxDI's compile failed in the compiler or the host: the classification table decides (F137 and memory
+    errors are the host's; a compiler code is the model's)."""
+    match = re.search(r"failed with (-?\d+)", str(exc))
+    status = int(match.group(1)) if match else None
+    names = tuple(cls.__name__ for cls in type(exc).__mro__)
+    verdict = judge(Evidence([*lines, f"{type(exc).__name__}: {exc}"], status, exception=names,
+                             who="NxD Inference's compile" if status is None else "neuronx-cc (under NxD Inference)",
+                             unknown_code="NXDI_COMPILE_FAILED" if status is None else f"NEURONX_CC_EXIT_{status}"))
+    raise failure_for(verdict.error_class, verdict.code, verdict.message) from exc
