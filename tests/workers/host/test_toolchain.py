@@ -104,14 +104,22 @@ def test_output_changing_environment_refuses_to_start(tmp_path: Path, variable: 
 
 
 def test_matching_packages_register_neuron_targets_and_releases_sharing_them_are_equal(tmp_path: Path) -> None:
-    # 2.27.0 and 2.27.1 ship identical packages (release manifest): either claim is true of a 2.27.1 install.
-    for claim in ("2.27.1", "2.27.0"):
-        caps = capabilities({**host(tmp_path, sdk=claim, installed="2.27.1"),
+    # 2.31.0 and 2.31.1 ship identical packages (release manifest): either claim is true of a 2.31.1 install.
+    for claim in ("2.31.1", "2.31.0"):
+        caps = capabilities({**host(tmp_path, sdk=claim, installed="2.31.1"),
                              "NEURON_CC_FLAGS": "--cache_dir=/var/cache/neuron --verbose 35"})
         assert caps["neuron"]["refused"] == [], caps["warnings"]
-        assert {"inf2", "trn1", "trn2"} <= set(caps["targets"]) and caps["sdk"]["trn2"] == claim
-        assert caps["neuron"]["release_packages"]["neuronx-cc"] == "2.22.12471.0"
-        assert caps["neuron"]["packages"]["neuronx-distributed"] == RELEASES["2.27.1"].neuronx_distributed
+        assert {"inf2", "trn1", "trn2", "trn3"} <= set(caps["targets"]) and caps["sdk"]["trn2"] == claim
+        assert caps["neuron"]["release_packages"]["neuronx-cc"] == "2.26.6360.0"
+        assert caps["neuron"]["packages"]["neuronx-distributed"] == RELEASES["2.31.1"].neuronx_distributed
+
+
+def test_a_release_differing_only_in_nxdi_is_another_release(tmp_path: Path) -> None:
+    # 2.27.0 and 2.27.1 ship the same compiler, torch-neuronx and NxD but not the same NxD Inference (0.7.14366,
+    # 0.7.15063: the release manifest): a 2.27.1 install is not 2.27.0, and says which package differs.
+    caps = capabilities(host(tmp_path, sdk="2.27.0", installed="2.27.1"))
+    assert any("neuronx-distributed-inference: installed 0.7.15063, release 2.27.0 ships 0.7.14366" in line
+               for line in caps["neuron"]["refused"]), caps["neuron"]["refused"]
 
 
 def test_a_refused_host_offers_no_neuron_target_to_library_callers(tmp_path: Path) -> None:
