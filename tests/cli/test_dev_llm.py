@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -114,7 +115,8 @@ def test_an_llm_compiles_on_the_embedded_default_and_boots_a_vllm_host_offline(
     submitted = dev.run("submit", str(local), "--timeout", "240")
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     key = submitted.stdout.strip()
-    assert "succeeded" in submitted.stderr, submitted.stderr
+    assert re.search(r"^bucket 0 \(the whole NxDI model\): \w+ -> succeeded in ", submitted.stderr, re.M), \
+        submitted.stderr
     assert _published_files(dev.data_dir, key) == [
         "model.pt", "neuron_config.json", "weights/tp0_sharded_checkpoint.safetensors"]
 
