@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,6 +32,7 @@ from compilesvc.signing.keys import GENERATED_KEY_NAME, TRUSTED_KEYS_ENV, public
 from compilesvc.store import open_store
 from tests.doubles import neuron_double_env
 from tests.fixtures.checkpoints import Checkpoints, tar_of
+from tests.fixtures.docs import doc_block, fill
 from tests.fixtures.ports import free_port
 
 pytest.importorskip("transformers")
@@ -177,3 +180,41 @@ def test_an_llm_compiles_on_the_embedded_default_and_boots_a_vllm_host_offline(
                          "--dtype", "float16")
     assert (mismatched.returncode, mismatched.stderr) == (
         4, "error: --dtype float16 but the artifact was compiled for torch_dtype bfloat16\n")
+
+
+@pytest.mark.slow
+def test_docs_llm_trying_it_locally_runs_as_written(tmp_path: Path, tiny_checkpoints: Checkpoints) -> None:
+    """docs/llm.md's "Trying it locally": its first block in one shell (the Neuron environment being the double's),
+    its second in another of the same directory; only the port and the serving directory are the test's."""
+    shutil.copytree(tiny_checkpoints.base, tmp_path / "llama-checkpoint")
+    port = free_port()
+    start = fill(doc_block("llm.md", "## Trying it locally"), {"compilesvc dev ": f"compilesvc dev --port {port} "})
+    steps = fill(doc_block("llm.md", "once it printed `compilesvc is up`"),
+                 {"/tmp/llama": str(tmp_path / "serving")})
+    bin_dir = str(Path(sys.executable).parent)
+    shell = neuron_double_env(_clean_environ(), sdk=None, devices=0)  # the SDK's environment; the block names it
+    shell["PATH"] = f"{bin_dir}:{shell['PATH']}"
+    service = subprocess.Popen(["sh", "-c", start], env=shell, cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert service.stdout is not None
+        for line in service.stdout:
+            if line.startswith("compilesvc is up"):
+                break
+        else:
+            pytest.fail(f"the block did not start compilesvc dev (exit {service.wait()})")
+        other = {**_clean_environ(), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                 "COMPILESVC_API_URL": f"http://127.0.0.1:{port}", "COMPILESVC_CACHE_DIR": str(tmp_path / "cache")}
+        run = subprocess.run(["bash", "-e", "-c", steps], env=other, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
+        key = run.stdout.splitlines()[0]
+        assert run.stdout.splitlines()[1:] == [
+            str(tmp_path / "cache" / "v1" / "artifacts" / key),
+            f"export NEURON_COMPILED_ARTIFACTS={tmp_path / 'serving'}",
+            "export VLLM_NEURON_FRAMEWORK=neuronx-distributed-inference",
+            "VLLM_SERVE_ARGS='--tensor-parallel-size 2 --max-num-seqs 1 --max-model-len 1024 --dtype bfloat16'"]
+        assert run.stderr.endswith(f"{key}: the vLLM arguments match the artifact\n"), run.stderr
+    finally:
+        os.killpg(service.pid, signal.SIGTERM)
+        service.wait(60)
