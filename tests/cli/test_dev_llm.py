@@ -57,6 +57,7 @@ class Dev:
     data_dir: Path
     client_env: dict[str, str]
     tmp: Path
+    serves: str = ""  # what dev said its worker compiles for
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run([COMPILESVC, *args], env=self.client_env, cwd=self.tmp, capture_output=True, text=True,
@@ -90,7 +91,8 @@ def dev(tmp_path: Path) -> Iterator[Dev]:
         seen = []
         for line in proc.stdout:
             seen.append(line)
-            if line.startswith("compilesvc is up"):
+            if line.startswith("worker compiles for: "):
+                handle.serves = line.strip()
                 break
         else:
             pytest.fail(f"compilesvc dev did not start (exit {proc.wait()}): {''.join(seen)}")
@@ -113,6 +115,9 @@ def _published_files(data_dir: Path, key: str) -> list[str]:
 @pytest.mark.slow
 def test_an_llm_compiles_on_the_embedded_default_and_boots_a_vllm_host_offline(
         dev: Dev, tiny_checkpoints: Checkpoints) -> None:
+    # The embedded worker took the Neuron environment dev was started in: it serves the release's NxDI queue.
+    assert dev.serves == ("worker compiles for: cpu (torch 2.13.0); inf2, trn1, trn2 (Neuron SDK 2.27.1: neuronx-cc, "
+                          "neuronx-cc-tp, nxdi, trace, trace-tp)"), dev.serves
     # 1. A local checkpoint directory (file://), pre-sharded weights: the artifact is all vLLM needs.
     local = dev.spec("local", tiny_checkpoints.base.as_uri(), save_sharded_checkpoint=True)
     submitted = dev.run("submit", str(local), "--timeout", "240")
