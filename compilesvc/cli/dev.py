@@ -7,8 +7,10 @@ secret key beside it) and prints it at every start; it also generates the key th
 (``signing-key.pem``, 0600, with ``signing-key.pub.pem`` beside it) and prints how a fleet trusts it, so
 the UI and the CLI can be used at once. With
 ``--demo`` it uploads the bundled tiny model through the API, submits its three-bucket spec, follows the
-build to the end and prints where to look. The launcher talks to the children only over HTTP and the
-process table, so the core never imports the web or worker code.
+build to the end and prints where to look. Once its worker has registered it says, in one line, what it compiles
+for: the cpu, and the Neuron targets of ``COMPILESVC_NEURON_SDK``'s release when it was started in that SDK's
+environment, which the worker inherits (an LLM compile needs that; docs/llm.md, "Trying it locally"). The
+launcher talks to the children only over HTTP and the process table, so the core never imports the web or worker code.
 """
 
 from __future__ import annotations
@@ -193,6 +195,33 @@ def run_demo(base: str, children: Children, log_dir: Path, token: str) -> dict[s
     return dict(build)
 
 
+def worker_summary(workers: list[dict[str, Any]]) -> str | None:
+    """What the registered workers compile, in one line (None: none registered yet). A Neuron compile (an LLM's
+    above all) needs a worker started in the Neuron SDK's environment with ``COMPILESVC_NEURON_SDK``; without one
+    the first submit would be the first to say so (a 503), so the launcher says it at start."""
+    if not workers:
+        return None
+    by_sdk: dict[str, list[str]] = {}
+    kinds: dict[str, set[str]] = {}
+    cpu: set[str] = set()
+    for worker in workers:
+        caps = worker.get("capabilities") or {}
+        for target, sdk in (caps.get("sdk") or {}).items():
+            if target == "cpu":
+                cpu.add(str(sdk))
+            else:
+                by_sdk.setdefault(str(sdk), []).append(target)
+                kinds.setdefault(str(sdk), set()).update((caps.get("neuron") or {}).get("kinds") or [])
+    parts = [f"cpu (torch {', '.join(sorted(cpu))})"] if cpu else []
+    parts += [f"{', '.join(sorted(set(targets)))} (Neuron SDK {sdk}: {', '.join(sorted(kinds[sdk]))})"
+              for sdk, targets in sorted(by_sdk.items())]
+    line = "worker compiles for: " + ("; ".join(parts) or "nothing")
+    if not by_sdk:
+        line += ("; no Neuron target: start dev in the Neuron SDK's environment with COMPILESVC_NEURON_SDK set "
+                 "(docs/llm.md, 'Trying it locally')")
+    return line
+
+
 @click.command("dev")
 @click.option("--demo", is_flag=True, help="Upload the bundled tiny model and build it.")
 @click.option("--port", default=8080, show_default=True)
@@ -247,8 +276,17 @@ def _run(demo: bool, port: int, data_dir: Path, log_dir: Path, exit_after_demo: 
             if exit_after_demo:
                 return
         click.echo("Ctrl-C stops it.")
+        said, polling = False, Api(base, retries=0, token=token)
         while not stop:
             children.check(log_dir)
+            if not said:  # once, when the worker has registered: what it serves
+                try:
+                    summary = worker_summary(polling.request("GET", "/v1/workers").get("workers") or [])
+                except ApiError:
+                    summary = None
+                if summary:
+                    click.echo(summary)
+                    said = True
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass

@@ -3,7 +3,8 @@ build's end means for a CI job (its exit status).
 
 :class:`Follower` turns successive ``GET /v1/builds/{id}`` documents into lines: one per build state
 change and one per bucket state change, naming buckets by position and shape (``bucket 1 (input_ids:
-int64[2, 128])``), never by a key prefix. :func:`outcome` maps a finished build to an :class:`Exit`;
+int64[2, 128])``; an NxD Inference compile's one bucket, which has no inputs: ``bucket 0 (the whole NxDI
+model)``), never by a key prefix. :func:`outcome` maps a finished build to an :class:`Exit`;
 :func:`failure_report` is what a failed build says, with each failed bucket's whole compiler message.
 """
 
@@ -40,7 +41,10 @@ EXIT_FOR_ERROR_CLASS = {
 
 
 def bucket_name(bucket: dict[str, Any]) -> str:
-    return f"bucket {bucket.get('position')} ({shape_text(bucket.get('inputs') or [])})"
+    inputs = bucket.get("inputs") or []
+    # An NxD Inference compile is one bucket with no inputs (its sequence buckets are inside model.pt): "()" said
+    # nothing, so it is named for what it is.
+    return f"bucket {bucket.get('position')} ({shape_text(inputs) if inputs else 'the whole NxDI model'})"
 
 
 def bucket_detail(bucket: dict[str, Any]) -> str:

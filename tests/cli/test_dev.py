@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from compilesvc.access.tokens import authenticate, list_tokens, revoke
-from compilesvc.cli.dev import ADMIN_TOKEN_FILE, admin_token
+from compilesvc.cli.dev import ADMIN_TOKEN_FILE, admin_token, worker_summary
 from compilesvc.config.settings import Settings
 from compilesvc.ledger.engine import make_engine, make_sessionmaker, transaction
 from compilesvc.ledger.migrate import upgrade
@@ -26,6 +26,7 @@ from compilesvc.signing.keys import GENERATED_KEY_NAME, TRUSTED_KEYS_ENV, Signin
 from compilesvc.store import open_store
 from compilesvc.store.base import artifact_signature_name
 from tests.fixtures.ports import free_port
+from workers.host.versions import detect_capabilities
 
 COMPILESVC = str(Path(sys.executable).with_name("compilesvc"))
 
@@ -121,3 +122,14 @@ def test_a_second_dev_is_refused_before_it_starts_anything(tmp_path: Path) -> No
     finally:
         first.terminate()
         first.wait(60)
+
+
+
+def test_dev_says_what_its_worker_compiles_for_and_how_to_get_neuron() -> None:
+    assert worker_summary([]) is None  # not registered yet: nothing to say
+    caps = detect_capabilities()  # this host's, as its worker registers them
+    if caps["neuron"] and caps["neuron"]["kinds"]:
+        pytest.skip("this host has a Neuron SDK configured")
+    assert worker_summary([{"capabilities": caps}]) == (
+        f"worker compiles for: cpu (torch {caps['sdk']['cpu']}); no Neuron target: start dev in the Neuron SDK's "
+        "environment with COMPILESVC_NEURON_SDK set (docs/llm.md, 'Trying it locally')")

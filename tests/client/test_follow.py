@@ -60,6 +60,12 @@ def test_the_follower_says_each_change_once() -> None:
     assert follower.progress(build).startswith("[####################] 1/1 succeeded")
 
 
+def test_an_nxdi_compile_is_named_for_what_it_is() -> None:
+    # Its one bucket has no inputs (every sequence bucket is inside NxDI's model.pt): not "bucket 0 ()".
+    build = {"build_id": 8, "state": "building", "buckets": [bucket(0, "running", inputs=[], worker_id="w1")]}
+    assert Follower().changes(build) == ["bucket 0 (the whole NxDI model): running on w1"]
+
+
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     for name in (client_config.TOKEN_ENV, client_config.API_ENV):

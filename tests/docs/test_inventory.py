@@ -135,6 +135,13 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/llm.md", "A vLLM fleet that boots offline", "sh", "compilesvc fetch --spec /etc/serving/llama.yaml          # o"):
         "not run: needs a Neuron host and vLLM; shell checked with bash -n; the same commands (fetch --offline, "
         "serve-env, the check) run in tests/workers/test_llm_e2e.py",
+    ("docs/llm.md", "Trying it locally", "sh", "export COMPILESVC_NEURON_SDK=2.27.1   # the release this env"):
+        "run: tests/cli/test_dev_llm.py::test_docs_llm_trying_it_locally_runs_as_written (with the Neuron double's "
+        "environment in the SDK's place; its own port)",
+    ("docs/llm.md", "Trying it locally", "sh", 'export COMPILESVC_TOKEN="$(cat .compilesvc/admin-token)" COM'):
+        "run: tests/cli/test_dev_llm.py::test_docs_llm_trying_it_locally_runs_as_written (its own serving "
+        "directory); tests/cli/test_dev_llm.py::test_an_llm_compiles_on_the_embedded_default_and_boots_a_vllm_host_offline "
+        "adds the API stopped, an uploaded archive and the refusals",
     ("docs/fleet.md", "LLM artifacts for vLLM", "sh", "compilesvc serve-env KEY                              # or -"):
         "not run: needs a Neuron host and vLLM; shell checked with bash -n; the same eval and check run in "
         "tests/fleet/test_serve_env.py::test_a_fleet_host_gets_the_vllm_environment_and_keeps_it_with_the_api_gone",
