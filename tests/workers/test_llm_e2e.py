@@ -170,7 +170,10 @@ def test_an_llm_checkpoint_compiles_through_the_service_and_boots_a_fleet_offlin
     explained = api.get(f"{base}/v1/builds/{miss['build_id']}/miss", timeout=30).json()
     lines = [c["text"] for c in explained["changes"]]
     assert explained["compared_with"]["artifact_key"] == key
-    assert "neuron_config.seq_len 256 → 512" in lines, lines
+    assert lines[0] == "neuron_config.seq_len 256 → 512", lines  # the edit, alone; what NxDI derives follows
+    assert lines[1:] == ["neuron_config fields NxDI derives from these changed with them: max_context_length "
+                         "256 → 512, max_length 256 → 512, n_active_tokens 256 → 512, n_positions 256 → 512, "
+                         "pa_block_size 256 → 512"], lines
 
     # Pre-sharded weights: NxDI writes one safetensors file per rank, and the weights are in the key.
     sharded = cli.submit(cli.spec("sharded.yaml", spec_of(base_uri, save_sharded_checkpoint=True)), "--json")
