@@ -110,7 +110,10 @@ def test_an_llm_checkpoint_compiles_through_the_service_and_boots_a_fleet_offlin
                            heartbeat_seconds=1)
     worker_env = neuron_double_env({"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "PATH": os.environ["PATH"]},
                                    sdk=SDK, devices=0)
-    cluster.start_worker("w1", concurrency=2, env={k: worker_env[k] for k in WORKER_VARIABLES})
+    # A compile that takes a moment (an 8B model's takes 15 minutes), logging while it runs: the knob is the
+    # double's own (COMPILESVC_NEURON_DOUBLE_*), so it reaches the compile child through the worker's allow-list.
+    cluster.start_worker("w1", concurrency=2, env={**{k: worker_env[k] for k in WORKER_VARIABLES},
+                                                   "COMPILESVC_NEURON_DOUBLE_NXDI_SECONDS": "1"})
     cluster.start_relay()
     cluster.start_api(port, workers=2)
     work = tmp_path / "ci"
@@ -131,6 +134,10 @@ def test_an_llm_checkpoint_compiles_through_the_service_and_boots_a_fleet_offlin
     assert first["outcome"] == "new" and re.fullmatch(r"[0-9a-f]{64}", key)
     again = cli.submit("llama.yaml")  # the plain form a CI step captures: the key alone on stdout
     assert again.returncode == 0 and again.stdout == f"{key}\n", again.stderr
+
+    logged = api.get(f"{base}/v1/builds/{first['build_id']}/logs", params={"after": 0, "limit": 5000},
+                     timeout=30).json()["lines"]
+    assert any("TEST DOUBLE: compiling" in line["line"] for line in logged), [line["line"] for line in logged][-20:]
 
     # 2. The published artifact is NxDI's compiled directory, every file with its sha256.
     manifest = api.get(f"{base}/v1/artifacts/{key}", timeout=30).json()
