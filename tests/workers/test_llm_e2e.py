@@ -182,6 +182,15 @@ def test_an_llm_checkpoint_compiles_through_the_service_and_boots_a_fleet_offlin
                          "256 → 512, max_length 256 → 512, n_active_tokens 256 → 512, n_positions 256 → 512, "
                          "pa_block_size 256 → 512"], lines
 
+    # The CI job's other target (docs/llm.md compiles for inf2 and trn2): its own key, its own compile.
+    inf2 = cli.submit(cli.spec("inf2.yaml", spec_of(base_uri, target="inf2")), "--json")
+    assert inf2.returncode == 0, inf2.stderr
+    inf2_key = json.loads(inf2.stdout)["key"]
+    assert inf2_key not in (key, miss["key"])
+    inf2_miss = [c["text"] for c in api.get(f"{base}/v1/builds/{json.loads(inf2.stdout)['build_id']}/miss",
+                                            timeout=30).json()["changes"]]
+    assert "target trn2 → inf2" in inf2_miss, inf2_miss
+
     # Pre-sharded weights: NxDI writes one safetensors file per rank, and the weights are in the key.
     sharded = cli.submit(cli.spec("sharded.yaml", spec_of(base_uri, save_sharded_checkpoint=True)), "--json")
     assert sharded.returncode == 0, sharded.stderr
