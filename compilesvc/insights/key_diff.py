@@ -26,10 +26,12 @@ from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Bu
 from compilesvc.spec.keys import shape_text
 from compilesvc.states import Outcome
 
-__all__ = ["CANDIDATES", "Change", "Comparison", "changes", "explain_miss"]
+__all__ = ["CANDIDATES", "Change", "Comparison", "changes", "explain_miss", "given_fields"]
 
 #: How many earlier artifacts of the model are considered (newest first).
 CANDIDATES = 50
+#: A spec's short-form neuron_config field and the NeuronConfig fields it sets (compilesvc.spec.nxdi_config).
+SHORT_FORMS = {"buckets": ("enable_bucketing", "context_encoding_buckets", "token_generation_buckets")}
 
 
 @dataclass(frozen=True)
@@ -119,10 +121,41 @@ def _mapping_changes(component: str, label: str, before: dict[str, Any], after: 
     return found
 
 
+def given_fields(*specs: dict[str, Any]) -> frozenset[str]:
+    """The NeuronConfig fields some of ``specs`` (builds' specs as submitted) wrote, the short form expanded."""
+    names: set[str] = set()
+    for spec in specs:
+        for name in spec.get("neuron_config") or {}:
+            names.update(SHORT_FORMS.get(name, (name,)))
+    return frozenset(names)
+
+
+def _neuron_config_changes(before: dict[str, Any], after: dict[str, Any],
+                           given: frozenset[str] | None) -> list[Change]:
+    """One line per changed NeuronConfig field; with ``given`` (the fields the two builds' specs wrote), the
+    fields NxDI derives from those (seq_len moves max_context_length, n_positions, …; tp_degree world_size)
+    follow on one line, so the field the user edited reads alone ("neuron_config.seq_len 256 → 512")."""
+    label = "neuron_config."
+    if given is None:
+        return _mapping_changes("neuron_config", label, before, after, ".")
+    changed = {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
+    derived = changed - given
+    if not derived or derived == changed:  # nothing the user wrote changed (a release's default): every field
+        return _mapping_changes("neuron_config", label, before, after, ".")
+    written = _mapping_changes("neuron_config", label, {k: v for k, v in before.items() if k not in derived},
+                               {k: v for k, v in after.items() if k not in derived}, ".")
+    follow = _mapping_changes("neuron_config", "", {k: v for k, v in before.items() if k in derived},
+                              {k: v for k, v in after.items() if k in derived}, ".")
+    return [*written, Change("neuron_config", "neuron_config fields NxDI derives from these changed with them: "
+                                              + ", ".join(c.text for c in follow))]
+
+
 def changes(before: dict[str, Any], before_buckets: list[list[dict[str, Any]]], before_sdk: str,
-            after: dict[str, Any], after_buckets: list[list[dict[str, Any]]], after_sdk: str) -> list[Change]:
+            after: dict[str, Any], after_buckets: list[list[dict[str, Any]]], after_sdk: str,
+            given: frozenset[str] | None = None) -> list[Change]:
     """What changed from one artifact's key material (set-level ``material``, its buckets' inputs, its SDK
-    release label) to another's, component by component in the key's order."""
+    release label) to another's, component by component in the key's order. ``given``: the NeuronConfig
+    fields the builds' specs wrote (:func:`given_fields`), which the NeuronConfig lines lead with."""
     found: list[Change] = []
     if before.get("schema") != after.get("schema"):
         found.append(Change("schema", f"key schema {before.get('schema')} → {after.get('schema')}"))
@@ -141,8 +174,8 @@ def changes(before: dict[str, Any], before_buckets: list[list[dict[str, Any]]], 
         # what the user changed: name it, then the packages it brought.
         found.append(Change("toolchain", f"sdk {before_sdk} → {after_sdk}"))
     found.extend(_mapping_changes("toolchain", "", old_tools, new_tools))
-    found.extend(_mapping_changes("neuron_config", "neuron_config.", dict(before.get("neuron_config") or {}),
-                                  dict(after.get("neuron_config") or {}), "."))
+    found.extend(_neuron_config_changes(dict(before.get("neuron_config") or {}),
+                                        dict(after.get("neuron_config") or {}), given))
     found.extend(_flag_changes(list(before.get("flags", [])), list(after.get("flags", []))))
     old_shapes = {shape_text(inputs): inputs for inputs in before_buckets}
     new_shapes = {shape_text(inputs): inputs for inputs in after_buckets}
@@ -191,11 +224,15 @@ def explain_miss(session: Session, build: Build, reader: Reader = EVERYTHING) ->
     artifacts = {a.id: a for a in session.scalars(select(Artifact).where(Artifact.id.in_(ids)))}
     inputs = _bucket_inputs(session, ids)
     mine = artifacts[build.artifact_id]
+    specs: dict[int, dict[str, Any]] = {}
+    if "neuron_config" in mine.material:  # what each build's spec wrote leads its NeuronConfig lines
+        specs = dict(session.execute(select(Build.id, Build.spec).where(Build.id.in_(newest_build.values()))).all())
     best: Comparison | None = None
     for artifact_id, build_id in newest_build.items():  # newest first: a later tie never replaces it
         other = artifacts[artifact_id]
+        given = given_fields(build.spec, specs.get(build_id) or {}) if specs else None
         found = changes(other.material, inputs[artifact_id], other.sdk,
-                        mine.material, inputs[mine.id], mine.sdk)
+                        mine.material, inputs[mine.id], mine.sdk, given)
         if best is None or len(found) < len(best.changes):
             best = Comparison(other.key, other.state, build_id, other.sdk, tuple(found))
     return best

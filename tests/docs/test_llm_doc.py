@@ -19,6 +19,9 @@ def test_the_llm_spec_validates_and_keys(tiny_checkpoints: Checkpoints) -> None:
     assert config["enable_bucketing"] is True
     assert config["context_encoding_buckets"] == config["token_generation_buckets"] == [128, 512, 2048]
     assert config["torch_dtype"] == "bfloat16" and config["save_sharded_checkpoint"] is False
+    # A batch above 1 that vLLM can serve (compilesvc.fleet's check_loadable refuses one without it). Seen: the page's
+    # spec compiled an artifact that its own `serve-env` step then refused.
+    assert config["batch_size"] > 1 and config["is_continuous_batching"] is True
     material = CheckpointMaterial(config=Checkpoints.config(tiny_checkpoints.base))
     keys = compute_keys(spec, model_sha256="0" * 64, default_isa="x86_64-avx2", checkpoint=material)
     # One compile for the whole model, and the weights are not in its key (the page's "The key").

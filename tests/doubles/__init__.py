@@ -127,9 +127,10 @@ one is not recompiled, a lock file marks a running compile.
 
 neuronx_distributed_inference (NxD Inference, releases whose manifest ships it): ``NeuronConfig``/``InferenceConfig``,
 ``load_pretrained_config`` and the model classes compile a Hugging Face checkpoint directory into NxDI's layout
-(``neuron_config.json``, ``model.pt``, ``weights/`` with pre-sharding); the knobs ``COMPILESVC_NXDI_DOUBLE_SECONDS``,
-``COMPILESVC_NXDI_DOUBLE_MEMORY_MB``, ``COMPILESVC_NXDI_DOUBLE_HOST_MEMORY_MB`` and ``COMPILESVC_NXDI_DOUBLE_OOM``
-(``f137`` | ``sigkill``) make a compile take time or run out of host memory (see its ``models/_claims.py``).
+(``neuron_config.json``, ``model.pt``, ``weights/`` with pre-sharding); the knobs
+``COMPILESVC_NEURON_DOUBLE_NXDI_SECONDS``, ``COMPILESVC_NEURON_DOUBLE_NXDI_MEMORY_MB``,
+``COMPILESVC_NEURON_DOUBLE_NXDI_HOST_MEMORY_MB`` and ``COMPILESVC_NEURON_DOUBLE_NXDI_OOM`` (``f137`` | ``sigkill``)
+make a compile take time or run out of host memory (see its ``models/_claims.py``).
 
 torch_neuronx: ``trace(..., cpu_backend=...)`` exists from 2.21.0 (the keyword first appears in that release's
 trace API reference, aws-neuron-sdk commit 752349fd); on 2.19/2.20 passing it is a TypeError and a host with no

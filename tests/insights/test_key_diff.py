@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from compilesvc.builds.submit import Submitter
-from compilesvc.insights.key_diff import changes, explain_miss
+from compilesvc.insights.key_diff import changes, explain_miss, given_fields
 from compilesvc.ledger.models import Build
 from compilesvc.services import Services
+from compilesvc.spec.nxdi_config import canonical_neuron_config
 from compilesvc.spec.parsing import parse_spec
 from tests.fixtures.submits import upload_model
 
@@ -152,3 +153,22 @@ def test_an_nxdi_miss_names_neuron_config_and_config_json_fields_one_per_line() 
         "neuron_config.save_sharded_checkpoint true added",
         "neuron_config.seq_len 256 → 1024",
     ]
+
+
+def test_the_neuronconfig_field_a_spec_wrote_reads_alone_and_what_nxdi_derives_from_it_follows() -> None:
+    # Seen: a seq_len edit read as six lines (max_context_length, max_length, n_active_tokens, n_positions,
+    # pa_block_size, then seq_len): canonical_neuron_config fills NxDI's derived fields, which move with it.
+    spec = {"neuron_config": {"tp_degree": 2, "batch_size": 2, "seq_len": 256, "buckets": [64, 128, 256]}}
+    longer = {"neuron_config": {**spec["neuron_config"], "seq_len": 512}}
+    before, after = ({**_nxdi_material(), "neuron_config": canonical_neuron_config("2.29.0", "trn2",
+                                                                                   s["neuron_config"])}
+                     for s in (spec, longer))
+    given = given_fields(spec, longer)
+    assert {"seq_len", "enable_bucketing", "context_encoding_buckets"} <= given and "buckets" not in given
+    assert [c.text for c in changes(before, [[]], "2.29.0", after, [[]], "2.29.0", given)] == [
+        "neuron_config.seq_len 256 → 512",
+        "neuron_config fields NxDI derives from these changed with them: max_context_length 256 → 512, "
+        "max_length 256 → 512, n_active_tokens 256 → 512, n_positions 256 → 512, pa_block_size 256 → 512"]
+    # Without what the specs wrote (or when none of it changed: a release's new default) every field is a line.
+    assert len(changes(before, [[]], "2.29.0", after, [[]], "2.29.0")) == 6
+    assert len(changes(before, [[]], "2.29.0", after, [[]], "2.29.0", frozenset({"tp_degree"}))) == 6

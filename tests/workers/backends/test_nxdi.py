@@ -155,7 +155,7 @@ def test_the_target_is_in_the_environment_before_nxdi_is_imported(tmp_path: Path
 def test_two_compiles_at_once_have_their_own_work_dirs(tmp_path: Path, env: dict[str, str],
                                                        checkpoints: dict[str, Path]) -> None:
     # NxD wipes BASE_COMPILE_WORK_DIR at each trace and reads the NEFFs back from it: a shared one breaks both.
-    slow = {**env, "COMPILESVC_NXDI_DOUBLE_SECONDS": "2", "BASE_COMPILE_WORK_DIR": str(tmp_path / "shared")}
+    slow = {**env, "COMPILESVC_NEURON_DOUBLE_NXDI_SECONDS": "2", "BASE_COMPILE_WORK_DIR": str(tmp_path / "shared")}
     fields = {"backend": "nxdi", "target": "trn1", "sdk": SDK, "model_format": "hf-checkpoint", "inputs": [],
               "neuron_config": BASE}
     runs = run_children(tmp_path, [(name, {**fields, "model_path": str(checkpoints[name])})
@@ -170,7 +170,8 @@ def test_two_compiles_at_once_have_their_own_work_dirs(tmp_path: Path, env: dict
 
 def test_f137_is_the_hosts_memory_never_a_compile_error(tmp_path: Path, env: dict[str, str],
                                                         checkpoints: dict[str, Path]) -> None:
-    small = {**env, "COMPILESVC_NXDI_DOUBLE_MEMORY_MB": "65536", "COMPILESVC_NXDI_DOUBLE_HOST_MEMORY_MB": "16384"}
+    small = {**env, "COMPILESVC_NEURON_DOUBLE_NXDI_MEMORY_MB": "65536",
+             "COMPILESVC_NEURON_DOUBLE_NXDI_HOST_MEMORY_MB": "16384"}
     run = _nxdi(tmp_path, "f137", small, checkpoints["base"])
     assert run.returncode == 4, run.describe()
     assert (run.result["status"], run.result["code"]) == ("infra_error", "HOST_OOM")
@@ -181,8 +182,8 @@ def test_f137_is_the_hosts_memory_never_a_compile_error(tmp_path: Path, env: dic
 
 def test_a_compile_killed_for_memory_is_infrastructure_naming_the_memory(tmp_path: Path, env: dict[str, str],
                                                                           checkpoints: dict[str, Path]) -> None:
-    killed = {**env, "COMPILESVC_NXDI_DOUBLE_MEMORY_MB": "65536", "COMPILESVC_NXDI_DOUBLE_HOST_MEMORY_MB": "16384",
-              "COMPILESVC_NXDI_DOUBLE_OOM": "sigkill"}
+    killed = {**env, "COMPILESVC_NEURON_DOUBLE_NXDI_MEMORY_MB": "65536",
+              "COMPILESVC_NEURON_DOUBLE_NXDI_HOST_MEMORY_MB": "16384", "COMPILESVC_NEURON_DOUBLE_NXDI_OOM": "sigkill"}
     run = _nxdi(tmp_path, "sigkill", killed, checkpoints["base"])
     assert run.returncode == -signal.SIGKILL and run.result is None, run.describe()
     assert "generating HLO: context_encoding_model" in run.stdout + run.stderr

@@ -1,10 +1,11 @@
 """TEST DOUBLE knobs: how long an NxDI compile takes and how much host memory it needs (not in the real SDK).
 
-``COMPILESVC_NXDI_DOUBLE_SECONDS=N``: the compile takes N seconds (a progress line every 0.5 s), between HLO
+``COMPILESVC_NEURON_DOUBLE_NXDI_SECONDS=N``: the compile takes N seconds (a progress line every 0.5 s), between HLO
 generation and the compiler: an 8B model takes about 15 minutes (SDK vllm-user-guide-v1.rst:L496-L497).
-``COMPILESVC_NXDI_DOUBLE_MEMORY_MB=M``: the host memory the compile needs at its peak. It is compared with what
-the process may have: ``COMPILESVC_NXDI_DOUBLE_HOST_MEMORY_MB`` (a small host), else its RLIMIT_AS (the sandbox's
-bound). Over it, ``COMPILESVC_NXDI_DOUBLE_OOM`` says how it dies, as the two ways seen (docs/research/nxdi.md §6):
+``COMPILESVC_NEURON_DOUBLE_NXDI_MEMORY_MB=M``: the host memory the compile needs at its peak. It is compared with what
+the process may have: ``COMPILESVC_NEURON_DOUBLE_NXDI_HOST_MEMORY_MB`` (a small host), else its RLIMIT_AS (the
+sandbox's bound). Over it, ``COMPILESVC_NEURON_DOUBLE_NXDI_OOM`` says how it dies, as the two ways seen
+(docs/research/nxdi.md §6):
 ``f137`` (default): neuronx-cc prints F137 and fails (exit 70; the exception is the one the trace double raises,
 libneuronxla's own is not public); ``sigkill``: the kernel kills the compiling process during HLO generation,
 with nothing printed (aws-neuron-sdk#1222: the log ends at "generating HLO: …", then "Killed").
@@ -18,10 +19,10 @@ import resource
 import signal
 import time
 
-SECONDS_ENV = "COMPILESVC_NXDI_DOUBLE_SECONDS"
-MEMORY_ENV = "COMPILESVC_NXDI_DOUBLE_MEMORY_MB"
-HOST_MEMORY_ENV = "COMPILESVC_NXDI_DOUBLE_HOST_MEMORY_MB"
-OOM_ENV = "COMPILESVC_NXDI_DOUBLE_OOM"
+SECONDS_ENV = "COMPILESVC_NEURON_DOUBLE_NXDI_SECONDS"
+MEMORY_ENV = "COMPILESVC_NEURON_DOUBLE_NXDI_MEMORY_MB"
+HOST_MEMORY_ENV = "COMPILESVC_NEURON_DOUBLE_NXDI_HOST_MEMORY_MB"
+OOM_ENV = "COMPILESVC_NEURON_DOUBLE_NXDI_OOM"
 logger = logging.getLogger("Neuron")
 
 
