@@ -45,6 +45,7 @@ from compilesvc.config.settings import Settings
 from compilesvc.dispatch import registry
 from compilesvc.ledger.engine import transaction
 from compilesvc.lifecycle import policies
+from compilesvc.pinning.pins import PinnedModel
 from compilesvc.services import Services
 
 log = logging.getLogger("compilesvc.worker")
@@ -112,9 +113,9 @@ def start_policy_campaigns(services: Services, claims: list[policies.Claim]) -> 
     settings = services.settings
     submitter = Submitter(services)
 
-    def submit(document: dict[str, Any]) -> int:
+    def submit(document: dict[str, Any], model: PinnedModel | None) -> int:
         spec = parse_spec(document, settings.element_limits, settings.extra_flags)
-        return submitter.submit(spec, queue_anyway=True).build_id
+        return submitter.submit(submitter.prepare(spec, model), queue_anyway=True).build_id
 
     for claimed in claims:
         try:

@@ -117,23 +117,47 @@ class Submitter:
 
     # -- public -------------------------------------------------------------------------------------
 
-    def keys_for(self, spec: CompileSpec) -> tuple[PinnedModel, KeySet]:
+    def keys_for(self, spec: CompileSpec, reuse: PinnedModel | None = None) -> tuple[PinnedModel, KeySet]:
         """The spec's model pinned and its keys. An hf-checkpoint is pinned with its config.json (and its weights'
-        digests when the compile pre-shards them); one NxDI cannot compile is a :class:`ModelRefError` (a 422)."""
+        digests when the compile pre-shards them); one NxDI cannot compile is a :class:`ModelRefError` (a 422).
+
+        ``reuse``: an earlier build's pin of the same model (a roll-forward resubmits the same bytes: an S3
+        prefix's object versions, not what the prefix holds today), used instead of pinning again when it still
+        holds and has what the key needs; the architecture is checked against ``spec``'s release all the same."""
         try:
             weight_digests = spec.backend == "nxdi" and presharded(spec)
         except NeuronConfigError as exc:  # (the spec's own validation reports these first)
             raise ModelRefError(exc.message, field=".".join(["neuron_config", *map(str, exc.field)])) from None
-        pinned = self.services.resolver.pin(spec.model, weight_digests=weight_digests)
+        pinned = self._reused(spec, reuse, weight_digests) if reuse is not None else None
+        if pinned is None:
+            pinned = self.services.resolver.pin(spec.model, weight_digests=weight_digests)
         if pinned.checkpoint is not None:
             check_architecture(spec.sdk, pinned.checkpoint)
         keys = compute_keys(spec, model_sha256=pinned.sha256, default_isa=self.services.default_isa,
                             salt=self.settings.key_salt, checkpoint=pinned.checkpoint)
         return pinned, keys
 
-    def prepare(self, spec: CompileSpec) -> Prepared:
-        """Everything about a submit of ``spec`` that reads no ledger: its model pinned, its keys."""
-        pinned, keys = self.keys_for(spec)
+    def _reused(self, spec: CompileSpec, reuse: PinnedModel, weight_digests: bool) -> PinnedModel | None:
+        """``reuse`` if it can stand for ``spec``'s model; None to pin afresh (a content-addressed blob: the same
+        bytes whichever way). A pin lacking the weights' digests a pre-sharding release needs cannot be completed
+        without reading the source again, which may hold other bytes by now: a refusal."""
+        if (reuse.uri, reuse.format) != (spec.model.uri, spec.model.format):
+            raise ValueError(f"a pin of {reuse.uri} ({reuse.format}) cannot stand for {spec.model.uri}")
+        blob = reuse.fetch.get("kind") == "blob"
+        if blob and (self.services.store is None or self.services.store.blob_size(reuse.sha256) is None):
+            return None  # gone from the store: pinning says so in its own words
+        if weight_digests and reuse.checkpoint is not None and reuse.checkpoint.weights is None:
+            if blob:
+                return None
+            raise ModelRefError(f"the earlier build pinned {reuse.uri} without its weights' digests, which "
+                                f"{spec.sdk}'s NeuronConfig (pre-sharded weights) puts in the key; submit the spec "
+                                "again to pin the checkpoint as it is now")
+        return reuse
+
+    def prepare(self, spec: CompileSpec, reuse: PinnedModel | None = None) -> Prepared:
+        """Everything about a submit of ``spec`` that reads no ledger: its model pinned (or ``reuse``d:
+        :meth:`keys_for`), its keys."""
+        pinned, keys = self.keys_for(spec, reuse)
         return Prepared(spec, pinned, keys, digest(spec.model_dump(mode="json")))
 
     def submit(self, spec: CompileSpec | Prepared, *, principal: Principal | None = None,

@@ -36,6 +36,7 @@ from compilesvc.dispatch.outbox import OutboxRelay
 from compilesvc.ledger.engine import transaction
 from compilesvc.lifecycle import policies
 from compilesvc.notify.webhooks import Sender
+from compilesvc.pinning.pins import PinnedModel
 from compilesvc.services import Services
 from compilesvc.spec.parsing import parse_spec
 from compilesvc.store import StoreError
@@ -129,9 +130,9 @@ class RelayLoop:
             self._submitter = Submitter(self.services)
         submitter = self._submitter
 
-        def submit(document: dict[str, Any]) -> int:  # as the registering worker does (workers/cli.py)
+        def submit(document: dict[str, Any], model: PinnedModel | None) -> int:  # as workers/cli.py does
             spec = parse_spec(document, settings.element_limits, settings.extra_flags)
-            return submitter.submit(spec, queue_anyway=True).build_id
+            return submitter.submit(submitter.prepare(spec, model), queue_anyway=True).build_id
 
         try:
             started = policies.start_stalled(self.services.sessions, submit, self.policy_grace)

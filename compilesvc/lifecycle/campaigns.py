@@ -3,7 +3,10 @@
 A roll-forward selects every published artifact of ``from_sdk`` (narrowed by model name, labels, target,
 and optionally to the pinned ones or those fetched lately: what fleets load)
 and submits, for each, the spec of its newest matching build with ``sdk`` set to ``to_sdk``: the same
-model bytes, shapes and flags, compiled for the new release. Each submit is an ordinary one (hit, join or
+model bytes (the artifact's own pin of its model is reused, :attr:`Candidate.model`: an S3 object's or an S3
+prefix's versions, not what the URI holds today), shapes and flags, compiled for the new release (the spec
+validated against it: an NxDI NeuronConfig field the new release's NxD Inference lacks is that item's refusal;
+the key computed with its toolchain). Each submit is an ordinary one (hit, join or
 new; compiled by the new release's workers) and its build is linked to the campaign as an item; a spec
 the new release refuses (a flag it no longer has, a model that is gone) is an item with its refusal.
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -31,8 +34,9 @@ from compilesvc.ledger.campaigns import Campaign, CampaignItem
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, BuildLabel, utcnow
 from compilesvc.lifecycle import retention
-from compilesvc.pinning.pins import ModelRefError
+from compilesvc.pinning.pins import ModelRefError, PinnedModel
 from compilesvc.refusals import SubmitRefused
+from compilesvc.spec.checkpoint import CheckpointMaterial
 from compilesvc.spec.parsing import SpecError
 from compilesvc.states import ArtifactState, BucketState, BuildState, CampaignState, Outcome
 
@@ -71,6 +75,44 @@ class Candidate:
     model_name: str | None
     target: str
     spec: dict[str, Any]
+    #: The artifact's pin of its model (its first compile's), resubmitted with the spec; None for a ledger row
+    #: without one (then the spec's URI is pinned again).
+    model: PinnedModel | None = None
+
+
+def _first_compile_model(session: Session, artifact_keys: list[str]) -> dict[str, tuple[dict[str, Any], Any]]:
+    """Each artifact's model pin, from its first bucket's compile (every compile of an artifact has its pin),
+    and the artifact's key material (for a checkpoint: what the key read from it, which the pin row lacks)."""
+    if not artifact_keys:
+        return {}
+    first = (select(ArtifactBucket.artifact_id, func.min(ArtifactBucket.position).label("position"))
+             .group_by(ArtifactBucket.artifact_id).subquery())
+    rows = session.execute(
+        select(Artifact.key, BucketCompile.model, Artifact.material)
+        .join(ArtifactBucket, ArtifactBucket.artifact_id == Artifact.id)
+        .join(first, and_(first.c.artifact_id == ArtifactBucket.artifact_id,
+                          first.c.position == ArtifactBucket.position))
+        .join(BucketCompile, BucketCompile.id == ArtifactBucket.bucket_compile_id)
+        .where(Artifact.key.in_(artifact_keys))
+    ).all()
+    return {row.key: (dict(row.model), row.material) for row in rows if row.model}
+
+
+def _pin_of(spec: dict[str, Any], source: tuple[dict[str, Any], Any] | None) -> PinnedModel | None:
+    """The pin to resubmit ``spec`` with: the source's, when it is a pin of the spec's model. A checkpoint's pin
+    gets back what its key read (config.json, weight digests) from the artifact's material (``model``: the
+    canonical config, which keys the same); without it the URI is pinned again."""
+    if source is None:
+        return None
+    model, material = source
+    try:
+        pinned = PinnedModel.from_json(model)
+        if pinned.format == "hf-checkpoint":
+            pinned = replace(pinned, checkpoint=CheckpointMaterial.from_json(material["model"]))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # a ledger row of another shape: pin the URI again
+    wanted = spec.get("model") or {}
+    return pinned if (pinned.uri, pinned.format) == (wanted.get("uri"), wanted.get("format")) else None
 
 
 def candidates(session: Session, selection: Selection) -> list[Candidate]:
@@ -95,7 +137,9 @@ def candidates(session: Session, selection: Selection) -> list[Candidate]:
         select(Build.id, Build.artifact_key, Build.model_name, Build.target, Build.spec)
         .join(newest, newest.c.build_id == Build.id).order_by(Build.artifact_id)
     ).all()
-    return [Candidate(row.artifact_key, row.id, row.model_name, row.target, dict(row.spec)) for row in rows]
+    models = _first_compile_model(session, [row.artifact_key for row in rows])
+    return [Candidate(row.artifact_key, row.id, row.model_name, row.target, dict(row.spec),
+                      _pin_of(dict(row.spec), models.get(row.artifact_key))) for row in rows]
 
 
 def rolled_spec(spec: dict[str, Any], to_sdk: str, campaign_id: int | None) -> dict[str, Any]:
@@ -108,10 +152,10 @@ def rolled_spec(spec: dict[str, Any], to_sdk: str, campaign_id: int | None) -> d
     return document
 
 
-#: Submits one spec document for a campaign (parsed with the service's limits and flags, submitted for the
-#: campaign's principal) and returns the build id, or raises a refusal (SubmitRefused, ModelRefError,
-#: SpecError).
-SubmitDocument = Callable[[dict[str, Any]], int]
+#: Submits one spec document for a campaign (parsed with the service's limits and flags, its model the given
+#: pin when there is one (``Submitter.prepare(spec, reuse=...)``), submitted for the campaign's principal) and
+#: returns the build id, or raises a refusal (SubmitRefused, ModelRefError, SpecError).
+SubmitDocument = Callable[[dict[str, Any], PinnedModel | None], int]
 
 
 def refusal_text(exc: Exception) -> str:
@@ -147,7 +191,7 @@ def start(sessions: sessionmaker[Session], selection: Selection, submit: SubmitD
     for item_id, candidate in planned:
         build_id, refusal = None, None
         try:
-            build_id = submit(rolled_spec(candidate.spec, selection.to_sdk, campaign_id))
+            build_id = submit(rolled_spec(candidate.spec, selection.to_sdk, campaign_id), candidate.model)
         except (SubmitRefused, ModelRefError, SpecError) as exc:
             refusal = refusal_text(exc)
         except Exception as exc:  # the store or ledger failed mid-campaign: the item says so, the rest go on

@@ -268,7 +268,7 @@ def _bad_files(tmp: Path) -> dict[str, tuple[list[str], str, int]]:
         "--json with --explain": (["key", "--json", "--explain", str(TINY_JSON)], "exclude each other", 2),
         "unknown option": (["key", "--colour", str(TINY_JSON)], "No such option '--colour'", 2),
         "unknown command": (["frobnicate"], "No such command 'frobnicate'", 2),
-        "upload of a missing file": (["upload", "absent.pt2"], "File 'absent.pt2' does not exist", 2),
+        "upload of a missing file": (["upload", "absent.pt2"], "Path 'absent.pt2' does not exist", 2),
         "impossible shape": (["key", "huge.json"], f"shape: {1048576**8} elements per input; at most {2**34}", 2),
         "fetch of a bad key": (["fetch", "KEY", "--dest", "out"], "'KEY' is not an artifact key", 2),
         "fetch into a non-empty directory": (["fetch", "0" * 64, "--dest", "."], "is not empty", 2),

@@ -14,7 +14,7 @@ from compilesvc.access.tokens import Permission
 from compilesvc.ledger.campaigns import Campaign
 from compilesvc.ledger.models import Artifact
 from compilesvc.lifecycle import campaigns
-from compilesvc.pinning.pins import ModelRefError
+from compilesvc.pinning.pins import ModelRefError, PinnedModel
 from compilesvc.spec.parsing import SpecError
 from web import readers
 from web.api.params import model_body, parse_for_service, respond
@@ -50,7 +50,7 @@ def _plan(ctx: WebContext, selection: campaigns.Selection) -> dict[str, Any]:
                                 "key": None, "state": None, "refusal": None}
         try:
             document = campaigns.rolled_spec(candidate.spec, selection.to_sdk, None)
-            _, keys = ctx.submitter.keys_for(parse_for_service(document, ctx.settings))
+            _, keys = ctx.submitter.keys_for(parse_for_service(document, ctx.settings), candidate.model)
         except (SpecError, ModelRefError) as exc:
             item["refusal"] = campaigns.refusal_text(exc)
         else:
@@ -81,9 +81,9 @@ def rollforward() -> Response:
         return respond(RollforwardPlan, _plan(ctx, selection))
     principal = current_principal()
 
-    def submit(document: dict[str, Any]) -> int:
-        spec = parse_for_service(document, ctx.settings)
-        return ctx.submitter.submit(spec, principal=principal, queue_anyway=asked.queue_anyway).build_id
+    def submit(document: dict[str, Any], model: PinnedModel | None) -> int:
+        prepared = ctx.submitter.prepare(parse_for_service(document, ctx.settings), model)
+        return ctx.submitter.submit(prepared, principal=principal, queue_anyway=asked.queue_anyway).build_id
 
     campaign_id = campaigns.start(ctx.services.sessions, selection, submit, principal)
     with ctx.services.sessions() as session:

@@ -15,6 +15,7 @@ from compilesvc.access.tokens import Permission
 from compilesvc.ledger.campaigns import RollforwardPolicy
 from compilesvc.ledger.engine import transaction
 from compilesvc.lifecycle import policies
+from compilesvc.pinning.pins import PinnedModel
 from web import readers
 from web.api.params import model_body, parse_for_service, respond
 from web.auth import current_principal
@@ -128,8 +129,9 @@ def _set_enabled(policy_ref: str, enabled: bool) -> Response:
         policy.enabled = enabled
         policy_id = policy.id
 
-    def submit(document: dict[str, Any]) -> int:  # as the registering worker does: compiles queued for workers
-        return ctx.submitter.submit(parse_for_service(document, ctx.settings), queue_anyway=True).build_id
+    def submit(document: dict[str, Any], model: PinnedModel | None) -> int:  # as the registering worker does
+        prepared = ctx.submitter.prepare(parse_for_service(document, ctx.settings), model)
+        return ctx.submitter.submit(prepared, queue_anyway=True).build_id  # compiles queued for workers
 
     for claimed in caught_up:  # after commit; a start that dies here is the relay's (policies.start_stalled)
         policies.start_claimed(ctx.services.sessions, claimed, submit)
