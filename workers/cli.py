@@ -45,7 +45,6 @@ from compilesvc.config.settings import Settings
 from compilesvc.dispatch import registry
 from compilesvc.ledger.engine import transaction
 from compilesvc.lifecycle import policies
-from compilesvc.pinning.pins import PinnedModel
 from compilesvc.services import Services
 
 log = logging.getLogger("compilesvc.worker")
@@ -107,16 +106,10 @@ def start_policy_campaigns(services: Services, claims: list[policies.Claim]) -> 
     """The campaigns of the standing roll-forward policies this worker's registration fired (it is the first
     worker of a new release): submitted like an operator's, their compiles queued for the new release
     (other targets' workers of it may not be up yet). A failure is the run's note; the worker starts."""
+    from compilesvc.builds.policy_submits import policy_submit
     from compilesvc.builds.submit import Submitter
-    from compilesvc.spec.parsing import parse_spec
 
-    settings = services.settings
-    submitter = Submitter(services)
-
-    def submit(document: dict[str, Any], model: PinnedModel | None) -> int:
-        spec = parse_spec(document, settings.element_limits, settings.extra_flags)
-        return submitter.submit(submitter.prepare(spec, model), queue_anyway=True).build_id
-
+    submit = policy_submit(Submitter(services))
     for claimed in claims:
         try:
             policies.start_claimed(services.sessions, claimed, submit)

@@ -21,13 +21,13 @@ import threading
 import time
 from datetime import timedelta
 from types import FrameType
-from typing import Any
 
 import click
 from pydantic import ValidationError
 
 from compilesvc import jsonlog
 from compilesvc.access import idempotency
+from compilesvc.builds.policy_submits import policy_submit
 from compilesvc.builds.submit import Submitter
 from compilesvc.compiles.reaper import ReapReport, reap
 from compilesvc.compiles.reconcile import Reconciler, broker_view
@@ -36,9 +36,7 @@ from compilesvc.dispatch.outbox import OutboxRelay
 from compilesvc.ledger.engine import transaction
 from compilesvc.lifecycle import policies
 from compilesvc.notify.webhooks import Sender
-from compilesvc.pinning.pins import PinnedModel
 from compilesvc.services import Services
-from compilesvc.spec.parsing import parse_spec
 from compilesvc.store import StoreError
 
 log = logging.getLogger("compilesvc.relay")
@@ -125,17 +123,10 @@ class RelayLoop:
 
     def start_stalled_policy_runs(self) -> int:
         """Start the campaigns of policy runs whose worker died between claiming and starting them."""
-        settings = self.services.settings
         if self._submitter is None:
             self._submitter = Submitter(self.services)
-        submitter = self._submitter
-
-        def submit(document: dict[str, Any], model: PinnedModel | None) -> int:  # as workers/cli.py does
-            spec = parse_spec(document, settings.element_limits, settings.extra_flags)
-            return submitter.submit(submitter.prepare(spec, model), queue_anyway=True).build_id
-
         try:
-            started = policies.start_stalled(self.services.sessions, submit, self.policy_grace)
+            started = policies.start_stalled(self.services.sessions, policy_submit(self._submitter), self.policy_grace)
         except Exception:  # the ledger is down: the next pass retries
             log.exception("policy run pass failed")
             return 0

@@ -59,6 +59,8 @@ class CampaignItem(Base):
     source_build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), doc="Whose spec was resubmitted.")
     build_id: Mapped[int | None] = mapped_column(ForeignKey("builds.id"), doc="The submit for the new release.")
     refusal: Mapped[str | None] = mapped_column(Text, doc="Why the new release's submit was refused.")
+    submit_claimed_at: Mapped[datetime | None] = mapped_column(
+        doc="When a starter or relay claimed this item's submit (a conditional update: one of them submits it).")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (

@@ -344,6 +344,18 @@ class ModelPin(Base):
     __table_args__ = (UniqueConstraint("uri", "version_id", "etag", "size"),)
 
 
+class CheckpointPin(Base):
+    """What an uploaded checkpoint archive (a blob: immutable, named by its sha256) gives a key: config.json and,
+    once computed, its weights' digests (:mod:`compilesvc.pinning.checkpoints`). Read once: a blob in S3 cannot
+    be seeked, so reading it again is downloading the whole archive."""
+
+    __tablename__ = "checkpoint_pins"
+
+    blob_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    material: Mapped[dict[str, Any]] = mapped_column(Json, doc="CheckpointMaterial.as_json()")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class BucketFailure(Base):
     """One failed step of a bucket compile: a failed attempt, a publish that will be retried, a lost
     dispatch. Kept in order, so a build shows its first cause first (the compile's own ``error_*``

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.access.tokens import Principal
@@ -46,6 +46,11 @@ ROLLFORWARD = "rollforward"
 #: The label every build of a campaign carries, so history filters find them (``label=campaign:<id>``).
 CAMPAIGN_LABEL = "campaign"
 ENDED = frozenset({BuildState.SUCCEEDED, BuildState.FAILED, BuildState.CANCELLED})
+#: How long a claim on an item's submit (:func:`_claim_item`) holds before another starter may take it: one
+#: submit pins the model (an hf-checkpoint archive in S3 is read whole the first time: minutes for GBs) and
+#: writes a few rows, so a claim this old lost its claimer. Taking it over may submit the item twice (the
+#: claimer died after its build committed, before naming it): a join of the same artifact, not a second compile.
+CLAIM_SECONDS = 1800.0
 
 
 @dataclass(frozen=True)
@@ -168,8 +173,9 @@ def refusal_text(exc: Exception) -> str:
 
 def start(sessions: sessionmaker[Session], selection: Selection, submit: SubmitDocument,
           principal: Principal | None, *, policy_id: int | None = None) -> int:
-    """Create a roll-forward campaign and submit every item; returns its id. Items are recorded before any
-    submit, so the campaign lists everything it set out to move even if a submit fails. ``policy_id``: the
+    """Create a roll-forward campaign and submit every item (:func:`submit_items`); returns its id. Items are
+    recorded before any submit, so the campaign lists everything it set out to move even if a submit fails, and
+    a relay can submit those its starter did not reach (a process that died mid-loop). ``policy_id``: the
     standing policy starting it (:mod:`compilesvc.lifecycle.policies`), not an operator."""
     with transaction(sessions) as session:
         found = candidates(session, selection)
@@ -187,23 +193,63 @@ def start(sessions: sessionmaker[Session], selection: Selection, submit: SubmitD
         session.add_all(items)
         session.flush()
         campaign_id = campaign.id
-        planned = [(item.id, c) for item, c in zip(items, found, strict=True)]
-    for item_id, candidate in planned:
+    submit_items(sessions, campaign_id, submit)
+    return campaign_id
+
+
+def _claim_item(sessions: sessionmaker[Session], item_id: int) -> bool:
+    """Claim an item's submit: a conditional update the ledger decides, so of two starters (a relay resuming
+    a campaign, a slow starter) one submits it. A claim older than :data:`CLAIM_SECONDS` lost its claimer."""
+    now = utcnow()
+    with transaction(sessions) as session:
+        claimed = session.execute(
+            update(CampaignItem)
+            .where(CampaignItem.id == item_id, CampaignItem.build_id.is_(None), CampaignItem.refusal.is_(None),
+                   CampaignItem.submit_claimed_at.is_(None)
+                   | (CampaignItem.submit_claimed_at < now - timedelta(seconds=CLAIM_SECONDS)))
+            .values(submit_claimed_at=now).execution_options(synchronize_session=False))
+        return bool(getattr(claimed, "rowcount", 0) == 1)
+
+
+def unsubmitted(session: Session, campaign_id: int) -> list[tuple[int, str, dict[str, Any]]]:
+    """The campaign's items with neither a build nor a refusal: (item id, source key, the source build's spec)."""
+    rows = session.execute(
+        select(CampaignItem.id, CampaignItem.source_key, Build.spec)
+        .join(Build, Build.id == CampaignItem.source_build_id)
+        .where(CampaignItem.campaign_id == campaign_id, CampaignItem.build_id.is_(None),
+               CampaignItem.refusal.is_(None)).order_by(CampaignItem.id)).all()
+    return [(row.id, row.source_key, dict(row.spec)) for row in rows]
+
+
+def submit_items(sessions: sessionmaker[Session], campaign_id: int, submit: SubmitDocument) -> int:
+    """Submit each item of the campaign nobody has submitted (or is submitting), each once whoever else runs
+    this at the same time (:func:`_claim_item`), then settle the campaign; how many this call submitted.
+    :func:`start` runs it, and the relay for a campaign whose starter died mid-loop
+    (:func:`compilesvc.lifecycle.policies.start_stalled`)."""
+    with sessions() as session:
+        to_sdk = session.get_one(Campaign, campaign_id).to_sdk
+        planned = unsubmitted(session, campaign_id)
+        # Each item rolls its artifact's own pin (the same bytes), resumed or not.
+        models = _first_compile_model(session, sorted({source_key for _, source_key, _ in planned}))
+    submitted = 0
+    for item_id, source_key, spec in planned:
+        if not _claim_item(sessions, item_id):
+            continue  # another starter has it
         build_id, refusal = None, None
         try:
-            build_id = submit(rolled_spec(candidate.spec, selection.to_sdk, campaign_id), candidate.model)
+            build_id = submit(rolled_spec(spec, to_sdk, campaign_id), _pin_of(spec, models.get(source_key)))
         except (SubmitRefused, ModelRefError, SpecError) as exc:
             refusal = refusal_text(exc)
         except Exception as exc:  # the store or ledger failed mid-campaign: the item says so, the rest go on
-            log.exception("campaign submit failed", extra={"campaign_id": campaign_id,
-                                                           "source_key": candidate.artifact_key})
+            log.exception("campaign submit failed", extra={"campaign_id": campaign_id, "source_key": source_key})
             refusal = f"the submit failed ({type(exc).__name__}: {exc}); start the roll-forward again for it"
         with transaction(sessions) as session:
             item = session.get_one(CampaignItem, item_id)
             item.build_id, item.refusal = build_id, refusal
+        submitted += 1
     with transaction(sessions) as session:
         settle(session, campaign_id)  # builds that ended before their item named them (hits: at once)
-    return campaign_id
+    return submitted
 
 
 def on_build_transition(session: Session, transition: events.Transition) -> None:

@@ -12,7 +12,10 @@ After commit the claimer starts the campaign (:func:`start_claimed`), from the p
 when it names none, from the newest older release (by version) with published artifacts for the target.
 
 A claimed run whose campaign never started because its worker died in between (no campaign, no note) is
-started by the relay once :data:`START_GRACE_SECONDS` have passed (:func:`start_stalled`); a run that could
+started by the relay once :data:`START_GRACE_SECONDS` have passed (:func:`start_stalled`), if its policy is
+still enabled and the run is younger than :data:`MAX_START_AGE_SECONDS`; a campaign whose starter died while
+submitting its items (the worker, or the API's enable request) has the rest submitted by the relay, each item
+once (a claim the ledger decides: :func:`compilesvc.lifecycle.campaigns.submit_items`); a run that could
 not start (no source release, a failed start) says so in its ``note``, and an operator starts that roll-forward
 by hand (``compilesvc rollforward``). At most one campaign exists per run, whoever starts it: migration 0020's
 unique index on a campaign's (policy, release), so a relay and a slow worker, or two relays, racing to start
@@ -37,13 +40,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.dispatch.registry import live_workers
-from compilesvc.ledger.campaigns import Campaign, PolicyRun, RollforwardPolicy, SdkRelease
+from compilesvc.ledger.campaigns import Campaign, CampaignItem, PolicyRun, RollforwardPolicy, SdkRelease
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Artifact, utcnow
 from compilesvc.ledger.sql import insert_ignore, insert_ignore_duplicate
 from compilesvc.lifecycle import campaigns
 from compilesvc.spec.neuron_releases import version_tuple
-from compilesvc.states import ArtifactState
+from compilesvc.states import ArtifactState, CampaignState
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,12 @@ NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{NAME_MAX}}}")  # the API's schema says t
 #: campaign right after registering (the campaign's row exists within seconds), so a run this old with no
 #: campaign and no note lost its worker. The unique index makes a late start harmless anyway.
 START_GRACE_SECONDS = 300.0
+#: The oldest run (or policy campaign) the relay starts (or resumes). The relay passes every few minutes, so
+#: one it did not start within a day predates it (a ledger upgraded from a release without the relay holds
+#: runs nobody started) or outlived a long outage: the fleet has served that release for a day without the
+#: roll-forward, and queueing a fleet's worth of compiles nobody is watching for is an operator's call
+#: (``compilesvc rollforward``), not the relay's.
+MAX_START_AGE_SECONDS = 86400.0
 
 
 class PolicyError(ValueError):
@@ -167,24 +176,59 @@ def catch_up(session: Session, policy: RollforwardPolicy, stale_seconds: int, by
     return claims
 
 
-def stalled(session: Session, grace_seconds: float = START_GRACE_SECONDS) -> list[Claim]:
-    """Runs claimed more than ``grace_seconds`` ago with neither a campaign nor a note: their starter died."""
-    cutoff = utcnow() - timedelta(seconds=grace_seconds)
-    runs = session.scalars(select(PolicyRun).where(PolicyRun.campaign_id.is_(None), PolicyRun.note.is_(None),
-                                                   PolicyRun.created_at < cutoff).order_by(PolicyRun.id))
+def stalled(session: Session, grace_seconds: float = START_GRACE_SECONDS,
+            max_age_seconds: float = MAX_START_AGE_SECONDS) -> list[Claim]:
+    """Runs of enabled policies claimed between ``grace_seconds`` and ``max_age_seconds`` ago with neither a
+    campaign nor a note: their starter died. (A policy disabled since its run was claimed starts nothing.)"""
+    now = utcnow()
+    runs = session.scalars(select(PolicyRun).join(RollforwardPolicy, RollforwardPolicy.id == PolicyRun.policy_id)
+                           .where(PolicyRun.campaign_id.is_(None), PolicyRun.note.is_(None),
+                                  RollforwardPolicy.enabled.is_(True),
+                                  PolicyRun.created_at < now - timedelta(seconds=grace_seconds),
+                                  PolicyRun.created_at >= now - timedelta(seconds=max_age_seconds))
+                           .order_by(PolicyRun.id))
     return [Claim(run.id, run.policy_id, run.target, run.to_sdk) for run in runs]
 
 
+def half_submitted(session: Session, grace_seconds: float = START_GRACE_SECONDS,
+                   max_age_seconds: float = MAX_START_AGE_SECONDS) -> list[int]:
+    """Running campaigns of enabled policies, created between ``grace_seconds`` and ``max_age_seconds`` ago,
+    with an item nobody submitted or is submitting: their starter died mid-loop."""
+    now = utcnow()
+    stale_claim = now - timedelta(seconds=campaigns.CLAIM_SECONDS)
+    open_item = (select(CampaignItem.id)
+                 .where(CampaignItem.campaign_id == Campaign.id, CampaignItem.build_id.is_(None),
+                        CampaignItem.refusal.is_(None),
+                        CampaignItem.submit_claimed_at.is_(None) | (CampaignItem.submit_claimed_at < stale_claim))
+                 .exists())
+    return list(session.scalars(
+        select(Campaign.id).join(RollforwardPolicy, RollforwardPolicy.id == Campaign.policy_id)
+        .where(RollforwardPolicy.enabled.is_(True), Campaign.state == CampaignState.RUNNING,
+               Campaign.created_at < now - timedelta(seconds=grace_seconds),
+               Campaign.created_at >= now - timedelta(seconds=max_age_seconds), open_item)
+        .order_by(Campaign.id)))
+
+
 def start_stalled(sessions: sessionmaker[Session], submit: campaigns.SubmitDocument,
-                  grace_seconds: float = START_GRACE_SECONDS) -> list[int]:
-    """The relay's pass: start every stalled run's campaign (or name the one that exists); their ids."""
+                  grace_seconds: float = START_GRACE_SECONDS,
+                  max_age_seconds: float = MAX_START_AGE_SECONDS) -> list[int]:
+    """The relay's pass: start every stalled run's campaign (or name the one that exists), then submit the
+    items a dead starter did not reach in policy campaigns (each once, however many relays run); the ids of
+    the campaigns started, named or resumed."""
     with sessions() as session:
-        found = stalled(session, grace_seconds)
+        found = stalled(session, grace_seconds, max_age_seconds)
     started = []
     for claimed in found:
         log.warning("a policy run has no campaign: starting it", extra={"run_id": claimed.run_id,
                                                                          "policy_id": claimed.policy_id})
         if (campaign_id := start_claimed(sessions, claimed, submit)) is not None:
+            started.append(campaign_id)
+    with sessions() as session:
+        resumable = half_submitted(session, grace_seconds, max_age_seconds)
+    for campaign_id in resumable:
+        log.warning("a policy campaign has items nobody submitted: submitting them",
+                    extra={"campaign_id": campaign_id})
+        if campaigns.submit_items(sessions, campaign_id, submit) and campaign_id not in started:
             started.append(campaign_id)
     return started
 

@@ -27,6 +27,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
+from sqlalchemy.exc import IntegrityError
+
+from compilesvc.ledger.engine import transaction
+from compilesvc.ledger.models import CheckpointPin
 from compilesvc.pinning.pins import ModelChangedError, ModelRefError, PinnedModel
 from compilesvc.spec import nxdi_models
 from compilesvc.spec.checkpoint import (
@@ -105,7 +109,44 @@ def _archive_root(names: Iterable[str]) -> str:
 
 
 def pin_blob(resolver: ModelResolver, ref: ModelRef, sha256: str, size: int, *, weight_digests: bool) -> PinnedModel:
-    """An uploaded checkpoint archive: its members listed from the store, config.json read out of it (bounded),
+    """An uploaded checkpoint archive, its material remembered in the ledger by the blob's sha256 (a blob never
+    changes): the second pin reads nothing from the store, unless it needs weight digests the first did not."""
+    remembered = _remembered(resolver, sha256)
+    if remembered is not None and (remembered.weights is not None or not weight_digests):
+        material = remembered if weight_digests else CheckpointMaterial(remembered.config, None)
+        return PinnedModel(ref.uri, ref.format, sha256, size, {"kind": "blob", "sha256": sha256}, material)
+    pinned = _read_blob(resolver, ref, sha256, size, weight_digests=weight_digests)
+    if pinned.checkpoint is not None:
+        _remember(resolver, sha256, pinned.checkpoint)
+    return pinned
+
+
+def _remembered(resolver: ModelResolver, sha256: str) -> CheckpointMaterial | None:
+    if resolver.sessions is None:
+        return None
+    with resolver.sessions() as session:
+        row = session.get(CheckpointPin, sha256)
+        return CheckpointMaterial.from_json(row.material) if row is not None else None
+
+
+def _remember(resolver: ModelResolver, sha256: str, material: CheckpointMaterial) -> None:
+    """Store it, or add weight digests to one stored without; a concurrent first pin of the same blob wins."""
+    if resolver.sessions is None:
+        return
+    try:
+        with transaction(resolver.sessions) as session:
+            row = session.get(CheckpointPin, sha256)
+            if row is None:
+                session.add(CheckpointPin(blob_sha256=sha256, material=material.as_json()))
+            elif material.weights is not None:
+                row.material = material.as_json()
+    except IntegrityError:  # another submit remembered it meanwhile: the same blob, the same material
+        pass
+
+
+def _read_blob(resolver: ModelResolver, ref: ModelRef, sha256: str, size: int, *,
+               weight_digests: bool) -> PinnedModel:
+    """An uploaded checkpoint archive read: its members listed from the store, config.json read out of it (bounded),
     each weight member hashed as it streams past only when ``weight_digests``."""
     assert resolver.store is not None
     max_files = resolver.settings.hf_extract_max_files

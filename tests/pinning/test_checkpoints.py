@@ -8,8 +8,9 @@ import json
 import os
 import shutil
 import uuid
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -210,3 +211,31 @@ def test_prefix_refusals(s3: S3Server, versioned: str, tmp_path: Path, tiny_chec
         resolver.pin(ref(f"s3://{versioned}/{prefix}"))
     with pytest.raises(ModelRefError, match="is a prefix holding the checkpoint directory"):
         resolver.pin(ref(f"s3://{versioned}/{prefix}config.json"))
+
+
+class CountingStore(LocalStore):
+    """The local store, counting the blobs opened (what a pin reads from the store)."""
+
+    opened: list[str]
+
+    def open_blob(self, sha256: str) -> AbstractContextManager[BinaryIO]:
+        self.opened.append(sha256)
+        return super().open_blob(sha256)
+
+
+def test_an_archive_pinned_again_reads_nothing_from_the_store(
+        settings: Settings, tmp_path: Path, tiny_checkpoints: Checkpoints, sessions: sessionmaker[Session]) -> None:
+    """Its material is remembered by the blob's sha256 (checkpoint_pins): the second pin, in another resolver
+    (another process), opens no blob; one asking for weight digests the first did not compute reads it once more,
+    and then not again."""
+    store = CountingStore(tmp_path / "counted", public_url="http://127.0.0.1:1", secret_key=b"k" * 32)
+    store.opened = []
+    uri = upload(store, tar_of(tiny_checkpoints.base))
+    first = ModelResolver(settings, store, sessions).pin(ref(uri))
+    assert len(store.opened) == 1
+    again = ModelResolver(settings, store, sessions).pin(ref(uri))
+    assert again == first and len(store.opened) == 1
+    weighed = ModelResolver(settings, store, sessions).pin(ref(uri), weight_digests=True)
+    assert len(store.opened) == 2 and weighed.checkpoint is not None and weighed.checkpoint.weights
+    assert ModelResolver(settings, store, sessions).pin(ref(uri), weight_digests=True) == weighed
+    assert ModelResolver(settings, store, sessions).pin(ref(uri)) == first and len(store.opened) == 2

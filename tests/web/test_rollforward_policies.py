@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
+from compilesvc.builds.policy_submits import policy_submit
+from compilesvc.builds.submit import Submitter
 from compilesvc.cli.daemon import RelayLoop
 from compilesvc.dispatch import registry
-from compilesvc.ledger.campaigns import Campaign, PolicyRun
+from compilesvc.ledger.campaigns import Campaign, CampaignItem, PolicyRun
 from compilesvc.ledger.engine import transaction
 from compilesvc.lifecycle import campaigns, policies
 from tests.web.support import Env, complete_build, spec_for
@@ -202,3 +205,162 @@ def test_a_policy_created_now_does_not_fire_for_the_live_release(env: Env) -> No
     assert add(env).json["runs"] == []
     env.client.post("/v1/rollforward-policies/search/disable")
     assert env.client.post("/v1/rollforward-policies/search/enable").json["runs"] == []
+
+
+class StarterDied(BaseException):
+    """The process starting a campaign died (a BaseException: no ``except Exception`` in our code catches it)."""
+
+
+def _fleet_with_artifacts(env: Env, count: int) -> list[str]:
+    """``count`` published inf2 artifacts of 2.13.0 (each its own model), 2.13.0 seen by the fleet."""
+    uris = []
+    for n in range(count):
+        uris.append(env.upload(f"model {n}".encode()))
+        build = env.submit(spec_for(uris[-1], target="inf2", labels={"fleet": "search"})).json
+        complete_build(env.services, build["build_id"])
+    with transaction(env.services.sessions) as session:
+        assert policies.claim(session, "w-old", caps("2.13.0", "inf2")) == []
+    return uris
+
+
+def _half_submitted(env: Env, submitted_before_death: int, *, long_ago: bool = True) -> tuple[policies.Claim, int]:
+    """A policy's run whose starter created the campaign, submitted ``submitted_before_death`` items and died
+    submitting the next (its claim on that item held); the run and its campaign past the relay's grace, and
+    ``long_ago``: the claim too (campaigns.CLAIM_SECONDS). The claim and the campaign's id."""
+    sessions = env.services.sessions
+    with transaction(sessions) as session:
+        (claimed,) = policies.claim(session, "w-new", caps("2.14.0", "inf2"))
+    calls: list[dict[str, Any]] = []
+
+    def dying(document: dict[str, Any]) -> int:
+        if len(calls) == submitted_before_death:
+            raise StarterDied
+        calls.append(document)
+        return int(env.submit(document).json["build_id"])
+
+    with pytest.raises(StarterDied):
+        policies.start_claimed(sessions, claimed, dying)
+    with transaction(sessions) as session:
+        (campaign,) = session.scalars(select(Campaign).where(Campaign.policy_id == claimed.policy_id))
+        ago = timedelta(seconds=(campaigns.CLAIM_SECONDS if long_ago else policies.START_GRACE_SECONDS) + 1)
+        session.get_one(PolicyRun, claimed.run_id).created_at -= ago
+        campaign.created_at -= ago
+        if long_ago:
+            _age_claims(session, campaign.id)
+        return claimed, campaign.id
+
+
+def _age_claims(session: Session, campaign_id: int) -> None:
+    for item in session.scalars(select(CampaignItem).where(CampaignItem.campaign_id == campaign_id,
+                                                           CampaignItem.submit_claimed_at.is_not(None))):
+        item.submit_claimed_at -= timedelta(seconds=campaigns.CLAIM_SECONDS + 1)  # type: ignore[operator]
+
+
+def _items(env: Env, campaign_id: int) -> list[tuple[str, int | None, str | None]]:
+    with env.services.sessions() as session:
+        return [(i.source_key, i.build_id, i.refusal) for i in session.scalars(
+            select(CampaignItem).where(CampaignItem.campaign_id == campaign_id).order_by(CampaignItem.id))]
+
+
+def _models(documents: list[dict[str, Any]]) -> list[str]:
+    return sorted(str(d["model"]["uri"]) for d in documents)
+
+
+def test_a_campaign_whose_starter_died_mid_loop_is_finished_by_the_relay(env: Env) -> None:
+    """The worker (or the API's enable request) died after submitting one item of three, while submitting the
+    second: the run names no campaign and two items have neither a build nor a refusal. The relay names the
+    campaign in the run and submits the third; the second once its claim is CLAIM_SECONDS old (its claimer
+    may have been slow, not dead); never the first again. Its builds ending finish the campaign."""
+    uris = _fleet_with_artifacts(env, 3)
+    assert add(env).status_code == 201
+    claimed, campaign_id = _half_submitted(env, 1, long_ago=False)
+    assert [build is None for _, build, _ in _items(env, campaign_id)] == [False, True, True]
+    submitted: list[dict[str, Any]] = []
+    submit = policy_submit(Submitter(env.services))
+
+    def counted(document: dict[str, Any]) -> int:
+        submitted.append(document)
+        return submit(document)
+
+    assert policies.start_stalled(env.services.sessions, counted) == [campaign_id]
+    assert _models(submitted) == [uris[2]]  # the item it had not reached
+    assert policies.start_stalled(env.services.sessions, counted) == [] and len(submitted) == 1
+    with transaction(env.services.sessions) as session:
+        _age_claims(session, campaign_id)
+    assert policies.start_stalled(env.services.sessions, counted) == [campaign_id]
+    assert _models(submitted) == sorted(uris[1:])  # and the one its dead starter held
+    assert all(d["sdk"] == "2.14.0" and d["labels"]["campaign"] == str(campaign_id) for d in submitted)
+    items = _items(env, campaign_id)
+    assert all(build is not None and refusal is None for _, build, refusal in items), items
+    with env.services.sessions() as session:
+        assert session.get_one(PolicyRun, claimed.run_id).campaign_id == campaign_id
+    assert policies.start_stalled(env.services.sessions, counted) == [] and len(submitted) == 2  # nothing left
+    for _, build_id, _ in items:
+        complete_build(env.services, build_id)  # type: ignore[arg-type]
+    assert env.client.get(f"/v1/campaigns/{campaign_id}").json["state"] == "finished"
+
+
+def test_two_relays_resuming_one_campaign_submit_each_item_once(env: Env) -> None:
+    """A second relay's whole pass runs while the first is submitting its first item: the second skips the
+    item the first claimed and submits the rest; the first then finds them claimed. Each item once."""
+    uris = _fleet_with_artifacts(env, 3)
+    assert add(env).status_code == 201
+    _, campaign_id = _half_submitted(env, 0)
+    sessions = env.services.sessions
+    submit = policy_submit(Submitter(env.services))
+    by_relay: dict[str, list[dict[str, Any]]] = {"first": [], "second": []}
+
+    def second(document: dict[str, Any]) -> int:
+        by_relay["second"].append(document)
+        return submit(document)
+
+    def first(document: dict[str, Any]) -> int:
+        by_relay["first"].append(document)
+        if len(by_relay["first"]) == 1:  # the other relay passes meanwhile
+            assert policies.start_stalled(sessions, second) == [campaign_id]
+        return submit(document)
+
+    assert policies.start_stalled(sessions, first) == [campaign_id]
+    assert _models(by_relay["first"]) == [uris[0]] and _models(by_relay["second"]) == sorted(uris[1:])
+    assert len({build for _, build, _ in _items(env, campaign_id)} - {None}) == 3
+
+
+def test_the_relay_starts_no_run_of_a_disabled_policy_nor_an_old_one(env: Env) -> None:
+    """Disabled after its run was claimed (its worker died): the relay starts nothing, nor resumes its half-
+    submitted campaign; enabled again, it does. A run older than MAX_START_AGE_SECONDS (a ledger upgraded from
+    before the relay) is left to an operator."""
+    _fleet_with_artifacts(env, 2)
+    assert add(env).status_code == 201
+    sessions = env.services.sessions
+    with transaction(sessions) as session:
+        (claimed,) = policies.claim(session, "w-new", caps("2.14.0", "inf2"))
+        session.flush()
+        session.get_one(PolicyRun, claimed.run_id).created_at -= timedelta(seconds=policies.START_GRACE_SECONDS + 1)
+    never: list[dict[str, Any]] = []
+    assert env.client.post("/v1/rollforward-policies/search/disable").status_code == 200
+    assert policies.start_stalled(sessions, lambda d: never.append(d) or 0) == [] and never == []
+    assert _campaigns(env) == []
+
+    with transaction(sessions) as session:  # enabled again, but the run is a day old
+        session.get_one(PolicyRun, claimed.run_id).created_at -= timedelta(seconds=policies.MAX_START_AGE_SECONDS)
+    assert env.client.post("/v1/rollforward-policies/search/enable").status_code == 200
+    assert policies.start_stalled(sessions, lambda d: never.append(d) or 0) == [] and never == []
+    assert _campaigns(env) == []
+
+    with transaction(sessions) as session:  # a younger run: started
+        session.get_one(PolicyRun, claimed.run_id).created_at += timedelta(seconds=policies.MAX_START_AGE_SECONDS)
+    assert len(policies.start_stalled(sessions, lambda d: int(env.submit(d).json["build_id"]))) == 1
+
+
+def test_the_relay_resumes_no_campaign_of_a_disabled_policy(env: Env) -> None:
+    _fleet_with_artifacts(env, 2)
+    assert add(env).status_code == 201
+    _, campaign_id = _half_submitted(env, 1)
+    never: list[dict[str, Any]] = []
+    assert env.client.post("/v1/rollforward-policies/search/disable").status_code == 200
+    assert policies.start_stalled(env.services.sessions, lambda d: never.append(d) or 0) == [] and never == []
+    assert [build is None for _, build, _ in _items(env, campaign_id)] == [False, True]
+    assert env.client.post("/v1/rollforward-policies/search/enable").status_code == 200
+    assert policies.start_stalled(env.services.sessions, lambda d: int(env.submit(d).json["build_id"])) == [
+        campaign_id]
+    assert all(build is not None for _, build, _ in _items(env, campaign_id))

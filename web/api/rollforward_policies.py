@@ -12,12 +12,12 @@ from sqlalchemy.orm import Session
 
 from compilesvc.access import team_reads
 from compilesvc.access.tokens import Permission
+from compilesvc.builds.policy_submits import policy_submit
 from compilesvc.ledger.campaigns import RollforwardPolicy
 from compilesvc.ledger.engine import transaction
 from compilesvc.lifecycle import policies
-from compilesvc.pinning.pins import PinnedModel
 from web import readers
-from web.api.params import model_body, parse_for_service, respond
+from web.api.params import model_body, respond
 from web.auth import current_principal
 from web.context import WebContext, web
 from web.contract.fleet_schemas import PolicyIn, PolicyList, PolicyOut
@@ -129,10 +129,7 @@ def _set_enabled(policy_ref: str, enabled: bool) -> Response:
         policy.enabled = enabled
         policy_id = policy.id
 
-    def submit(document: dict[str, Any], model: PinnedModel | None) -> int:  # as the registering worker does
-        prepared = ctx.submitter.prepare(parse_for_service(document, ctx.settings), model)
-        return ctx.submitter.submit(prepared, queue_anyway=True).build_id  # compiles queued for workers
-
+    submit = policy_submit(ctx.submitter)  # as the registering worker does: compiles queued for workers
     for claimed in caught_up:  # after commit; a start that dies here is the relay's (policies.start_stalled)
         policies.start_claimed(ctx.services.sessions, claimed, submit)
     with ctx.services.sessions() as session:
