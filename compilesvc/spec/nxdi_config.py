@@ -102,9 +102,14 @@ def _check_value(path: tuple[str | int, ...], spec: Field, value: Any, rel: Nxdi
         if base == "int" and isinstance(value, int) and not isinstance(value, bool):
             return value
         if base == "number" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
+            try:  # JSON integers are unbounded: float(10**400) raises OverflowError
+                number = float(value)
+            except OverflowError:
+                raise NeuronConfigError(path, f"{str(value)[:12]}... ({len(str(value))} digits) is beyond the "
+                                        "largest number NxDI can hold (a 64-bit float)") from None
+            if not math.isfinite(number):
                 break
-            return float(value)
+            return number
         if base == "str" and isinstance(value, str):
             return value
         if base == "dtype":
