@@ -119,8 +119,11 @@ def presharded(spec: CompileSpec) -> bool:
     """Whether an nxdi compile of ``spec`` writes pre-sharded weights (``weights/tp{rank}_sharded_checkpoint.
     safetensors``), so that its artifact depends on the weights' values: NeuronConfig ``save_sharded_checkpoint``
     as the canonical NeuronConfig resolves it (its default is the release's: True in 2.21-2.22, False from 2.23,
-    docs/research/nxdi.md §2)."""
-    return bool(spec.nxdi_config.get("save_sharded_checkpoint"))
+    docs/research/nxdi.md §2), unless ``skip_sharding`` (2.22+) stops ``shard_weights`` before it writes anything
+    (NXDI@ef2731e models/application_base.py:L246-L248; v0.2.0 L159). The spec check refuses the combinations
+    whose artifact could not load (:mod:`compilesvc.spec.nxdi_config`); this is what the compile writes."""
+    config = spec.nxdi_config
+    return bool(config.get("save_sharded_checkpoint")) and not config.get("skip_sharding")
 
 
 def nxdi_material(spec: CompileSpec, checkpoint: CheckpointMaterial | None, salt: str) -> dict[str, Any]:

@@ -362,6 +362,15 @@ def _check_combinations(out: dict[str, Any], rel: NxdiRelease, target: str) -> N
     if out["quantized"] and not out["quantized_checkpoints_path"]:
         refuse("quantized_checkpoints_path", "quantized_checkpoints_path is required when quantized is true",
                "quantized_checkpoints_path is required")
+    if out.get("skip_sharding") and (out["save_sharded_checkpoint"] or rel.column == "2.22"):
+        # shard_weights writes nothing with skip_sharding (NXDI@ef2731e models/application_base.py:L246-L248;
+        # v0.2.0 L159), yet load() reads weights/tp{rank}_sharded_checkpoint.safetensors whenever
+        # save_sharded_checkpoint (ef2731e L389-L399; v0.3.5591 L260) or, in 2.22, either flag (v0.2.0 L252).
+        raise NeuronConfigError(("skip_sharding",), "skip_sharding leaves weights/tp{rank}_sharded_checkpoint."
+                                "safetensors unwritten, yet NxDI's load() reads them "
+                                + ("(in 2.22 whenever skip_sharding is set)" if rel.column == "2.22" else
+                                   "with save_sharded_checkpoint") + ": the artifact could not load (our rule: "
+                                "this service makes no shards outside the compile); leave skip_sharding out")
     if out.get("cast_type", "config") not in ("config", "as-declared"):
         refuse("cast_type", f"cast_type must be one of config, as-declared, got {out['cast_type']!r}",
                "cast_type must be one of")

@@ -175,6 +175,17 @@ def test_a_presharded_artifact_lacking_a_rank_is_refused(tmp_path: Path) -> None
         "weights/tp7_sharded_checkpoint.safetensors: vLLM would fail to load it and compile on this host"]
 
 
+def test_a_skip_sharding_artifact_is_held_to_what_load_reads(tmp_path: Path) -> None:
+    """skip_sharding stops the compile writing weights/ (NXDI@ef2731e models/application_base.py:L246-L248), yet
+    load() reads them whenever save_sharded_checkpoint (L389-L399): such an artifact (not one of ours: the spec
+    check refuses the combination) is refused as lacking every rank, not served as weight-free."""
+    art = artifact(tmp_path, shards=0, save_sharded_checkpoint=True, skip_sharding=True)
+    assert art.presharded and len(art.missing_shards()) == 8
+    [line] = refusals(art, *MATCHING)
+    assert line.startswith("the artifact was compiled with save_sharded_checkpoint but lacks "
+                           "weights/tp0_sharded_checkpoint.safetensors")
+
+
 def test_a_weight_free_artifact_needs_the_checkpoint_where_nxdi_looks(tmp_path: Path) -> None:
     art = artifact(tmp_path, shards=0)
     checkpoint = write_checkpoint(tmp_path / "llama")
