@@ -243,6 +243,10 @@ def test_unreadable_arguments_and_documents_are_errors(tmp_path: Path) -> None:
         parse_vllm_args(["--max-model-len", "1M"])
     with pytest.raises(ServingArgsError, match="--override-neuron-config is not JSON"):
         parse_vllm_args(["--override-neuron-config", "{batch_size: 4}"])
+    for argv in (["--max-num-seqs", "-1"], ["-tp", "0"], ["--max-model-len=0"], ["--block-size", "-16"],
+                 ["--speculative-config", '{"num_speculative_tokens": 0}']):
+        with pytest.raises(ServingArgsError, match=r"' must be at least 1$"):
+            parse_vllm_args(argv)
     with pytest.raises(ServingArgsError, match="--tensor-parallel-size needs a value"):
         parse_vllm_args(["--tensor-parallel-size"])
     (tmp_path / "model.pt").write_bytes(b"m")
