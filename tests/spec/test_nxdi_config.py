@@ -308,8 +308,22 @@ def test_checkpoint_config_checks(config: Any, field: tuple[Any, ...], fragment:
 
 
 def test_a_llama_checkpoint_config_passes() -> None:
-    check_checkpoint_config("2.29.1", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                       "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2})
+    """Accepted by every release that ships NxDI (Llama is in each one's hub), unchanged, as NeuronLlamaForCausalLM;
+    and each attribute the check reads is what makes it pass: without it, the same config is refused there."""
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "num_attention_heads": 4, "num_hidden_layers": 2}
+    given = copy.deepcopy(config)
+    releases = [sdk for sdk, entry in table().items() if entry.neuronx_distributed_inference is not None]
+    assert "2.21.0" in releases and "2.29.1" in releases
+    for sdk in releases:
+        assert check_checkpoint_config(sdk, config) is None, sdk
+        assert architecture_class(sdk, config["architectures"]) == (
+            "neuronx_distributed_inference.models.llama.modeling_llama", "NeuronLlamaForCausalLM")
+    assert config == given
+    for name in ("architectures", "model_type"):
+        with pytest.raises(CheckpointConfigError) as raised:
+            check_checkpoint_config("2.29.1", {k: v for k, v in config.items() if k != name})
+        assert raised.value.field == (name,)
 
 
 def test_refusals_cite_the_line_of_the_release_that_makes_the_check() -> None:
