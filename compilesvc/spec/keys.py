@@ -28,6 +28,7 @@ from compilesvc.spec.compile_spec import ISA_RE, NEURON_TARGETS, CompileSpec
 from compilesvc.spec.flags import canonical_flags
 from compilesvc.spec.neuron_releases import toolchain_material
 from compilesvc.spec.neuronx_cc_options import default_lnc, effective_lnc
+from compilesvc.spec.nxdi_config import resolved_lnc
 
 KEY_SCHEMA = "compilesvc-key/5"
 
@@ -149,16 +150,16 @@ def nxdi_material(spec: CompileSpec, checkpoint: CheckpointMaterial | None, salt
                 raise ValueError(f"weight digest of {path!r} must be 64 lowercase hex digits, got {sha!r}")
     neuron_config = spec.nxdi_config
     tp_degree = int(neuron_config.get("tp_degree", 1))
-    # The logical NeuronCores: the NeuronConfig's logical_nc_config when given, else the target's default, as
-    # NxDI resolves it without the (never passed) NEURON_LOGICAL_NC_CONFIG variable (NXDI@ef2731e
-    # models/config.py:L729-L759).
-    lnc = neuron_config.get("logical_nc_config")
     toolchain: dict[str, Any] = {
         "target": spec.target,
         "backend": spec.backend,
         "tp_degree": tp_degree,
         "neuron": toolchain_material(spec.sdk, spec.backend, tp_degree),
-        "lnc": lnc if isinstance(lnc, int) and not isinstance(lnc, bool) else default_lnc(spec.target),
+        # The logical NeuronCores NxDI compiles with, as the canonical NeuronConfig resolved them for the release:
+        # logical_nc_config (2.22+: given, else the target's, NXDI@ef2731e models/config.py:L729-L759), or 2.21's
+        # logical_neuron_cores (default 1 on every target, passed as --internal-num-neuroncores-per-sengine:
+        # NXDI@v0.1.0 models/model_wrapper.py:L121; docs/research/nxdi_compiler_args.md).
+        "lnc": resolved_lnc(neuron_config),
     }
     return {
         "schema": KEY_SCHEMA,
@@ -224,9 +225,12 @@ def explain(keys: KeySet) -> list[str]:
         toolchain = keys.material["toolchain"]
         if name == "toolchain" and "lnc" in toolchain:
             target, lnc = toolchain["target"], toolchain["lnc"]
-            how = "logical_nc_config" if "neuron_config" in keys.material else "--logical-nc-config"
-            why = (f"{target}'s default" if lnc == default_lnc(target)
-                   else f"{how}; {target}'s default is {default_lnc(target)}")
+            how, default, whose = "--logical-nc-config", default_lnc(target), f"{target}'s default"
+            if "neuron_config" in keys.material:
+                how = "logical_nc_config"
+                if "logical_nc_config" not in keys.material["neuron_config"]:  # 2.21: 1 whatever the target
+                    how, default, whose = "logical_neuron_cores", 1, "NxDI 2.21's default"
+            why = whose if lnc == default else f"{how}; {whose} is {default}"
             lines.append(f"  lnc         {lnc}  (logical NeuronCores, resolved at submit: {why}; neuronx-cc and NxD "
                          f"both get it)")
         if name == "model" and "config" in keys.material["model"]:
