@@ -362,6 +362,17 @@ def _check_combinations(out: dict[str, Any], rel: NxdiRelease, target: str) -> N
     if out["quantized"] and not out["quantized_checkpoints_path"]:
         refuse("quantized_checkpoints_path", "quantized_checkpoints_path is required when quantized is true",
                "quantized_checkpoints_path is required")
+    if out["quantized"] and out["save_sharded_checkpoint"]:
+        # Pre-sharding loads the weights from quantized_checkpoints_path instead of the checkpoint (NXDI@ef2731e
+        # models/application_base.py:L637-L643): any path the worker can see, and bytes the key's digests (the
+        # checkpoint's weight files) do not describe. Without pre-sharding the compile never opens it.
+        raise NeuronConfigError(("quantized",), "quantized with save_sharded_checkpoint is not supported: the "
+                                "compile would shard weights from quantized_checkpoints_path, outside the pinned "
+                                "checkpoint; set save_sharded_checkpoint false (NxDI then reads the quantized "
+                                "weights at load time, on the serving host)")
+    if out.get("lora_config") is not None:
+        raise NeuronConfigError(("lora_config",), "LoRA is not supported yet: its adapters are files outside the "
+                                "pinned checkpoint (LoraServingConfig), which the key cannot describe")
     if out.get("skip_sharding") and (out["save_sharded_checkpoint"] or rel.column == "2.22"):
         # shard_weights writes nothing with skip_sharding (NXDI@ef2731e models/application_base.py:L246-L248;
         # v0.2.0 L159), yet load() reads weights/tp{rank}_sharded_checkpoint.safetensors whenever
