@@ -29,6 +29,7 @@ from compilesvc.spec.flags import canonical_flags
 from compilesvc.spec.neuron_releases import toolchain_material
 from compilesvc.spec.neuronx_cc_options import default_lnc, effective_lnc
 from compilesvc.spec.nxdi_config import resolved_lnc
+from compilesvc.spec.nxdi_fields import nxdi_release
 
 KEY_SCHEMA = "compilesvc-key/5"
 
@@ -116,6 +117,11 @@ def set_material(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt
     }
 
 
+#: The NxDI release columns whose hf_adapter reads config.json's ``torch_dtype`` only (NXDI@v0.1.0 … v0.6.10598
+#: utils/hf_adapter.py:L52-L56); from v0.7.14366 (SDK 2.27) it reads ``dtype`` first (L56).
+_TORCH_DTYPE_ONLY = frozenset({"2.21.0", "2.21.1", "2.22", "2.23", "2.24", "2.25", "2.26"})
+
+
 def presharded(spec: CompileSpec) -> bool:
     """Whether an nxdi compile of ``spec`` writes pre-sharded weights (``weights/tp{rank}_sharded_checkpoint.
     safetensors``), so that its artifact depends on the weights' values: NeuronConfig ``save_sharded_checkpoint``
@@ -164,7 +170,9 @@ def nxdi_material(spec: CompileSpec, checkpoint: CheckpointMaterial | None, salt
     return {
         "schema": KEY_SCHEMA,
         "salt": salt,
-        "model": {"format": spec.model.format, "config": canonical_config(checkpoint.config), "weights": weights},
+        "model": {"format": spec.model.format, "weights": weights,
+                  "config": canonical_config(checkpoint.config, dtype_alias=nxdi_release(spec.sdk).column
+                                             not in _TORCH_DTYPE_ONLY)},
         "toolchain": toolchain,
         "neuron_config": neuron_config,
         # NxDI derives its compiler flags from the NeuronConfig (docs/research/nxdi_compiler_args.md): the

@@ -38,3 +38,16 @@ def test_the_lnc_is_what_nxdi_compiles_with_for_the_release() -> None:
     assert new.material["toolchain"]["lnc"] == new.material["neuron_config"]["logical_nc_config"] == 2
     assert "resolved at submit: trn2's default;" in "\n".join(explain(new))
     assert keys("2.29.0", logical_nc_config=1).material["toolchain"]["lnc"] == 1
+
+
+def test_transformers_dtype_spelling_is_one_key_where_nxdi_reads_either() -> None:
+    """transformers 4.57 saves ``dtype`` where older ones wrote ``torch_dtype``; NxDI reads ``dtype`` first from
+    2.27 (NXDI@v0.7.14366 utils/hf_adapter.py:L56), ``torch_dtype`` alone before (v0.6.10598 L56)."""
+    new_spelling = {k: v for k, v in LLAMA.items() if k != "torch_dtype"} | {"dtype": "bfloat16"}
+    assert keys("2.29.0", new_spelling).key == keys("2.29.0").key
+    assert keys("2.27.0", new_spelling).material["model"]["config"]["torch_dtype"] == "bfloat16"
+    both = {**LLAMA, "dtype": "float16"}  # dtype wins, as NxDI and transformers take it
+    assert keys("2.29.0", both).key == keys("2.29.0", {**LLAMA, "torch_dtype": "float16"}).key
+    assert keys("2.26.0", new_spelling).key != keys("2.26.0").key
+    # transformers loads a dtype with getattr(torch, value): "torch.bfloat16" fails, and is not "bfloat16".
+    assert keys("2.29.0", {**LLAMA, "torch_dtype": "torch.bfloat16"}).key != keys("2.29.0").key
