@@ -97,9 +97,12 @@ def parse_vllm_args(argv: Sequence[str]) -> ServingArgs:
 def _assign(args: ServingArgs, name: str, value: str) -> None:
     if name in _INT:
         try:
-            setattr(args, _INT[name], _whole(value))
+            number = _whole(value)
         except ValueError:
             raise ServingArgsError(f"{name} {value!r} is not a whole number") from None
+        if number < 1:  # every one is a count or a size: 0 or less would only be compared, and mislead
+            raise ServingArgsError(f"{name} {value!r} must be at least 1")
+        setattr(args, _INT[name], number)
     elif name == "--model":
         args.model = value
     elif name == "--dtype":

@@ -63,10 +63,21 @@ class CheckpointMaterial:
         return cls(dict(data["config"]), None if weights is None else {str(k): str(v) for k, v in weights.items()})
 
 
-def canonical_config(config: dict[str, Any]) -> dict[str, Any]:
+def canonical_config(config: dict[str, Any], *, dtype_alias: bool = False) -> dict[str, Any]:
     """``config`` as key material: without :data:`NON_MATERIAL_CONFIG_FIELDS` (every other attribute is read by
-    the model class NxDI builds from it). Key order does not matter: keys are hashed as canonical JSON."""
-    return {name: value for name, value in config.items() if name not in NON_MATERIAL_CONFIG_FIELDS}
+    the model class NxDI builds from it). Key order does not matter: keys are hashed as canonical JSON.
+
+    With ``dtype_alias`` (an NxDI that reads ``dtype`` before ``torch_dtype``, and pops both: NXDI@v0.7.14366
+    src/neuronx_distributed_inference/utils/hf_adapter.py:L56, ef2731e L59-L67; SDK 2.27 on), transformers 4.56+'s
+    ``dtype`` is written ``torch_dtype``, ``dtype`` winning when both are given as NxDI and transformers take it.
+    Older NxDI reads ``torch_dtype`` alone, and what ``dtype`` does there depends on the transformers installed:
+    the two stay apart. The value is kept as written: transformers turns it into a torch dtype with
+    ``getattr(torch, value)``, so ``"torch.bfloat16"`` does not load (transformers 4.57 configuration_utils.py
+    L269-L274) and must not share a key with ``"bfloat16"``."""
+    out = {name: value for name, value in config.items() if name not in NON_MATERIAL_CONFIG_FIELDS}
+    if dtype_alias and "dtype" in out:
+        out["torch_dtype"] = out.pop("dtype")
+    return out
 
 
 def parse_config(data: bytes, where: str) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from compilesvc.spec.compile_spec import ISA_RE, NEURON_TARGETS, CompileSpec
 from compilesvc.spec.flags import canonical_flags
 from compilesvc.spec.neuron_releases import toolchain_material
 from compilesvc.spec.neuronx_cc_options import default_lnc, effective_lnc
+from compilesvc.spec.nxdi_config import resolved_lnc
+from compilesvc.spec.nxdi_fields import nxdi_release
 
 KEY_SCHEMA = "compilesvc-key/5"
 
@@ -115,12 +117,20 @@ def set_material(spec: CompileSpec, *, model_sha256: str, default_isa: str, salt
     }
 
 
+#: The NxDI release columns whose hf_adapter reads config.json's ``torch_dtype`` only (NXDI@v0.1.0 … v0.6.10598
+#: utils/hf_adapter.py:L52-L56); from v0.7.14366 (SDK 2.27) it reads ``dtype`` first (L56).
+_TORCH_DTYPE_ONLY = frozenset({"2.21.0", "2.21.1", "2.22", "2.23", "2.24", "2.25", "2.26"})
+
+
 def presharded(spec: CompileSpec) -> bool:
     """Whether an nxdi compile of ``spec`` writes pre-sharded weights (``weights/tp{rank}_sharded_checkpoint.
     safetensors``), so that its artifact depends on the weights' values: NeuronConfig ``save_sharded_checkpoint``
     as the canonical NeuronConfig resolves it (its default is the release's: True in 2.21-2.22, False from 2.23,
-    docs/research/nxdi.md §2)."""
-    return bool(spec.nxdi_config.get("save_sharded_checkpoint"))
+    docs/research/nxdi.md §2), unless ``skip_sharding`` (2.22+) stops ``shard_weights`` before it writes anything
+    (NXDI@ef2731e models/application_base.py:L246-L248; v0.2.0 L159). The spec check refuses the combinations
+    whose artifact could not load (:mod:`compilesvc.spec.nxdi_config`); this is what the compile writes."""
+    config = spec.nxdi_config
+    return bool(config.get("save_sharded_checkpoint")) and not config.get("skip_sharding")
 
 
 def nxdi_material(spec: CompileSpec, checkpoint: CheckpointMaterial | None, salt: str) -> dict[str, Any]:
@@ -146,21 +156,23 @@ def nxdi_material(spec: CompileSpec, checkpoint: CheckpointMaterial | None, salt
                 raise ValueError(f"weight digest of {path!r} must be 64 lowercase hex digits, got {sha!r}")
     neuron_config = spec.nxdi_config
     tp_degree = int(neuron_config.get("tp_degree", 1))
-    # The logical NeuronCores: the NeuronConfig's logical_nc_config when given, else the target's default, as
-    # NxDI resolves it without the (never passed) NEURON_LOGICAL_NC_CONFIG variable (NXDI@ef2731e
-    # models/config.py:L729-L759).
-    lnc = neuron_config.get("logical_nc_config")
     toolchain: dict[str, Any] = {
         "target": spec.target,
         "backend": spec.backend,
         "tp_degree": tp_degree,
         "neuron": toolchain_material(spec.sdk, spec.backend, tp_degree),
-        "lnc": lnc if isinstance(lnc, int) and not isinstance(lnc, bool) else default_lnc(spec.target),
+        # The logical NeuronCores NxDI compiles with, as the canonical NeuronConfig resolved them for the release:
+        # logical_nc_config (2.22+: given, else the target's, NXDI@ef2731e models/config.py:L729-L759), or 2.21's
+        # logical_neuron_cores (default 1 on every target, passed as --internal-num-neuroncores-per-sengine:
+        # NXDI@v0.1.0 models/model_wrapper.py:L121; docs/research/nxdi_compiler_args.md).
+        "lnc": resolved_lnc(neuron_config),
     }
     return {
         "schema": KEY_SCHEMA,
         "salt": salt,
-        "model": {"format": spec.model.format, "config": canonical_config(checkpoint.config), "weights": weights},
+        "model": {"format": spec.model.format, "weights": weights,
+                  "config": canonical_config(checkpoint.config, dtype_alias=nxdi_release(spec.sdk).column
+                                             not in _TORCH_DTYPE_ONLY)},
         "toolchain": toolchain,
         "neuron_config": neuron_config,
         # NxDI derives its compiler flags from the NeuronConfig (docs/research/nxdi_compiler_args.md): the
@@ -221,9 +233,12 @@ def explain(keys: KeySet) -> list[str]:
         toolchain = keys.material["toolchain"]
         if name == "toolchain" and "lnc" in toolchain:
             target, lnc = toolchain["target"], toolchain["lnc"]
-            how = "logical_nc_config" if "neuron_config" in keys.material else "--logical-nc-config"
-            why = (f"{target}'s default" if lnc == default_lnc(target)
-                   else f"{how}; {target}'s default is {default_lnc(target)}")
+            how, default, whose = "--logical-nc-config", default_lnc(target), f"{target}'s default"
+            if "neuron_config" in keys.material:
+                how = "logical_nc_config"
+                if "logical_nc_config" not in keys.material["neuron_config"]:  # 2.21: 1 whatever the target
+                    how, default, whose = "logical_neuron_cores", 1, "NxDI 2.21's default"
+            why = whose if lnc == default else f"{how}; {whose} is {default}"
             lines.append(f"  lnc         {lnc}  (logical NeuronCores, resolved at submit: {why}; neuronx-cc and NxD "
                          f"both get it)")
         if name == "model" and "config" in keys.material["model"]:

@@ -10,8 +10,9 @@ tp degree the target's largest instance cannot hold and an LNC the target does n
 
 Canonical form: every field of the release's NeuronConfig with its value or default (derived defaults such as
 ``max_context_length = seq_len`` resolved as config.py does), dtypes spelt as NxDI's ``to_torch_dtype`` names
-them, the LNC resolved for the target, and our short form ``buckets: [128, 512, 2048]`` expanded to
-``enable_bucketing`` + ``context_encoding_buckets`` + ``token_generation_buckets``. A spec that writes a default
+them, the LNC resolved for the target, and the sequence buckets written out (:mod:`compilesvc.spec.nxdi_buckets`:
+our short form ``buckets: [128, 512, 2048]`` expanded to ``enable_bucketing`` + ``context_encoding_buckets`` +
+``token_generation_buckets``). A spec that writes a default
 and one that omits it have the same canonical form.
 """
 
@@ -22,16 +23,20 @@ import math
 from typing import Any
 
 from compilesvc.spec.neuronx_cc_options import LNC_TARGETS, default_lnc
-from compilesvc.spec.nxdi_fields import TOP_CLASSES, Field, NxdiRelease, fields, nxdi_release, releases_with
+from compilesvc.spec.nxdi_buckets import SHORT_FORM as _SHORT_FORM
+from compilesvc.spec.nxdi_buckets import expand_buckets
+from compilesvc.spec.nxdi_fields import (
+    TOP_CLASSES,
+    Field,
+    NeuronConfigError,
+    NxdiRelease,
+    fields,
+    nxdi_check,
+    nxdi_release,
+    releases_with,
+)
 
-
-class NeuronConfigError(ValueError):
-    """A neuron_config field NxDI would refuse or ignore; ``field`` is its path inside neuron_config."""
-
-    def __init__(self, field: tuple[str | int, ...], message: str):
-        super().__init__(message)
-        self.field = field
-        self.message = message
+__all__ = ["NeuronConfigError", "canonical_neuron_config", "normalise_dtype", "resolved_lnc"]
 
 
 #: torch dtypes NxDI's ``to_torch_dtype`` accepts, by release column (v0.1.0 config.py:L14-L21: float32,
@@ -62,9 +67,6 @@ _POSITIVE = frozenset({
     "ep_degree", "cp_degree", "mlp_cp_degree", "attention_dp_degree", "world_size", "local_ranks_size",
     "pa_num_blocks", "pa_block_size", "logical_nc_config", "logical_neuron_cores", "cc_pipeline_tiling_factor",
 })
-#: Fields we take from elsewhere in the spec and never from neuron_config itself.
-_SHORT_FORM = "buckets"
-_MIN_AUTO_BUCKET = 128  # generate_buckets(128, max_len): NXDI@ef2731e modules/autobucketing.py:L149-L279
 
 
 def normalise_dtype(value: Any, column: str) -> str | None:
@@ -102,9 +104,14 @@ def _check_value(path: tuple[str | int, ...], spec: Field, value: Any, rel: Nxdi
         if base == "int" and isinstance(value, int) and not isinstance(value, bool):
             return value
         if base == "number" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
+            try:  # JSON integers are unbounded: float(10**400) raises OverflowError
+                number = float(value)
+            except OverflowError:
+                raise NeuronConfigError(path, f"{str(value)[:12]}... ({len(str(value))} digits) is beyond the "
+                                        "largest number NxDI can hold (a 64-bit float)") from None
+            if not math.isfinite(number):
                 break
-            return float(value)
+            return number
         if base == "str" and isinstance(value, str):
             return value
         if base == "dtype":
@@ -140,14 +147,6 @@ def _unknown(path: tuple[str | int, ...], name: str, known: list[str], rel: Nxdi
                              "Unexpected keyword arguments' and compiles with the default: aws-neuron/"
                              "neuronx-distributed-inference@ef2731e src/neuronx_distributed_inference/models/"
                              "config.py:L639-L640)")
-
-
-def _generate_buckets(low: int, high: int) -> list[int]:
-    """NxDI's ``generate_buckets`` (NXDI@ef2731e modules/autobucketing.py:L8-L19; v0.1.0 L7-L18)."""
-    if low == high:
-        return [high]
-    min_bound, max_bound = int(math.log2(low)), round(math.log2(high))
-    return [2 ** i for i in range(min_bound, max_bound)] + [high]
 
 
 def _default(spec: Field, values: dict[str, Any], target: str, lnc: int) -> Any:
@@ -227,7 +226,7 @@ def canonical_neuron_config(sdk: str, target: str, raw: dict[str, Any]) -> dict[
     for name, spec in extra.items():  # subclass fields: only where they differ from the default
         if name in checked and checked[name] != _default(spec, out, target, lnc):
             out[name] = checked[name]
-    _expand_buckets(out, raw, rel)
+    expand_buckets(out, raw, rel)
     _check_combinations(out, rel, target)
     return dict(sorted(out.items()))
 
@@ -276,80 +275,16 @@ def _nested(name: str, cls: str, value: dict[str, Any], sdk: str, target: str, r
     return dict(sorted(out.items()))
 
 
-def _expand_buckets(out: dict[str, Any], raw: dict[str, Any], rel: NxdiRelease) -> None:
-    """Our short form -> NxDI's lists; ``enable_bucketing`` alone -> the lists NxDI would generate; lists sorted
-    as NxDI sorts them (config.py:L189-L201)."""
-    cte, tkg = out.get("context_encoding_buckets"), out.get("token_generation_buckets")
-    max_ctx, max_len = out["max_context_length"], out["max_length"]
-    if _SHORT_FORM in raw:
-        short = raw[_SHORT_FORM]
-        if not isinstance(short, list) or not short:
-            raise NeuronConfigError((_SHORT_FORM,), f"expected a non-empty list of sequence lengths, e.g. [128, 512, "
-                                    f"{max_len}], got {short!r}")
-        for index, item in enumerate(short):
-            if isinstance(item, bool) or not isinstance(item, int) or item < 1:
-                raise NeuronConfigError((_SHORT_FORM, index), f"expected a sequence length (an integer >= 1), got "
-                                        f"{item!r}")
-            if item > max_len:
-                raise NeuronConfigError((_SHORT_FORM, index), f"bucket {item} is above seq_len/max_length {max_len}: "
-                                        f"NxDI asserts 'Token generation bucket {item} should be <= {max_len}' "
-                                        f"({_nxdi_check(rel, 'Token generation bucket')})")
-        for other in ("context_encoding_buckets", "token_generation_buckets"):
-            if raw.get(other) is not None:
-                raise NeuronConfigError((other,), "give either buckets (our short form) or context_encoding_buckets/"
-                                        "token_generation_buckets, not both")
-        if raw.get("enable_bucketing") is False:
-            raise NeuronConfigError(("enable_bucketing",), "false contradicts buckets: NxDI ignores bucket lists "
-                                    "without enable_bucketing (modules/autobucketing.py generate_buckets_for_cte)")
-        ordered = sorted(set(short))
-        cte = [b for b in ordered if b <= max_ctx]
-        if not cte:
-            raise NeuronConfigError((_SHORT_FORM, 0), f"no bucket is at or below max_context_length {max_ctx}: the "
-                                    "context-encoding model would have none")
-        out.update(enable_bucketing=True, context_encoding_buckets=cte, token_generation_buckets=ordered)
-        return
-    if not out["enable_bucketing"]:
-        for name, given in (("context_encoding_buckets", cte), ("token_generation_buckets", tkg)):
-            if given is not None:
-                raise NeuronConfigError((name,), "has no effect without enable_bucketing: NxDI compiles one "
-                                        "bucket of max_context_length/max_length then (generate_buckets_for_cte/tkg)")
-        return
-    special = out.get("is_prefix_caching") or out.get("chunked_prefill_config") or out.get("is_chunked_prefill")
-    for name, given, bound, label in (("context_encoding_buckets", cte, max_ctx, "Context"),
-                                      ("token_generation_buckets", tkg, max_len, "Token generation")):
-        if given is None:
-            if not special:  # prefix caching / chunked prefill generate 2-D buckets of their own: left to NxDI
-                out[name] = _generate_buckets(min(_MIN_AUTO_BUCKET, bound), bound)
-            continue
-        if not given:
-            raise NeuronConfigError((name,), "expected at least one bucket")
-        for index, item in enumerate(given):
-            if item < 1:
-                raise NeuronConfigError((name, index), f"expected a sequence length >= 1, got {item}")
-        ordered = sorted(set(given))
-        if ordered[-1] > bound:
-            raise NeuronConfigError((name, given.index(ordered[-1])), f"{label} bucket {ordered[-1]} should be <= "
-                                    f"{bound} ({'max_context_length' if label == 'Context' else 'max_length'}): NxDI "
-                                    f"asserts it ({_nxdi_check(rel, f'{label} bucket')})")
-        out[name] = ordered
-
-
-def _nxdi_check(rel: NxdiRelease, fragment: str) -> str | None:
-    """Where ``rel``'s NxDI makes the check whose message holds ``fragment`` (None: it does not)."""
-    line = rel.check_line(fragment)
-    return rel.cite(line) if line is not None else None
-
-
 def _check_combinations(out: dict[str, Any], rel: NxdiRelease, target: str) -> None:
     """The combinations NxDI asserts, each where the release's config.py asserts it (cited from the "checks" of
     the table, docs/research/nxdi_config_fields.md), and our own rules, said to be ours."""
     def refuse(path: str, message: str, fragment: str) -> None:
-        where = _nxdi_check(rel, fragment)
+        where = nxdi_check(rel, fragment)
         if where is not None:
             raise NeuronConfigError((path,), f"{message} (NxDI refuses it: {where})")
 
     if out["max_context_length"] > out["max_length"]:  # ours where NxDI does not assert it (before 2.25)
-        where = _nxdi_check(rel, "max_context_length cannot be more than max_length")
+        where = nxdi_check(rel, "max_context_length cannot be more than max_length")
         raise NeuronConfigError(("max_context_length",), f"max_context_length {out['max_context_length']} cannot be "
                                 f"more than max_length {out['max_length']} ("
                                 + (f"NxDI refuses it: {where})" if where else "our rule: the context-encoding model "
@@ -357,6 +292,26 @@ def _check_combinations(out: dict[str, Any], rel: NxdiRelease, target: str) -> N
     if out["quantized"] and not out["quantized_checkpoints_path"]:
         refuse("quantized_checkpoints_path", "quantized_checkpoints_path is required when quantized is true",
                "quantized_checkpoints_path is required")
+    if out["quantized"] and out["save_sharded_checkpoint"]:
+        # Pre-sharding loads the weights from quantized_checkpoints_path instead of the checkpoint (NXDI@ef2731e
+        # models/application_base.py:L637-L643): any path the worker can see, and bytes the key's digests (the
+        # checkpoint's weight files) do not describe. Without pre-sharding the compile never opens it.
+        raise NeuronConfigError(("quantized",), "quantized with save_sharded_checkpoint is not supported: the "
+                                "compile would shard weights from quantized_checkpoints_path, outside the pinned "
+                                "checkpoint; set save_sharded_checkpoint false (NxDI then reads the quantized "
+                                "weights at load time, on the serving host)")
+    if out.get("lora_config") is not None:
+        raise NeuronConfigError(("lora_config",), "LoRA is not supported yet: its adapters are files outside the "
+                                "pinned checkpoint (LoraServingConfig), which the key cannot describe")
+    if out.get("skip_sharding") and (out["save_sharded_checkpoint"] or rel.column == "2.22"):
+        # shard_weights writes nothing with skip_sharding (NXDI@ef2731e models/application_base.py:L246-L248;
+        # v0.2.0 L159), yet load() reads weights/tp{rank}_sharded_checkpoint.safetensors whenever
+        # save_sharded_checkpoint (ef2731e L389-L399; v0.3.5591 L260) or, in 2.22, either flag (v0.2.0 L252).
+        raise NeuronConfigError(("skip_sharding",), "skip_sharding leaves weights/tp{rank}_sharded_checkpoint."
+                                "safetensors unwritten, yet NxDI's load() reads them "
+                                + ("(in 2.22 whenever skip_sharding is set)" if rel.column == "2.22" else
+                                   "with save_sharded_checkpoint") + ": the artifact could not load (our rule: "
+                                "this service makes no shards outside the compile); leave skip_sharding out")
     if out.get("cast_type", "config") not in ("config", "as-declared"):
         refuse("cast_type", f"cast_type must be one of config, as-declared, got {out['cast_type']!r}",
                "cast_type must be one of")

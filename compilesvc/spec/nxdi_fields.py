@@ -4,7 +4,9 @@ Owns ``compilesvc/spec/nxdi_fields.json`` and its look-ups. The table is every `
 of ``src/neuronx_distributed_inference/models/config.py`` at the ref of github.com/aws-neuron/
 neuronx-distributed-inference holding each release's source (docs/research/nxdi_config_fields.md, made
 with Python's ast; each default keeps its line there, so a message can cite ``<ref> config.py:L<n>``), and
-every ``assert``/``raise`` of config.py per release with its line (the "checks" part).
+every ``assert``/``raise`` of config.py per release with its line (the "checks" part; :func:`nxdi_check` cites
+one). :class:`NeuronConfigError`, the refusal of one field, lives here so that the modules checking a
+NeuronConfig (:mod:`nxdi_config`, :mod:`nxdi_buckets`) share it without importing each other.
 The types are read from how config.py uses a field (a ``None`` default does not say it).
 
 Which column a Neuron SDK release uses is decided by the NxDI version it ships (:mod:`neuron_releases`,
@@ -99,6 +101,21 @@ class NxdiRelease:
         """``aws-neuron/neuronx-distributed-inference@<ref> …/config.py:L<n>`` (with the assumption, if any)."""
         where = f"{REPO}@{self.ref} {CONFIG_PATH}" + (f":L{line}" if line else "")
         return f"{where} ({self.assumed})" if self.assumed else where
+
+
+class NeuronConfigError(ValueError):
+    """A neuron_config field NxDI would refuse or ignore; ``field`` is its path inside neuron_config."""
+
+    def __init__(self, field: tuple[str | int, ...], message: str):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def nxdi_check(rel: NxdiRelease, fragment: str) -> str | None:
+    """Where ``rel``'s NxDI makes the check whose message holds ``fragment`` (None: it does not)."""
+    line = rel.check_line(fragment)
+    return rel.cite(line) if line is not None else None
 
 
 @functools.lru_cache(maxsize=1)

@@ -175,6 +175,17 @@ def test_a_presharded_artifact_lacking_a_rank_is_refused(tmp_path: Path) -> None
         "weights/tp7_sharded_checkpoint.safetensors: vLLM would fail to load it and compile on this host"]
 
 
+def test_a_skip_sharding_artifact_is_held_to_what_load_reads(tmp_path: Path) -> None:
+    """skip_sharding stops the compile writing weights/ (NXDI@ef2731e models/application_base.py:L246-L248), yet
+    load() reads them whenever save_sharded_checkpoint (L389-L399): such an artifact (not one of ours: the spec
+    check refuses the combination) is refused as lacking every rank, not served as weight-free."""
+    art = artifact(tmp_path, shards=0, save_sharded_checkpoint=True, skip_sharding=True)
+    assert art.presharded and len(art.missing_shards()) == 8
+    [line] = refusals(art, *MATCHING)
+    assert line.startswith("the artifact was compiled with save_sharded_checkpoint but lacks "
+                           "weights/tp0_sharded_checkpoint.safetensors")
+
+
 def test_a_weight_free_artifact_needs_the_checkpoint_where_nxdi_looks(tmp_path: Path) -> None:
     art = artifact(tmp_path, shards=0)
     checkpoint = write_checkpoint(tmp_path / "llama")
@@ -232,6 +243,10 @@ def test_unreadable_arguments_and_documents_are_errors(tmp_path: Path) -> None:
         parse_vllm_args(["--max-model-len", "1M"])
     with pytest.raises(ServingArgsError, match="--override-neuron-config is not JSON"):
         parse_vllm_args(["--override-neuron-config", "{batch_size: 4}"])
+    for argv in (["--max-num-seqs", "-1"], ["-tp", "0"], ["--max-model-len=0"], ["--block-size", "-16"],
+                 ["--speculative-config", '{"num_speculative_tokens": 0}']):
+        with pytest.raises(ServingArgsError, match=r"' must be at least 1$"):
+            parse_vllm_args(argv)
     with pytest.raises(ServingArgsError, match="--tensor-parallel-size needs a value"):
         parse_vllm_args(["--tensor-parallel-size"])
     (tmp_path / "model.pt").write_bytes(b"m")

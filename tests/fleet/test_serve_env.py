@@ -82,6 +82,9 @@ def test_mismatched_vllm_arguments_are_refused_one_line_each(fleet_api: FleetApi
     unreadable = serve_env(fleet_api, key, "--offline", "--", "--max-model-len", "lots")
     assert unreadable.returncode == 2
     assert unreadable.stderr == "error: vLLM arguments: --max-model-len 'lots' is not a whole number\n"
+    negative = serve_env(fleet_api, key, "--offline", "--", "--max-num-seqs", "-1")
+    assert negative.returncode == 2
+    assert negative.stderr == "error: vLLM arguments: --max-num-seqs '-1' must be at least 1\n"
 
 
 @pytest.fixture

@@ -107,6 +107,21 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("bad cast_type", llm({"cast_type": "fp32"}), "neuron_config.cast_type", "must be one of config, as-declared"),
     ("nested field misspelt", llm({"on_device_sampling_config": {"top_kk": 5}}),
      "neuron_config.on_device_sampling_config.top_kk", "did you mean 'top_k'?"),
+    ("a number beyond a float", llm({"quantize_clamp_bound": 10**400}), "neuron_config.quantize_clamp_bound",
+     "digits) is beyond the largest number"),
+    ("a nested number beyond a float", llm({"on_device_sampling_config": {"temperature": 10**400}}),
+     "neuron_config.on_device_sampling_config.temperature", "digits) is beyond the largest number"),
+    ("skip_sharding with save_sharded_checkpoint", llm({"save_sharded_checkpoint": True, "skip_sharding": True}),
+     "neuron_config.skip_sharding", "yet NxDI's load() reads them with save_sharded_checkpoint"),
+    ("skip_sharding in 2.22", llm({"skip_sharding": True, "save_sharded_checkpoint": False}, sdk="2.22.0"),
+     "neuron_config.skip_sharding", "(in 2.22 whenever skip_sharding is set)"),
+    ("quantized pre-sharding", llm({"quantized": True, "quantized_checkpoints_path": "/data/q",
+                                    "save_sharded_checkpoint": True}), "neuron_config.quantized",
+     "quantized with save_sharded_checkpoint is not supported"),
+    ("quantized pre-sharding by 2.21's default", llm({"quantized": True, "quantized_checkpoints_path": "q"},
+                                                     sdk="2.21.0"), "neuron_config.quantized",
+     "set save_sharded_checkpoint false"),
+    ("LoRA", llm({"lora_config": {"max_loras": 2}}), "neuron_config.lora_config", "LoRA is not supported yet"),
     ("nested field of the wrong type", llm({"on_device_sampling_config": {"top_p": "high"}}),
      "neuron_config.on_device_sampling_config.top_p", "expected a number"),
     ("a field only newer releases have", llm({"token_generation_batches": [1, 4]}, sdk="2.27.1"),
@@ -300,8 +315,22 @@ def test_checkpoint_config_checks(config: Any, field: tuple[Any, ...], fragment:
 
 
 def test_a_llama_checkpoint_config_passes() -> None:
-    check_checkpoint_config("2.29.1", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                       "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2})
+    """Accepted by every release that ships NxDI (Llama is in each one's hub), unchanged, as NeuronLlamaForCausalLM;
+    and each attribute the check reads is what makes it pass: without it, the same config is refused there."""
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "num_attention_heads": 4, "num_hidden_layers": 2}
+    given = copy.deepcopy(config)
+    releases = [sdk for sdk, entry in table().items() if entry.neuronx_distributed_inference is not None]
+    assert "2.21.0" in releases and "2.29.1" in releases
+    for sdk in releases:
+        assert check_checkpoint_config(sdk, config) is None, sdk
+        assert architecture_class(sdk, config["architectures"]) == (
+            "neuronx_distributed_inference.models.llama.modeling_llama", "NeuronLlamaForCausalLM")
+    assert config == given
+    for name in ("architectures", "model_type"):
+        with pytest.raises(CheckpointConfigError) as raised:
+            check_checkpoint_config("2.29.1", {k: v for k, v in config.items() if k != name})
+        assert raised.value.field == (name,)
 
 
 def test_refusals_cite_the_line_of_the_release_that_makes_the_check() -> None:
