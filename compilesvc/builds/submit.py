@@ -124,7 +124,7 @@ class Submitter:
             weight_digests = spec.backend == "nxdi" and presharded(spec)
         except NeuronConfigError as exc:  # (the spec's own validation reports these first)
             raise ModelRefError(exc.message, field=".".join(["neuron_config", *map(str, exc.field)])) from None
-        pinned = self.services.resolver.pin(spec.model, weight_digests=weight_digests)
+        pinned = self.services.resolver.pin(spec.model, weight_digests=weight_digests, sdk=spec.sdk)
         if pinned.checkpoint is not None:
             check_architecture(spec.sdk, pinned.checkpoint)
         keys = compute_keys(spec, model_sha256=pinned.sha256, default_isa=self.services.default_isa,
