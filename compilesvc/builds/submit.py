@@ -130,7 +130,7 @@ class Submitter:
             raise ModelRefError(exc.message, field=".".join(["neuron_config", *map(str, exc.field)])) from None
         pinned = self._reused(spec, reuse, weight_digests) if reuse is not None else None
         if pinned is None:
-            pinned = self.services.resolver.pin(spec.model, weight_digests=weight_digests)
+            pinned = self.services.resolver.pin(spec.model, weight_digests=weight_digests, sdk=spec.sdk)
         if pinned.checkpoint is not None:
             check_architecture(spec.sdk, pinned.checkpoint)
         keys = compute_keys(spec, model_sha256=pinned.sha256, default_isa=self.services.default_isa,

@@ -261,7 +261,7 @@ def model_identity(spec: CompileSpec, settings: Settings | None = None) -> tuple
     uri = spec.model.uri
     try:
         return identity_for_key(spec.model, settings or _settings(),
-                                weight_digests=spec.backend == "nxdi" and presharded(spec))
+                                weight_digests=spec.backend == "nxdi" and presharded(spec), sdk=spec.sdk)
     except ModelRefError as exc:
         unreadable = spec.model.format != "hf-checkpoint" or exc.message.startswith("cannot read")
         if uri.startswith("file://") and unreadable:

@@ -22,12 +22,12 @@ from pathlib import Path
 
 from compilesvc.fleet._llm import LLMArtifact
 from compilesvc.fleet._remote import FleetError
+from compilesvc.spec.checkpoint import WEIGHT_FILES
 
 MARKER = ".compilesvc-serving.json"
-#: What NxDI accepts as an HF checkpoint directory, in its order (NXDI@ef2731e modules/checkpoint.py:L36-L68).
-CHECKPOINT_FILES = ("model.safetensors", "diffusion_pytorch_model.safetensors", "model.safetensors.index.json",
-                    "diffusion_pytorch_model.safetensors.index.json", "pytorch_model.bin",
-                    "pytorch_model.bin.index.json")
+#: What NxDI accepts as an HF checkpoint directory, in its order (NXDI@ef2731e modules/checkpoint.py:L49-L64): the
+#: list pinning keys the weights by, so the serving host and the key agree on which file is read.
+CHECKPOINT_FILES = WEIGHT_FILES
 
 
 class ServingDirRefused(FleetError):

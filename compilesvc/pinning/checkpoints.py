@@ -23,7 +23,7 @@ import hashlib
 import os
 import stat
 import tarfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
@@ -32,15 +32,20 @@ from sqlalchemy.exc import IntegrityError
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import CheckpointPin
 from compilesvc.pinning.pins import ModelChangedError, ModelRefError, PinnedModel
-from compilesvc.spec import nxdi_models
+from compilesvc.spec import neuron_releases, nxdi_models
 from compilesvc.spec.checkpoint import (
     CONFIG_MAX_BYTES,
     CONFIG_NAME,
     INDEX_MAX_BYTES,
+    WEIGHT_LAYOUTS,
     CheckpointError,
     CheckpointMaterial,
+    add_member,
+    archive_member_path,
     checkpoint_files,
     parse_config,
+    weight_layout,
+    weight_layouts,
 )
 from compilesvc.spec.compile_spec import ModelRef
 from compilesvc.spec.keys import digest
@@ -50,10 +55,34 @@ if TYPE_CHECKING:
     from compilesvc.pinning.identity import ModelResolver
 
 #: Files the key may read whole: config.json and weight indexes.
-_SMALL_LIMITS = {CONFIG_NAME: CONFIG_MAX_BYTES, "model.safetensors.index.json": INDEX_MAX_BYTES,
-                 "pytorch_model.bin.index.json": INDEX_MAX_BYTES}
+_SMALL_LIMITS = {CONFIG_NAME: CONFIG_MAX_BYTES,
+                 **{name: INDEX_MAX_BYTES for name, is_index in WEIGHT_LAYOUTS if is_index}}
 #: What a weight file can be called (the layouts' files and the shards indexes name): hashed only when needed.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json")
+
+
+def layouts_for(sdk: str | None) -> tuple[tuple[str, bool], ...]:
+    """The weight-file order of the NxDI that release ``sdk`` ships (the newest order when unknown)."""
+    if sdk is None:
+        return WEIGHT_LAYOUTS
+    try:
+        return weight_layouts(neuron_releases.lookup(sdk).neuronx_distributed_inference)
+    except neuron_releases.UnknownRelease:
+        return WEIGHT_LAYOUTS
+
+
+def verify_digests(material: CheckpointMaterial, config_sha256: str) -> dict[str, str]:
+    """What the worker checks on the directory it hands the compile (``fetch["verify"]``: relative path ->
+    sha256): config.json's bytes as the key read them, and the weight files when the key holds them."""
+    return {CONFIG_NAME: config_sha256, **(material.weights or {})}
+
+
+def check_total_size(total: int, where: str, max_bytes: int) -> None:
+    """A ModelRefError when a checkpoint pinned file by file is larger than the worker may fetch: the same cap
+    an archive's extraction has (``COMPILESVC_HF_EXTRACT_MAX_BYTES``)."""
+    if total > max_bytes:
+        raise ModelRefError(f"{where} holds {total} bytes, more than {max_bytes} "
+                            "(COMPILESVC_HF_EXTRACT_MAX_BYTES), the most a worker fetches for one checkpoint")
 
 
 def listing_sha256(entries: Iterable[Iterable[Any]]) -> str:
@@ -72,17 +101,20 @@ def safe_relative(path: str, where: str) -> str:
 
 
 def material_of(names: Iterable[str], read_small: Callable[[str], bytes],
-                weight_sha256: Callable[[str], str] | None) -> CheckpointMaterial:
+                weight_sha256: Callable[[str], str] | None,
+                layouts: tuple[tuple[str, bool], ...] = WEIGHT_LAYOUTS) -> tuple[CheckpointMaterial, str]:
     """The checkpoint's key material from its file ``names`` (relative to its root): config.json parsed, and the
-    weight files' digests when ``weight_sha256`` is given. Refusals (a missing config.json or weights, an index
-    naming absent shards) are ModelRefErrors."""
+    weight files' digests when ``weight_sha256`` is given (the files NxDI with loader order ``layouts`` reads);
+    and config.json's sha256. Refusals (a missing config.json or weights, an index naming absent shards) are
+    ModelRefErrors."""
     try:
-        files = checkpoint_files(names, read_small)
-        config = parse_config(read_small(CONFIG_NAME), CONFIG_NAME)
+        files = checkpoint_files(names, read_small, layouts)
+        config_bytes = read_small(CONFIG_NAME)
+        config = parse_config(config_bytes, CONFIG_NAME)
     except CheckpointError as exc:
         raise ModelRefError(f"not a checkpoint NxD Inference can compile: {exc}") from None
     weights = None if weight_sha256 is None else {name: weight_sha256(name) for name in files}
-    return CheckpointMaterial(config, weights)
+    return CheckpointMaterial(config, weights), hashlib.sha256(config_bytes).hexdigest()
 
 
 def _hash_stream(read: Callable[[int], bytes]) -> str:
@@ -97,7 +129,7 @@ def _hash_stream(read: Callable[[int], bytes]) -> str:
 
 def _archive_root(names: Iterable[str]) -> str:
     """The archive's checkpoint root ("" or "top/"), as the worker's extraction finds it: config.json at the root,
-    else in its single top-level directory (workers.compiling.model_loading.safe_extract)."""
+    else in its single top-level directory (workers.compiling.archive_limits.safe_extract)."""
     names = set(names)
     if CONFIG_NAME in names:
         return ""
@@ -108,51 +140,67 @@ def _archive_root(names: Iterable[str]) -> str:
                         "in its single top-level directory")
 
 
-def pin_blob(resolver: ModelResolver, ref: ModelRef, sha256: str, size: int, *, weight_digests: bool) -> PinnedModel:
-    """An uploaded checkpoint archive, its material remembered in the ledger by the blob's sha256 (a blob never
-    changes): the second pin reads nothing from the store, unless it needs weight digests the first did not."""
-    remembered = _remembered(resolver, sha256)
-    if remembered is not None and (remembered.weights is not None or not weight_digests):
-        material = remembered if weight_digests else CheckpointMaterial(remembered.config, None)
-        return PinnedModel(ref.uri, ref.format, sha256, size, {"kind": "blob", "sha256": sha256}, material)
-    pinned = _read_blob(resolver, ref, sha256, size, weight_digests=weight_digests)
+def pin_blob(resolver: ModelResolver, ref: ModelRef, sha256: str, size: int, *, weight_digests: bool,
+             layouts: tuple[tuple[str, bool], ...] = WEIGHT_LAYOUTS) -> PinnedModel:
+    """An uploaded checkpoint archive, its reading remembered in the ledger by the blob's sha256 and the weight
+    layouts it was read with (a blob never changes): the second pin reads nothing from the store, unless it needs
+    weight digests the first did not compute."""
+    remembered = _remembered(resolver, sha256, layouts)
+    if remembered is not None and (remembered[0].weights is not None or not weight_digests):
+        material, config_sha256 = remembered
+        if not weight_digests:
+            material = CheckpointMaterial(material.config, None)
+        fetch = {"kind": "blob", "sha256": sha256, "verify": verify_digests(material, config_sha256)}
+        return PinnedModel(ref.uri, ref.format, sha256, size, fetch, material)
+    pinned = _read_blob(resolver, ref, sha256, size, weight_digests=weight_digests, layouts=layouts)
     if pinned.checkpoint is not None:
-        _remember(resolver, sha256, pinned.checkpoint)
+        _remember(resolver, sha256, layouts, pinned.checkpoint, pinned.fetch["verify"][CONFIG_NAME])
     return pinned
 
 
-def _remembered(resolver: ModelResolver, sha256: str) -> CheckpointMaterial | None:
+def _layouts_tag(layouts: tuple[tuple[str, bool], ...]) -> list[str]:
+    return [name for name, _ in layouts]
+
+
+def _remembered(resolver: ModelResolver, sha256: str,
+                layouts: tuple[tuple[str, bool], ...]) -> tuple[CheckpointMaterial, str] | None:
     if resolver.sessions is None:
         return None
     with resolver.sessions() as session:
         row = session.get(CheckpointPin, sha256)
-        return CheckpointMaterial.from_json(row.material) if row is not None else None
+        document = dict(row.material) if row is not None else None
+    # Read with other weight layouts (another NxDI release's), the weight files may differ: read it again.
+    if document is None or document.get("layouts") != _layouts_tag(layouts) or not document.get("config_sha256"):
+        return None
+    return CheckpointMaterial.from_json(document), str(document["config_sha256"])
 
 
-def _remember(resolver: ModelResolver, sha256: str, material: CheckpointMaterial) -> None:
-    """Store it, or add weight digests to one stored without; a concurrent first pin of the same blob wins."""
+def _remember(resolver: ModelResolver, sha256: str, layouts: tuple[tuple[str, bool], ...],
+              material: CheckpointMaterial, config_sha256: str) -> None:
+    """Store it, or replace one stored without weight digests or with other layouts; a concurrent first pin of the
+    same blob wins (the same blob, the same reading)."""
     if resolver.sessions is None:
         return
+    document = {**material.as_json(), "config_sha256": config_sha256, "layouts": _layouts_tag(layouts)}
     try:
         with transaction(resolver.sessions) as session:
             row = session.get(CheckpointPin, sha256)
             if row is None:
-                session.add(CheckpointPin(blob_sha256=sha256, material=material.as_json()))
-            elif material.weights is not None:
-                row.material = material.as_json()
-    except IntegrityError:  # another submit remembered it meanwhile: the same blob, the same material
+                session.add(CheckpointPin(blob_sha256=sha256, material=document))
+            elif material.weights is not None or dict(row.material).get("layouts") != document["layouts"]:
+                row.material = document
+    except IntegrityError:
         pass
 
 
-def _read_blob(resolver: ModelResolver, ref: ModelRef, sha256: str, size: int, *,
-               weight_digests: bool) -> PinnedModel:
-    """An uploaded checkpoint archive read: its members listed from the store, config.json read out of it (bounded),
-    each weight member hashed as it streams past only when ``weight_digests``."""
+def _members(resolver: ModelResolver, sha256: str) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo, str]]:
+    """Each regular member of the stored archive with its normalised path, the archive refused (a ModelRefError
+    naming the member) at a link, a device, a path outside it or a second copy of a path: the worker's extraction
+    refuses the same members, so the files the key reads are the files the compile reads."""
     assert resolver.store is not None
     max_files = resolver.settings.hf_extract_max_files
-    sizes: dict[str, int] = {}
-    small: dict[str, bytes] = {}
-    hashed: dict[str, str] = {}
+    seen: set[str] = set()
+    count = 0
     with resolver.store.open_blob(sha256) as blob:
         # A seekable blob (the local store) is read header by header, skipping member data; a stream is read
         # through (tarfile cannot skip without seeking).
@@ -160,31 +208,53 @@ def _read_blob(resolver: ModelResolver, ref: ModelRef, sha256: str, size: int, *
         try:
             with tarfile.open(fileobj=blob, mode=mode) as tar:  # type: ignore[call-overload]
                 for member in tar:
-                    if len(sizes) >= max_files:
+                    count += 1
+                    if count > max_files:
                         raise ModelRefError(f"the checkpoint archive has more than {max_files} files, the most this "
                                             "service reads (COMPILESVC_HF_EXTRACT_MAX_FILES)")
-                    if not member.isfile():
+                    path = archive_member_path(member.name, regular=member.isfile(), directory=member.isdir())
+                    if path is None:
                         continue
-                    name = member.name.removeprefix("./")
-                    sizes[name] = member.size
-                    base = name.rsplit("/", 1)[-1]
-                    data = None  # a streamed member can be read once: its bytes, when kept, are hashed
-                    if base in _SMALL_LIMITS and name.count("/") <= 1:
-                        if member.size > _SMALL_LIMITS[base]:
-                            raise ModelRefError(f"not a checkpoint NxD Inference can compile: {name} in the archive "
-                                                f"is larger than {_SMALL_LIMITS[base] // 1024**2} MiB")
-                        small[name] = data = _member(tar, member).read()
-                    if weight_digests and base.endswith(_WEIGHT_SUFFIXES):
-                        hashed[name] = (hashlib.sha256(data).hexdigest() if data is not None
-                                        else _hash_stream(_member(tar, member).read))
+                    add_member(seen, path, member.name)
+                    yield tar, member, path
+        except CheckpointError as exc:
+            raise ModelRefError(f"not a checkpoint NxD Inference can compile: {exc}") from None
         except tarfile.TarError as exc:
             raise ModelRefError(f"blob sha256:{sha256} is not a readable tar archive of a checkpoint directory: "
                                 f"{exc}") from None
+
+
+def _read_blob(resolver: ModelResolver, ref: ModelRef, sha256: str, size: int, *, weight_digests: bool,
+               layouts: tuple[tuple[str, bool], ...] = WEIGHT_LAYOUTS) -> PinnedModel:
+    """An uploaded checkpoint archive, read twice: its member list (refusing what the worker's extraction
+    refuses), then the root's config.json and the index NxDI reads (nothing else is held: a few MiB, not one copy
+    per directory), each root weight member hashed as it streams past only when ``weight_digests``."""
+    sizes = {path: member.size for _, member, path in _members(resolver, sha256)}
     root = _archive_root(sizes)
     names = [name[len(root):] for name in sizes if name.startswith(root)]
-    material = material_of(names, lambda name: small[root + name],
-                           (lambda name: hashed[root + name]) if weight_digests else None)
-    return PinnedModel(ref.uri, ref.format, sha256, size, {"kind": "blob", "sha256": sha256}, material)
+    try:
+        layout, is_index = weight_layout(names, layouts)
+    except CheckpointError as exc:
+        raise ModelRefError(f"not a checkpoint NxD Inference can compile: {exc}") from None
+    wanted = {root + CONFIG_NAME, *([root + layout] if is_index else [])}
+    for path in wanted:
+        limit = _SMALL_LIMITS[path.rsplit("/", 1)[-1]]
+        if sizes[path] > limit:
+            raise ModelRefError(f"not a checkpoint NxD Inference can compile: {path} in the archive is larger than "
+                                f"{limit // 1024**2} MiB")
+    small: dict[str, bytes] = {}
+    hashed: dict[str, str] = {}
+    for tar, member, path in _members(resolver, sha256):
+        data = None  # a streamed member can be read once: its bytes, when kept, are hashed
+        if path in wanted:
+            small[path] = data = _member(tar, member).read()
+        if weight_digests and path.startswith(root) and path.endswith(_WEIGHT_SUFFIXES):
+            hashed[path] = (hashlib.sha256(data).hexdigest() if data is not None
+                            else _hash_stream(_member(tar, member).read))
+    material, config_sha256 = material_of(names, lambda name: small[root + name],
+                                          (lambda name: hashed[root + name]) if weight_digests else None, layouts)
+    fetch = {"kind": "blob", "sha256": sha256, "verify": verify_digests(material, config_sha256)}
+    return PinnedModel(ref.uri, ref.format, sha256, size, fetch, material)
 
 
 def _seekable(blob: IO[bytes]) -> bool:
@@ -203,7 +273,8 @@ def _member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
 # -- file:///abs/dir -------------------------------------------------------------------------------------------
 
 
-def pin_directory(resolver: ModelResolver, ref: ModelRef, root: Path, *, weight_digests: bool) -> PinnedModel:
+def pin_directory(resolver: ModelResolver, ref: ModelRef, root: Path, *, weight_digests: bool,
+                  layouts: tuple[tuple[str, bool], ...] = WEIGHT_LAYOUTS) -> PinnedModel:
     """A checkpoint directory on this host: every regular file pinned by (path, size, mtime), config.json read,
     weight files hashed only when ``weight_digests``. Symbolic links are followed (a Hugging Face cache snapshot
     is links into its blobs) and pinned as the files they reach."""
@@ -223,6 +294,7 @@ def pin_directory(resolver: ModelResolver, ref: ModelRef, root: Path, *, weight_
                 raise ModelRefError(f"{root} has more than {max_files} files, the most this service reads "
                                     "(COMPILESVC_HF_EXTRACT_MAX_FILES)")
             files[path.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns)
+    check_total_size(sum(size for size, _ in files.values()), str(root), resolver.settings.hf_extract_max_bytes)
 
     def read_small(name: str) -> bytes:
         limit = _SMALL_LIMITS.get(name.rsplit("/", 1)[-1], CONFIG_MAX_BYTES)
@@ -241,13 +313,14 @@ def pin_directory(resolver: ModelResolver, ref: ModelRef, root: Path, *, weight_
         return sha
 
     try:
-        material = material_of(files, read_small, weight_sha256 if weight_digests else None)
+        material, config_sha256 = material_of(files, read_small, weight_sha256 if weight_digests else None, layouts)
     except OSError as exc:
         raise ModelRefError(f"cannot read the checkpoint in {root}: {exc.strerror}") from None
     listed = [[name, size, mtime_ns] for name, (size, mtime_ns) in files.items()]
     sha256 = listing_sha256(listed)
     fetch = {"kind": "file-dir", "path": str(root), "sha256": sha256,
-             "files": [{"path": name, "size": size, "mtime_ns": mtime_ns} for name, size, mtime_ns in listed]}
+             "files": [{"path": name, "size": size, "mtime_ns": mtime_ns} for name, size, mtime_ns in listed],
+             "verify": verify_digests(material, config_sha256)}
     return PinnedModel(ref.uri, ref.format, sha256, sum(size for size, _ in files.values()), fetch, material)
 
 

@@ -96,14 +96,15 @@ class ModelResolver:
 
     # -- pinning -------------------------------------------------------------------------------------
 
-    def pin(self, ref: ModelRef, *, weight_digests: bool = False) -> PinnedModel:
+    def pin(self, ref: ModelRef, *, weight_digests: bool = False, sdk: str | None = None) -> PinnedModel:
         """Resolve ``ref`` to immutable bytes and their sha256 (:class:`ModelRefError` on client mistakes).
 
         An hf-checkpoint is pinned file by file with its key material (:mod:`compilesvc.pinning.checkpoints`);
-        ``weight_digests`` asks for its weight files' sha256 too (a compile that writes pre-sharded weights).
+        ``weight_digests`` asks for its weight files' sha256 too (a compile that writes pre-sharded weights), the
+        files the NxDI of release ``sdk`` reads (its loader order; the newest when None).
         """
         if ref.format == "hf-checkpoint":
-            return self._pin_checkpoint(ref, weight_digests)
+            return self._pin_checkpoint(ref, weight_digests, sdk)
         if ref.uri.startswith(BLOB_PREFIX):
             return self._pin_blob(ref)
         if ref.uri.startswith("s3://"):
@@ -112,26 +113,29 @@ class ModelResolver:
             return self._pin_file(ref)
         raise ModelRefError('expected "blob:sha256:<hex>", "s3://bucket/key" or "file:///abs/path"')
 
-    def _pin_checkpoint(self, ref: ModelRef, weight_digests: bool) -> PinnedModel:
+    def _pin_checkpoint(self, ref: ModelRef, weight_digests: bool, sdk: str | None) -> PinnedModel:
         from compilesvc.pinning import checkpoints
 
+        layouts = checkpoints.layouts_for(sdk)
         if ref.uri.startswith(BLOB_PREFIX):
             blob = self._pin_blob(ref)
-            return checkpoints.pin_blob(self, ref, blob.sha256, blob.size, weight_digests=weight_digests)
+            return checkpoints.pin_blob(self, ref, blob.sha256, blob.size, weight_digests=weight_digests,
+                                        layouts=layouts)
         if ref.uri.startswith("s3://"):
             if not ref.is_prefix:
                 raise ModelRefError("an hf-checkpoint in S3 is a prefix holding the checkpoint directory: "
                                     "s3://bucket/prefix/ (ending in /)")
             from compilesvc.pinning.s3_prefixes import pin_prefix
 
-            return pin_prefix(self.s3, ref, self.settings.hf_extract_max_files, weight_digests=weight_digests)
+            return pin_prefix(self.s3, ref, self.settings.hf_extract_max_files, weight_digests=weight_digests,
+                              max_bytes=self.settings.hf_extract_max_bytes, layouts=layouts)
         if ref.uri.startswith("file://"):
             self._check_file_models_allowed()
             root = Path(os.path.realpath(file_uri_path(ref.uri)))
             if not root.is_dir():
                 raise ModelRefError(f"{root} is not a directory: an hf-checkpoint is the checkpoint's directory "
                                     "(config.json and the weights)")
-            return checkpoints.pin_directory(self, ref, root, weight_digests=weight_digests)
+            return checkpoints.pin_directory(self, ref, root, weight_digests=weight_digests, layouts=layouts)
         raise ModelRefError('expected "blob:sha256:<hex>", "s3://bucket/prefix/" or "file:///abs/dir"')
 
     def _check_file_models_allowed(self) -> None:
@@ -258,7 +262,7 @@ def content_sha256_for_key(ref: ModelRef, settings: Settings) -> str:
     return identity_for_key(ref, settings)[0]
 
 
-def identity_for_key(ref: ModelRef, settings: Settings, *, weight_digests: bool = False
+def identity_for_key(ref: ModelRef, settings: Settings, *, weight_digests: bool = False, sdk: str | None = None
                      ) -> tuple[str, CheckpointMaterial | None]:
     """The model sha256 and (hf-checkpoint models) the checkpoint's key material, for the ``compilesvc key`` CLI,
     pinned as the service pins them (:func:`content_sha256_for_key`). An uploaded checkpoint archive cannot be
@@ -274,7 +278,7 @@ def identity_for_key(ref: ModelRef, settings: Settings, *, weight_digests: bool 
         return sha256, None
     if ref.uri.startswith("file://") and not settings.allow_file_models:
         settings = settings.model_copy(update={"allow_file_models": True})
-    pinned = ModelResolver(settings, None, None).pin(ref, weight_digests=weight_digests)
+    pinned = ModelResolver(settings, None, None).pin(ref, weight_digests=weight_digests, sdk=sdk)
     return pinned.sha256, pinned.checkpoint
 
 

@@ -16,10 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from compilesvc.pinning.checkpoints import _SMALL_LIMITS, listing_sha256, material_of, safe_relative
+from compilesvc.pinning.checkpoints import (
+    _SMALL_LIMITS,
+    check_total_size,
+    listing_sha256,
+    material_of,
+    safe_relative,
+    verify_digests,
+)
 from compilesvc.pinning.pins import ModelChangedError, ModelRefError, PinnedModel
 from compilesvc.pinning.s3_models import ObjectChanged, parse_s3_uri
-from compilesvc.spec.checkpoint import CONFIG_MAX_BYTES
+from compilesvc.spec.checkpoint import CONFIG_MAX_BYTES, WEIGHT_LAYOUTS
 from compilesvc.spec.compile_spec import ModelRef
 from compilesvc.store.s3_client import error_code, http_status, is_not_found, raise_store_error
 
@@ -92,8 +99,10 @@ def _s3_sha256(head: dict[str, Any]) -> str | None:
     return raw.hex() if len(raw) == 32 else None
 
 
-def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: bool) -> PinnedModel:
-    """Pin every object under ``ref``'s prefix (see the module docstring)."""
+def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: bool, max_bytes: int,
+               layouts: tuple[tuple[str, bool], ...] = WEIGHT_LAYOUTS) -> PinnedModel:
+    """Pin every object under ``ref``'s prefix (see the module docstring); refused past ``max_files`` objects or
+    ``max_bytes`` in all (the worker's caps for one checkpoint). ``layouts``: the compiling NxDI's loader order."""
     bucket, prefix = parse_s3_uri(ref.uri)
     canonical = f"s3://{bucket}/{prefix}"
     objects: dict[str, dict[str, Any]] = {}
@@ -102,6 +111,7 @@ def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: b
         head = _head(s3, bucket, key, weight_digests)
         objects[name] = {"path": name, "key": key, "version_id": head.get("VersionId"), "etag": str(head["ETag"]),
                          "size": int(head["ContentLength"]), "sha256": _s3_sha256(head) if weight_digests else None}
+    check_total_size(sum(int(e["size"]) for e in objects.values()), canonical, max_bytes)
 
     def read_small(name: str) -> bytes:
         entry = objects[name]
@@ -132,10 +142,11 @@ def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: b
             entry["sha256"] = remembered
         return str(entry["sha256"])
 
-    material = material_of(objects, read_small, weight_sha256 if weight_digests else None)
+    material, config_sha256 = material_of(objects, read_small, weight_sha256 if weight_digests else None, layouts)
     listed = sorted(objects.values(), key=lambda entry: str(entry["path"]))
     sha256 = listing_sha256([e["path"], e["version_id"] or "", e["etag"], e["size"]] for e in listed)
-    fetch = {"kind": "s3-prefix", "bucket": bucket, "prefix": prefix, "sha256": sha256, "objects": listed}
+    fetch = {"kind": "s3-prefix", "bucket": bucket, "prefix": prefix, "sha256": sha256, "objects": listed,
+             "verify": verify_digests(material, config_sha256)}
     return PinnedModel(ref.uri, ref.format, sha256, sum(int(e["size"]) for e in listed), fetch, material)
 
 

@@ -10,6 +10,7 @@ come from :mod:`compilesvc.pinning.checkpoints`, which reads archives, S3 prefix
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -31,15 +32,35 @@ INDEX_MAX_BYTES = 64 * 1024**2
 NON_MATERIAL_CONFIG_FIELDS = frozenset({"_name_or_path", "transformers_version"})
 
 #: The weight files NxDI's checkpoint loader looks for, in its order (the first present wins), as
-#: ``(file, is_index)``: NXDI@ef2731e src/neuronx_distributed_inference/modules/checkpoint.py:L36-L68
-#: (docs/research/nxdi.md §8; the diffusion_pytorch_model.* names it also tries are diffusion models', not LLMs').
+#: ``(file, is_index)``: NXDI@ef2731e src/neuronx_distributed_inference/modules/checkpoint.py:L49-L64 (names at
+#: L10-L16; the same order since v0.4.7422, SDK 2.24). The diffusers names are tried before the index and the pickle
+#: files: a ``diffusion_pytorch_model.safetensors`` beside an index is what NxDI reads, so the key must hash it.
 #: An index (``weight_map``: tensor name -> shard file) brings the shards it names.
 WEIGHT_LAYOUTS: tuple[tuple[str, bool], ...] = (
     ("model.safetensors", False),
+    ("diffusion_pytorch_model.safetensors", False),
     ("model.safetensors.index.json", True),
+    ("diffusion_pytorch_model.safetensors.index.json", True),
     ("pytorch_model.bin", False),
     ("pytorch_model.bin.index.json", True),
 )
+#: Before NxDI 0.4 (v0.1.0 to v0.3.5591, SDK 2.21-2.23) the loader knew no diffusers names:
+#: NXDI@v0.1.0 src/neuronx_distributed_inference/modules/checkpoint.py:L39-L54.
+WEIGHT_LAYOUTS_BEFORE_0_4: tuple[tuple[str, bool], ...] = tuple(
+    (name, is_index) for name, is_index in WEIGHT_LAYOUTS if not name.startswith("diffusion_"))
+#: Every file name a layout starts from (an index's shards aside), in NxDI's current order.
+WEIGHT_FILES: tuple[str, ...] = tuple(name for name, _ in WEIGHT_LAYOUTS)
+
+
+def weight_layouts(nxdi_version: str | None) -> tuple[tuple[str, bool], ...]:
+    """The loader order of NxDI ``nxdi_version`` (a release's neuronx-distributed-inference; None: the newest)."""
+    if nxdi_version is None:
+        return WEIGHT_LAYOUTS
+    try:
+        major_minor = tuple(int(part) for part in nxdi_version.split(".")[:2])
+    except ValueError:
+        return WEIGHT_LAYOUTS
+    return WEIGHT_LAYOUTS_BEFORE_0_4 if major_minor < (0, 4) else WEIGHT_LAYOUTS
 
 
 class CheckpointError(ValueError):
@@ -98,14 +119,15 @@ def parse_config(data: bytes, where: str) -> dict[str, Any]:
     return document
 
 
-def weight_layout(names: Iterable[str]) -> tuple[str, bool]:
+def weight_layout(names: Iterable[str], layouts: tuple[tuple[str, bool], ...] = WEIGHT_LAYOUTS
+                  ) -> tuple[str, bool]:
     """The layout NxDI would read from a directory holding ``names`` (relative paths), or :class:`CheckpointError`."""
     present = set(names)
-    for name, is_index in WEIGHT_LAYOUTS:
+    for name, is_index in layouts:
         if name in present:
             return name, is_index
     raise CheckpointError("the checkpoint has config.json but no weights beside it: NxD Inference reads one of "
-                          f"{', '.join(name for name, _ in WEIGHT_LAYOUTS)}")
+                          f"{', '.join(name for name, _ in layouts)}")
 
 
 def index_shards(data: bytes, where: str) -> list[str]:
@@ -122,16 +144,18 @@ def index_shards(data: bytes, where: str) -> list[str]:
     return sorted(set(weight_map.values()))
 
 
-def checkpoint_files(names: Iterable[str], read: Callable[[str], bytes]) -> list[str]:
+def checkpoint_files(names: Iterable[str], read: Callable[[str], bytes],
+                     layouts: tuple[tuple[str, bool], ...] = WEIGHT_LAYOUTS) -> list[str]:
     """The weight files of a checkpoint directory listing ``names`` (paths relative to its root): the layout's
-    file and, for an index, every shard it names. ``read(name)`` returns a small file's bytes (the index).
+    file and, for an index, every shard it names. ``read(name)`` returns a small file's bytes (the index);
+    ``layouts`` is the loader order of the NxDI release that compiles (:func:`weight_layouts`).
 
     Raises :class:`CheckpointError` when config.json, the weights or a shard an index names is missing.
     """
     present = set(names)
     if CONFIG_NAME not in present:
         raise CheckpointError("the checkpoint has no config.json at its root")
-    name, is_index = weight_layout(present)
+    name, is_index = weight_layout(present, layouts)
     if not is_index:
         return [name]
     shards = index_shards(read(name), name)
@@ -140,3 +164,29 @@ def checkpoint_files(names: Iterable[str], read: Callable[[str], bytes]) -> list
         raise CheckpointError(f"{name} names shards the checkpoint lacks: {', '.join(missing[:5])}"
                               + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
     return [name, *shards]
+
+
+def archive_member_path(name: str, *, regular: bool, directory: bool) -> str | None:
+    """The checkpoint-relative path of a checkpoint archive's member ``name`` (``posixpath.normpath``-ed, so
+    ``top/./config.json`` is ``top/config.json``), None for a directory, or :class:`CheckpointError` for a member
+    that could make the compile read another file than the key did: a link (symbolic or hard: the key would hash
+    the link, the compile read its target), a device or FIFO, an absolute or ``..`` path. Submit (pinning) and the
+    worker's extraction apply the same rule, and both refuse a second member of one path (:func:`add_member`)."""
+    path = posixpath.normpath(name)
+    if name.startswith("/") or path == ".." or path.startswith("../"):
+        raise CheckpointError(f"archive member {name!r} points outside the archive root")
+    if directory:
+        return None
+    if not regular or path == ".":
+        raise CheckpointError(f"archive member {name!r} is not a regular file (links, devices and FIFOs are "
+                              "refused in a checkpoint archive: the compile would read another file than the key)")
+    return path
+
+
+def add_member(seen: set[str], path: str, name: str) -> None:
+    """Record ``path`` (from :func:`archive_member_path`) in ``seen``; :class:`CheckpointError` when another member
+    already had it: tar extraction keeps the last copy, a reader of the listing may keep the first."""
+    if path in seen:
+        raise CheckpointError(f"archive member {name!r} is a second copy of {path!r} (a checkpoint archive holds "
+                              "each file once)")
+    seen.add(path)

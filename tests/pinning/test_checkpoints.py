@@ -20,7 +20,7 @@ from compilesvc.pinning.identity import ModelResolver
 from compilesvc.pinning.pins import ModelChangedError, ModelRefError, PinnedModel
 from compilesvc.spec.compile_spec import ModelRef
 from compilesvc.store import LocalStore
-from tests.fixtures.checkpoints import Checkpoints, sha256_file, tar_of
+from tests.fixtures.checkpoints import Checkpoints, aliasing_archives, sha256_file, tar_of
 from tests.fixtures.s3server import S3Server
 
 
@@ -54,7 +54,8 @@ def test_an_archive_is_pinned_with_its_config_and_weights_only_when_asked(
     resolver = ModelResolver(settings, store, None)
     pinned = resolver.pin(ref(uri))
     assert pinned.sha256 == uri.removeprefix("blob:sha256:") and pinned.size == len(data)
-    assert pinned.fetch == {"kind": "blob", "sha256": pinned.sha256}
+    assert pinned.fetch == {"kind": "blob", "sha256": pinned.sha256,
+                            "verify": {"config.json": sha256_file(base / "config.json")}}
     assert pinned.checkpoint is not None
     assert pinned.checkpoint.config == Checkpoints.config(base)
     assert pinned.checkpoint.weights is None  # not read: the key does not need them
@@ -63,6 +64,8 @@ def test_an_archive_is_pinned_with_its_config_and_weights_only_when_asked(
     with_weights = resolver.pin(ref(uri), weight_digests=True)
     assert with_weights.checkpoint is not None
     assert with_weights.checkpoint.weights == {"model.safetensors": sha256_file(base / "model.safetensors")}
+    assert with_weights.fetch["verify"] == {"config.json": sha256_file(base / "config.json"),
+                                            **with_weights.checkpoint.weights}
     resolver.fetch(pinned.fetch, tmp_path / "checkpoint.tar")  # the worker extracts it, with its caps
     assert (tmp_path / "checkpoint.tar").read_bytes() == data
 
@@ -209,6 +212,13 @@ def test_prefix_refusals(s3: S3Server, versioned: str, tmp_path: Path, tiny_chec
     put_directory(raw, versioned, prefix, tiny_checkpoints.base)
     with pytest.raises(ModelRefError, match="holds more than 2 objects"):
         resolver.pin(ref(f"s3://{versioned}/{prefix}"))
+    total = sum(p.stat().st_size for p in tiny_checkpoints.base.rglob("*") if p.is_file())
+    capped = ModelResolver(settings.model_copy(update={"hf_extract_max_files": 100, "hf_extract_max_bytes": total - 1}),
+                           None, None)
+    with pytest.raises(ModelRefError) as too_large:
+        capped.pin(ref(f"s3://{versioned}/{prefix}"))
+    assert f"holds {total} bytes" in too_large.value.message
+    assert "COMPILESVC_HF_EXTRACT_MAX_BYTES" in too_large.value.message
     with pytest.raises(ModelRefError, match="is a prefix holding the checkpoint directory"):
         resolver.pin(ref(f"s3://{versioned}/{prefix}config.json"))
 
@@ -232,10 +242,67 @@ def test_an_archive_pinned_again_reads_nothing_from_the_store(
     store.opened = []
     uri = upload(store, tar_of(tiny_checkpoints.base))
     first = ModelResolver(settings, store, sessions).pin(ref(uri))
-    assert len(store.opened) == 1
+    reads = len(store.opened)  # a reading opens the archive twice: its member list, then what it reads
+    assert reads >= 1
     again = ModelResolver(settings, store, sessions).pin(ref(uri))
-    assert again == first and len(store.opened) == 1
+    assert again == first and len(store.opened) == reads
     weighed = ModelResolver(settings, store, sessions).pin(ref(uri), weight_digests=True)
-    assert len(store.opened) == 2 and weighed.checkpoint is not None and weighed.checkpoint.weights
+    assert len(store.opened) == 2 * reads and weighed.checkpoint is not None and weighed.checkpoint.weights
     assert ModelResolver(settings, store, sessions).pin(ref(uri), weight_digests=True) == weighed
-    assert ModelResolver(settings, store, sessions).pin(ref(uri)) == first and len(store.opened) == 2
+    assert ModelResolver(settings, store, sessions).pin(ref(uri)) == first and len(store.opened) == 2 * reads
+
+
+# -- what the key reads is what the compile reads (issue 29 review) ----------------------------------------------
+
+
+def test_archives_whose_files_could_differ_between_key_and_compile_are_refused_naming_the_member(
+        settings: Settings, store: LocalStore, tiny_checkpoints: Checkpoints) -> None:
+    resolver = ModelResolver(settings, store, None)
+    for case, (data, member) in aliasing_archives(tiny_checkpoints.base).items():
+        with pytest.raises(ModelRefError) as raised:
+            resolver.pin(ref(upload(store, data)), weight_digests=True)
+        assert raised.value.field == "model.uri", case
+        assert repr(member) in raised.value.message, (case, raised.value.message)
+
+
+def test_only_the_roots_config_and_index_are_read_whole(
+        settings: Settings, store: LocalStore, tiny_checkpoints: Checkpoints, tmp_path: Path) -> None:
+    # An index elsewhere in the archive is not NxDI's: it is neither held nor refused for its size (a 3 MiB upload
+    # used to cost a copy of every such file up to one directory deep).
+    directory = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoints.base, directory)
+    (directory / "extra").mkdir()
+    (directory / "extra" / "model.safetensors.index.json").write_bytes(b" " * (64 * 1024**2 + 1))
+    (directory / "extra" / "config.json").write_bytes(b" " * (4 * 1024**2 + 1))
+    pinned = ModelResolver(settings, store, None).pin(ref(upload(store, tar_of(directory, gzip=True))))
+    assert pinned.checkpoint is not None and pinned.checkpoint.config == Checkpoints.config(directory)
+
+
+def test_the_weights_hashed_are_the_ones_the_releases_nxdi_reads(
+        settings: Settings, store: LocalStore, tiny_checkpoints: Checkpoints, tmp_path: Path) -> None:
+    # A diffusers-named file beside an index: NxDI 0.4+ reads it first (NXDI@ef2731e modules/checkpoint.py:L49-L58),
+    # NxDI 0.1-0.3 has no such name and reads the index's shards.
+    directory = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoints.sharded, directory)
+    shutil.copy(tiny_checkpoints.fine_tune / "model.safetensors", directory / "diffusion_pytorch_model.safetensors")
+    uri = upload(store, tar_of(directory))
+    resolver = ModelResolver(settings, store, None)
+    newest = resolver.pin(ref(uri), weight_digests=True)
+    assert newest.checkpoint is not None and newest.checkpoint.weights == {
+        "diffusion_pytorch_model.safetensors": sha256_file(directory / "diffusion_pytorch_model.safetensors")}
+    old = resolver.pin(ref(uri), weight_digests=True, sdk="2.21.0")
+    assert old.checkpoint is not None and old.checkpoint.weights is not None
+    assert sorted(old.checkpoint.weights) == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                              "model.safetensors.index.json"]
+
+
+def test_a_directory_larger_than_the_extraction_cap_is_refused(tmp_path: Path, tiny_checkpoints: Checkpoints) -> None:
+    directory = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoints.base, directory)
+    total = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+    settings = Settings(data_dir=tmp_path / "data", allow_file_models=True, hf_extract_max_bytes=total - 1)
+    with pytest.raises(ModelRefError) as raised:
+        ModelResolver(settings, None, None).pin(ref(directory.as_uri()))
+    assert f"holds {total} bytes" in raised.value.message
+    assert "COMPILESVC_HF_EXTRACT_MAX_BYTES" in raised.value.message
+    ModelResolver(settings.model_copy(update={"hf_extract_max_bytes": total}), None, None).pin(ref(directory.as_uri()))

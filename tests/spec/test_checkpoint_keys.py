@@ -9,21 +9,28 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from compilesvc.spec import neuron_releases
 from compilesvc.spec.checkpoint import (
+    WEIGHT_FILES,
     CheckpointError,
     CheckpointMaterial,
     canonical_config,
     checkpoint_files,
     parse_config,
+    weight_layouts,
 )
 from compilesvc.spec.keys import KEY_SCHEMA, compute_keys, explain, presharded
 from compilesvc.spec.parsing import parse_spec
+from tests.doubles import neuron_double_env
 from tests.spec.test_keys import PROPERTY_SETTINGS, load_golden, needs_nxdi_toolchain
 
 HEX = "5" * 64
@@ -85,6 +92,44 @@ def test_the_weight_layout_is_nxdis_and_an_index_brings_its_shards() -> None:
         checkpoint_files(["config.json", "tokenizer.json"], read)
     with pytest.raises(CheckpointError, match="names shards the checkpoint lacks: model-00002-of-00002"):
         checkpoint_files(sharded[:3], read)
+
+
+def test_the_diffusers_names_come_before_an_index_from_nxdi_0_4() -> None:
+    # NXDI@ef2731e modules/checkpoint.py:L49-L64; NXDI@v0.1.0 modules/checkpoint.py:L39-L54 (no diffusers names).
+    assert WEIGHT_FILES == ("model.safetensors", "diffusion_pytorch_model.safetensors", "model.safetensors.index.json",
+                            "diffusion_pytorch_model.safetensors.index.json", "pytorch_model.bin",
+                            "pytorch_model.bin.index.json")
+    index = json.dumps({"weight_map": {"a": "model-00001-of-00001.safetensors"}}).encode()
+    rogue = ["config.json", "model.safetensors.index.json", "model-00001-of-00001.safetensors",
+             "diffusion_pytorch_model.safetensors"]
+    assert checkpoint_files(rogue, lambda name: index) == ["diffusion_pytorch_model.safetensors"]
+    assert checkpoint_files(rogue, lambda name: index, weight_layouts("0.4.7422")) == [
+        "diffusion_pytorch_model.safetensors"]
+    assert checkpoint_files(rogue, lambda name: index, weight_layouts("0.3.5591")) == [
+        "model.safetensors.index.json", "model-00001-of-00001.safetensors"]
+    assert checkpoint_files(["config.json", "diffusion_pytorch_model.safetensors.index.json",
+                             "model-00001-of-00001.safetensors"], lambda name: index) == [
+        "diffusion_pytorch_model.safetensors.index.json", "model-00001-of-00001.safetensors"]
+
+
+@pytest.mark.parametrize("sdk", ["2.25.0", "2.29.0"])  # the double's oldest and newest NxDI (0.5, 0.9)
+def test_the_double_reads_the_file_the_key_hashes(tmp_path: Path, sdk: str) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "diffusion_pytorch_model.safetensors"))
+    save_file({"w": torch.ones(1)}, str(tmp_path / "model-00001-of-00001.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": "model-00001-of-00001.safetensors"}}))
+    nxdi = neuron_releases.lookup(sdk).neuronx_distributed_inference
+    hashed = checkpoint_files(["config.json", *(p.name for p in tmp_path.iterdir())],
+                              lambda name: (tmp_path / name).read_bytes(), weight_layouts(nxdi))
+    read = subprocess.run(
+        [sys.executable, "-c", "import sys; from neuronx_distributed_inference.modules.checkpoint import "
+         "load_state_dict; print(float(load_state_dict(sys.argv[1])['w'][0]))", str(tmp_path)],
+        env=neuron_double_env(sdk=sdk), capture_output=True, text=True, check=True).stdout.strip()
+    assert (hashed == ["diffusion_pytorch_model.safetensors"]) == (read == "0.0"), (hashed, read)
+    assert read == "0.0"  # diffusion_pytorch_model.safetensors, before the index (both NxDI >= 0.4)
 
 
 def test_an_nxdi_spec_cannot_be_keyed_without_its_checkpoint() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path, PurePosixPath
 
+from compilesvc.spec.checkpoint import CheckpointError, add_member, archive_member_path
 from workers.compiling.contract import CompileFailure, ExtractLimits
 
 #: Below this many extracted bytes the ratio is not checked: a small archive cannot hurt, and a tiny test
@@ -69,7 +70,8 @@ def check_archive(tar: tarfile.TarFile, archive: Path, limits: ExtractLimits) ->
     return members
 
 
-def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = DEFAULT_EXTRACT_LIMITS) -> Path:
+def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = DEFAULT_EXTRACT_LIMITS, *,
+                 checkpoint: bool = False) -> Path:
     """Extract a .tar/.tar.gz of a Hugging Face model directory into ``dest``; return the model root.
 
     Members with absolute names or ``..`` components are refused outright; extraction then uses tarfile's
@@ -77,6 +79,11 @@ def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = DEFAULT_EXTR
     sanitises permission bits. An archive past one of ``limits`` (total bytes, members, ratio) is
     refused before anything is written (:mod:`workers.compiling.archive_limits`). The root is ``dest`` or its
     single top-level directory, whichever holds ``config.json``.
+
+    ``checkpoint`` (an hf-checkpoint archive, keyed by the config.json and weights pinning read out of it): links
+    (symbolic or hard, even inside ``dest``), devices and a second member of one normalised path are refused too,
+    by the rule pinning applies (:func:`compilesvc.spec.checkpoint.archive_member_path`), so the files extracted
+    are the files the key was made from; code ``HF_DIR_UNSAFE_ARCHIVE``.
     """
     dest.mkdir(parents=True, exist_ok=True)
     try:
@@ -87,8 +94,10 @@ def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = DEFAULT_EXTR
                 # absolute or parent-relative names is malformed or hostile either way, so refuse it.
                 if member.name.startswith("/") or ".." in PurePosixPath(member.name).parts:
                     raise tarfile.FilterError(f"member {member.name!r} points outside the archive root")
+            if checkpoint:
+                _check_checkpoint_members(members)
             tar.extractall(dest, members=members, filter="data")
-    except tarfile.FilterError as exc:
+    except (tarfile.FilterError, CheckpointError) as exc:
         raise CompileFailure("HF_DIR_UNSAFE_ARCHIVE", f"refusing to extract the model archive: {exc}") from exc
     except (tarfile.ReadError, tarfile.CompressionError, EOFError) as exc:
         raise CompileFailure("MODEL_LOAD_ERROR", f"hf-dir model is not a readable tar archive: {exc}") from exc
@@ -99,3 +108,12 @@ def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = DEFAULT_EXTR
         return entries[0]
     raise CompileFailure("HF_DIR_NO_CONFIG", "hf-dir archive has no config.json at its root or in its single "
                                              "top-level directory")
+
+
+def _check_checkpoint_members(members: list[tarfile.TarInfo]) -> None:
+    """CheckpointError at the first member of an hf-checkpoint archive pinning would have refused."""
+    seen: set[str] = set()
+    for member in members:
+        path = archive_member_path(member.name, regular=member.isfile(), directory=member.isdir())
+        if path is not None:
+            add_member(seen, path, member.name)
