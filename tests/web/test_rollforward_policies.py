@@ -116,7 +116,8 @@ def test_the_campaigns_page_lists_policies_and_the_campaigns_they_started(env: E
     assert add(env, name="idle", target="trn2", enabled=False).status_code == 201
     with transaction(env.services.sessions) as session:
         (claimed,) = policies.claim(session, "w-new", caps("2.14.0", "inf2"))
-    campaign_id = policies.start_claimed(env.services.sessions, claimed, lambda d, _model: int(env.submit(d).json["build_id"]))
+    campaign_id = policies.start_claimed(env.services.sessions, claimed,
+                                         lambda d, _model: int(env.submit(d).json["build_id"]))
     words = text_of(page(env, "/campaigns"))
     assert "search enabled" in words and "fleet=search" in words and "idle disabled" in words, words
     assert "2.14.0 (inf2, first worker w-new" in words and f"campaign {campaign_id} from 2.13.0" in words, words
