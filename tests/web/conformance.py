@@ -71,6 +71,11 @@ def semantically_valid(case: Any, model_uri: str, spare_token_id: int) -> None:
         # A spec must name a model that exists, and its target, release, backend and flags must go together
         # (compilesvc.spec.compile_spec's cross-field rules); its buckets' element counts are bounded by settings.
         case.body = {**case.body, **CPU_FRAME, "model": {"uri": model_uri, "format": "torchscript"}}
+        # A torchscript spec takes shape buckets (one at least) and no neuron_config: the document lists both as
+        # optional because an hf-checkpoint spec takes the reverse, a rule across fields JSON Schema does not say.
+        case.body.pop("neuron_config", None)
+        if not case.body.get("buckets"):
+            case.body["buckets"] = [{"batch_size": 1, "seq_len": 8}]
         for bucket in case.body.get("buckets") or []:
             for name in ("batch_size", "seq_len"):  # the {batch_size, seq_len} shorthand
                 if name in bucket:

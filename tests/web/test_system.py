@@ -123,7 +123,8 @@ def test_openapi_and_docs(sqlite_env: Env) -> None:
     submit = spec["paths"]["/v1/builds"]["post"]
     ref = submit["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
-    assert {"model", "target", "sdk", "buckets"} <= set(schema["required"])
+    assert {"model", "target", "sdk"} <= set(schema["required"])  # buckets or neuron_config: by model.format
+    assert {"buckets", "neuron_config"} <= set(schema["properties"])
     assert {"200", "202", "400", "413", "422", "503"} <= set(submit["responses"])
     assert submit["responses"]["422"]["content"]["application/problem+json"]
 

@@ -445,7 +445,7 @@ def test_capabilities_with_the_neuron_double(env: dict[str, str]) -> None:
     assert caps["targets"] == ["cpu", "inf2", "trn1", "trn2"]
     assert caps["sdk"] == {"cpu": "2.13.0", "inf2": SDK, "trn1": SDK, "trn2": SDK}
     assert caps["backends"]["cpu"] == ["aotinductor", "torchscript"]
-    assert caps["backends"]["trn1"] == ["neuronx-cc", "trace"]
+    assert caps["backends"]["trn1"] == ["neuronx-cc", "nxdi", "trace"]  # the double ships its release's NxDI
     assert caps["versions"]["torch_neuronx"] == f"{INSTALLED.torch_neuronx}+{INSTALLED.build_hash}"
     assert caps["versions"]["neuronx_cc"] == f"{INSTALLED.neuronx_cc}+{INSTALLED.build_hash}"
     assert caps["neuron"]["release"] == SDK
