@@ -126,7 +126,7 @@ def _check_installed_toolchain(request: CompileRequest) -> None:
                          f"(upgraded since the worker started? restart it): " + "; ".join(differences))
 
 
-def _check_neuron_cc_flags(for_trace: bool) -> None:
+def check_neuron_cc_flags(for_trace: bool) -> None:
     """Log NEURON_CC_FLAGS; for trace (where the wrapper reads it), refuse flags that change output."""
     raw = os.environ.get(NEURON_CC_FLAGS, "")
     log(f"{NEURON_CC_FLAGS}={raw!r}")
@@ -145,7 +145,7 @@ def neuron_devices() -> list[str]:
     return sorted(glob.glob(os.environ.get(DEVICE_GLOB_ENV) or DEVICE_GLOB))
 
 
-def _freeze_platform_target(target: str) -> None:
+def freeze_platform_target(target: str) -> None:
     """Make sure the Neuron libraries will see (or saw) ``target`` as the platform when they are imported."""
     current = os.environ.get(PLATFORM_OVERRIDE_ENV)
     if current == target:
@@ -239,8 +239,8 @@ class TraceBackend(Backend):
 
     def compile(self, request: CompileRequest) -> CompileResult:
         host_sdk = _check_sdk(request)
-        _check_neuron_cc_flags(for_trace=True)
-        _freeze_platform_target(request.target)
+        check_neuron_cc_flags(for_trace=True)
+        freeze_platform_target(request.target)
         own_compile_cache(request.work_dir)
         try:
             import torch
@@ -317,7 +317,7 @@ class NeuronxCcBackend(Backend):
 
     def compile(self, request: CompileRequest) -> CompileResult:
         host_sdk = _check_sdk(request)
-        _check_neuron_cc_flags(for_trace=False)
+        check_neuron_cc_flags(for_trace=False)
         executable = neuronx_cc_executable()
         if executable is None:
             raise InfraError("NEURONX_CC_MISSING", "neuronx-cc is not on this worker's PATH")

@@ -24,9 +24,10 @@ naming the field (``NXDI_CONFIG_ERROR``); missing weights when pre-sharding (mod
 FileNotFoundError) are final, naming the file (``NXDI_WEIGHTS_MISSING``); the compiler's own failures go through
 :data:`workers.compiling.classify.TABLE` (F137 and a SIGKILL are the host's memory: infrastructure).
 
-The NxDI model class: the request's ``nxdi_model`` ("package.module:Class", the spec's architecture hub),
-else config.json's ``architectures[0]`` through :data:`ARCHITECTURES` (the classes vllm-neuron would pick,
-§4). Nothing here imports torch, transformers or the SDK at module level.
+The NxDI model class: the request's ``nxdi_model`` ("package.module:Class"), which the runner takes from the
+spec's architecture hub (:func:`compilesvc.spec.nxdi_models.class_path`), the table that admitted the spec; a
+request without one looks config.json's architecture up in that same table.
+Nothing here imports torch, transformers or the SDK at module level.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from compilesvc.spec import neuron_releases
-from workers.backends.neuron import _check_neuron_cc_flags, _freeze_platform_target
+from compilesvc.spec import neuron_releases, nxdi_models
+from workers.backends.neuron import check_neuron_cc_flags, freeze_platform_target
 from workers.backends.neuron_cache import own_compile_cache
 from workers.backends.output_tee import OutputTee
 from workers.compiling.classify import Evidence, judge
@@ -73,16 +74,6 @@ from workers.isolation.child_env import PLATFORM_OVERRIDE_ENV
 WORK_DIR_ENV = "BASE_COMPILE_WORK_DIR"
 #: Never given to a compile (docs/research/nxdi.md §1, §3): they change the artifact and are in no key.
 UNKEYED_ENV = ("NXD_LAYOUT_TRANSFORMATION_OPTIONS", "NEURON_LOGICAL_NC_CONFIG")
-_MODELS = "neuronx_distributed_inference.models"
-#: HF ``architectures[0]`` -> the NxDI class (vllm-neuron's mapping onto MODEL_TYPES, docs/research/nxdi.md §4).
-#: Used only when the request names no class; the spec's hub table decides what may be submitted.
-ARCHITECTURES = {
-    "LlamaForCausalLM": f"{_MODELS}.llama.modeling_llama:NeuronLlamaForCausalLM",
-    "MixtralForCausalLM": f"{_MODELS}.mixtral.modeling_mixtral:NeuronMixtralForCausalLM",
-    "Qwen2ForCausalLM": f"{_MODELS}.qwen2.modeling_qwen2:NeuronQwen2ForCausalLM",
-    "Qwen3ForCausalLM": f"{_MODELS}.qwen3.modeling_qwen3:NeuronQwen3ForCausalLM",
-    "MistralForCausalLM": f"{_MODELS}.mistral.modeling_mistral:NeuronMistralForCausalLM",
-}
 #: NxDI's config messages (NXDI@ef2731e models/config.py, model_base.py; docs/research/nxdi.md §3, §8) -> the
 #: neuron_config field they are about, where the text does not name it.
 _MESSAGE_FIELDS: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -116,35 +107,24 @@ def _config_failure(exc: BaseException, given: dict[str, Any]) -> NoReturn:
 
 
 def nxdi_kwargs(neuron_config: dict[str, Any]) -> dict[str, Any]:
-    """The NeuronConfig keywords of a canonical ``neuron_config``: our short form ``buckets: [..]`` (issue 29) is
-    NxDI's ``enable_bucketing`` with those context-encoding (those <= max_context_length) and token-generation
-    buckets, unless the canonical form already spelled them out. (A copy: NxDI sorts bucket lists in place.)"""
+    """The NeuronConfig keywords of the request's canonical ``neuron_config`` (the key's: bucket short form already
+    expanded, :mod:`compilesvc.spec.nxdi_buckets`), as a deep copy: NxDI sorts bucket lists in place."""
     kwargs: dict[str, Any] = json.loads(json.dumps(neuron_config))
-    short = kwargs.get("buckets")
-    spelled = {"enable_bucketing", "context_encoding_buckets", "token_generation_buckets"} & set(kwargs)
-    if isinstance(short, list) and not spelled:
-        kwargs.pop("buckets")
-        seq_len = kwargs.get("seq_len", 128)
-        context = kwargs.get("max_context_length", seq_len)
-        kwargs.update(enable_bucketing=True, context_encoding_buckets=[b for b in short if b <= context] or [context],
-                      token_generation_buckets=list(short))
     return kwargs
 
 
 def model_class(request: CompileRequest, checkpoint: Path) -> Any:
     """The NxDI class to compile with (see the module docstring)."""
     spec = request.nxdi_model
-    if spec is None:
+    if spec is None:  # the runner names it; else the same hub table, from config.json's architectures
         try:
-            architectures = json.loads((checkpoint / "config.json").read_text()).get("architectures") or []
+            config = json.loads((checkpoint / "config.json").read_text())
         except (OSError, ValueError) as exc:
             raise CompileFailure("NXDI_CHECKPOINT_CONFIG", f"model config.json: cannot be read: {exc}") from exc
-        architecture = architectures[0] if architectures else None
-        spec = ARCHITECTURES.get(str(architecture))
-        if spec is None:
-            raise CompileFailure("NXDI_UNSUPPORTED_ARCHITECTURE",
-                                 f"model config.json architectures: {architecture!r} has no NxD Inference model class "
-                                 f"here (known: {', '.join(sorted(ARCHITECTURES))})")
+        try:
+            spec = nxdi_models.class_path(request.sdk, config if isinstance(config, dict) else {})
+        except nxdi_models.UnsupportedArchitecture as exc:
+            raise CompileFailure("NXDI_UNSUPPORTED_ARCHITECTURE", f"model config.json architectures: {exc}") from exc
     module_name, _, class_name = spec.partition(":")
     try:
         return getattr(importlib.import_module(module_name), class_name)
@@ -230,7 +210,7 @@ def _prepare_environment(request: CompileRequest) -> Path:
     # The checkpoint is a local directory: a compile never downloads (and a sandboxed one has no network), so
     # Hugging Face's libraries must not try (set before transformers is imported).
     os.environ["HF_HUB_OFFLINE"] = "1"
-    _freeze_platform_target(request.target)
+    freeze_platform_target(request.target)
     for name in UNKEYED_ENV:
         if os.environ.pop(name, None) is not None:
             log(f"{name} removed from this compile's environment: it changes the artifact and is in no key")
@@ -249,7 +229,7 @@ class NxdiBackend(Backend):
 
     def compile(self, request: CompileRequest) -> CompileResult:
         host_sdk = _check_host(request)
-        _check_neuron_cc_flags(for_trace=True)
+        check_neuron_cc_flags(for_trace=True)
         _prepare_environment(request)
         checkpoint = request.model_path
         given = dict(request.neuron_config or {})

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from compilesvc.spec.nxdi_config import canonical_neuron_config
 from tests.doubles import neuron_double_env
 from tests.doubles.neuron._release import RELEASES
 from tests.workers import PYTHON, REPO, run_child, run_children
@@ -254,8 +255,10 @@ def test_torch_dtype_comes_from_the_checkpoint_unless_given(tmp_path: Path, env:
 
 def test_the_short_bucket_form_becomes_nxdis_bucket_lists(tmp_path: Path, env: dict[str, str],
                                                           checkpoints: dict[str, Path]) -> None:
-    run = _nxdi(tmp_path, "buckets", env, checkpoints["base"], seq_len=512, max_context_length=256,
-                buckets=[128, 256, 512])
+    # The short form is expanded where the key is made (the spec's canonical NeuronConfig), which the worker gets.
+    canonical = canonical_neuron_config(SDK, "trn1", {**BASE, "seq_len": 512, "max_context_length": 256,
+                                                      "buckets": [128, 256, 512]})
+    run = _nxdi(tmp_path, "buckets", env, checkpoints["base"], **canonical)
     assert run.returncode == 0, run.describe()
     stored = json.loads((run.out_dir / "neuron_config.json").read_text())["neuron_config"]
     assert stored["enable_bucketing"] is True
