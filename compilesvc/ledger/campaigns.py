@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint, text
+from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint, false, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from compilesvc.ledger.models import Base, BigId, Json, check_constraint, utcnow
@@ -35,6 +35,10 @@ class Campaign(Base):
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"))
     policy_id: Mapped[int | None] = mapped_column(ForeignKey("rollforward_policies.id", ondelete="SET NULL"),
                                                   doc="The standing policy that started it; none: an operator.")
+    queue_anyway: Mapped[bool] = mapped_column(
+        default=False, server_default=false(),
+        doc="Its submits queue even while no worker serves to_sdk (the operator's choice; a policy's always do): "
+            "a relay resuming it (compilesvc/lifecycle/resume.py) submits as the starter did.")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 
