@@ -4,9 +4,11 @@ The loop relays unsent outbox rows every ``relay_interval_seconds`` (the API rel
 after commit; this catches what a crash or a broker outage left behind), runs the reaper
 (:mod:`compilesvc.compiles.reaper`) every ``reap_interval`` and, every few minutes, has the store remove abandoned
 uploads (:meth:`compilesvc.store.ArtifactStore.sweep_incomplete_uploads`) and starts the campaigns of standing
-roll-forward policies whose worker died before it could (:func:`compilesvc.lifecycle.policies.start_stalled`).
-Any number of these processes may run: outbox rows and expired leases are taken with ``SKIP LOCKED``, and a
-policy run gets one campaign however many relays start it (a unique index). SIGTERM/SIGINT finish the current
+roll-forward policies whose worker died before it could (:func:`compilesvc.lifecycle.policies.start_stalled`)
+and submits what operators' campaigns whose API request died left (:func:`compilesvc.lifecycle.resume.resume_stalled`).
+Any number of these processes may run: outbox rows and expired leases are taken with ``SKIP LOCKED``, a
+policy run gets one campaign however many relays start it (a unique index), and a campaign's item is
+submitted once (a claim). SIGTERM/SIGINT finish the current
 pass and exit 0.
 
 Its log lines are :mod:`compilesvc.jsonlog`'s, as every process's are.
@@ -27,14 +29,16 @@ from pydantic import ValidationError
 
 from compilesvc import jsonlog
 from compilesvc.access import idempotency
-from compilesvc.builds.policy_submits import policy_submit
+from compilesvc.access.tokens import Principal
+from compilesvc.builds.policy_submits import campaign_submit, policy_submit
 from compilesvc.builds.submit import Submitter
 from compilesvc.compiles.reaper import ReapReport, reap
 from compilesvc.compiles.reconcile import Reconciler, broker_view
 from compilesvc.config.settings import Settings
 from compilesvc.dispatch.outbox import OutboxRelay
 from compilesvc.ledger.engine import transaction
-from compilesvc.lifecycle import policies
+from compilesvc.lifecycle import policies, resume
+from compilesvc.lifecycle.campaigns import SubmitDocument
 from compilesvc.notify.webhooks import Sender
 from compilesvc.services import Services
 from compilesvc.store import StoreError
@@ -134,11 +138,30 @@ class RelayLoop:
             log.info("started stalled roll-forward policy runs", extra={"campaigns": started})
         return len(started)
 
+    def resume_campaigns(self) -> int:
+        """Submit the items of operators' campaigns whose API request died mid-loop, as that request would have."""
+        if self._submitter is None:
+            self._submitter = Submitter(self.services)
+        submitter = self._submitter
+
+        def submit_as(principal: Principal | None, queue_anyway: bool) -> SubmitDocument:
+            return campaign_submit(submitter, principal, queue_anyway=queue_anyway)
+
+        try:
+            resumed = resume.resume_stalled(self.services.sessions, submit_as, self.policy_grace)
+        except Exception:  # the ledger is down: the next pass retries
+            log.exception("campaign resume pass failed")
+            return 0
+        if resumed:
+            log.info("resumed campaigns whose starter died", extra={"campaigns": resumed})
+        return len(resumed)
+
     def _sweep_loop(self) -> None:
         while True:
             self.sweep_uploads()
             self.sweep_idempotency_keys()
             self.start_stalled_policy_runs()
+            self.resume_campaigns()
             if self.stop.wait(self.sweep_interval):
                 return
 
@@ -210,6 +233,7 @@ def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
             loop.sweep_uploads()
             loop.sweep_idempotency_keys()
             loop.start_stalled_policy_runs()
+            loop.resume_campaigns()
             loop.deliver_webhooks()
         else:
             loop.run()

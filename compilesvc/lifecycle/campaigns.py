@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import Select, and_, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.access.tokens import Principal
@@ -172,18 +172,21 @@ def refusal_text(exc: Exception) -> str:
 
 
 def start(sessions: sessionmaker[Session], selection: Selection, submit: SubmitDocument,
-          principal: Principal | None, *, policy_id: int | None = None) -> int:
+          principal: Principal | None, *, policy_id: int | None = None, queue_anyway: bool = False) -> int:
     """Create a roll-forward campaign and submit every item (:func:`submit_items`); returns its id. Items are
     recorded before any submit, so the campaign lists everything it set out to move even if a submit fails, and
     a relay can submit those its starter did not reach (a process that died mid-loop). ``policy_id``: the
-    standing policy starting it (:mod:`compilesvc.lifecycle.policies`), not an operator."""
+    standing policy starting it (:mod:`compilesvc.lifecycle.policies`), not an operator. ``principal`` and
+    ``queue_anyway`` are what ``submit`` submits with, recorded so a relay resuming the campaign does the same
+    (:mod:`compilesvc.lifecycle.resume`)."""
     with transaction(sessions) as session:
         found = candidates(session, selection)
         campaign = Campaign(kind=ROLLFORWARD, from_sdk=selection.from_sdk, to_sdk=selection.to_sdk,
                             selection=selection.to_json(), state=CampaignState.RUNNING,
                             created_by=principal.owner if principal else None,
                             team=principal.team if principal else None,
-                            token_id=principal.token_id if principal else None, policy_id=policy_id)
+                            token_id=principal.token_id if principal else None, policy_id=policy_id,
+                            queue_anyway=queue_anyway)
         session.add(campaign)
         session.flush()
         events.record(session, "campaign", campaign.id, None, CampaignState.RUNNING, from_sdk=selection.from_sdk,
@@ -211,6 +214,25 @@ def _claim_item(sessions: sessionmaker[Session], item_id: int) -> bool:
         return bool(getattr(claimed, "rowcount", 0) == 1)
 
 
+def resumable(grace_seconds: float, max_age_seconds: float) -> Select[int]:
+    """Running campaigns created between ``grace_seconds`` and ``max_age_seconds`` ago with an item nobody
+    submitted or is submitting (no build, no refusal, no live claim): their starter died mid-loop. Narrowed
+    by whoever resumes them (a policy's: :func:`compilesvc.lifecycle.policies.half_submitted`; an
+    operator's: :func:`compilesvc.lifecycle.resume.stalled`)."""
+    now = utcnow()
+    open_item = (select(CampaignItem.id)
+                 .where(CampaignItem.campaign_id == Campaign.id, CampaignItem.build_id.is_(None),
+                        CampaignItem.refusal.is_(None),
+                        CampaignItem.submit_claimed_at.is_(None)
+                        | (CampaignItem.submit_claimed_at < now - timedelta(seconds=CLAIM_SECONDS)))
+                 .exists())
+    return (select(Campaign.id)
+            .where(Campaign.state == CampaignState.RUNNING,
+                   Campaign.created_at < now - timedelta(seconds=grace_seconds),
+                   Campaign.created_at >= now - timedelta(seconds=max_age_seconds), open_item)
+            .order_by(Campaign.id))
+
+
 def unsubmitted(session: Session, campaign_id: int) -> list[tuple[int, str, dict[str, Any]]]:
     """The campaign's items with neither a build nor a refusal: (item id, source key, the source build's spec)."""
     rows = session.execute(
@@ -225,7 +247,7 @@ def submit_items(sessions: sessionmaker[Session], campaign_id: int, submit: Subm
     """Submit each item of the campaign nobody has submitted (or is submitting), each once whoever else runs
     this at the same time (:func:`_claim_item`), then settle the campaign; how many this call submitted.
     :func:`start` runs it, and the relay for a campaign whose starter died mid-loop
-    (:func:`compilesvc.lifecycle.policies.start_stalled`)."""
+    (:func:`compilesvc.lifecycle.policies.start_stalled`, :func:`compilesvc.lifecycle.resume.resume_stalled`)."""
     with sessions() as session:
         to_sdk = session.get_one(Campaign, campaign_id).to_sdk
         planned = unsubmitted(session, campaign_id)

@@ -40,13 +40,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from compilesvc.dispatch.registry import live_workers
-from compilesvc.ledger.campaigns import Campaign, CampaignItem, PolicyRun, RollforwardPolicy, SdkRelease
+from compilesvc.ledger.campaigns import Campaign, PolicyRun, RollforwardPolicy, SdkRelease
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Artifact, utcnow
 from compilesvc.ledger.sql import insert_ignore, insert_ignore_duplicate
 from compilesvc.lifecycle import campaigns
 from compilesvc.spec.neuron_releases import version_tuple
-from compilesvc.states import ArtifactState, CampaignState
+from compilesvc.states import ArtifactState
 
 log = logging.getLogger(__name__)
 
@@ -194,19 +194,9 @@ def half_submitted(session: Session, grace_seconds: float = START_GRACE_SECONDS,
                    max_age_seconds: float = MAX_START_AGE_SECONDS) -> list[int]:
     """Running campaigns of enabled policies, created between ``grace_seconds`` and ``max_age_seconds`` ago,
     with an item nobody submitted or is submitting: their starter died mid-loop."""
-    now = utcnow()
-    stale_claim = now - timedelta(seconds=campaigns.CLAIM_SECONDS)
-    open_item = (select(CampaignItem.id)
-                 .where(CampaignItem.campaign_id == Campaign.id, CampaignItem.build_id.is_(None),
-                        CampaignItem.refusal.is_(None),
-                        CampaignItem.submit_claimed_at.is_(None) | (CampaignItem.submit_claimed_at < stale_claim))
-                 .exists())
-    return list(session.scalars(
-        select(Campaign.id).join(RollforwardPolicy, RollforwardPolicy.id == Campaign.policy_id)
-        .where(RollforwardPolicy.enabled.is_(True), Campaign.state == CampaignState.RUNNING,
-               Campaign.created_at < now - timedelta(seconds=grace_seconds),
-               Campaign.created_at >= now - timedelta(seconds=max_age_seconds), open_item)
-        .order_by(Campaign.id)))
+    return list(session.scalars(campaigns.resumable(grace_seconds, max_age_seconds)
+                                .join(RollforwardPolicy, RollforwardPolicy.id == Campaign.policy_id)
+                                .where(RollforwardPolicy.enabled.is_(True))))
 
 
 def start_stalled(sessions: sessionmaker[Session], submit: campaigns.SubmitDocument,
@@ -278,7 +268,8 @@ def start_claimed(sessions: sessionmaker[Session], claimed: Claim, submit: campa
                                             f"artifacts to move to {claimed.to_sdk}")
         return None
     try:
-        campaign_id = campaigns.start(sessions, selection, submit, None, policy_id=claimed.policy_id)
+        campaign_id = campaigns.start(sessions, selection, submit, None, policy_id=claimed.policy_id,
+                                      queue_anyway=True)
     except IntegrityError:  # another process created this run's campaign meanwhile (the unique index)
         return _link(sessions, claimed)
     except Exception as exc:  # the worker still starts; the run says what to do by hand

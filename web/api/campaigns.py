@@ -11,10 +11,11 @@ from sqlalchemy.orm import Session
 
 from compilesvc.access import team_reads
 from compilesvc.access.tokens import Permission
+from compilesvc.builds.policy_submits import campaign_submit
 from compilesvc.ledger.campaigns import Campaign
 from compilesvc.ledger.models import Artifact
 from compilesvc.lifecycle import campaigns
-from compilesvc.pinning.pins import ModelRefError, PinnedModel
+from compilesvc.pinning.pins import ModelRefError
 from compilesvc.spec.parsing import SpecError
 from web import readers
 from web.api.params import model_body, parse_for_service, respond
@@ -80,12 +81,10 @@ def rollforward() -> Response:
     if asked.dry_run:
         return respond(RollforwardPlan, _plan(ctx, selection))
     principal = current_principal()
-
-    def submit(document: dict[str, Any], model: PinnedModel | None) -> int:
-        prepared = ctx.submitter.prepare(parse_for_service(document, ctx.settings), model)
-        return ctx.submitter.submit(prepared, principal=principal, queue_anyway=asked.queue_anyway).build_id
-
-    campaign_id = campaigns.start(ctx.services.sessions, selection, submit, principal)
+    # Recorded with the campaign: the relay resumes it as this request would have, if this worker dies mid-loop.
+    submit = campaign_submit(ctx.submitter, principal, queue_anyway=asked.queue_anyway)
+    campaign_id = campaigns.start(ctx.services.sessions, selection, submit, principal,
+                                  queue_anyway=asked.queue_anyway)
     with ctx.services.sessions() as session:
         body = campaign_json(ctx, session, session.get_one(Campaign, campaign_id))
     return respond(CampaignOut, body, 201, headers={"Location": body["url"]})
