@@ -5,7 +5,12 @@ is left alone; the campaign finishes when its builds end."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,6 +45,36 @@ class StarterDied(BaseException):
 @pytest.fixture
 def env(make_env: EnvFactory, pg_url: str) -> Env:  # noqa: F811
     return make_env(pg_url)
+
+
+#: A starter in a process of its own (as a gunicorn worker runs the API's request): starts the campaign for
+#: the token given, submits its first item and stalls inside the second's submit (a long pin), to be killed.
+STARTER = """
+import sys, time
+from pathlib import Path
+from compilesvc.access import tokens
+from compilesvc.builds.policy_submits import campaign_submit
+from compilesvc.builds.submit import Submitter
+from compilesvc.lifecycle import campaigns
+from compilesvc.services import Services
+from tests.lifecycle.test_campaign_resume import SELECTION
+from tests.web.support import make_settings
+
+services = Services.from_settings(make_settings(Path(sys.argv[1]), sys.argv[2]))
+with services.sessions() as session:
+    principal = tokens.authenticate(session, sys.argv[3])
+submit = campaign_submit(Submitter(services), principal, queue_anyway=True)
+done = []
+
+def stalling(document, model):
+    if done:
+        print("stalled", flush=True)
+        time.sleep(3600)
+    done.append(submit(document, model))
+    return done[-1]
+
+campaigns.start(services.sessions, SELECTION, stalling, principal, queue_anyway=True)
+"""
 
 
 def _fleet_with_artifacts(env: Env, count: int) -> list[str]:
@@ -248,3 +283,37 @@ def test_campaigns_not_running_of_a_policy_or_a_day_old_are_left_alone(env: Env)
         session.get_one(Campaign, campaign_id).policy_id = None
     assert resume.resume_stalled(sessions, _counting(env, never)) == [campaign_id] and len(never) == 1
     assert all(build is not None for build, _ in _items(env, campaign_id))
+
+
+def test_a_starter_process_killed_mid_loop_is_finished_by_the_relay(env: Env, pg_url: str, tmp_path: Path) -> None:
+    """The process running the campaign's submits is SIGKILLed while submitting the second item of three
+    (no cleanup runs: its claim stays): once the claim is CLAIM_SECONDS old, one relay pass submits the two
+    left as the campaign's team, and their builds ending finish the campaign."""
+    _fleet_with_artifacts(env, 3)
+    secret = make_token(env.services.sessions, "admin", owner="ops@example.com", team="vision", name="rollout")
+    root = Path(__file__).resolve().parents[2]
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path / "env0"), pg_url, secret],
+                               stdout=subprocess.PIPE, text=True, cwd=root,
+                               env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert starter.stdout is not None and starter.stdout.readline() == "stalled\n"
+    finally:
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait(60)
+    with transaction(env.services.sessions) as session:
+        (campaign,) = session.scalars(select(Campaign))
+        campaign.created_at -= timedelta(seconds=policies.START_GRACE_SECONDS + 1)
+        campaign_id = campaign.id
+    assert [(build is None, refusal) for build, refusal in _items(env, campaign_id)] == [
+        (False, None), (True, None), (True, None)]
+    loop = RelayLoop(env.services, env.services.relay)
+    assert loop.resume_campaigns() == 1  # the third; the second's claim is still young
+    with transaction(env.services.sessions) as session:
+        _age_claims(session, campaign_id)
+    assert loop.resume_campaigns() == 1 and loop.resume_campaigns() == 0
+    items = _items(env, campaign_id)
+    with env.services.sessions() as session:
+        assert {session.get_one(Build, build_id).team for build_id, _ in items} == {"vision"}  # type: ignore[arg-type]
+    for build_id, _ in items:
+        complete_build(env.services, build_id)  # type: ignore[arg-type]
+    assert env.client.get(f"/v1/campaigns/{campaign_id}").json["state"] == "finished"
