@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy import select
 from werkzeug.serving import make_server
 
+from compilesvc.client.api import Api, ApiError
 from compilesvc.ledger.models import PinJob
 from tests.fixtures.s3server import S3Server
 from tests.fixtures.waiting import wait_for
@@ -135,3 +136,17 @@ def test_compilesvc_submit_waits_through_the_hash(s3_env: Env, served: str, larg
     build = s3_env.client.get(f"/v1/builds/{build_id}").json
     assert build["model_sha256"] == hashlib.sha256(LARGE).hexdigest()
     assert job_states(s3_env) == ["done"]
+
+
+def test_the_client_stops_waiting_at_its_own_deadline(s3_env: Env, served: str, large_model: str) -> None:
+    told: list[dict[str, Any]] = []
+    impatient = Api(served, token=s3_env.token, pinning_wait=0, on_pinning=told.append)
+    with pytest.raises(ApiError) as raised:
+        impatient.request("POST", "/v1/builds?queue_anyway=true", spec_for(large_model))
+    assert (raised.value.status, raised.value.problem_type) == (503, "model-pinning")
+    assert told == []  # no wait left: the answer is the caller's at once, not retried as an outage
+
+    patient = Api(served, token=s3_env.token, on_pinning=told.append)
+    accepted = patient.request("POST", "/v1/builds?queue_anyway=true", spec_for(large_model))
+    build = patient.request("GET", f"/v1/builds/{accepted['build_id']}")
+    assert build["model_sha256"] == hashlib.sha256(LARGE).hexdigest()
