@@ -51,9 +51,10 @@ def api_exit(exc: ApiError) -> Exit:
     return Exit.BAD_INPUT
 
 
-def call(client: Api, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+def call(client: Api, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, *,
+         pinning_wait: float | None = None) -> Any:
     try:
-        return client.request(method, path, body, headers)
+        return client.request(method, path, body, headers, pinning_wait=pinning_wait)
     except ApiError as exc:
         raise Failed(exc.message, api_exit(exc)) from None
 
@@ -83,6 +84,25 @@ class Reporter:
         if self._bar:
             click.echo("", err=True)
             self._bar = False
+
+
+class PinningProgress:
+    """Tells, on stderr every :data:`PINNING_EVERY` seconds at most, how far the API's hash of a large model
+    (503 model-pinning, which the client waits through) has got."""
+
+    PINNING_EVERY = 30.0
+
+    def __init__(self, reporter: Reporter):
+        self.reporter = reporter
+        self._next = 0.0
+
+    def __call__(self, problem: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            done, total = int(problem.get("bytes_done", 0)), int(problem.get("bytes_total", 0))
+            read = f"{done / 1024**2:.0f} of {total / 1024**2:.0f} MiB read" if total else "started"
+            self.reporter.line(f"waiting for the API to hash {problem.get('model', 'the model')} to pin it ({read})")
+            self._next = now + self.PINNING_EVERY
 
 
 def build_page(client: Api, build_id: int) -> str:
@@ -211,9 +231,13 @@ def submit(spec_path: str, api: str | None, wait: bool, as_json: bool, timeout: 
     except SpecError as exc:
         raise Failed(SpecUsageError(spec_path, exc).format_message(), Exit.BAD_INPUT) from None
     client = connect(api)
+    deadline = time.monotonic() + timeout
+    client.on_pinning = PinningProgress(reporter)
     headers = {"Idempotency-Key": idempotency_key or f"cli-{uuid.uuid4()}"}
     path = "/v1/builds" + ("?queue_anyway=true" if queue_anyway else "")
-    accepted = call(client, "POST", path, spec.model_dump(mode="json", exclude_none=True), headers)
+    # A large S3 model is hashed by the API in the background first (503 model-pinning): part of the wait.
+    accepted = call(client, "POST", path, spec.model_dump(mode="json", exclude_none=True), headers,
+                    pinning_wait=timeout)
     build_id = accepted["build_id"]
     replayed = " (the first answer to this Idempotency-Key)" if accepted.get("replayed") else ""
     told = accepted["outcome"]
@@ -227,7 +251,8 @@ def submit(spec_path: str, api: str | None, wait: bool, as_json: bool, timeout: 
     except ApiError as exc:
         reporter.line(f"warning: {exc.message}; following from the submit's answer")
     if wait:
-        build, timed_out = follow(client, accepted, timeout=timeout, poll=poll, logs=logs, reporter=reporter)
+        build, timed_out = follow(client, accepted, timeout=max(0.0, deadline - time.monotonic()), poll=poll,
+                                  logs=logs, reporter=reporter)
         finish(client, build, as_json=as_json, timed_out=timed_out, reporter=reporter)
         return
     # --no-wait: stdout is the build id, whatever the build's state; the key is a key only once published.

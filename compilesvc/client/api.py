@@ -16,6 +16,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,6 +24,9 @@ from urllib.parse import urlsplit
 from compilesvc.client.next_steps import next_step
 
 TRANSPORT_RETRIES = 5  # 0.5 + 1 + 2 + 4 + 8 s of backoff: a network blip or an API restart
+#: How long a request waits, by default, while the API hashes its model in the background (503 model-pinning).
+PINNING_WAIT_SECONDS = 1800.0
+
 class ApiError(Exception):
     """The API answered with a problem (``status``, ``problem``: its document), or could not be reached
     (``status`` None). The CLI prints it as one line with exit status 1; the build commands map it to their
@@ -142,10 +146,17 @@ class Api:
     problems as :class:`ApiError`, transport failures retried ``retries`` times with backoff."""
 
     def __init__(self, base: str, timeout: float = 30.0, *, retries: int = TRANSPORT_RETRIES,
-                 token: str | None = None, token_source: str | None = None):
+                 token: str | None = None, token_source: str | None = None,
+                 pinning_wait: float = PINNING_WAIT_SECONDS,
+                 on_pinning: Callable[[dict[str, Any]], None] | None = None):
         self.base = base.rstrip("/")
         self.timeout = timeout
         self.retries = retries
+        #: A 503 model-pinning (the API hashes the request's model in the background) is progress, not an
+        #: outage: the request is sent again after its Retry-After for up to ``pinning_wait`` seconds, not
+        #: ``retries`` times, and ``on_pinning`` is told each such answer (its problem document).
+        self.pinning_wait = pinning_wait
+        self.on_pinning = on_pinning
         self.token = token
         #: Where the command line's token came from (COMPILESVC_TOKEN, the config file): with it, a 401 or
         #: 403 says what to set or ask for. None: a program's own client, told the API's words.
@@ -153,9 +164,11 @@ class Api:
         self._opener = urllib.request.build_opener(_RefuseApiRedirects(self.base))
 
     def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, *,
-                upload: Path | bytes | None = None) -> Any:
+                upload: Path | bytes | None = None, pinning_wait: float | None = None) -> Any:
         """JSON in (or ``upload``: a file, streamed, or bytes), JSON out; transport failures are retried with
-        backoff (the caller makes POSTs safe: an Idempotency-Key, or content addressing for uploads)."""
+        backoff (the caller makes POSTs safe: an Idempotency-Key, or content addressing for uploads), a model
+        being pinned is waited for (``pinning_wait`` seconds, default :attr:`pinning_wait`)."""
+        pinning_until: float | None = None
         url = path if path.startswith("http") else f"{self.base}{path}"
         data = json.dumps(body).encode() if body is not None else None
         all_headers = {"Accept": "application/json", **(headers or {})}
@@ -167,7 +180,8 @@ class Api:
             size = len(upload) if isinstance(upload, bytes) else upload.stat().st_size
             all_headers.update({"Content-Type": "application/octet-stream", "Content-Length": str(size),
                                 "Content-Digest": _content_digest(upload)})
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        while True:
             try:
                 with contextlib.ExitStack() as stack:
                     # A file body streams from disk, and each attempt starts it again from the beginning.
@@ -179,9 +193,21 @@ class Api:
                         return json.loads(response.read() or b"null")
             except urllib.error.HTTPError as exc:
                 body_bytes = exc.read()
-                passing = exc.code in (429, 502, 503, 504) and not _is_refusal(body_bytes)
+                kind = _problem_type(body_bytes)
+                if exc.code == 503 and kind == "model-pinning":
+                    if pinning_until is None:
+                        wait = self.pinning_wait if pinning_wait is None else pinning_wait
+                        pinning_until = time.monotonic() + wait
+                    delay = _retry_after(exc, 0)
+                    if time.monotonic() + delay <= pinning_until:  # else: the caller's wait is over, say so
+                        if self.on_pinning is not None:
+                            self.on_pinning(json.loads(body_bytes))
+                        time.sleep(delay)
+                        continue
+                passing = exc.code in (429, 502, 503, 504) and kind not in _VERDICTS
                 if passing and attempt < self.retries:
                     time.sleep(_retry_after(exc, attempt))
+                    attempt += 1
                     continue
                 error = _api_error(exc.code, body_bytes)
                 if exc.code in (401, 403) and self.token_source is not None:
@@ -196,7 +222,7 @@ class Api:
                     raise ApiError(f"cannot reach the API at {self.base}: {reason}; check the address{where}, or "
                                    "try again later") from None
                 time.sleep(backoff(attempt))
-        raise AssertionError("unreachable")
+                attempt += 1
 
 
 def _content_digest(upload: Path | bytes) -> str:
@@ -211,9 +237,15 @@ def _content_digest(upload: Path | bytes) -> str:
     return f"sha-256=:{base64.b64encode(digest).decode()}:"
 
 
-def _is_refusal(body: bytes) -> bool:
-    """A 503 that is a verdict (no worker can serve this), not a passing outage."""
+#: 503s that are not passing outages, so never retried as one: a verdict (no worker can serve this), and
+#: model-pinning, which is progress, waited for (:attr:`Api.pinning_wait`) and then ends the request.
+_VERDICTS = frozenset({"no-capable-worker", "model-pinning"})
+
+
+def _problem_type(body: bytes) -> str:
+    """The last segment of a problem document's ``type`` ("" for another body)."""
     try:
-        return "no-capable-worker" in str(json.loads(body).get("type", ""))
+        document = json.loads(body)
     except ValueError:
-        return False
+        return ""
+    return str(document.get("type", "")).rsplit("/", 1)[-1] if isinstance(document, dict) else ""

@@ -201,6 +201,13 @@ class Settings(BaseSettings):
     hf_extract_max_files: int = Field(default=10_000, ge=1, description="Most members an hf-dir archive may have.")
     hf_extract_max_ratio: float = Field(default=100.0, gt=0, description="Most times its own size an hf-dir "
                                         "archive may expand to (checked past 64 MiB).")
+    # Pinning an S3 model (compilesvc/pinning/hash_jobs.py): an un-remembered object without S3's own SHA-256 larger
+    # than this is hashed in the background, once across the API processes, while its submit answers 503.
+    pin_inline_hash_max_mb: int = Field(default=256, ge=0, description="Largest S3 model object (MiB) hashed "
+                                        "inside the request that pins it; larger ones are hashed in the background.")
+    pin_hash_lease_seconds: float = Field(default=60.0, ge=1, description="A background hash's lease: one not "
+                                          "renewed for this long (its process died) is taken over by the next "
+                                          "request for the object.")
     relay_interval_seconds: float = Field(default=0.5, gt=0)
     # The compile sandbox (workers/isolation/sandbox.py, docs/security.md): a compile runs the model, so it runs
     # isolated.

@@ -344,6 +344,29 @@ class ModelPin(Base):
     __table_args__ = (UniqueConstraint("uri", "version_id", "etag", "size"),)
 
 
+class PinJob(Base):
+    """A large S3 object being hashed in the background for its pin (:mod:`compilesvc.pinning.hash_jobs`): one per
+    object identity (as :class:`ModelPin`), claimed by one API process at a time with a lease it renews."""
+
+    __tablename__ = "pin_jobs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    uri: Mapped[str] = mapped_column(String(1024))
+    version_id: Mapped[str] = mapped_column(String(1024), default="")
+    etag: Mapped[str] = mapped_column(String(255), default="")
+    size: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16), doc="hashing, done or failed")
+    bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)
+    owner: Mapped[str | None] = mapped_column(String(255), doc="The claiming process (host:pid:nonce).")
+    lease_until: Mapped[datetime | None] = mapped_column()
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("uri", "version_id", "etag", "size"),)
+
+
 class CheckpointPin(Base):
     """What an uploaded checkpoint archive (a blob: immutable, named by its sha256) gives a key: config.json and,
     once computed, its weights' digests (:mod:`compilesvc.pinning.checkpoints`). Read once: a blob in S3 cannot

@@ -22,6 +22,22 @@ class ModelChangedError(ModelRefError):
     """The model's bytes are no longer the ones that were pinned (overwritten or deleted)."""
 
 
+class ModelPinning(Exception):
+    """The model is too large to hash inside a request and is being hashed in the background
+    (:mod:`compilesvc.pinning.hash_jobs`): not a refusal, ask again in ``retry_after`` seconds. ``done`` of
+    ``total`` bytes are read."""
+
+    def __init__(self, what: str, done: int, total: int, retry_after: int):
+        self.what, self.done, self.total, self.retry_after = what, done, total, retry_after
+        percent = 100 * done // total if total else 100
+        super().__init__(f"{what} is being hashed to pin it ({_size(done)} of {_size(total)} read, {percent}%); "
+                         f"submit it again in {retry_after} s (compilesvc submit waits)")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024**3:.1f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
+
+
 @dataclass(frozen=True)
 class PinnedModel:
     """A model pinned to immutable bytes. ``fetch`` is JSON: exactly which bytes to fetch, plus ``sha256``.

@@ -1,6 +1,7 @@
 """Models kept in S3: pinning ``s3://bucket/key`` to one object version (or ETag and size) with its sha256,
 remembered in the ledger's ``model_pins`` so a popular model is read once, and streaming exactly the
-pinned bytes again on the worker. Prefixes and "directory" objects are refused: they are not one object.
+pinned bytes again on the worker. Prefixes and "directory" objects are refused: they are not one object. An
+object too large to hash inside a request is hashed in the background (:mod:`compilesvc.pinning.hash_jobs`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from compilesvc.store.s3_client import (
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
+    from compilesvc.pinning.hash_jobs import HashJobs
+
 _PIN_ATTEMPTS = 3
 _DIRECTORY_CONTENT_TYPES = frozenset({"application/x-directory", "httpd/unix-directory"})
 
@@ -64,6 +67,7 @@ class S3Models:
         self.sessions = sessions
         self._s3_client = s3_client
         self._lock = threading.Lock()
+        self._hash_jobs: HashJobs | None = None
 
     @property
     def s3_client(self) -> S3Client:
@@ -86,13 +90,10 @@ class S3Models:
             # An object in a versioned bucket has a version id that never changes content; the version
             # "null" (versioning suspended) is overwritable, so the ETag is always pinned as well.
             version_id = head.get("VersionId") or ref.version_id
-            sha256 = self.remembered_pin(canonical, version_id, etag, size)
-            if sha256 is None:
-                try:
-                    sha256 = self.hash_object(bucket, key, version_id, etag, size)
-                except _Changed:
-                    continue  # overwritten between HEAD and GET: pin the new content instead
-                self.remember_pin(canonical, version_id, etag, size, sha256)
+            try:
+                sha256 = self.object_sha256(bucket, key, version_id, etag, size)
+            except _Changed:
+                continue  # overwritten between HEAD and GET: pin the new content instead
             fetch = {
                 "kind": "s3",
                 "bucket": bucket,
@@ -144,6 +145,35 @@ class S3Models:
         except Exception as exc:
             raise_store_error(exc, f"listing s3://{bucket}/{key}/")
         return int(listing.get("KeyCount", 0)) > 0
+
+    @property
+    def hash_jobs(self) -> HashJobs:
+        with self._lock:
+            if self._hash_jobs is None:
+                from compilesvc.pinning.hash_jobs import HashJobs
+
+                assert self.sessions is not None
+                self._hash_jobs = HashJobs(self, self.sessions, self.settings.pin_hash_lease_seconds)
+            return self._hash_jobs
+
+    def object_sha256(self, bucket: str, key: str, version_id: str | None, etag: str, size: int) -> str:
+        """The object's sha256: remembered from an earlier pin, else hashed here, or (larger than
+        ``pin_inline_hash_max_mb``, with a ledger) by a background job (:mod:`compilesvc.pinning.hash_jobs`):
+        :class:`ModelPinning` until it is done. :class:`ObjectChanged` when the bytes read are not the object's."""
+        uri = f"s3://{bucket}/{key}"
+        sha256 = self.remembered_pin(uri, version_id, etag, size)
+        if sha256 is not None:
+            return sha256
+        if self.sessions is not None and size > self.settings.pin_inline_hash_max_mb * 1024**2:
+            from compilesvc.pinning.hash_jobs import ObjectVersion, Progress, pinning
+
+            found = self.hash_jobs.sha256(ObjectVersion(bucket, key, version_id, etag, size))
+            if isinstance(found, Progress):
+                raise pinning(uri, [found])
+            return found
+        sha256 = self.hash_object(bucket, key, version_id, etag, size)
+        self.remember_pin(uri, version_id, etag, size, sha256)
+        return sha256
 
     def hash_object(self, bucket: str, key: str, version_id: str | None, etag: str, size: int) -> str:
         copied = self.stream(bucket, key, version_id, etag, size, sink=None)

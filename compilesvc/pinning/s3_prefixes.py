@@ -4,7 +4,8 @@ worker each object fetched again by its pin and verified.
 
 Weight digests (only for a compile that writes pre-sharded weights) come from the object's full-object SHA-256
 checksum when S3 has one, else from the ledger's remembered pins (``model_pins``), else from hashing the object
-as it streams (and remembering it).
+as it streams (and remembering it): in the request for a small one, in the background for a large one
+(:mod:`compilesvc.pinning.hash_jobs`; the pin answers :class:`ModelPinning` until every such file is hashed).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from compilesvc.pinning.checkpoints import (
     safe_relative,
     verify_digests,
 )
-from compilesvc.pinning.pins import ModelChangedError, ModelRefError, PinnedModel
+from compilesvc.pinning.hash_jobs import Progress, pinning
+from compilesvc.pinning.pins import ModelChangedError, ModelPinning, ModelRefError, PinnedModel
 from compilesvc.pinning.s3_models import ObjectChanged, parse_s3_uri
 from compilesvc.spec.checkpoint import CONFIG_MAX_BYTES, WEIGHT_LAYOUTS
 from compilesvc.spec.compile_spec import ModelRef
@@ -127,22 +129,25 @@ def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: b
                                     "retry once writes to it stop") from None
         return bytes(data)
 
+    hashing: list[Progress] = []  # large weight files hashed in the background: each one's job started at once
+
     def weight_sha256(name: str) -> str:
         entry = objects[name]
         if entry["sha256"] is None:
-            uri = f"s3://{bucket}/{entry['key']}"
-            remembered = s3.remembered_pin(uri, entry["version_id"], entry["etag"], entry["size"])
-            if remembered is None:
-                try:
-                    remembered = s3.hash_object(bucket, entry["key"], entry["version_id"], entry["etag"], entry["size"])
-                except ObjectChanged:
-                    raise ModelChangedError(f"{uri} changed while the checkpoint was being pinned; retry once "
-                                            "writes to it stop") from None
-                s3.remember_pin(uri, entry["version_id"], entry["etag"], entry["size"], remembered)
-            entry["sha256"] = remembered
+            try:
+                entry["sha256"] = s3.object_sha256(bucket, entry["key"], entry["version_id"], entry["etag"],
+                                                   entry["size"])
+            except ObjectChanged:
+                raise ModelChangedError(f"s3://{bucket}/{entry['key']} changed while the checkpoint was being "
+                                        "pinned; retry once writes to it stop") from None
+            except ModelPinning as exc:
+                hashing.append(Progress(exc.done, exc.total))
+                return "0" * 64  # never used: the pin answers ModelPinning below
         return str(entry["sha256"])
 
     material, config_sha256 = material_of(objects, read_small, weight_sha256 if weight_digests else None, layouts)
+    if hashing:
+        raise pinning(f"{len(hashing)} weight file(s) under {canonical}", hashing)
     listed = sorted(objects.values(), key=lambda entry: str(entry["path"]))
     sha256 = listing_sha256([e["path"], e["version_id"] or "", e["etag"], e["size"]] for e in listed)
     fetch = {"kind": "s3-prefix", "bucket": bucket, "prefix": prefix, "sha256": sha256, "objects": listed,

@@ -135,8 +135,9 @@ def signing_keys() -> Response:
 @operation(summary="Resolve a spec to its keys and state (never builds)", tag="artifacts", request=CompileSpec,
            access=ARTIFACTS,
            description="The artifact key, bucket keys and key components a submit of this spec would use, "
-                       "what the ledger knows about them, and the artifact if it is published. Read-only.",
-           responses={200: ResolveOut}, problems=(400, 413, 422))
+                       "what the ledger knows about them, and the artifact if it is published. Read-only, but for the "
+                       "background hash of a large S3 model it pins (503 `model-pinning` while that runs).",
+           responses={200: ResolveOut}, problems=(400, 413, 422, 503))
 def resolve() -> Response:
     ctx = web()
     spec = spec_body()

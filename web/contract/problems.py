@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.exceptions import ClientDisconnected, HTTPException
 
+from compilesvc.pinning.pins import ModelPinning
 from compilesvc.spec.manifest import ManifestMismatch
 from compilesvc.store.base import StoreError
 
@@ -128,6 +129,12 @@ _TYPES = [
                 "`curl --data-binary @model.pt -H 'Content-Type: application/octet-stream'`."),
     ProblemType("no-capable-worker", 503, "No live worker can compile this",
                 "No live worker serves the spec's queue. Start one, or submit with ?queue_anyway=true."),
+    ProblemType("model-pinning", 503, "The model is being hashed to pin it",
+                "The spec's S3 model (or a checkpoint's weight files) is too large to hash inside a request "
+                "(COMPILESVC_PIN_INLINE_HASH_MAX_MB) and is being hashed in the background, once however many "
+                "submits name it: `detail` says how far (`model`: what is hashed, `bytes_done` of "
+                "`bytes_total`). Progress, not an outage: send the same request again after `Retry-After` "
+                "seconds (compilesvc submit does)."),
     ProblemType("store-integrity", 503, "Stored manifest does not match its key",
                 "The manifest stored for `key` is unreadable or hashes to another key. Nothing is served or "
                 "built for that key until an operator removes the document."),
@@ -242,6 +249,11 @@ def _store_error(exc: StoreError) -> Response:
     return response_for(Problem("store-unavailable", str(exc), headers={"Retry-After": "5"}))
 
 
+def _model_pinning(exc: ModelPinning) -> Response:
+    return response_for(Problem("model-pinning", str(exc), headers={"Retry-After": str(exc.retry_after)},
+                                model=exc.what, bytes_done=exc.done, bytes_total=exc.total))
+
+
 def _manifest_mismatch(exc: ManifestMismatch) -> Response:
     log.error("stored manifest does not match its key", extra={"artifact_key": exc.key, "error": str(exc)})
     return response_for(Problem("store-integrity", str(exc), key=exc.key))
@@ -269,6 +281,7 @@ def install(app: Flask) -> None:
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(StoreError, _store_error)
     app.register_error_handler(ManifestMismatch, _manifest_mismatch)
+    app.register_error_handler(ModelPinning, _model_pinning)
     app.register_error_handler(DBAPIError, _db_error)
     app.register_error_handler(PoolTimeout, _db_error)
     app.register_error_handler(Exception, _internal)
