@@ -2,8 +2,8 @@
 (compilesvc/pinning/hash_jobs.py): one row per object identity (uri, version id, ETag, size, as model_pins),
 claimed with a lease its hasher renews, with the bytes read so far for the submits that wait on it
 
-Revision ID: 0023_pin_jobs
-Revises: 0022_checkpoint_pins
+Revision ID: 0024_pin_jobs
+Revises: 0023_campaign_resume
 Create Date: 2026-11-26 20:15:00.000000
 """
 from collections.abc import Sequence
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0023_pin_jobs'
-down_revision: str | None = '0022_checkpoint_pins'
+revision: str = '0024_pin_jobs'
+down_revision: str | None = '0023_campaign_resume'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
