@@ -23,6 +23,7 @@ import pytest
 from compilesvc.spec.nxdi_config import canonical_neuron_config
 from tests.doubles import neuron_double_env
 from tests.doubles.neuron._release import RELEASES
+from tests.fixtures.checkpoints import Checkpoints
 from tests.workers import PYTHON, REPO, run_child, run_children
 from workers.compiling.classify import classify
 
@@ -34,22 +35,10 @@ NXDI = RELEASES[SDK].nxdi
 BASE = {"tp_degree": 1, "batch_size": 1, "seq_len": 256}
 
 
-def _save_llama(path: Path, seed: int) -> Path:
-    import torch
-
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                                      max_position_embeddings=512)
-    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    return path
-
-
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A base model and a fine-tune: the same config.json, other weights."""
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {"base": _save_llama(root / "base", 0), "tuned": _save_llama(root / "tuned", 1)}
+def checkpoints(tiny_checkpoints: Checkpoints) -> dict[str, Path]:
+    """A base model and a fine-tune: the same config.json, other weights (the session's, made once per process)."""
+    return {"base": tiny_checkpoints.base, "tuned": tiny_checkpoints.fine_tune}
 
 
 @pytest.fixture(scope="module")
