@@ -120,7 +120,7 @@ def test_an_llm_compiles_on_the_embedded_default_and_boots_a_vllm_host_offline(
                           "neuronx-cc-tp, nxdi, trace, trace-tp)"), dev.serves
     # 1. A local checkpoint directory (file://), pre-sharded weights: the artifact is all vLLM needs.
     local = dev.spec("local", tiny_checkpoints.base.as_uri(), save_sharded_checkpoint=True)
-    submitted = dev.run("submit", str(local), "--timeout", "240")
+    submitted = dev.run("submit", str(local), "--timeout", "240", "--poll", "0.3")
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     key = submitted.stdout.strip()
     assert re.search(r"^bucket 0 \(the whole NxDI model\): \w+ -> succeeded in ", submitted.stderr, re.M), \
@@ -137,11 +137,12 @@ def test_an_llm_compiles_on_the_embedded_default_and_boots_a_vllm_host_offline(
         archives[name] = uploaded.stdout.strip()
     assert archives["base"].startswith("blob:sha256:") and archives["base"] != archives["fine-tune"]
     uploaded_spec = dev.spec("uploaded", archives["base"])
-    shard_on_load = dev.run("submit", str(uploaded_spec), "--timeout", "240")
+    shard_on_load = dev.run("submit", str(uploaded_spec), "--timeout", "240", "--poll", "0.3")
     assert shard_on_load.returncode == 0, shard_on_load.stdout + shard_on_load.stderr
     weightless = shard_on_load.stdout.strip()
     assert weightless != key and _published_files(dev.data_dir, weightless) == ["model.pt", "neuron_config.json"]
-    tuned = dev.run("submit", str(dev.spec("tuned", archives["fine-tune"])), "--timeout", "60")
+    tuned = dev.run("submit", str(dev.spec("tuned", archives["fine-tune"])), "--timeout", "60",
+                    "--poll", "0.3")
     assert tuned.returncode == 0 and tuned.stdout.strip() == weightless, tuned.stdout + tuned.stderr
 
     # 3. A fleet host fetches by spec while the API is up; then the service stops and it boots from its cache.

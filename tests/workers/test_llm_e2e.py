@@ -113,7 +113,7 @@ def test_an_llm_checkpoint_compiles_through_the_service_and_boots_a_fleet_offlin
     # A compile that takes a moment (an 8B model's takes 15 minutes), logging while it runs: the knob is the
     # double's own (COMPILESVC_NEURON_DOUBLE_*), so it reaches the compile child through the worker's allow-list.
     cluster.start_worker("w1", concurrency=2, env={**{k: worker_env[k] for k in WORKER_VARIABLES},
-                                                   "COMPILESVC_NEURON_DOUBLE_NXDI_SECONDS": "1"})
+                                                   "COMPILESVC_NEURON_DOUBLE_NXDI_SECONDS": "0.3"})
     cluster.start_relay()
     cluster.start_api(port, workers=2)
     work = tmp_path / "ci"

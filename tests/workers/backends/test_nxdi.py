@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import pytest
 from compilesvc.spec.nxdi_config import canonical_neuron_config
 from tests.doubles import neuron_double_env
 from tests.doubles.neuron._release import RELEASES
+from tests.fixtures.checkpoints import Checkpoints
 from tests.workers import PYTHON, REPO, run_child, run_children
 from workers.compiling.classify import classify
 
@@ -32,30 +35,38 @@ NXDI = RELEASES[SDK].nxdi
 BASE = {"tp_degree": 1, "batch_size": 1, "seq_len": 256}
 
 
-def _save_llama(path: Path, seed: int) -> Path:
-    import torch
-
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                                      max_position_embeddings=512)
-    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    return path
+@pytest.fixture(scope="module")
+def checkpoints(tiny_checkpoints: Checkpoints) -> dict[str, Path]:
+    """A base model and a fine-tune: the same config.json, other weights (the session's, made once per process)."""
+    return {"base": tiny_checkpoints.base, "tuned": tiny_checkpoints.fine_tune}
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A base model and a fine-tune: the same config.json, other weights."""
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {"base": _save_llama(root / "base", 0), "tuned": _save_llama(root / "tuned", 1)}
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    """A device-less host with the SDK 2.27.1 double (NxDI 0.7.15063); no platform override inherited."""
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A device-less host with the SDK 2.27.1 double (NxDI 0.7.15063); no platform override inherited. Tests
+    that change it change a copy."""
     env = neuron_double_env(sdk=SDK, devices=0)
     env.pop("NEURON_PLATFORM_TARGET_OVERRIDE", None)
-    return {**env, "COMPILESVC_NEURON_DEVICE_GLOB": str(tmp_path / "no-devices" / "neuron[0-9]*")}
+    return {**env, "COMPILESVC_NEURON_DEVICE_GLOB": str(tmp_path_factory.mktemp("no-devices") / "neuron[0-9]*")}
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str],
+             checkpoints: dict[str, Path]) -> Callable[..., Any]:
+    """A successful compile that several tests only read, run once per module: ``compiled(checkpoint, **config)``
+    is the same run for the same arguments (each compile child costs seconds: torch and transformers)."""
+    root = tmp_path_factory.mktemp("shared-compiles")
+    runs: dict[str, Any] = {}
+
+    def compile_(checkpoint: str, **neuron_config: Any) -> Any:
+        key = json.dumps([checkpoint, neuron_config], sort_keys=True)
+        if key not in runs:
+            run = _nxdi(root, f"shared-{len(runs)}", env, checkpoints[checkpoint], **neuron_config)
+            assert run.returncode == 0, run.describe()
+            runs[key] = run
+        return runs[key]
+
+    return compile_
 
 
 def _nxdi(tmp_path: Path, name: str, env: dict[str, str], checkpoint: Path, target: str = "trn1",
@@ -80,12 +91,11 @@ def _outcome(run: Any) -> Any:
     return classify(run.returncode, run.result, run.lines[-200:], timed_out=False, cancelled=False)
 
 
-def test_shard_on_load_writes_config_then_model_and_no_weights(tmp_path: Path, env: dict[str, str],
+def test_shard_on_load_writes_config_then_model_and_no_weights(compiled: Callable[..., Any],
                                                               checkpoints: dict[str, Path]) -> None:
     import torch
 
-    run = _nxdi(tmp_path, "ok", env, checkpoints["base"])
-    assert run.returncode == 0, run.describe()
+    run = compiled("base")
     files = {f["path"]: f for f in run.result["files"]}
     assert {p: f["role"] for p, f in files.items()} == {"model.pt": "model", "neuron_config.json": "aux"}
     for path, entry in files.items():
@@ -101,9 +111,8 @@ def test_shard_on_load_writes_config_then_model_and_no_weights(tmp_path: Path, e
 
 
 def test_pre_sharding_writes_one_safetensors_file_per_rank_from_the_checkpoint(
-        tmp_path: Path, env: dict[str, str], checkpoints: dict[str, Path]) -> None:
-    run = _nxdi(tmp_path, "shards", env, checkpoints["base"], tp_degree=2, save_sharded_checkpoint=True)
-    assert run.returncode == 0, run.describe()
+        compiled: Callable[..., Any], checkpoints: dict[str, Path]) -> None:
+    run = compiled("base", tp_degree=2, save_sharded_checkpoint=True)
     shards = {f["path"]: f for f in run.result["files"] if f["role"] == "weights-shard"}
     assert sorted(shards) == [f"weights/tp{rank}_sharded_checkpoint.safetensors" for rank in (0, 1)]
     assert [shards[p]["rank"] for p in sorted(shards)] == [0, 1]
@@ -113,10 +122,9 @@ def test_pre_sharding_writes_one_safetensors_file_per_rank_from_the_checkpoint(
     assert rank1["embed_tokens.weight"].equal(original["model.embed_tokens.weight"].chunk(2)[1])
 
 
-def test_model_pt_does_not_depend_on_the_weights(tmp_path: Path, env: dict[str, str],
-                                                 checkpoints: dict[str, Path]) -> None:
-    runs = [_nxdi(tmp_path, name, env, checkpoints[name], save_sharded_checkpoint=True) for name in ("base", "tuned")]
-    assert all(run.returncode == 0 for run in runs), [run.describe() for run in runs]
+def test_model_pt_does_not_depend_on_the_weights(compiled: Callable[..., Any]) -> None:
+    # Two ranks: the base's compile is the pre-sharding test's.
+    runs = [compiled(name, tp_degree=2, save_sharded_checkpoint=True) for name in ("base", "tuned")]
     base, tuned = ({f["path"]: f["sha256"] for f in run.result["files"]} for run in runs)
     assert base["model.pt"] == tuned["model.pt"]  # one compile serves a base model and its fine-tunes
     shard = "weights/tp0_sharded_checkpoint.safetensors"
@@ -241,15 +249,13 @@ def test_unknown_neuron_config_keys_are_only_warned_about_by_nxdi(tmp_path: Path
     assert json.loads((run.out_dir / "neuron_config.json").read_text())["neuron_config"]["tp_degree"] == 1
 
 
-def test_torch_dtype_comes_from_the_checkpoint_unless_given(tmp_path: Path, env: dict[str, str],
-                                                            checkpoints: dict[str, Path]) -> None:
+def test_torch_dtype_comes_from_the_checkpoint_unless_given(compiled: Callable[..., Any]) -> None:
     def stored(run: Any) -> dict[str, Any]:
-        assert run.returncode == 0, run.describe()
         return dict(json.loads((run.out_dir / "neuron_config.json").read_text())["neuron_config"])
 
-    hf = stored(_nxdi(tmp_path, "hf", env, checkpoints["base"]))  # config.json says float32 (hf_adapter.py:L58-L67)
+    hf = stored(compiled("base"))  # config.json says float32 (hf_adapter.py:L58-L67)
     assert (hf["torch_dtype"], hf["overrides_torch_dtype"]) == ("float32", False)
-    given = stored(_nxdi(tmp_path, "bf16", env, checkpoints["base"], torch_dtype="bfloat16"))
+    given = stored(compiled("base", torch_dtype="bfloat16"))
     assert (given["torch_dtype"], given["overrides_torch_dtype"]) == ("bfloat16", True)
 
 
@@ -318,38 +324,80 @@ _PROBE = """
 import json, logging, os, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
 from neuronx_distributed_inference.models.config import NeuronConfig
-try:
-    config = NeuronConfig(**json.loads(sys.argv[1]))
-except Exception as exc:
-    print(f"raised {type(exc).__name__}: {exc}")
-else:
-    print("override=" + str(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")))
+for case in json.loads(sys.argv[1]):
+    os.environ.clear()
+    os.environ.update(case["env"])
+    print("--- case " + case["id"], flush=True)
+    try:
+        config = NeuronConfig(**case["kwargs"])
+    except Exception as exc:
+        print(f"raised {type(exc).__name__}: {exc}", flush=True)
+    else:
+        print("override=" + str(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")), flush=True)
 """
 
-
-@pytest.mark.parametrize(("release", "kwargs", "expected"), [
+#: (release, simulated devices, NEURON_PLATFORM_TARGET_OVERRIDE or None for unset, NeuronConfig kwargs, expected).
+_RELEASE_CASES = [
     # dma_order_config is popped from 2.28 (NxDI cd3abf3): on 2.27.1 it is an unknown keyword, only warned about.
-    ("2.27.1", {"dma_order_config": None}, "NeuronConfig init: Unexpected keyword arguments: {'dma_order_config'"),
-    ("2.28.0", {"dma_order_config": None}, "override=trn1"),
-    ("2.27.1", {"torch_dtype": "float8_e5m2"}, "override=trn1"),
-    ("2.27.1", {"torch_dtype": "fp16"}, "raised AssertionError: Unsupported dtype: fp16"),
-])
-def test_the_double_has_each_releases_neuron_config(release: str, kwargs: dict[str, Any], expected: str) -> None:
-    env = {**neuron_double_env(sdk=release, devices=0), "NEURON_PLATFORM_TARGET_OVERRIDE": "trn1"}
-    out = subprocess.run([PYTHON, "-c", _PROBE, json.dumps(kwargs)], env=env, capture_output=True, text=True)
-    assert expected in out.stdout, out.stdout + out.stderr
-
-
-@pytest.mark.parametrize(("release", "devices", "expected"), [
+    ("2.27.1", 0, "trn1", {"dma_order_config": None},
+     "NeuronConfig init: Unexpected keyword arguments: {'dma_order_config'"),
+    ("2.28.0", 0, "trn1", {"dma_order_config": None}, "override=trn1"),
+    ("2.27.1", 0, "trn1", {"torch_dtype": "float8_e5m2"}, "override=trn1"),
+    ("2.27.1", 0, "trn1", {"torch_dtype": "fp16"}, "raised AssertionError: Unsupported dtype: fp16"),
+]
+_OVERRIDE_CASES = [
     # 2.29 writes the platform into the environment when it is unset (config.py:L723-L727); 2.28 does not.
-    ("2.29.0", 1, "override=trn1"),
-    ("2.28.0", 1, "override=None"),
+    ("2.29.0", 1, None, {"logical_nc_config": 1}, "override=trn1"),
+    ("2.28.0", 1, None, {"logical_nc_config": 1}, "override=None"),
     # Unset on a device-less host the platform is unknown (unverified in the real SDK: the double refuses).
-    ("2.29.0", 0, "raised RuntimeError: TEST DOUBLE: no Neuron device"),
-])
-def test_nxdi_2_29_sets_the_platform_override_itself(release: str, devices: int, expected: str) -> None:
-    env = neuron_double_env(sdk=release, devices=devices)
-    env.pop("NEURON_PLATFORM_TARGET_OVERRIDE", None)
-    out = subprocess.run([PYTHON, "-c", _PROBE, json.dumps({"logical_nc_config": 1})], env=env, capture_output=True,
-                         text=True)
-    assert expected in out.stdout, out.stdout + out.stderr
+    ("2.29.0", 0, None, {"logical_nc_config": 1}, "raised RuntimeError: TEST DOUBLE: no Neuron device"),
+]
+
+
+@pytest.fixture(scope="module")
+def neuron_config_probe() -> Callable[[str, int, str | None, dict[str, Any]], str]:
+    """What the double's NeuronConfig prints for one case: ``_PROBE`` runs once per release (each run imports
+    torch) for all of that release's cases, each in the environment ``neuron_double_env`` gives it. The double
+    reads its environment when called (``_release.current``, ``detected_platform``), and the probe restores the
+    whole environment before each case, so a case sees what a process of its own would."""
+    outputs: dict[str, dict[str, str]] = {}
+
+    def case_id(devices: int, override: str | None, kwargs: dict[str, Any]) -> str:
+        return json.dumps([devices, override, kwargs], sort_keys=True)
+
+    def probe(release: str, devices: int, override: str | None, kwargs: dict[str, Any]) -> str:
+        if release not in outputs:
+            cases, common = [], neuron_double_env(sdk=release, devices=0)
+            for r, d, o, k, _ in _RELEASE_CASES + _OVERRIDE_CASES:
+                if r != release:
+                    continue
+                env = neuron_double_env(sdk=release, devices=d)
+                assert env["PYTHONPATH"] == common["PYTHONPATH"]  # one release, one installed set of packages
+                env.pop("NEURON_PLATFORM_TARGET_OVERRIDE", None)
+                if o is not None:
+                    env["NEURON_PLATFORM_TARGET_OVERRIDE"] = o
+                cases.append({"id": case_id(d, o, k), "env": env, "kwargs": k})
+            out = subprocess.run([PYTHON, "-c", _PROBE, json.dumps(cases)], env=common, capture_output=True,
+                                 text=True)
+            parts = re.split(r"^--- case (.*)\n", out.stdout, flags=re.M)
+            outputs[release] = dict(zip(parts[1::2], parts[2::2], strict=True))
+            assert len(outputs[release]) == len(cases), out.stdout + out.stderr
+        return outputs[release][case_id(devices, override, kwargs)]
+
+    return probe
+
+
+@pytest.mark.parametrize(("release", "devices", "override", "kwargs", "expected"), _RELEASE_CASES)
+def test_the_double_has_each_releases_neuron_config(
+        neuron_config_probe: Callable[..., str], release: str, devices: int, override: str | None,
+        kwargs: dict[str, Any], expected: str) -> None:
+    out = neuron_config_probe(release, devices, override, kwargs)
+    assert expected in out, out
+
+
+@pytest.mark.parametrize(("release", "devices", "override", "kwargs", "expected"), _OVERRIDE_CASES)
+def test_nxdi_2_29_sets_the_platform_override_itself(
+        neuron_config_probe: Callable[..., str], release: str, devices: int, override: str | None,
+        kwargs: dict[str, Any], expected: str) -> None:
+    out = neuron_config_probe(release, devices, override, kwargs)
+    assert expected in out, out
