@@ -369,8 +369,9 @@ class PinJob(Base):
 
 class CheckpointPin(Base):
     """What an uploaded checkpoint archive (a blob: immutable, named by its sha256) gives a key: config.json and,
-    once computed, its weights' digests (:mod:`compilesvc.pinning.checkpoints`). Read once: a blob in S3 cannot
-    be seeked, so reading it again is downloading the whole archive."""
+    once computed, its weights' digests (:mod:`compilesvc.pinning.checkpoints`). Also, under the digest of the
+    pinned identities (key, version id, ETag, size) of the small files an S3 prefix's pin read, what they gave
+    (``material["kind"] == "s3-prefix-reads"``, :mod:`compilesvc.pinning.prefix_reads`). Either is read once."""
 
     __tablename__ = "checkpoint_pins"
 

@@ -4,8 +4,11 @@ the key needs, and (only for a compile that writes pre-sharded weights) the weig
 Three forms of one directory:
 
 - ``blob:sha256:<hex>``: a tar archive in the store (the form hf-dir uploads use: config.json at its root or in its
-  single top-level directory). Its headers are read, streamed from the store, and config.json (at most
-  :data:`~compilesvc.spec.checkpoint.CONFIG_MAX_BYTES`) is read out of it; nothing is extracted here. The worker
+  single top-level directory). Its headers are read and config.json (at most
+  :data:`~compilesvc.spec.checkpoint.CONFIG_MAX_BYTES`) is read out of it; nothing is extracted here. An
+  uncompressed tar (what ``compilesvc upload DIR`` writes) is read by ranged reads of the store, so only its headers
+  and the members the key reads cost anything; a compressed one (and any archive whose weights are hashed) is
+  streamed. What it gave is remembered in the ledger by the blob's sha256, so it is read once. The worker
   fetches the archive and extracts it with its own caps (:mod:`workers.compiling.checkpoint_dirs`). Its model
   sha256 is the archive's.
 - ``s3://bucket/prefix/``: every object pinned by version (:mod:`compilesvc.pinning.s3_prefixes`).
@@ -24,6 +27,7 @@ import os
 import stat
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
@@ -193,43 +197,56 @@ def _remember(resolver: ModelResolver, sha256: str, layouts: tuple[tuple[str, bo
         pass
 
 
-def _members(resolver: ModelResolver, sha256: str) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo, str]]:
-    """Each regular member of the stored archive with its normalised path, the archive refused (a ModelRefError
+#: Where an uncompressed tar's first header says so (ustar, GNU and pax headers alike).
+_TAR_MAGIC_AT, _TAR_MAGIC = 257, b"ustar"
+
+
+@contextmanager
+def _archive(resolver: ModelResolver, sha256: str, *, ranged: bool) -> Iterator[tuple[tarfile.TarFile, bool]]:
+    """The stored archive as a TarFile, and whether it seeks. ``ranged``: an uncompressed tar is opened over ranged
+    reads of the store (``"r:"``: each header read, member data skipped), so reading its headers and config.json
+    costs a few small requests, not the archive. Otherwise a seekable blob (the local store's file) is read header
+    by header, and a stream is read through (tarfile cannot skip without seeking; a compressed archive has no
+    offsets to seek to)."""
+    store = resolver.store
+    assert store is not None
+    try:
+        if ranged and store.read_blob_range(sha256, _TAR_MAGIC_AT, len(_TAR_MAGIC)) == _TAR_MAGIC:
+            with store.open_blob_ranged(sha256) as blob, tarfile.open(fileobj=blob, mode="r:") as tar:
+                yield tar, True
+            return
+        with store.open_blob(sha256) as blob:
+            seekable = _seekable(blob)
+            with tarfile.open(fileobj=blob, mode="r:*" if seekable else "r|*") as tar:
+                yield tar, seekable
+    except CheckpointError as exc:
+        raise ModelRefError(f"not a checkpoint NxD Inference can compile: {exc}") from None
+    except tarfile.TarError as exc:
+        raise ModelRefError(f"blob sha256:{sha256} is not a readable tar archive of a checkpoint directory: "
+                            f"{exc}") from None
+
+
+def _members(tar: tarfile.TarFile, max_files: int) -> Iterator[tuple[tarfile.TarInfo, str]]:
+    """Each regular member of the archive with its normalised path, the archive refused (a CheckpointError
     naming the member) at a link, a device, a path outside it or a second copy of a path: the worker's extraction
     refuses the same members, so the files the key reads are the files the compile reads."""
-    assert resolver.store is not None
-    max_files = resolver.settings.hf_extract_max_files
     seen: set[str] = set()
     count = 0
-    with resolver.store.open_blob(sha256) as blob:
-        # A seekable blob (the local store) is read header by header, skipping member data; a stream is read
-        # through (tarfile cannot skip without seeking).
-        mode = "r:*" if _seekable(blob) else "r|*"
-        try:
-            with tarfile.open(fileobj=blob, mode=mode) as tar:  # type: ignore[call-overload]
-                for member in tar:
-                    count += 1
-                    if count > max_files:
-                        raise ModelRefError(f"the checkpoint archive has more than {max_files} files, the most this "
-                                            "service reads (COMPILESVC_HF_EXTRACT_MAX_FILES)")
-                    path = archive_member_path(member.name, regular=member.isfile(), directory=member.isdir())
-                    if path is None:
-                        continue
-                    add_member(seen, path, member.name)
-                    yield tar, member, path
-        except CheckpointError as exc:
-            raise ModelRefError(f"not a checkpoint NxD Inference can compile: {exc}") from None
-        except tarfile.TarError as exc:
-            raise ModelRefError(f"blob sha256:{sha256} is not a readable tar archive of a checkpoint directory: "
-                                f"{exc}") from None
+    for member in tar:
+        count += 1
+        if count > max_files:
+            raise ModelRefError(f"the checkpoint archive has more than {max_files} files, the most this "
+                                "service reads (COMPILESVC_HF_EXTRACT_MAX_FILES)")
+        path = archive_member_path(member.name, regular=member.isfile(), directory=member.isdir())
+        if path is None:
+            continue
+        add_member(seen, path, member.name)
+        yield member, path
 
 
-def _read_blob(resolver: ModelResolver, ref: ModelRef, sha256: str, size: int, *, weight_digests: bool,
-               layouts: tuple[tuple[str, bool], ...] = WEIGHT_LAYOUTS) -> PinnedModel:
-    """An uploaded checkpoint archive, read twice: its member list (refusing what the worker's extraction
-    refuses), then the root's config.json and the index NxDI reads (nothing else is held: a few MiB, not one copy
-    per directory), each root weight member hashed as it streams past only when ``weight_digests``."""
-    sizes = {path: member.size for _, member, path in _members(resolver, sha256)}
+def _wanted(sizes: dict[str, int], layouts: tuple[tuple[str, bool], ...]) -> tuple[str, list[str], set[str]]:
+    """The archive's checkpoint root, the names under it, and the members read whole (the root's config.json and
+    the index NxDI reads), refused when larger than they may be."""
     root = _archive_root(sizes)
     names = [name[len(root):] for name in sizes if name.startswith(root)]
     try:
@@ -242,15 +259,38 @@ def _read_blob(resolver: ModelResolver, ref: ModelRef, sha256: str, size: int, *
         if sizes[path] > limit:
             raise ModelRefError(f"not a checkpoint NxD Inference can compile: {path} in the archive is larger than "
                                 f"{limit // 1024**2} MiB")
+    return root, names, wanted
+
+
+def _read_blob(resolver: ModelResolver, ref: ModelRef, sha256: str, size: int, *, weight_digests: bool,
+               layouts: tuple[tuple[str, bool], ...] = WEIGHT_LAYOUTS) -> PinnedModel:
+    """An uploaded checkpoint archive: its member list (refusing what the worker's extraction refuses), then the
+    root's config.json and the index NxDI reads (nothing else is held: a few MiB, not one copy per directory),
+    each root weight member hashed only when ``weight_digests``. A seekable archive is read once, header by header,
+    the members wanted read by their offsets (over ranged reads of the store when no weights are hashed: the
+    weights would be read whole anyway); a stream is read twice, the weights hashed as they stream past."""
+    max_files = resolver.settings.hf_extract_max_files
     small: dict[str, bytes] = {}
     hashed: dict[str, str] = {}
-    for tar, member, path in _members(resolver, sha256):
+
+    def take(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> None:
         data = None  # a streamed member can be read once: its bytes, when kept, are hashed
         if path in wanted:
             small[path] = data = _member(tar, member).read()
         if weight_digests and path.startswith(root) and path.endswith(_WEIGHT_SUFFIXES):
             hashed[path] = (hashlib.sha256(data).hexdigest() if data is not None
                             else _hash_stream(_member(tar, member).read))
+
+    with _archive(resolver, sha256, ranged=not weight_digests) as (tar, seekable):
+        members = list(_members(tar, max_files))
+        root, names, wanted = _wanted({path: member.size for member, path in members}, layouts)
+        if seekable:
+            for member, path in members:
+                take(tar, member, path)
+    if not seekable:
+        with _archive(resolver, sha256, ranged=False) as (tar, _):
+            for member, path in _members(tar, max_files):
+                take(tar, member, path)
     material, config_sha256 = material_of(names, lambda name: small[root + name],
                                           (lambda name: hashed[root + name]) if weight_digests else None, layouts)
     fetch = {"kind": "blob", "sha256": sha256, "verify": verify_digests(material, config_sha256)}

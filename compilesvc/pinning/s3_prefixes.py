@@ -2,6 +2,11 @@
 its version id (or its ETag and size in an unversioned bucket), config.json read by that version, and on the
 worker each object fetched again by its pin and verified.
 
+What a pin costs: one paginated ListObjectVersions pass (every object's key, version id, ETag and size), and the
+GETs of config.json and the weight index only when the ledger has not remembered reading those very versions
+(:mod:`compilesvc.pinning.prefix_reads`). An object is HEADed only for its S3 checksum, when the weight digests are
+needed; a bucket that denies ListBucketVersions is listed with ListObjectsV2 and every object HEADed instead.
+
 Weight digests (only for a compile that writes pre-sharded weights) come from the object's full-object SHA-256
 checksum when S3 has one, else from the ledger's remembered pins (``model_pins``), else from hashing the object
 as it streams (and remembering it): in the request for a small one, in the background for a large one
@@ -17,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
+from compilesvc.pinning import prefix_reads
 from compilesvc.pinning.checkpoints import (
     _SMALL_LIMITS,
     check_total_size,
@@ -45,19 +51,61 @@ def _denied_or_missing(exc: ClientError, what: str) -> ModelRefError | None:
     return None
 
 
-def _list(s3: S3Models, bucket: str, prefix: str, max_files: int) -> list[str]:
+def _latest_versions(s3: S3Models, bucket: str, prefix: str, max_files: int) -> list[dict[str, Any]] | None:
+    """Every current object under ``prefix`` with its version id (None in an unversioned bucket), ETag and size, in
+    one paginated ListObjectVersions pass: no request per object. None when the bucket denies
+    ListBucketVersions (a policy granting s3:ListBucket alone) or the server has no such call."""
     canonical = f"s3://{bucket}/{prefix}"
-    keys: list[str] = []
+    found: list[dict[str, Any]] = []
+    try:
+        for page in s3.s3_client.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix):
+            # Delete markers are a separate list (DeleteMarkers): a deleted key has no latest version here.
+            for item in page.get("Versions", []):
+                if not item.get("IsLatest"):
+                    continue
+                version_id = item.get("VersionId")
+                # "null": an unversioned bucket's (or a pre-versioning) object, overwritable: pinned by its ETag,
+                # as a HEAD without a version id pins it.
+                _count(found, {"key": str(item["Key"]), "version_id": None if version_id in (None, "null")
+                               else str(version_id), "etag": str(item["ETag"]), "size": int(item.get("Size", 0))},
+                       canonical, max_files)
+    except ClientError as exc:
+        if http_status(exc) in (403, 501) and error_code(exc) != "NoSuchBucket":
+            return None
+        refusal = _denied_or_missing(exc, canonical)
+        if refusal is not None:
+            raise refusal from None
+        raise_store_error(exc, f"listing {canonical}")
+    except ModelRefError:
+        raise
+    except Exception as exc:
+        raise_store_error(exc, f"listing {canonical}")
+    return _nonempty(found, canonical)
+
+
+def _count(found: list[dict[str, Any]], item: dict[str, Any], canonical: str, max_files: int) -> None:
+    if str(item["key"]).endswith("/") and int(item["size"]) == 0:
+        return  # a "directory" marker, not a file
+    found.append(item)
+    if len(found) > max_files:
+        raise ModelRefError(f"{canonical} holds more than {max_files} objects, the most this service pins "
+                            "(COMPILESVC_HF_EXTRACT_MAX_FILES)")
+
+
+def _nonempty(found: list[dict[str, Any]], canonical: str) -> list[dict[str, Any]]:
+    if not found:
+        raise ModelRefError(f"{canonical} holds no objects: upload the checkpoint directory under it")
+    return found
+
+
+def _list(s3: S3Models, bucket: str, prefix: str, max_files: int) -> list[str]:
+    """The keys under ``prefix`` by ListObjectsV2 (no version ids: each object is HEADed after)."""
+    canonical = f"s3://{bucket}/{prefix}"
+    found: list[dict[str, Any]] = []
     try:
         for page in s3.s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for item in page.get("Contents", []):
-                key = str(item["Key"])
-                if key.endswith("/") and int(item.get("Size", 0)) == 0:
-                    continue  # a "directory" marker, not a file
-                keys.append(key)
-                if len(keys) > max_files:
-                    raise ModelRefError(f"{canonical} holds more than {max_files} objects, the most this service "
-                                        "pins (COMPILESVC_HF_EXTRACT_MAX_FILES)")
+                _count(found, {"key": str(item["Key"]), "size": int(item.get("Size", 0))}, canonical, max_files)
     except ClientError as exc:
         refusal = _denied_or_missing(exc, canonical)
         if refusal is not None:
@@ -67,13 +115,13 @@ def _list(s3: S3Models, bucket: str, prefix: str, max_files: int) -> list[str]:
         raise
     except Exception as exc:
         raise_store_error(exc, f"listing {canonical}")
-    if not keys:
-        raise ModelRefError(f"{canonical} holds no objects: upload the checkpoint directory under it")
-    return keys
+    return [str(item["key"]) for item in _nonempty(found, canonical)]
 
 
-def _head(s3: S3Models, bucket: str, key: str, checksum: bool) -> dict[str, Any]:
+def _head(s3: S3Models, bucket: str, key: str, checksum: bool, version_id: str | None = None) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+    if version_id:
+        kwargs["VersionId"] = version_id
     if checksum:
         kwargs["ChecksumMode"] = "ENABLED"
     try:
@@ -108,12 +156,23 @@ def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: b
     bucket, prefix = parse_s3_uri(ref.uri)
     canonical = f"s3://{bucket}/{prefix}"
     objects: dict[str, dict[str, Any]] = {}
-    for key in _list(s3, bucket, prefix, max_files):
-        name = safe_relative(key[len(prefix):], f"object {key!r} under {canonical}")
-        head = _head(s3, bucket, key, weight_digests)
-        objects[name] = {"path": name, "key": key, "version_id": head.get("VersionId"), "etag": str(head["ETag"]),
-                         "size": int(head["ContentLength"]), "sha256": _s3_sha256(head) if weight_digests else None}
+    headed: set[str] = set()  # the objects whose HEAD (and checksum, when weight_digests) is known
+    listed_versions = _latest_versions(s3, bucket, prefix, max_files)
+    if listed_versions is not None:
+        for item in listed_versions:
+            name = safe_relative(item["key"][len(prefix):], f"object {item['key']!r} under {canonical}")
+            objects[name] = {"path": name, **item, "sha256": None}
+    else:
+        # ListBucketVersions denied: list the keys, then HEAD each one for its version id (the slow path).
+        for key in _list(s3, bucket, prefix, max_files):
+            name = safe_relative(key[len(prefix):], f"object {key!r} under {canonical}")
+            head = _head(s3, bucket, key, weight_digests)
+            objects[name] = {"path": name, "key": key, "version_id": head.get("VersionId"),
+                             "etag": str(head["ETag"]), "size": int(head["ContentLength"]),
+                             "sha256": _s3_sha256(head) if weight_digests else None}
+            headed.add(name)
     check_total_size(sum(int(e["size"]) for e in objects.values()), canonical, max_bytes)
+    read: dict[str, bytes] = {}
 
     def read_small(name: str) -> bytes:
         entry = objects[name]
@@ -127,7 +186,8 @@ def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: b
         except ObjectChanged:
             raise ModelChangedError(f"s3://{bucket}/{entry['key']} changed while the checkpoint was being pinned; "
                                     "retry once writes to it stop") from None
-        return bytes(data)
+        read[name] = bytes(data)
+        return read[name]
 
     hashing: list[Progress] = []  # large weight files hashed in the background: each one's job started at once
 
@@ -145,7 +205,31 @@ def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: b
                 return "0" * 64  # never used: the pin answers ModelPinning below
         return str(entry["sha256"])
 
-    material, config_sha256 = material_of(objects, read_small, weight_sha256 if weight_digests else None, layouts)
+    def checksummed_sha256(name: str) -> str:
+        """A weight file's S3 full-object SHA-256 (one HEAD of its pinned version: the listing has no checksums),
+        then :func:`weight_sha256` as before."""
+        entry = objects[name]
+        if name not in headed:
+            head = _head(s3, bucket, entry["key"], True, entry["version_id"])
+            if str(head["ETag"]) != entry["etag"] or int(head["ContentLength"]) != entry["size"]:
+                raise ModelChangedError(f"s3://{bucket}/{entry['key']} changed while the checkpoint was being "
+                                        "pinned; retry once writes to it stop")
+            entry["sha256"] = _s3_sha256(head)
+            headed.add(name)
+        return weight_sha256(name)
+
+    digests = checksummed_sha256 if weight_digests else None
+    small = prefix_reads.small_files(objects, layouts)
+    reads = None if small is None else prefix_reads.reads_key(bucket, objects, small)
+    reading = None if reads is None else prefix_reads.remembered(s3.sessions, reads)
+    if reading is not None:
+        material, config_sha256 = prefix_reads.material(reading, objects, digests, layouts)
+    else:
+        material, config_sha256 = material_of(objects, read_small, digests, layouts)
+        if reads is not None and small is not None:
+            index = (small[1], read[small[1]]) if len(small) > 1 else None
+            prefix_reads.remember(s3.sessions, reads,
+                                  prefix_reads.reading_of(material.config, config_sha256, index))
     if hashing:
         raise pinning(f"{len(hashing)} weight file(s) under {canonical}", hashing)
     listed = sorted(objects.values(), key=lambda entry: str(entry["path"]))

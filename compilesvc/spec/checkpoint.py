@@ -145,10 +145,12 @@ def index_shards(data: bytes, where: str) -> list[str]:
 
 
 def checkpoint_files(names: Iterable[str], read: Callable[[str], bytes],
-                     layouts: tuple[tuple[str, bool], ...] = WEIGHT_LAYOUTS) -> list[str]:
+                     layouts: tuple[tuple[str, bool], ...] = WEIGHT_LAYOUTS, *,
+                     shards_of: Callable[[str], list[str]] | None = None) -> list[str]:
     """The weight files of a checkpoint directory listing ``names`` (paths relative to its root): the layout's
     file and, for an index, every shard it names. ``read(name)`` returns a small file's bytes (the index);
-    ``layouts`` is the loader order of the NxDI release that compiles (:func:`weight_layouts`).
+    ``layouts`` is the loader order of the NxDI release that compiles (:func:`weight_layouts`); ``shards_of``,
+    when given, is what :func:`index_shards` once found in an index (a remembered reading), and ``read`` unused.
 
     Raises :class:`CheckpointError` when config.json, the weights or a shard an index names is missing.
     """
@@ -158,7 +160,7 @@ def checkpoint_files(names: Iterable[str], read: Callable[[str], bytes],
     name, is_index = weight_layout(present, layouts)
     if not is_index:
         return [name]
-    shards = index_shards(read(name), name)
+    shards = shards_of(name) if shards_of is not None else index_shards(read(name), name)
     missing = [shard for shard in shards if shard not in present]
     if missing:
         raise CheckpointError(f"{name} names shards the checkpoint lacks: {', '.join(missing[:5])}"

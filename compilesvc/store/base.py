@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, cast
 
 SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")  # \Z: "$" would let a trailing newline through
 
@@ -185,6 +185,21 @@ class ArtifactStore(abc.ABC):
     @abc.abstractmethod
     def open_blob(self, sha256: str) -> AbstractContextManager[BinaryIO]:
         """A streaming reader of a blob; :class:`BlobNotFound` if absent."""
+
+    @abc.abstractmethod
+    def read_blob_range(self, sha256: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of a blob from ``offset`` (fewer at its end); :class:`BlobNotFound` if absent."""
+
+    def open_blob_ranged(self, sha256: str) -> AbstractContextManager[BinaryIO]:
+        """A seekable reader of a blob that reads only what is read of it, by :meth:`read_blob_range` (a reader
+        seeking past most of the blob costs what it reads); :class:`BlobNotFound` if absent."""
+        size = self.blob_size(sha256)
+        if size is None:
+            raise BlobNotFound(f"blob {sha256} not found")
+        from compilesvc.store.ranged import open_ranged
+
+        return cast(AbstractContextManager[BinaryIO],
+                    open_ranged(lambda offset, length: self.read_blob_range(sha256, offset, length), size))
 
     def iter_blob(self, sha256: str, chunk_size: int = 1024 * 1024) -> Iterator[bytes]:
         with self.open_blob(sha256) as reader:

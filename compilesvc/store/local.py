@@ -181,6 +181,17 @@ class LocalStore(ArtifactStore):
     def open_blob(self, sha256: str) -> AbstractContextManager[BinaryIO]:
         return self._open(sha256)
 
+    def read_blob_range(self, sha256: str, offset: int, length: int) -> bytes:
+        with self._open(sha256) as handle:
+            try:
+                handle.seek(offset)
+                return handle.read(length)
+            except OSError as exc:
+                raise StoreError(f"cannot read blob {sha256}: {exc}") from exc
+
+    def open_blob_ranged(self, sha256: str) -> AbstractContextManager[BinaryIO]:
+        return self._open(sha256)  # a file seeks and reads what is read
+
     def download_blob(self, sha256: str, dest: Path) -> None:
         with verified_file(dest, sha256, what=f"blob {sha256} (the stored file is corrupt)") as out, \
                 self._open(sha256) as src:

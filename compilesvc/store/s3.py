@@ -293,6 +293,29 @@ class S3Store(ArtifactStore):
         with BodyReader(response["Body"], what) as reader:
             yield cast(BinaryIO, reader)
 
+    def read_blob_range(self, sha256: str, offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0:
+            raise ValueError(f"a range needs a non-negative offset and length, not {offset}, {length}")
+        what = f"reading blob {sha256} at {offset}"
+        key = self._key(blob_name(sha256))
+        if length == 0:  # no such Range header: a HEAD says whether it exists
+            if self._head(key, what) is None:
+                raise BlobNotFound(f"blob {sha256} not found")
+            return b""
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=key,
+                                              Range=f"bytes={offset}-{offset + length - 1}")
+        except ClientError as exc:
+            if is_not_found(exc):
+                raise BlobNotFound(f"blob {sha256} not found") from None
+            if http_status(exc) == 416:  # the range starts at or past the end: nothing there
+                return b""
+            raise_store_error(exc, what)
+        except BOTO_ERRORS as exc:
+            raise_store_error(exc, what)
+        with BodyReader(response["Body"], what) as reader:
+            return reader.read()
+
     def download_blob(self, sha256: str, dest: Path) -> None:
         key = self._key(blob_name(sha256))
         with verified_file(dest, sha256, what=f"blob {sha256} (the stored object is corrupt)") as writer:

@@ -224,13 +224,21 @@ def test_prefix_refusals(s3: S3Server, versioned: str, tmp_path: Path, tiny_chec
 
 
 class CountingStore(LocalStore):
-    """The local store, counting the blobs opened (what a pin reads from the store)."""
+    """The local store, counting the blobs opened and the ranges read (what a pin reads from the store)."""
 
     opened: list[str]
 
     def open_blob(self, sha256: str) -> AbstractContextManager[BinaryIO]:
         self.opened.append(sha256)
         return super().open_blob(sha256)
+
+    def open_blob_ranged(self, sha256: str) -> AbstractContextManager[BinaryIO]:
+        self.opened.append(sha256)
+        return super().open_blob_ranged(sha256)
+
+    def read_blob_range(self, sha256: str, offset: int, length: int) -> bytes:
+        self.opened.append(sha256)
+        return super().read_blob_range(sha256, offset, length)
 
 
 def test_an_archive_pinned_again_reads_nothing_from_the_store(
@@ -242,14 +250,15 @@ def test_an_archive_pinned_again_reads_nothing_from_the_store(
     store.opened = []
     uri = upload(store, tar_of(tiny_checkpoints.base))
     first = ModelResolver(settings, store, sessions).pin(ref(uri))
-    reads = len(store.opened)  # a reading opens the archive twice: its member list, then what it reads
+    reads = len(store.opened)
     assert reads >= 1
     again = ModelResolver(settings, store, sessions).pin(ref(uri))
     assert again == first and len(store.opened) == reads
     weighed = ModelResolver(settings, store, sessions).pin(ref(uri), weight_digests=True)
-    assert len(store.opened) == 2 * reads and weighed.checkpoint is not None and weighed.checkpoint.weights
+    assert len(store.opened) > reads and weighed.checkpoint is not None and weighed.checkpoint.weights
+    reads = len(store.opened)
     assert ModelResolver(settings, store, sessions).pin(ref(uri), weight_digests=True) == weighed
-    assert ModelResolver(settings, store, sessions).pin(ref(uri)) == first and len(store.opened) == 2 * reads
+    assert ModelResolver(settings, store, sessions).pin(ref(uri)) == first and len(store.opened) == reads
 
 
 # -- what the key reads is what the compile reads (issue 29 review) ----------------------------------------------

@@ -81,6 +81,28 @@ def test_missing_blob(case: StoreCase, tmp_path: Path) -> None:
     assert list(out.iterdir()) == []  # no partial download left behind
 
 
+def test_ranged_reads_read_only_the_range_asked_for(case: StoreCase) -> None:
+    store = case.store
+    data = os.urandom(200_000)
+    sha256 = store.put_stream(io.BytesIO(data)).sha256
+    for offset, length in [(0, 512), (1, 1), (65_536, 100_000), (199_990, 10), (199_990, 1000), (200_000, 5),
+                           (250_000, 5), (7, 0)]:
+        assert store.read_blob_range(sha256, offset, length) == data[offset:offset + length], (offset, length)
+    with store.open_blob_ranged(sha256) as reader:
+        assert reader.seekable()
+        reader.seek(150_000)
+        assert reader.read(512) == data[150_000:150_512]
+        reader.seek(-10, os.SEEK_END)
+        assert reader.read() == data[-10:] and reader.read(1) == b""
+        reader.seek(3)
+        assert reader.tell() == 3 and reader.read(70_000) == data[3:70_003]
+    missing = sha(b"never stored")
+    with pytest.raises(BlobNotFound):
+        store.read_blob_range(missing, 0, 10)
+    with pytest.raises(BlobNotFound), store.open_blob_ranged(missing):
+        pass
+
+
 def test_documents_are_create_only(case: StoreCase) -> None:
     store = case.store
     name = artifact_manifest_name("a" * 64)
