@@ -16,12 +16,14 @@ from compilesvc.spec.parsing import parse_spec
 def policy_submit(submitter: Submitter) -> SubmitDocument:
     """Submit a rolled spec as a policy does: parsed with the service's own element bounds and extra flags (as
     the API parses a spec), for no principal, its compiles queued even when no worker of the new release is up
-    yet (other targets' workers of it may not have registered)."""
+    yet (other targets' workers of it may not have registered), its model checked against the source build's
+    team's model sources (:mod:`compilesvc.pinning.model_sources`)."""
     settings = submitter.settings
 
-    def submit(document: dict[str, Any], model: PinnedModel | None) -> int:
-        # ``model``: the rolled artifact's own pin (the same bytes), None to pin the document's URI again.
+    def submit(document: dict[str, Any], model: PinnedModel | None, team: str | None) -> int:
+        # ``model``: the rolled artifact's own pin (the same bytes), None to pin the document's URI again;
+        # ``team``: the source build's, whose model sources the model must still be among.
         spec = parse_spec(document, settings.element_limits, settings.extra_flags)
-        return submitter.submit(submitter.prepare(spec, model), queue_anyway=True).build_id
+        return submitter.submit(submitter.prepare(spec, model, team=team), queue_anyway=True).build_id
 
     return submit

@@ -45,6 +45,7 @@ from compilesvc.lifecycle.artifacts import (
 )
 from compilesvc.notify.webhooks import check_callbacks
 from compilesvc.pinning.checkpoints import check_architecture
+from compilesvc.pinning.model_sources import check_model_source
 from compilesvc.pinning.pins import ModelRefError, PinnedModel
 from compilesvc.services import Services
 from compilesvc.spec.compile_spec import CompileSpec
@@ -76,6 +77,9 @@ class Prepared:
     pinned: PinnedModel
     keys: KeySet
     request_hash: str
+    #: The team whose model sources the spec's model was checked against (:mod:`compilesvc.pinning.model_sources`;
+    #: None: no team, ``"*"`` only).
+    team: str | None = None
 
     @property
     def reusable(self) -> bool:
@@ -117,13 +121,19 @@ class Submitter:
 
     # -- public -------------------------------------------------------------------------------------
 
-    def keys_for(self, spec: CompileSpec, reuse: PinnedModel | None = None) -> tuple[PinnedModel, KeySet]:
+    def keys_for(self, spec: CompileSpec, reuse: PinnedModel | None = None, *, team: str | None = None
+                 ) -> tuple[PinnedModel, KeySet]:
         """The spec's model pinned and its keys. An hf-checkpoint is pinned with its config.json (and its weights'
         digests when the compile pre-shards them); one NxDI cannot compile is a :class:`ModelRefError` (a 422).
+
+        ``team``: whose model sources the model must be among (None: a request without a team, ``"*"`` only),
+        checked before anything is read (:func:`~compilesvc.pinning.model_sources.check_model_source`), a reused
+        pin included: the worker reads its source with the service's role all the same.
 
         ``reuse``: an earlier build's pin of the same model (a roll-forward resubmits the same bytes: an S3
         prefix's object versions, not what the prefix holds today), used instead of pinning again when it still
         holds and has what the key needs; the architecture is checked against ``spec``'s release all the same."""
+        check_model_source(self.settings, team, spec.model)
         try:
             weight_digests = spec.backend == "nxdi" and presharded(spec)
         except NeuronConfigError as exc:  # (the spec's own validation reports these first)
@@ -154,16 +164,25 @@ class Submitter:
                                 "again to pin the checkpoint as it is now")
         return reuse
 
-    def prepare(self, spec: CompileSpec, reuse: PinnedModel | None = None) -> Prepared:
-        """Everything about a submit of ``spec`` that reads no ledger: its model pinned (or ``reuse``d:
-        :meth:`keys_for`), its keys."""
-        pinned, keys = self.keys_for(spec, reuse)
-        return Prepared(spec, pinned, keys, digest(spec.model_dump(mode="json")))
+    def prepare(self, spec: CompileSpec, reuse: PinnedModel | None = None, *, team: str | None = None) -> Prepared:
+        """Everything about a submit of ``spec`` that reads no ledger: its model checked for ``team`` and pinned (or
+        ``reuse``d: :meth:`keys_for`), its keys."""
+        pinned, keys = self.keys_for(spec, reuse, team=team)
+        return Prepared(spec, pinned, keys, digest(spec.model_dump(mode="json")), team)
+
+    def checked_for(self, prepared: Prepared, team: str | None) -> Prepared:
+        """``prepared`` (kept from another request) for a submit of ``team``: its model checked for that team."""
+        if prepared.team == team:
+            return prepared
+        check_model_source(self.settings, team, prepared.spec.model)
+        return replace(prepared, team=team)
 
     def submit(self, spec: CompileSpec | Prepared, *, principal: Principal | None = None,
                idempotency_key: str | None = None, queue_anyway: bool = False) -> SubmitResult:
         """Submit ``spec``, or a prepared one (:meth:`prepare`; a caller may keep one while it is
-        :attr:`Prepared.reusable`), for ``principal`` (recorded as the build's submitter and team).
+        :attr:`Prepared.reusable`), for ``principal`` (recorded as the build's submitter and team). A spec is
+        prepared for the principal's team; a prepared one was checked for the team its preparer chose
+        (:meth:`checked_for`).
 
         An ``idempotency_key`` is the principal's own (Stripe's semantics): the same key with the same spec
         within ``idempotency_key_seconds`` replays the first answer; with another spec it is refused
@@ -175,7 +194,8 @@ class Submitter:
             replay = self._replay(principal, idempotency_key, request_hash)
             if replay is not None:
                 return replay
-        prepared = spec if isinstance(spec, Prepared) else self.prepare(spec)
+        prepared = spec if isinstance(spec, Prepared) else self.prepare(
+            spec, team=principal.team if principal is not None else None)
         keys = prepared.keys
         check_callbacks(prepared.spec.callbacks, self.settings.webhook_networks)
         team_urls = self.settings.team_webhooks.get(principal.team, []) if principal is not None else []

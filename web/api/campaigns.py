@@ -50,7 +50,8 @@ def _plan(ctx: WebContext, selection: campaigns.Selection) -> dict[str, Any]:
                                 "key": None, "state": None, "refusal": None}
         try:
             document = campaigns.rolled_spec(candidate.spec, selection.to_sdk, None)
-            _, keys = ctx.submitter.keys_for(parse_for_service(document, ctx.settings), candidate.model)
+            _, keys = ctx.submitter.keys_for(parse_for_service(document, ctx.settings), candidate.model,
+                                             team=candidate.team)
         except (SpecError, ModelRefError) as exc:
             item["refusal"] = campaigns.refusal_text(exc)
         else:
@@ -81,8 +82,9 @@ def rollforward() -> Response:
         return respond(RollforwardPlan, _plan(ctx, selection))
     principal = current_principal()
 
-    def submit(document: dict[str, Any], model: PinnedModel | None) -> int:
-        prepared = ctx.submitter.prepare(parse_for_service(document, ctx.settings), model)
+    def submit(document: dict[str, Any], model: PinnedModel | None, team: str | None) -> int:
+        # Checked against the source build's team's model sources, not the admin's (docs/security.md).
+        prepared = ctx.submitter.prepare(parse_for_service(document, ctx.settings), model, team=team)
         return ctx.submitter.submit(prepared, principal=principal, queue_anyway=asked.queue_anyway).build_id
 
     campaign_id = campaigns.start(ctx.services.sessions, selection, submit, principal)
