@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from web.server.ratelimit import SubmitLimiter
 
 DEFAULT_MANIFEST_CACHE_SIZE = 2048
-#: Submit bodies seen lately, prepared (:class:`compilesvc.builds.submit.Prepared`): CI pipelines resubmit the
+#: Submit bodies seen lately, prepared (:class:`compilesvc.builds.prepare.Prepared`): CI pipelines resubmit the
 #: same bytes, and a cache-hit submit is then parse-, validation- and key-free.
 DEFAULT_PREPARED_CACHE_SIZE = 1024
 #: How long a key found neither in the ledger nor in the store is answered 404 without asking the store.

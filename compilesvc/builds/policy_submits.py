@@ -19,13 +19,15 @@ def campaign_submit(submitter: Submitter, principal: Principal | None, *, queue_
     """Submit a rolled spec parsed with the service's own element bounds and extra flags (as the API parses a
     spec), for ``principal`` (the build's submitter and team, the token admission counts; None for a policy's
     or an unauthenticated service's campaign), its compiles queued even while no worker serves the new release
-    when ``queue_anyway``."""
+    when ``queue_anyway``; its model checked against the source build's team's model sources
+    (:mod:`compilesvc.pinning.model_sources`)."""
     settings = submitter.settings
 
-    def submit(document: dict[str, Any], model: PinnedModel | None) -> int:
-        # ``model``: the rolled artifact's own pin (the same bytes), None to pin the document's URI again.
+    def submit(document: dict[str, Any], model: PinnedModel | None, team: str | None) -> int:
+        # ``model``: the rolled artifact's own pin (the same bytes), None to pin the document's URI again;
+        # ``team``: the source build's, whose model sources the model must still be among.
         spec = parse_spec(document, settings.element_limits, settings.extra_flags)
-        return submitter.submit(submitter.prepare(spec, model), principal=principal,
+        return submitter.submit(submitter.prepare(spec, model, team=team), principal=principal,
                                 queue_anyway=queue_anyway).build_id
 
     return submit

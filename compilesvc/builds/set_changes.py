@@ -1,5 +1,5 @@
 """What a submit changes in a set of bucket compiles, inside the submit's transaction and under the set's
-exclusive lock (:meth:`compilesvc.builds.submit.Submitter._create_or_join` decides when): linking a new set's
+exclusive lock (:func:`compilesvc.builds.submit_transactions.create_or_join` decides when): linking a new set's
 buckets, reopening a finished one, and failing one that holds a bucket failed for good. Each queued compile's
 id goes into the caller's ``queued`` (the build's own compiles: :mod:`compilesvc.builds.provenance`), each dispatch
 into the outbox, relayed after commit."""

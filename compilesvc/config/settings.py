@@ -11,17 +11,19 @@ import contextlib
 import hashlib
 import hmac
 import ipaddress
+import json
 import math
 import os
 import secrets
 import tempfile
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from compilesvc.config.model_prefixes import S3Prefix, parse_model_prefixes
 from compilesvc.config.placeholders import placeholders, refusal
 from compilesvc.hostinfo import host_memory_bytes
 from compilesvc.spec.buckets import DEFAULT_MAX_ELEMENTS_PER_BUCKET, DEFAULT_MAX_ELEMENTS_PER_INPUT, ElementLimits
@@ -145,6 +147,13 @@ class Settings(BaseSettings):
                                 "loopback, link-local, private or reserved, e.g. 10.20.0.0/16.")
     team_webhooks: dict[str, list[str]] = Field(
         default_factory=dict, description='URLs every build of a team notifies, as JSON: {"vision": ["https://…"]}.')
+    # NoDecode: the JSON is read by _model_prefixes, so that "" (compose's "not set") is {} rather than an error.
+    model_s3_prefixes: Annotated[dict[str, list[str]], NoDecode] = Field(
+        default_factory=dict,
+        description='The S3 prefixes each team may name as its model (read with the service\'s S3 role), as JSON: '
+                    '{"vision": ["s3://vision-models/"], "*": ["s3://shared-public-models/"]}; "*" is every team '
+                    'and a request without a token. Unset: no s3:// model for anyone (docs/security.md, '
+                    '"Model sources").')
     webhook_max_attempts: int = Field(default=8, ge=1, description="Tries of one webhook delivery.")
     webhook_retry_seconds: float = Field(default=5.0, ge=0, description="First webhook retry delay (then doubling).")
     idempotency_key_seconds: int = Field(
@@ -301,6 +310,27 @@ class Settings(BaseSettings):
     def _networks(cls, value: str) -> str:
         parse_networks(value)
         return value
+
+    @field_validator("model_s3_prefixes", mode="before")
+    @classmethod
+    def _model_prefixes_json(cls, value: object) -> object:
+        if isinstance(value, str):  # from the environment
+            try:
+                return json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON ({exc.msg}): expected {{\"team\": [\"s3://bucket/prefix/\"]}}") from None
+        return value
+
+    @field_validator("model_s3_prefixes")
+    @classmethod
+    def _model_prefixes(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        parse_model_prefixes(value)  # a ValueError names the bad team or prefix
+        return value
+
+    @cached_property  # read by every submit: parsed once
+    def model_prefixes(self) -> dict[str, tuple[S3Prefix, ...]]:
+        """:attr:`model_s3_prefixes` parsed (:mod:`compilesvc.config.model_prefixes`)."""
+        return parse_model_prefixes(self.model_s3_prefixes)
 
     @cached_property  # read by every submit: parsed once
     def webhook_networks(self) -> tuple[Any, ...]:

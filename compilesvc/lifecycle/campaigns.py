@@ -83,6 +83,9 @@ class Candidate:
     #: The artifact's pin of its model (its first compile's), resubmitted with the spec; None for a ledger row
     #: without one (then the spec's URI is pinned again).
     model: PinnedModel | None = None
+    #: The team of the build whose spec is resubmitted: the model is checked against its model sources again
+    #: (:mod:`compilesvc.pinning.model_sources`), whoever starts the campaign.
+    team: str | None = None
 
 
 def _first_compile_model(session: Session, artifact_keys: list[str]) -> dict[str, tuple[dict[str, Any], Any]]:
@@ -139,12 +142,12 @@ def candidates(session: Session, selection: Selection) -> list[Candidate]:
         matching = matching.where(label.exists())
     newest = matching.group_by(Build.artifact_id).subquery()
     rows = session.execute(
-        select(Build.id, Build.artifact_key, Build.model_name, Build.target, Build.spec)
+        select(Build.id, Build.artifact_key, Build.model_name, Build.target, Build.spec, Build.team)
         .join(newest, newest.c.build_id == Build.id).order_by(Build.artifact_id)
     ).all()
     models = _first_compile_model(session, [row.artifact_key for row in rows])
     return [Candidate(row.artifact_key, row.id, row.model_name, row.target, dict(row.spec),
-                      _pin_of(dict(row.spec), models.get(row.artifact_key))) for row in rows]
+                      _pin_of(dict(row.spec), models.get(row.artifact_key)), row.team) for row in rows]
 
 
 def rolled_spec(spec: dict[str, Any], to_sdk: str, campaign_id: int | None) -> dict[str, Any]:
@@ -158,9 +161,10 @@ def rolled_spec(spec: dict[str, Any], to_sdk: str, campaign_id: int | None) -> d
 
 
 #: Submits one spec document for a campaign (parsed with the service's limits and flags, its model the given
-#: pin when there is one (``Submitter.prepare(spec, reuse=...)``), submitted for the campaign's principal) and
-#: returns the build id, or raises a refusal (SubmitRefused, ModelRefError, SpecError).
-SubmitDocument = Callable[[dict[str, Any], PinnedModel | None], int]
+#: pin when there is one (``Submitter.prepare(spec, reuse=..., team=...)``), checked against the model sources of
+#: the given team (the source build's: a campaign is no way around them), submitted for the campaign's principal)
+#: and returns the build id, or raises a refusal (SubmitRefused, ModelRefError, SpecError).
+SubmitDocument = Callable[[dict[str, Any], PinnedModel | None, str | None], int]
 
 
 def refusal_text(exc: Exception) -> str:
@@ -233,14 +237,15 @@ def resumable(grace_seconds: float, max_age_seconds: float) -> Select[int]:
             .order_by(Campaign.id))
 
 
-def unsubmitted(session: Session, campaign_id: int) -> list[tuple[int, str, dict[str, Any]]]:
-    """The campaign's items with neither a build nor a refusal: (item id, source key, the source build's spec)."""
+def unsubmitted(session: Session, campaign_id: int) -> list[tuple[int, str, dict[str, Any], str | None]]:
+    """The campaign's items with neither a build nor a refusal: (item id, source key, the source build's spec and
+    team)."""
     rows = session.execute(
-        select(CampaignItem.id, CampaignItem.source_key, Build.spec)
+        select(CampaignItem.id, CampaignItem.source_key, Build.spec, Build.team)
         .join(Build, Build.id == CampaignItem.source_build_id)
         .where(CampaignItem.campaign_id == campaign_id, CampaignItem.build_id.is_(None),
                CampaignItem.refusal.is_(None)).order_by(CampaignItem.id)).all()
-    return [(row.id, row.source_key, dict(row.spec)) for row in rows]
+    return [(row.id, row.source_key, dict(row.spec), row.team) for row in rows]
 
 
 def submit_items(sessions: sessionmaker[Session], campaign_id: int, submit: SubmitDocument) -> int:
@@ -252,14 +257,14 @@ def submit_items(sessions: sessionmaker[Session], campaign_id: int, submit: Subm
         to_sdk = session.get_one(Campaign, campaign_id).to_sdk
         planned = unsubmitted(session, campaign_id)
         # Each item rolls its artifact's own pin (the same bytes), resumed or not.
-        models = _first_compile_model(session, sorted({source_key for _, source_key, _ in planned}))
+        models = _first_compile_model(session, sorted({source_key for _, source_key, _, _ in planned}))
     submitted = 0
-    for item_id, source_key, spec in planned:
+    for item_id, source_key, spec, team in planned:
         if not _claim_item(sessions, item_id):
             continue  # another starter has it
         build_id, refusal = None, None
         try:
-            build_id = submit(rolled_spec(spec, to_sdk, campaign_id), _pin_of(spec, models.get(source_key)))
+            build_id = submit(rolled_spec(spec, to_sdk, campaign_id), _pin_of(spec, models.get(source_key)), team)
         except (SubmitRefused, ModelRefError, SpecError) as exc:
             refusal = refusal_text(exc)
         except Exception as exc:  # the store or ledger failed mid-campaign: the item says so, the rest go on

@@ -73,7 +73,7 @@ def principal_of(session: Session, campaign: Campaign) -> tuple[Principal | None
 
 
 def _refusing(text: str) -> campaigns.SubmitDocument:
-    def submit(document: dict[str, Any], model: PinnedModel | None) -> int:
+    def submit(document: dict[str, Any], model: PinnedModel | None, team: str | None) -> int:
         raise SubmitRefused(text)
 
     return submit

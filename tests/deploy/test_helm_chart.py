@@ -317,6 +317,7 @@ def test_the_settings_the_chart_gives_a_worker_load(example: str, monkeypatch: p
     settings = Settings()
     assert settings.compile_timeout_seconds == merged_values(example)["compileTimeoutSeconds"]
     assert settings.store_url == merged_values(example)["config"]["storeUrl"]
+    assert settings.model_s3_prefixes == merged_values(example)["config"]["modelS3Prefixes"]
     assert settings.database_url and settings.database_url.startswith("postgresql+psycopg://compilesvc_worker@")
     assert settings.task_hard_limit_seconds > settings.compile_timeout_seconds
 

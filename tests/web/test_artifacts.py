@@ -297,7 +297,7 @@ def test_resolving_a_model_on_an_unreachable_s3_is_a_documented_503(
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role either: no credentials at all
-    env = make_env(sqlite_url)
+    env = make_env(sqlite_url, model_s3_prefixes={"serving": ["s3://qkju6wb.ar1k"]})  # the fleet team may read it
     fleet = make_token(env.services.sessions, "fleet", owner="serving")
     response = env.client.post("/v1/artifacts/resolve", data=FUZZ_RESOLVE_BODY, content_type="application/json",
                                headers=bearer(fleet))

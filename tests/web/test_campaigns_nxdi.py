@@ -27,15 +27,24 @@ pytestmark = needs_nxdi_toolchain
 
 
 @pytest.fixture
-def s3_env(make_env: EnvFactory, ledger_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Env:
+def ckpt_bucket(s3_server: S3Server) -> str:
+    """Where the tests' team keeps its checkpoints: versioned, pinned by version."""
+    bucket = s3_server.new_bucket("ckpt")
+    s3_server.raw_client().put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    return bucket
+
+
+@pytest.fixture
+def s3_env(make_env: EnvFactory, ledger_url: str, s3_server: S3Server, ckpt_bucket: str,
+           monkeypatch: pytest.MonkeyPatch) -> Env:
     s3_server.use_as_credential_chain(monkeypatch)
-    return make_env(ledger_url, s3_endpoint_url=s3_server.endpoint_url, s3_region=s3_server.region)
+    # The client's admin token is of team "web-tests" (its owner): its checkpoints' bucket is its model source.
+    return make_env(ledger_url, s3_endpoint_url=s3_server.endpoint_url, s3_region=s3_server.region,
+                    model_s3_prefixes={"web-tests": [f"s3://{ckpt_bucket}/"]})
 
 
-def put_prefix(s3: S3Server, directory: Path) -> tuple[str, str, dict[str, str]]:
+def put_prefix(s3: S3Server, directory: Path, bucket: str) -> tuple[str, str, dict[str, str]]:
     raw = s3.raw_client()
-    bucket = s3.new_bucket("ckpt")
-    raw.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     prefix = f"llama-{uuid.uuid4().hex[:8]}/"
     versions = {path.name: raw.put_object(Bucket=bucket, Key=prefix + path.name, Body=path.read_bytes())["VersionId"]
                 for path in sorted(directory.iterdir()) if path.is_file()}
@@ -73,10 +82,10 @@ def material(env: Env, artifact_key: str) -> dict[str, Any]:
         return dict(session.scalars(select(Artifact.material).where(Artifact.key == artifact_key)).one())
 
 
-def test_an_nxdi_artifact_rolls_from_2_28_to_2_29_with_its_pins(s3_env: Env, s3_server: S3Server,
+def test_an_nxdi_artifact_rolls_from_2_28_to_2_29_with_its_pins(s3_env: Env, s3_server: S3Server, ckpt_bucket: str,
                                                                  tiny_checkpoints: Checkpoints) -> None:
     env = s3_env
-    bucket, prefix, versions = put_prefix(s3_server, tiny_checkpoints.base)
+    bucket, prefix, versions = put_prefix(s3_server, tiny_checkpoints.base, ckpt_bucket)
     from_prefix = publish(env, llm_doc(f"s3://{bucket}/{prefix}", "2.28.0", "llama-s3", batch_size=1))
     from_blob = publish(env, llm_doc(env.upload(tar_of(tiny_checkpoints.sharded)), "2.28.0", "llama-blob",
                                      batch_size=2))

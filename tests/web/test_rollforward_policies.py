@@ -82,7 +82,7 @@ def test_a_new_release_fires_each_covering_policy_once_and_its_campaign_is_liste
         claims = policies.claim(session, "w-new", caps("2.14.0", "inf2"))
     assert [(c.target, c.to_sdk) for c in claims] == [("inf2", "2.14.0")]  # any-neuron; trn1-only waits
 
-    def submit(document: dict[str, Any], model: PinnedModel | None = None) -> int:
+    def submit(document: dict[str, Any], model: PinnedModel | None = None, team: str | None = None) -> int:
         return int(env.submit(document).json["build_id"])
 
     campaign_id = policies.start_claimed(sessions, claims[0], submit)
@@ -117,7 +117,7 @@ def test_the_campaigns_page_lists_policies_and_the_campaigns_they_started(env: E
     with transaction(env.services.sessions) as session:
         (claimed,) = policies.claim(session, "w-new", caps("2.14.0", "inf2"))
     campaign_id = policies.start_claimed(env.services.sessions, claimed,
-                                         lambda d, _model: int(env.submit(d).json["build_id"]))
+                                         lambda d, *_: int(env.submit(d).json["build_id"]))
     words = text_of(page(env, "/campaigns"))
     assert "search enabled" in words and "fleet=search" in words and "idle disabled" in words, words
     assert "2.14.0 (inf2, first worker w-new" in words and f"campaign {campaign_id} from 2.13.0" in words, words
@@ -158,19 +158,19 @@ def test_a_run_whose_worker_died_before_its_campaign_is_started_by_the_relay_onc
 
     # The worker was only slow: its start finds the campaign and names it, no second one.
     submitted: list[dict[str, Any]] = []
-    assert policies.start_claimed(sessions, claimed, lambda d, _model: submitted.append(d) or 0) == run["campaign_id"]
+    assert policies.start_claimed(sessions, claimed, lambda d, *_: submitted.append(d) or 0) == run["campaign_id"]
     assert submitted == [] and len(_campaigns(env)) == 1
 
     # A campaign created by one starter that died before naming it in its run: the relay names it.
     with transaction(sessions) as session:
         session.get_one(PolicyRun, claimed.run_id).campaign_id = None
-    assert policies.start_stalled(sessions, lambda d, _model: submitted.append(d) or 0, 0) == [run["campaign_id"]]
+    assert policies.start_stalled(sessions, lambda d, *_: submitted.append(d) or 0, 0) == [run["campaign_id"]]
     assert submitted == [] and len(_campaigns(env)) == 1
 
     # Two starters past each other's check: the ledger refuses the second campaign.
     with pytest.raises(IntegrityError):
         campaigns.start(sessions, campaigns.Selection("2.13.0", "2.14.0", None, None, {}, False, None),
-                        lambda d, _model: 0, None, policy_id=claimed.policy_id)
+                        lambda d, *_: 0, None, policy_id=claimed.policy_id)
     assert len(_campaigns(env)) == 1
 
 
@@ -234,7 +234,7 @@ def _half_submitted(env: Env, submitted_before_death: int, *, long_ago: bool = T
         (claimed,) = policies.claim(session, "w-new", caps("2.14.0", "inf2"))
     calls: list[dict[str, Any]] = []
 
-    def dying(document: dict[str, Any], model: PinnedModel | None = None) -> int:
+    def dying(document: dict[str, Any], model: PinnedModel | None = None, team: str | None = None) -> int:
         if len(calls) == submitted_before_death:
             raise StarterDied
         calls.append(document)
@@ -280,9 +280,9 @@ def test_a_campaign_whose_starter_died_mid_loop_is_finished_by_the_relay(env: En
     submitted: list[dict[str, Any]] = []
     submit = policy_submit(Submitter(env.services))
 
-    def counted(document: dict[str, Any], model: PinnedModel | None = None) -> int:
+    def counted(document: dict[str, Any], model: PinnedModel | None = None, team: str | None = None) -> int:
         submitted.append(document)
-        return submit(document, model)
+        return submit(document, model, team)
 
     assert policies.start_stalled(env.services.sessions, counted) == [campaign_id]
     assert _models(submitted) == [uris[2]]  # the item it had not reached
@@ -312,15 +312,15 @@ def test_two_relays_resuming_one_campaign_submit_each_item_once(env: Env) -> Non
     submit = policy_submit(Submitter(env.services))
     by_relay: dict[str, list[dict[str, Any]]] = {"first": [], "second": []}
 
-    def second(document: dict[str, Any], model: PinnedModel | None = None) -> int:
+    def second(document: dict[str, Any], model: PinnedModel | None = None, team: str | None = None) -> int:
         by_relay["second"].append(document)
-        return submit(document, model)
+        return submit(document, model, team)
 
-    def first(document: dict[str, Any], model: PinnedModel | None = None) -> int:
+    def first(document: dict[str, Any], model: PinnedModel | None = None, team: str | None = None) -> int:
         by_relay["first"].append(document)
         if len(by_relay["first"]) == 1:  # the other relay passes meanwhile
             assert policies.start_stalled(sessions, second) == [campaign_id]
-        return submit(document, model)
+        return submit(document, model, team)
 
     assert policies.start_stalled(sessions, first) == [campaign_id]
     assert _models(by_relay["first"]) == [uris[0]] and _models(by_relay["second"]) == sorted(uris[1:])
@@ -340,18 +340,18 @@ def test_the_relay_starts_no_run_of_a_disabled_policy_nor_an_old_one(env: Env) -
         session.get_one(PolicyRun, claimed.run_id).created_at -= timedelta(seconds=policies.START_GRACE_SECONDS + 1)
     never: list[dict[str, Any]] = []
     assert env.client.post("/v1/rollforward-policies/search/disable").status_code == 200
-    assert policies.start_stalled(sessions, lambda d, _model: never.append(d) or 0) == [] and never == []
+    assert policies.start_stalled(sessions, lambda d, *_: never.append(d) or 0) == [] and never == []
     assert _campaigns(env) == []
 
     with transaction(sessions) as session:  # enabled again, but the run is a day old
         session.get_one(PolicyRun, claimed.run_id).created_at -= timedelta(seconds=policies.MAX_START_AGE_SECONDS)
     assert env.client.post("/v1/rollforward-policies/search/enable").status_code == 200
-    assert policies.start_stalled(sessions, lambda d, _model: never.append(d) or 0) == [] and never == []
+    assert policies.start_stalled(sessions, lambda d, *_: never.append(d) or 0) == [] and never == []
     assert _campaigns(env) == []
 
     with transaction(sessions) as session:  # a younger run: started
         session.get_one(PolicyRun, claimed.run_id).created_at += timedelta(seconds=policies.MAX_START_AGE_SECONDS)
-    assert len(policies.start_stalled(sessions, lambda d, _model: int(env.submit(d).json["build_id"]))) == 1
+    assert len(policies.start_stalled(sessions, lambda d, *_: int(env.submit(d).json["build_id"]))) == 1
 
 
 def test_the_relay_resumes_no_campaign_of_a_disabled_policy(env: Env) -> None:
@@ -360,9 +360,9 @@ def test_the_relay_resumes_no_campaign_of_a_disabled_policy(env: Env) -> None:
     _, campaign_id = _half_submitted(env, 1)
     never: list[dict[str, Any]] = []
     assert env.client.post("/v1/rollforward-policies/search/disable").status_code == 200
-    assert policies.start_stalled(env.services.sessions, lambda d, _model: never.append(d) or 0) == [] and never == []
+    assert policies.start_stalled(env.services.sessions, lambda d, *_: never.append(d) or 0) == [] and never == []
     assert [build is None for _, build, _ in _items(env, campaign_id)] == [False, True]
     assert env.client.post("/v1/rollforward-policies/search/enable").status_code == 200
-    assert policies.start_stalled(env.services.sessions, lambda d, _model: int(env.submit(d).json["build_id"])) == [
+    assert policies.start_stalled(env.services.sessions, lambda d, *_: int(env.submit(d).json["build_id"])) == [
         campaign_id]
     assert all(build is not None for _, build, _ in _items(env, campaign_id))

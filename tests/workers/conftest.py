@@ -269,8 +269,8 @@ def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest,
             **overrides,
         }
         env = neuron_double_env(_clean_environ(), sdk=NEURON_SDK)
-        env.update({f"COMPILESVC_{k.upper()}": str(v).lower() if isinstance(v, bool) else str(v)
-                    for k, v in values.items()})
+        env.update({f"COMPILESVC_{k.upper()}": str(v).lower() if isinstance(v, bool) else
+                    json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in values.items()})
         env.update(extra_env or {})
         settings = Settings(**values)
         services = Services.from_settings(settings)

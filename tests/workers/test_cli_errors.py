@@ -26,6 +26,9 @@ def test_each_refusal_names_the_next_step(make_cluster: MakeCluster, tmp_path: P
     no_model = {**cluster.hlo_spec("ok", uri=uri), "model": {"uri": f"blob:sha256:{UNKNOWN_KEY}", "format": "hlo"}}
     (tmp_path / "no-model.json").write_text(json.dumps(no_model))
     (tmp_path / "ok.json").write_text(json.dumps(cluster.hlo_spec("ok", uri=uri)))
+    # No COMPILESVC_MODEL_S3_PREFIXES: no team may name an S3 model (refused before S3 is asked: there is none).
+    theirs = {**no_model, "model": {"uri": "s3://another-teams-models/model.hlo.pb", "format": "hlo"}}
+    (tmp_path / "s3-model.json").write_text(json.dumps(theirs))
     fleet_token = make_token(cluster.services.sessions, "fleet")
 
     cases: list[tuple[list[str], dict[str, str], int, str]] = [
@@ -33,6 +36,7 @@ def test_each_refusal_names_the_next_step(make_cluster: MakeCluster, tmp_path: P
         (["cancel", str(done.build_id)], {}, 2, "nothing to cancel"),
         (["retry", str(done.build_id)], {}, 2, "`compilesvc status ID` shows its buckets"),
         (["submit", "no-model.json"], {}, 2, "compilesvc upload FILE"),
+        (["submit", "s3-model.json"], {}, 2, "the prefixes each team may name in COMPILESVC_MODEL_S3_PREFIXES"),
         (["submit", "ok.json"], {"COMPILESVC_TOKEN": fleet_token}, 2, "use a token with the submit scope"),
         (["fetch", UNKNOWN_KEY], {}, 1, "submit the spec to build it"),
         (["fetch", "not-a-key"], {}, 2, "64 lowercase hex digits"),

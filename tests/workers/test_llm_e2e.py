@@ -107,7 +107,8 @@ def test_an_llm_checkpoint_compiles_through_the_service_and_boots_a_fleet_offlin
     base = f"http://127.0.0.1:{port}"
     cluster = make_cluster(store_url=f"s3://{s3_server.new_bucket('llm')}/artifacts", extra_env=s3_server.env(),
                            s3_endpoint_url=s3_server.endpoint_url, public_url=base, lease_seconds=30,
-                           heartbeat_seconds=1)
+                           heartbeat_seconds=1,
+                           model_s3_prefixes={"bootstrap": [f"s3://{models}/"]})  # the CI's token's team
     worker_env = neuron_double_env({"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "PATH": os.environ["PATH"]},
                                    sdk=SDK, devices=0)
     # A compile that takes a moment (an 8B model's takes 15 minutes), logging while it runs: the knob is the

@@ -32,6 +32,7 @@ from compilesvc.store.base import artifact_provenance_name, artifact_signature_n
 from web import readers
 from web.api.builds import model_ref_problem
 from web.api.params import raw_json_response, respond, spec_body
+from web.auth import current_principal
 from web.context import web
 from web.contract.openapi import operation
 from web.contract.problems import Problem
@@ -142,7 +143,9 @@ def resolve() -> Response:
     ctx = web()
     spec = spec_body()
     try:
-        pinned, keys = ctx.submitter.keys_for(spec)
+        # A fleet token pins the spec's model as a submit would: only from its team's model sources.
+        principal = current_principal()
+        pinned, keys = ctx.submitter.keys_for(spec, team=principal.team if principal is not None else None)
     except ModelRefError as exc:
         raise model_ref_problem(exc) from None
     g.artifact_key = keys.key

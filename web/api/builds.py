@@ -88,11 +88,14 @@ def submit(query: SubmitQuery, headers: SubmitHeaders) -> Response:
     prepared = ctx.prepared.get(text)  # the same bytes as a recent submit: parsed, validated, keyed already
     spec = prepared.spec if prepared is not None else parse_spec_text(text)
     ctx.metrics.submits.labels(spec.target, spec.sdk).inc()
+    team = principal.team if principal is not None else None  # whose model sources (docs/security.md)
     try:
         if prepared is None:
-            prepared = ctx.submitter.prepare(spec)
+            prepared = ctx.submitter.prepare(spec, team=team)
             if prepared.reusable and len(text) <= MAX_PREPARED_BODY:
                 ctx.prepared.put(text, prepared)
+        else:
+            prepared = ctx.submitter.checked_for(prepared, team)  # another team's submit may have prepared it
         result = ctx.submitter.submit(prepared, principal=principal,
                                       idempotency_key=headers.idempotency_key, queue_anyway=query.queue_anyway)
     except ModelRefError as exc:

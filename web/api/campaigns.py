@@ -51,7 +51,8 @@ def _plan(ctx: WebContext, selection: campaigns.Selection) -> dict[str, Any]:
                                 "key": None, "state": None, "refusal": None}
         try:
             document = campaigns.rolled_spec(candidate.spec, selection.to_sdk, None)
-            _, keys = ctx.submitter.keys_for(parse_for_service(document, ctx.settings), candidate.model)
+            _, keys = ctx.submitter.keys_for(parse_for_service(document, ctx.settings), candidate.model,
+                                             team=candidate.team)
         except (SpecError, ModelRefError) as exc:
             item["refusal"] = campaigns.refusal_text(exc)
         else:
