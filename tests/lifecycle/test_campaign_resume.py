@@ -66,11 +66,11 @@ with services.sessions() as session:
 submit = campaign_submit(Submitter(services), principal, queue_anyway=True)
 done = []
 
-def stalling(document, model):
+def stalling(document, model, team):
     if done:
         print("stalled", flush=True)
         time.sleep(3600)
-    done.append(submit(document, model))
+    done.append(submit(document, model, team))
     return done[-1]
 
 campaigns.start(services.sessions, SELECTION, stalling, principal, queue_anyway=True)
@@ -104,11 +104,11 @@ def _started(env: Env, principal: Principal, submitted_before_death: int, *, que
     submit = campaign_submit(Submitter(env.services), principal, queue_anyway=queue_anyway)
     done: list[dict[str, Any]] = []
 
-    def dying(document: dict[str, Any], model: PinnedModel | None) -> int:
+    def dying(document: dict[str, Any], model: PinnedModel | None, team: str | None) -> int:
         if len(done) == submitted_before_death:
             raise StarterDied
         done.append(document)
-        return submit(document, model)
+        return submit(document, model, team)
 
     with pytest.raises(StarterDied):
         campaigns.start(env.services.sessions, SELECTION, dying, principal, queue_anyway=queue_anyway)
@@ -140,9 +140,9 @@ def _counting(env: Env, into: list[dict[str, Any]]) -> resume.SubmitAs:
     def submit_as(principal: Principal | None, queue_anyway: bool) -> campaigns.SubmitDocument:
         submit = campaign_submit(submitter, principal, queue_anyway=queue_anyway)
 
-        def counted(document: dict[str, Any], model: PinnedModel | None) -> int:
+        def counted(document: dict[str, Any], model: PinnedModel | None, team: str | None) -> int:
             into.append({**document, "as": principal.team if principal else None})
-            return submit(document, model)
+            return submit(document, model, team)
 
         return counted
 
@@ -210,10 +210,10 @@ def test_two_relays_resuming_one_campaign_submit_each_item_once(env: Env) -> Non
     def first(principal: Principal | None, queue_anyway: bool) -> campaigns.SubmitDocument:
         submit = first_as(principal, queue_anyway)
 
-        def racing(document: dict[str, Any], model: PinnedModel | None) -> int:
+        def racing(document: dict[str, Any], model: PinnedModel | None, team: str | None) -> int:
             if not by_relay["first"]:  # the other relay passes meanwhile
                 assert resume.resume_stalled(sessions, second) == [campaign_id]
-            return submit(document, model)
+            return submit(document, model, team)
 
         return racing
 

@@ -32,15 +32,21 @@ LARGE = b"weights!" * (3 * 1024**2 // 16)  # 1.5 MiB: above the 1 MiB threshold 
 
 
 @pytest.fixture
-def s3_env(make_env: EnvFactory, ledger_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Env:
-    s3_server.use_as_credential_chain(monkeypatch)
-    return make_env(ledger_url, s3_endpoint_url=s3_server.endpoint_url, s3_region=s3_server.region,
-                    pin_inline_hash_max_mb=1)
+def large_bucket(s3_server: S3Server) -> str:
+    return s3_server.new_bucket("large")
 
 
 @pytest.fixture
-def large_model(s3_server: S3Server) -> str:
-    bucket = s3_server.new_bucket("large")
+def s3_env(make_env: EnvFactory, ledger_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch,
+           large_bucket: str) -> Env:
+    s3_server.use_as_credential_chain(monkeypatch)
+    return make_env(ledger_url, s3_endpoint_url=s3_server.endpoint_url, s3_region=s3_server.region,
+                    pin_inline_hash_max_mb=1, model_s3_prefixes={"*": [f"s3://{large_bucket}/"]})
+
+
+@pytest.fixture
+def large_model(s3_server: S3Server, large_bucket: str) -> str:
+    bucket = large_bucket
     key = f"models/{uuid.uuid4().hex[:8]}/llama.pt"
     s3_server.raw_client().put_object(Bucket=bucket, Key=key, Body=LARGE)
     return f"s3://{bucket}/{key}"
@@ -53,7 +59,7 @@ def job_states(env: Env) -> list[str]:
 
 def test_a_large_model_answers_503_model_pinning_then_proceeds_with_the_inline_key(
         s3_env: Env, make_env: EnvFactory, sqlite_template: Path, tmp_path: Path, s3_server: S3Server,
-        large_model: str) -> None:
+        large_model: str, large_bucket: str) -> None:
     env = s3_env
     spec = spec_for(large_model)
     first = env.submit(spec)
@@ -78,7 +84,7 @@ def test_a_large_model_answers_503_model_pinning_then_proceeds_with_the_inline_k
     # The same key as an API that hashes the model inside the request (the default threshold, its own ledger).
     shutil.copyfile(sqlite_template, tmp_path / "inline.db")
     inline = make_env(f"sqlite:///{tmp_path / 'inline.db'}", s3_endpoint_url=s3_server.endpoint_url,
-                      s3_region=s3_server.region)
+                      s3_region=s3_server.region, model_s3_prefixes={"*": [f"s3://{large_bucket}/"]})
     resolved = inline.client.post("/v1/artifacts/resolve", json=spec)
     assert resolved.status_code == 200, resolved.get_data(as_text=True)
     assert resolved.json["key"] == accepted.json["artifact_key"]
