@@ -13,8 +13,7 @@ release's table in config.py's order (by line).
 
 compilesvc/spec/nxdi_fields.json holds the same facts for the service, and this module does not read it on
 purpose: the double imitates NxDI's source, and the tests that hold the service's NeuronConfig handling against
-the double would prove nothing if both read one table (a wrong row would agree with itself). Nor can it: the
-compile child that imports the double need not have compilesvc on its path.
+the double would prove nothing if both read one table (a wrong row would agree with itself).
 """
 
 from __future__ import annotations
