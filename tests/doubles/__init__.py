@@ -91,7 +91,7 @@ please supply compiler argument target" RuntimeError; neuronx-cc rejects unknown
     file does not exist, then creates it: a corruption met once across attempts (the file must be visible
     to the compile, so such tests run unsandboxed).
 
-The host's trouble, not the model's (each row of workers/compiling/classify.py's table has a behaviour; sources in
+The host's trouble, not the model's (each row of workers/compiling/failure_table.py's table has a behaviour; sources in
 the double's comments). neuronx-cc reports an exception its passes raise through the driver's wrapper:
 the "An Internal Compiler Error has occurred" banner, ``[INTERNAL_ERROR] [NCC_INLA001] Unhandled exception
 with message: <str(exception)>`` (``[NLA001]`` before 2.21), ``Type: <class '...'>``, exit 70. trace raises

@@ -62,7 +62,7 @@ from compilesvc.spec.neuron_releases import device_requirement, toolchain_differ
 from compilesvc.spec.neuronx_cc_options import LNC_OPTION, LNC_TARGETS, effective_lnc
 from workers.backends.neuron_cache import discard_compile_cache, own_compile_cache
 from workers.backends.output_tee import TAIL_LINES, OutputTee
-from workers.compiling.classify import CORRUPT_CACHE_ROW, Evidence, judge, traceback_exception
+from workers.compiling.classify import judge
 from workers.compiling.contract import (
     ArtifactFile,
     Backend,
@@ -72,6 +72,8 @@ from workers.compiling.contract import (
     failure_for,
     log,
 )
+from workers.compiling.failure_table import CORRUPT_CACHE_ROW, Evidence
+from workers.compiling.failure_text import traceback_exception
 from workers.host.versions import (
     NEURON_SDK_ENV,
     installed_toolchain_differences,
@@ -197,7 +199,7 @@ def read_compiler_logs(directory: Path, limit: int = TAIL_LINES) -> list[str]:
 
 
 def raise_for_trace_failure(exc: BaseException, lines: Sequence[str]) -> NoReturn:
-    """Turn a failed torch_neuronx trace into the failure :data:`workers.compiling.classify.TABLE` finds for it.
+    """Turn a failed torch_neuronx trace into the failure :data:`workers.compiling.failure_table.TABLE` finds for it.
 
     The exception's type and message are evidence too (an operator torch-xla cannot lower raises during
     trace, with no code); the exit status comes from the exception (``neuronx-cc failed with -9``).

@@ -27,7 +27,7 @@ directory anyway, so no path of ours can reach a shared one.
 A corrupt entry shows as a bare ``[NLA001] Unhandled exception with message: [json.exception.parse_error.101]``,
 whose documented fix is "Delete the compiler cache ... and retry" (aws-neuron-sdk
 ``tools/neuron-agentic-development/developer_guides/neuron-framework-autoport.rst``): the classification
-table calls it infrastructure (``COMPILE_CACHE_CORRUPT``, :mod:`workers.compiling.classify`), the backend
+table calls it infrastructure (``COMPILE_CACHE_CORRUPT``, :mod:`workers.compiling.failure_table`), the backend
 removes the cache (:func:`discard_compile_cache`), and the attempt is retried with a fresh one.
 """
 

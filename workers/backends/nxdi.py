@@ -22,7 +22,7 @@ Failures: NxDI's checks of the config (``ValueError``/``AssertionError``/``NotIm
 config.py; ``Config must define [...]`` for a config.json lacking what the model needs) are final compile errors
 naming the field (``NXDI_CONFIG_ERROR``); missing weights when pre-sharding (modules/checkpoint.py's
 FileNotFoundError) are final, naming the file (``NXDI_WEIGHTS_MISSING``); the compiler's own failures go through
-:data:`workers.compiling.classify.TABLE` (F137 and a SIGKILL are the host's memory: infrastructure).
+:data:`workers.compiling.failure_table.TABLE` (F137 and a SIGKILL are the host's memory: infrastructure).
 
 The NxDI model class: the request's ``nxdi_model`` ("package.module:Class"), which the runner takes from the
 spec's architecture hub (:func:`compilesvc.spec.nxdi_models.class_path`), the table that admitted the spec; a
@@ -46,7 +46,7 @@ from compilesvc.spec import neuron_releases, nxdi_models
 from workers.backends.neuron import check_neuron_cc_flags, freeze_platform_target
 from workers.backends.neuron_cache import own_compile_cache
 from workers.backends.output_tee import OutputTee
-from workers.compiling.classify import Evidence, judge
+from workers.compiling.classify import judge
 from workers.compiling.contract import (
     ArtifactFile,
     Backend,
@@ -57,6 +57,7 @@ from workers.compiling.contract import (
     failure_for,
     log,
 )
+from workers.compiling.failure_table import Evidence
 from workers.host.versions import (
     NEURON_SDK_ENV,
     installed_neuron_packages,

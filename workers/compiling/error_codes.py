@@ -1,5 +1,5 @@
 """The compiler's error codes as the SDK documents them: their families (each classified by a row of
-:data:`workers.compiling.classify.TABLE`), and the codes its release notes call non-deterministic on some
+:data:`workers.compiling.failure_table.TABLE`), and the codes its release notes call non-deterministic on some
 releases, which get one more attempt before they are final (:func:`for_release`).
 """
 

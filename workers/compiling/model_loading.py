@@ -22,8 +22,9 @@ from torch import nn
 
 from compilesvc.states import ErrorClass
 from workers.compiling.archive_limits import DEFAULT_EXTRACT_LIMITS, safe_extract
-from workers.compiling.classify import Evidence, judge
+from workers.compiling.classify import judge
 from workers.compiling.contract import CompileFailure, ExtractLimits, InfraError, InputDesc, log
+from workers.compiling.failure_table import Evidence
 
 #: Example token ids are drawn from [0, ID_HIGH): inside any real vocabulary and the demo model's.
 ID_HIGH = 100

@@ -9,9 +9,10 @@ import pytest
 
 from compilesvc.compiles.failures import CUT_MARK, MAX_MESSAGE, shorten
 from compilesvc.states import ErrorClass
-from workers.compiling.classify import TABLE, Evidence, Outcome, classify, judge
+from workers.compiling.classify import Outcome, classify, judge
 from workers.compiling.contract import MAX_MESSAGE_CHARS, CompileFailure, one_line
 from workers.compiling.error_codes import CODE_FAMILIES, for_release, nondeterministic
+from workers.compiling.failure_table import TABLE, Evidence
 
 REPO = Path(__file__).resolve().parents[3]
 OK = {"status": "ok", "files": [{"path": "model.pt", "role": "model"}], "versions": {}, "compile_seconds": 1.0}

@@ -33,7 +33,7 @@ from tests.doubles import BEHAVIOUR_ENV, neuron_double_env
 from tests.doubles.compiler_flags import DOUBLE_AND_REJECTED_FLAGS
 from tests.doubles.neuron._release import RELEASES
 from tests.workers.test_pipeline import processes_of
-from workers.compiling.classify import TABLE
+from workers.compiling.failure_table import TABLE
 from workers.compiling.logstream import LogStream
 from workers.compiling.runner import (
     OWNER_LOCK,
@@ -231,8 +231,8 @@ def test_without_a_backoff_the_worker_relays_its_own_requeue(services: Services)
     assert len(requeue) == 2 and requeue[-1].sent_at is not None
 
 
-# Every row of workers.compiling.classify.TABLE through the runner and the real child against the double. A case's id
-# is its row's name, or "<row>/<variant>" (test_every_row_of_the_table_has_a_worker_path_test reads them).
+# Every row of workers.compiling.failure_table.TABLE through the runner and the real child against the double. A
+# case's id is its row's name, or "<row>/<variant>" (test_every_row_of_the_table_has_a_worker_path_test reads them).
 # Compiler args of the spec; the final class and code; attempts it takes (max_attempts 3 here,
 # unknown_failure_retries 1; None: retried, the count depends on the message repeating).
 ROW_CASES = [
