@@ -45,6 +45,7 @@ from typing import Any
 from compilesvc.hostinfo import host_isa, instance_type
 from compilesvc.spec import neuron_releases
 from compilesvc.spec.compile_spec import BACKEND_FORMATS, NEURON_TARGETS, SDK_RE
+from compilesvc.spec.nxdi_transformers import transformers_for
 from workers.isolation.child_env import output_changing_problems
 from workers.isolation.sandbox import device_nodes
 
@@ -124,7 +125,8 @@ def neuronx_distributed_inference_version() -> str | None:
 def nxdi_unavailable(release: str) -> str | None:
     """Why this host cannot run ``release``'s NxDI compiles (None: it can): the release must ship NxDI, and its
     exact version must be importable here with what it imports (torch-neuronx, neuronx-distributed, and
-    transformers, which reads the checkpoint's config.json)."""
+    transformers, which reads the checkpoint's config.json, at the exact version that NxDI's compiles run with:
+    :mod:`compilesvc.spec.nxdi_transformers`)."""
     want = nxdi_release_version(release)
     if want is None:
         return f"Neuron SDK {release} ships no neuronx-distributed-inference"
@@ -134,10 +136,26 @@ def nxdi_unavailable(release: str) -> str | None:
     if neuron_releases.base_version(have) != want:
         return f"neuronx-distributed-inference {have} is installed, Neuron SDK {release} ships {want}"
     missing = [*trace_packages_missing(), *(["neuronx-distributed"] if neuronx_distributed_version() is None else []),
-               *(["transformers"] if not module_available("transformers") else [])]
+               *(["transformers"] if transformers_version() is None else [])]
     if missing:
         return f"NxDI needs {' and '.join(missing)}, not installed"
+    # transformers fills config.json's defaults into the compiled graph; the key implies it through NxDI's version.
+    wanted = transformers_for(want)
+    installed = transformers_version()
+    if wanted is None:
+        return f"no transformers version is known for neuronx-distributed-inference {want} (compilesvc.spec." \
+               "nxdi_transformers): its compiles cannot be keyed"
+    if installed is not None and neuron_releases.base_version(installed) != wanted:
+        return (f"transformers {installed} is installed, neuronx-distributed-inference {want} (Neuron SDK {release}) "
+                f"compiles with {wanted}")
     return None
+
+
+def transformers_version() -> str | None:
+    """The installed transformers' version, from its metadata (no import: importing it takes seconds)."""
+    if not module_available("transformers"):
+        return None
+    return dist_version("transformers") or module_version("transformers")
 
 
 def neuronx_cc_executable() -> str | None:
@@ -300,7 +318,7 @@ def detect_capabilities(devices: int | None = None) -> dict[str, Any]:
         "warnings": warnings,
     }
     torch = torch_version()
-    transformers = dist_version("transformers") if module_available("transformers") else None
+    transformers = transformers_version()
     caps["versions"].update({"torch": torch, "transformers": transformers})
     caps["formats"]["hf-dir"] = transformers is not None
     if torch:
