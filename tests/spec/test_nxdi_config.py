@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from compilesvc.dispatch.routing import queue_name
-from compilesvc.spec.neuron_releases import NotShipped, device_requirement, table, toolchain_material
+from compilesvc.spec.neuron_kinds import NotShipped, device_requirement
+from compilesvc.spec.neuron_releases import table
+from compilesvc.spec.neuron_toolchain import toolchain_material
 from compilesvc.spec.nxdi_config import NeuronConfigError, canonical_neuron_config
 from compilesvc.spec.nxdi_fields import fields, nxdi_release
 from compilesvc.spec.nxdi_models import (

@@ -19,7 +19,7 @@ resolves to, so a worker whose packages are another release's would publish arti
 
 Neuron targets: compiling needs the SDK, not the chip, so a host with neuronx-cc offers every target its release
 supports (the instance families the SDK's manifest lists for that release's neuronx-cc:
-:func:`compilesvc.spec.neuron_releases.release_targets`; trn3 from 2.29.0), whatever its own instance type
+:func:`compilesvc.spec.neuron_kinds.release_targets`; trn3 from 2.29.0), whatever its own instance type
 (the DMI product name, :func:`compilesvc.hostinfo.instance_type`, is reported, not used to choose: each compile
 sets ``NEURON_PLATFORM_TARGET_OVERRIDE`` to its target before the SDK is imported);
 ``COMPILESVC_NEURON_TARGETS`` (comma-separated, or ``none``) narrows that. Kinds of compile
@@ -43,7 +43,7 @@ import sys
 from typing import Any
 
 from compilesvc.hostinfo import host_isa, instance_type
-from compilesvc.spec import neuron_releases
+from compilesvc.spec import neuron_kinds, neuron_releases, neuron_toolchain
 from compilesvc.spec.compile_spec import BACKEND_FORMATS, NEURON_TARGETS, SDK_RE
 from compilesvc.spec.nxdi_transformers import transformers_for
 from workers.isolation.child_env import output_changing_problems
@@ -205,7 +205,7 @@ def installed_toolchain_differences(release: str, backend: str, tp_degree: int) 
     """How the importable Neuron packages differ from the toolchain a ``release`` compile's key names (empty:
     they do not; a package that is not importable is left to the backend, which reports the missing SDK).
     Raises ValueError for a release the table does not know."""
-    wanted = neuron_releases.toolchain_material(release, backend, tp_degree)
+    wanted = neuron_toolchain.toolchain_material(release, backend, tp_degree)
     installed = {"neuronx-cc": neuronxcc_package_version(), "torch-neuronx": torch_neuronx_version(),
                  "neuronx-distributed": neuronx_distributed_version(), "libneuronxla": libneuronxla_version()}
     differences = []
@@ -360,8 +360,8 @@ def detect_capabilities(devices: int | None = None) -> dict[str, Any]:
         else:
             kinds = _offered_kinds(release, executable, not trace_packages_missing(), packages, devices, warnings)
             caps["neuron"]["kinds"] = kinds
-            backends = sorted({neuron_releases.kind_request(kind)[0] for kind in kinds})
-            supported = neuron_releases.release_targets(release)
+            backends = sorted({neuron_kinds.kind_request(kind)[0] for kind in kinds})
+            supported = neuron_kinds.release_targets(release)
             if lacking := [t for t in targets if t not in supported]:
                 warnings.append(f"Neuron SDK {release} does not support target(s) {', '.join(lacking)} (its "
                                 f"neuronx-cc lists {', '.join(supported)}): not offered")
@@ -372,7 +372,7 @@ def detect_capabilities(devices: int | None = None) -> dict[str, Any]:
     return caps
 
 
-#: What this host must have for each kind of compile (:data:`compilesvc.spec.neuron_releases.KIND_PACKAGES`):
+#: What this host must have for each kind of compile (:data:`compilesvc.spec.neuron_kinds.KIND_PACKAGES`):
 #: the HLO backend runs the neuronx-cc executable, trace imports torch_neuronx (which calls the neuronxcc
 #: package), tp > 1 trace imports neuronx_distributed.
 _HOST_NEEDS = {"neuronx-cc": ("executable",), "neuronx-cc-tp": ("executable",), "trace": ("trace",),
@@ -384,32 +384,32 @@ _HOST_PARTS = {"executable": "the neuronx-cc executable on PATH", "trace": "torc
 def _offered_kinds(release: str, executable: str | None, trace: bool, packages: dict[str, str | None],
                    devices: int, warnings: list[str]) -> list[str]:
     """The kinds of compile this host serves: those ``release`` ships (the one function specs are checked
-    with, :func:`compilesvc.spec.neuron_releases.release_kinds`) whose packages are installed here, and that
+    with, :func:`compilesvc.spec.neuron_kinds.release_kinds`) whose packages are installed here, and that
     it can run with ``devices`` Neuron devices (a trace before SDK 2.21.0 needs one:
-    :func:`compilesvc.spec.neuron_releases.device_requirement`). Each queue carries one kind, so a host with
+    :func:`compilesvc.spec.neuron_kinds.device_requirement`). Each queue carries one kind, so a host with
     neuronx-cc alone (SDK 2.32.0 ships no torch-neuronx) serves HLO compiles, a device-less 2.19 host serves
     HLO and never the trace queues only device hosts consume; what it lacks is a warning, per kind."""
     nxdi_missing = nxdi_unavailable(release)
     have = {"executable": executable is not None, "trace": trace,
             "nxd": trace and packages.get("neuronx-distributed") is not None, "nxdi": nxdi_missing is None}
     kinds = []
-    shipped = neuron_releases.release_kinds(release)
+    shipped = neuron_kinds.release_kinds(release)
     for kind in shipped:
         # An NxDI kind ("nxdi", and any "-tp" form the release table gives it) needs NxDI of the release's version.
         needs = _HOST_NEEDS.get(kind) or _HOST_NEEDS[kind.removesuffix("-tp")]
         lacking = [_HOST_PARTS[part] if part != "nxdi" else f"NxDI ({nxdi_missing})" for part in needs
                    if not have[part]]
-        needs_device = neuron_releases.device_requirement(release, *neuron_releases.kind_request(kind))
+        needs_device = neuron_kinds.device_requirement(release, *neuron_kinds.kind_request(kind))
         if lacking:
             warnings.append(f"Neuron SDK {release}: {kind} compiles not offered: missing {' and '.join(lacking)}")
         elif needs_device and not devices:
             warnings.append(f"not offered: {needs_device}; this host has none (no /dev/neuron*)")
         else:
             kinds.append(kind)
-    for kind in [k for k in neuron_releases.KIND_PACKAGES if k not in shipped]:
+    for kind in [k for k in neuron_kinds.KIND_PACKAGES if k not in shipped]:
         try:
-            neuron_releases.require_kind(release, *neuron_releases.kind_request(kind))
-        except neuron_releases.NotShipped as exc:  # always: says which package the release lacks
+            neuron_kinds.require_kind(release, *neuron_kinds.kind_request(kind))
+        except neuron_kinds.NotShipped as exc:  # always: says which package the release lacks
             warnings.append(str(exc))
     if not kinds:
         warnings.append(f"no Neuron targets: this host can run no kind of compile Neuron SDK {release} ships")
@@ -428,7 +428,7 @@ def trace_unavailable(release: str | None) -> str | None:
     that names nothing the table knows (unset, or not a release) only the host's packages are judged."""
     missing = trace_packages_missing()
     try:
-        shipped = neuron_releases.release_kinds(release) if release else None
+        shipped = neuron_kinds.release_kinds(release) if release else None
     except neuron_releases.UnknownRelease:
         shipped = None
     if shipped is None:
@@ -441,8 +441,8 @@ def trace_unavailable(release: str | None) -> str | None:
                                  warnings):
         return None
     try:
-        neuron_releases.require_kind(release, *neuron_releases.kind_request("trace"))
-    except neuron_releases.NotShipped as exc:  # the release, not the host
+        neuron_kinds.require_kind(release, *neuron_kinds.kind_request("trace"))
+    except neuron_kinds.NotShipped as exc:  # the release, not the host
         return str(exc)
     if missing:
         return f"{' and '.join(missing)} not installed"
@@ -461,6 +461,6 @@ def capability_queues(caps: dict[str, Any]) -> list[str]:
                 queues.add(queue_name(target, caps["sdk"][target], backend, isa))
             continue
         for kind in caps["neuron"]["kinds"]:  # one queue per kind: "trace-tp" is trace at tp_degree > 1
-            backend, tp_degree = neuron_releases.kind_request(kind)
+            backend, tp_degree = neuron_kinds.kind_request(kind)
             queues.add(queue_name(target, caps["sdk"][target], backend, tp_degree=tp_degree))
     return sorted(queues)
