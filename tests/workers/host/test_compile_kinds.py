@@ -11,7 +11,7 @@ from pathlib import Path
 from compilesvc.dispatch.routing import queue_name
 from compilesvc.spec.neuron_kinds import release_kinds
 from tests.workers.host.test_toolchain import capabilities, host, start_worker
-from workers.host.versions import capability_queues
+from workers.host.capabilities import capability_queues
 
 TARGETS = ["inf2", "trn1", "trn2", "trn3"]  # 2.32.0's neuronx-cc supported_instances (n2-manifest.json)
 
