@@ -1,6 +1,6 @@
 """``compilesvc worker``: detect what this host can compile, register, consume those queues.
 
-Startup: capabilities (:func:`workers.host.versions.detect_capabilities`) decide the queues (cpu:
+Startup: capabilities (:func:`workers.host.capabilities.detect_capabilities`) decide the queues (cpu:
 ``compile.cpu.<torch>`` and ``compile.cpu.<torch>.<isa>``; neuron: ``compile.<target>.<sdk>`` per target);
 the worker registers them in the ledger's ``workers`` table (which is what lets submits with
 ``require_live_worker`` accept work for them), heartbeats from a thread, and runs the Celery worker
@@ -13,7 +13,7 @@ marks itself stopped and exits.
 A host that claims a Neuron SDK release (``COMPILESVC_NEURON_SDK``) whose installed packages are another
 release's, that the release table does not know, or whose environment holds a variable that changes compiler
 output does not start: one ``error:`` line naming every problem, exit status 78
-(:func:`workers.host.versions.detect_capabilities`, ``neuron.refused``). Exit 2: bad options or settings, or
+(:func:`workers.host.capabilities.detect_capabilities`, ``neuron.refused``). Exit 2: bad options or settings, or
 nothing to compile.
 
 Why a thread pool by default: a task's thread does no compiling itself; it supervises the compiler's own
@@ -238,7 +238,7 @@ def default_worker_name() -> str:
 def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str, pool: str,
            max_compiles: int | None) -> None:
     """Run a compile worker for the targets this host can compile."""
-    from workers.host.versions import capability_queues, detect_capabilities
+    from workers.host.capabilities import capability_queues, detect_capabilities
 
     worker_id = name or default_worker_name()
     # `kill -USR1 <pid>` prints every thread's Python stack to the log: the first thing to look at when a

@@ -2,7 +2,7 @@
 its compile quota. Both are checked before anything is written (:func:`admit`), and neither applies to a
 submit that starts no compile (a hit, a join, a set of buckets compiled already). A refusal for want of a
 worker says why where the queue needs a particular host (a trace compile of a release before SDK 2.21.0
-needs a Neuron device: :func:`compilesvc.spec.neuron_releases.device_requirement`).
+needs a Neuron device: :func:`compilesvc.spec.neuron_kinds.device_requirement`).
 
 The quota: a compile takes a worker slot for minutes to hours, so one pipeline in a loop must not be able
 to fill every queue. It counts the distinct bucket compiles of the token's builds that are still building,
@@ -21,7 +21,7 @@ from compilesvc.config.settings import Settings
 from compilesvc.dispatch.registry import live_queues
 from compilesvc.ledger.models import ArtifactBucket, BucketCompile, Build
 from compilesvc.refusals import NoCapableWorker, SubmitRefused
-from compilesvc.spec.neuron_releases import device_requirement
+from compilesvc.spec.neuron_kinds import device_requirement
 from compilesvc.states import REQUEUED_BY_SUBMIT, BucketState, BuildState
 
 

@@ -12,6 +12,7 @@ import click
 
 from compilesvc.cli.main import BadInput, CommandFailed
 from compilesvc.spec import neuron_releases
+from compilesvc.spec import neuron_releases_refresh as refresh
 
 
 @click.group("neuron-releases")
@@ -63,14 +64,14 @@ def neuron_releases_refresh(source: str, target: Path | None, allow_changes: boo
     except (OSError, ValueError) as exc:
         raise CommandFailed(f"cannot read the current table {path}: {exc}") from None
     try:
-        new, added, changed = neuron_releases.refreshed_document(current, document, source)
+        new, added, changed = refresh.refreshed_document(current, document, source)
     except ValueError as exc:
         raise BadInput(f"{source}: {exc}") from None
     if changed and not allow_changes:
         raise CommandFailed(f"releases {', '.join(changed)} list other packages than the table has; their keys "
                             f"would change (rerun with --allow-changes if the SDK really republished them)")
     try:
-        neuron_releases.write_table(new, path)
+        refresh.write_table(new, path)
     except OSError as exc:
         raise CommandFailed(f"cannot write {path}: {exc.strerror or exc}") from None
     click.echo(f"wrote {path}: {len(new['releases'])} releases; added {', '.join(added) or 'none'}; "

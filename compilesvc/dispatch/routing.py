@@ -7,10 +7,10 @@ in its dispatch message; Celery's own ``task_routes`` (:func:`route_task`) sends
   is built for (``compile.cpu.2.13.0.x86_64-avx512``).
 - Neuron: by target, toolchain and kind of compile (``compile.inf2.2.27.0.trace``). The release in the
   name is the oldest one shipping the same toolchain for that kind of compile
-  (:func:`compilesvc.spec.neuron_releases.toolchain_release`), since keys hold the toolchain: 2.27.0 and 2.27.1
+  (:func:`compilesvc.spec.neuron_toolchain.toolchain_release`), since keys hold the toolchain: 2.27.0 and 2.27.1
   compiles share keys and therefore one queue, which workers of either release consume. The kinds are
   ``neuronx-cc`` (HLO; ``neuronx-cc-tp`` for tp > 1), ``trace`` and ``trace-tp`` (tp > 1, which adds
-  neuronx-distributed): :data:`compilesvc.spec.neuron_releases.KIND_PACKAGES`.
+  neuronx-distributed): :data:`compilesvc.spec.neuron_kinds.KIND_PACKAGES`.
 
 The settings here are for hours-long tasks on a Redis broker: late acks, prefetch 1, a visibility timeout
 above the hard time limit everywhere Celery reads it. The ledger's leases, not Celery redelivery, recover
@@ -30,7 +30,8 @@ from celery import Celery
 
 from compilesvc.config.settings import Settings
 from compilesvc.dispatch import fs_broker
-from compilesvc.spec.neuron_releases import compile_kind, toolchain_release
+from compilesvc.spec.neuron_kinds import compile_kind
+from compilesvc.spec.neuron_toolchain import toolchain_release
 
 COMPILE_TASK = "compilesvc.compile_bucket"
 

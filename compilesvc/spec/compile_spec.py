@@ -35,20 +35,15 @@ from compilesvc.spec.flags import (
     model_builder_problems,
     uses_model_builder,
 )
-from compilesvc.spec.neuron_releases import (
-    TARGET_FAMILIES,
-    NotShipped,
-    TargetNotSupported,
-    UnknownRelease,
-    require_target,
-    toolchain_material,
-)
+from compilesvc.spec.neuron_kinds import NotShipped, TargetNotSupported, require_target
+from compilesvc.spec.neuron_releases import TARGET_FAMILIES, UnknownRelease
+from compilesvc.spec.neuron_toolchain import toolchain_material
 from compilesvc.spec.nxdi_config import NeuronConfigError, canonical_neuron_config
 
 Target = Literal["inf2", "trn1", "trn2", "trn3", "cpu"]
 ModelFormat = Literal["torchscript", "exported-program", "hf-dir", "hlo", "hf-checkpoint"]
 
-#: Which releases support each one: the release table (:func:`compilesvc.spec.neuron_releases.release_targets`).
+#: Which releases support each one: the release table (:func:`compilesvc.spec.neuron_kinds.release_targets`).
 NEURON_TARGETS: frozenset[str] = frozenset(TARGET_FAMILIES)
 #: backend -> model formats it can compile
 BACKEND_FORMATS: dict[str, dict[str, frozenset[str]]] = {

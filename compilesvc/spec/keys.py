@@ -26,7 +26,7 @@ from typing import Any
 from compilesvc.spec.checkpoint import CheckpointMaterial, canonical_config
 from compilesvc.spec.compile_spec import ISA_RE, NEURON_TARGETS, CompileSpec
 from compilesvc.spec.flags import canonical_flags
-from compilesvc.spec.neuron_releases import toolchain_material
+from compilesvc.spec.neuron_toolchain import toolchain_material
 from compilesvc.spec.neuronx_cc_options import default_lnc, effective_lnc
 from compilesvc.spec.nxdi_config import resolved_lnc
 from compilesvc.spec.nxdi_fields import nxdi_release

@@ -138,7 +138,7 @@ INTERNAL_LNC_OPTION = "--internal-num-neuroncores-per-sengine"
 OPTIONS: tuple[Option, ...] = (
     # --- set by the service -------------------------------------------------------------------------------
     # Its values are the spec's target: inf2, trn1, trn2 and (SDK examples, NKI docs, compiler notes 2.29-2.32)
-    # trn3, each from the first release whose manifest lists it (compilesvc.spec.neuron_releases.release_targets).
+    # trn3, each from the first release whose manifest lists it (compilesvc.spec.neuron_kinds.release_targets).
     Option("--target", Arity.ONE, f"{_CLI_OLD} (CLI@2.3.0)",
            reserved="is set by the service from the spec's target"),
     Option("--framework", Arity.ONE, f"{_CLI_OLD} (CLI@2.3.0)",

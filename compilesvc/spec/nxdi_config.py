@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import posixpath
+import re
 from typing import Any
 
 from compilesvc.spec.neuronx_cc_options import LNC_TARGETS, default_lnc
@@ -289,6 +291,8 @@ def _check_combinations(out: dict[str, Any], rel: NxdiRelease, target: str) -> N
                                 f"more than max_length {out['max_length']} ("
                                 + (f"NxDI refuses it: {where})" if where else "our rule: the context-encoding model "
                                    "would outgrow the KV cache; NxDI asserts it from SDK 2.25.0)"))
+    if out.get("quantized_checkpoints_path") is not None:
+        _check_quantized_path(out["quantized_checkpoints_path"])
     if out["quantized"] and not out["quantized_checkpoints_path"]:
         refuse("quantized_checkpoints_path", "quantized_checkpoints_path is required when quantized is true",
                "quantized_checkpoints_path is required")
@@ -358,6 +362,43 @@ def _check_combinations(out: dict[str, Any], rel: NxdiRelease, target: str) -> N
                                 f"NeuronCores; the largest {target} instance, {instance}, has {cores // lnc} at "
                                 f"logical_nc_config {lnc} (our rule: NxDI does not check it, and would build a "
                                 "model no single instance can load)")
+
+
+#: Linux's PATH_MAX and NAME_MAX (<linux/limits.h>): a longer path or name fails every open with ENAMETOOLONG.
+_PATH_MAX, _NAME_MAX = 4096, 255
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _check_quantized_path(value: str) -> None:
+    """``quantized_checkpoints_path`` must be a file-system path the serving host can open as written.
+
+    NxDI reads it in ``checkpoint_loader_fn`` (NXDI@ef2731e models/application_base.py:L637-L643; fcb5a86
+    L635-L641): ``os.path.exists`` on the string as given, then the weights are loaded from it instead of the
+    checkpoint. That runs at compile only when pre-sharding (refused with quantized, below), otherwise at
+    ``load()`` on the serving host, which reads the path back from the artifact's neuron_config.json. NxDI checks
+    nothing else ("TODO: Add validation for quantized_checkpoints_path", config.py at fcb5a86 L223), so a URL, a
+    ``~`` (not expanded), a NUL (``ValueError: embedded null byte``) or an over-long path fail at load, hours
+    later and on another host. Relative paths resolve against the serving process's working directory; one
+    that climbs out of it with ``..`` is refused (our rule)."""
+    def refuse(why: str) -> None:
+        raise NeuronConfigError(("quantized_checkpoints_path",), f"quantized_checkpoints_path {why} (our rule: NxDI "
+                                "reads it as a local path when the model loads, and checks nothing before)")
+
+    if not value.strip():
+        refuse("is empty: expected the local path of the quantized checkpoint")
+    if "\0" in value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        refuse("holds a NUL or control character: not a path a host can open")
+    if _URL_RE.match(value):
+        refuse(f"is a URL ({value.split('://', 1)[0]}://…): NxDI opens it with os.path, so it must be a local path on "
+               "the serving host")
+    if value.startswith("~"):
+        refuse("starts with '~': NxDI does not expand it; write the absolute path")
+    if len(value.encode("utf-8")) >= _PATH_MAX:
+        refuse(f"is {len(value.encode('utf-8'))} bytes long: beyond the {_PATH_MAX - 1} a path may have")
+    if any(len(part.encode("utf-8")) > _NAME_MAX for part in value.split("/")):
+        refuse(f"has a name longer than {_NAME_MAX} bytes")
+    if not posixpath.isabs(value) and posixpath.normpath(value).split("/")[0] == "..":
+        refuse("climbs out of the serving process's working directory with '..'")
 
 
 def resolved_lnc(canonical: dict[str, Any]) -> int:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from compilesvc.spec.neuron_releases import NotShipped, lookup, require_kind
+from compilesvc.spec.neuron_kinds import NotShipped, require_kind
+from compilesvc.spec.neuron_releases import lookup
 
 TABLE_FORMAT = "compilesvc-nxdi-fields/1"
 REPO = "aws-neuron/neuronx-distributed-inference"

@@ -52,7 +52,8 @@ def _neuron_rows() -> list[sa.Row]:
 
 def upgrade() -> None:
     from compilesvc.dispatch.routing import queue_name
-    from compilesvc.spec.neuron_releases import NotShipped, UnknownRelease
+    from compilesvc.spec.neuron_kinds import NotShipped
+    from compilesvc.spec.neuron_releases import UnknownRelease
 
     queues: dict[int, str | None] = {}
     for row in _neuron_rows():

@@ -26,7 +26,7 @@ from compilesvc.signing.keys import GENERATED_KEY_NAME, TRUSTED_KEYS_ENV, Signin
 from compilesvc.store import open_store
 from compilesvc.store.base import artifact_signature_name
 from tests.fixtures.ports import free_port
-from workers.host.versions import detect_capabilities
+from workers.host.capabilities import detect_capabilities
 
 COMPILESVC = str(Path(sys.executable).with_name("compilesvc"))
 

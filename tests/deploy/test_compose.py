@@ -37,7 +37,7 @@ ENV_PREFIX = "COMPILESVC_"
 #: still appear in the code that reads it: see test_environment_names_are_real).
 PROCESS_ENV = {
     "COMPILESVC_NEURON_SDK",  # workers/host/versions.py: the host's Neuron SDK release
-    "COMPILESVC_NEURON_TARGETS",  # workers/host/versions.py
+    "COMPILESVC_NEURON_TARGETS",  # workers/host/capabilities.py
     "COMPILESVC_LOG_LEVEL",  # compilesvc/jsonlog.py
 }
 #: Services that run compilesvc long-term: all wait for the migration.

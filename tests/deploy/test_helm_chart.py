@@ -27,7 +27,7 @@ from sqlalchemy import create_engine, text
 
 from compilesvc.config.settings import Settings
 from compilesvc.dispatch.routing import queue_name
-from compilesvc.spec.neuron_releases import kind_request, release_kinds
+from compilesvc.spec.neuron_kinds import kind_request, release_kinds
 from compilesvc.states import BucketState
 from tests.fixtures.docs import doc_block
 from workers.host import pod_protection

@@ -166,18 +166,39 @@ def known_releases() -> tuple[str, ...]:
     return tuple(RELEASES)
 
 
-def installed_metadata(release: str) -> Path:
+#: ``neuron_double_env(transformers=...)``'s default: the transformers version our table says the release's NxDI
+#: compiles with (:mod:`compilesvc.spec.nxdi_transformers`).
+RELEASE_TRANSFORMERS = "release"
+
+
+def double_transformers(release: str, transformers: str | None = RELEASE_TRANSFORMERS) -> str | None:
+    """The transformers version a host of the double at ``release`` presents (None: the venv's own)."""
+    from compilesvc.spec.nxdi_transformers import transformers_for
+    from tests.doubles.neuron._release import RELEASES
+
+    if transformers != RELEASE_TRANSFORMERS:
+        return transformers
+    return transformers_for(RELEASES[release].nxdi)
+
+
+def installed_metadata(release: str, transformers: str | None = None) -> Path:
     """A directory of pip ``*.dist-info`` records for the double's packages at ``release``'s versions.
 
     On a real host pip leaves these, and :mod:`importlib.metadata` (what workers read versions from)
     sees the distributions' full versions, e.g. neuronx-distributed ``0.16.25997`` where the package's own
     ``_version`` module says ``0.16.0``. Written once per release under the temp dir, atomically.
+
+    ``transformers``: a version to record for transformers too (None: none, the venv's real one shows). The
+    real transformers still runs: what NxDI reads config.json with is the venv's, and only the version the
+    worker checks against our table (:func:`workers.host.versions.nxdi_unavailable`) is the release's, so
+    the tests can present a host of every NxDI release without installing every transformers line.
     """
     from tests.doubles.neuron._release import RELEASES
 
     entry = RELEASES[release]
-    # "v2": the records gained neuronx-distributed-inference; an older run's directory lacks it.
-    root = Path(tempfile.gettempdir()) / "compilesvc-neuron-double-metadata" / "v2" / release
+    # "v3": the records gained transformers; an older run's directory lacks it.
+    root = (Path(tempfile.gettempdir()) / "compilesvc-neuron-double-metadata" / "v3"
+            / (release if transformers is None else f"{release}-transformers-{transformers}"))
     if root.is_dir():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +207,7 @@ def installed_metadata(release: str) -> Path:
     for name, version in (("neuronx-cc", f"{entry.neuronx_cc}+{entry.build_hash}"),
                           ("torch-neuronx", entry.torch_neuronx and f"{entry.torch_neuronx}+{entry.build_hash}"),
                           ("neuronx-distributed", entry.neuronx_distributed),
-                          ("neuronx-distributed-inference", entry.nxdi)):
+                          ("neuronx-distributed-inference", entry.nxdi), ("transformers", transformers)):
         if not version:
             continue  # a package the release does not ship is not installed (2.32.0: no torch-neuronx)
         dist = staging / f"{name.replace('-', '_')}-{version}.dist-info"
@@ -216,14 +237,14 @@ def _double_digest(modules: tuple[str, ...]) -> str:
     return digest.hexdigest()[:12]
 
 
-def installed_site(release: str, modules: tuple[str, ...]) -> Path:
+def installed_site(release: str, modules: tuple[str, ...], transformers: str | None = None) -> Path:
     """A site directory holding only ``modules`` of the double and their ``*.dist-info``: a host where the
     others are not installed at all (``importlib.util.find_spec`` finds nothing), as on an SDK 2.32.0 host,
     which has neuronx-cc and no torch-neuronx. Copies, not links: a compile sandbox binds the PYTHONPATH
     entries it is given, not what links in them point to. Written once per content, atomically."""
-    metadata = installed_metadata(release)
+    metadata = installed_metadata(release, transformers)
     root = (Path(tempfile.gettempdir()) / "compilesvc-neuron-double-site"
-            / "-".join((_double_digest(modules), release, *sorted(modules))))
+            / "-".join((_double_digest(modules), release, *sorted(modules), f"transformers{transformers or ''}")))
     if root.is_dir():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -236,6 +257,8 @@ def installed_site(release: str, modules: tuple[str, ...]) -> Path:
         prefix = MODULE_DISTRIBUTIONS[module].replace("-", "_") + "-"
         for dist in metadata.glob(f"{prefix}*.dist-info"):
             shutil.copytree(dist, staging / dist.name)
+    for dist in metadata.glob("transformers-*.dist-info"):
+        shutil.copytree(dist, staging / dist.name)
     try:
         staging.rename(root)
     except OSError:  # another process published it first: theirs is identical
@@ -245,7 +268,8 @@ def installed_site(release: str, modules: tuple[str, ...]) -> Path:
 
 def neuron_double_env(base: Mapping[str, str] | None = None, *, behaviour: str | None = None,
                       sdk: str | None = DEFAULT_SDK, installed: str | None = None,
-                      devices: int | None = None, without: tuple[str, ...] = ()) -> dict[str, str]:
+                      devices: int | None = None, without: tuple[str, ...] = (),
+                      transformers: str | None = RELEASE_TRANSFORMERS) -> dict[str, str]:
     """A copy of ``base`` (default: os.environ) with the Neuron SDK double enabled (see the module doc).
 
     ``sdk``: the release the worker claims (``COMPILESVC_NEURON_SDK``; None: unset). ``installed``: the
@@ -253,7 +277,9 @@ def neuron_double_env(base: Mapping[str, str] | None = None, *, behaviour: str |
     claim such as "2.20" that is not a release still needs installed packages). ``devices``: simulated
     Neuron device count (None: leave it to the host's ``/dev/neuron*``). ``without``: modules of the double
     (``torch_neuronx``, ``neuronx_distributed``) left uninstalled, e.g. a host with neuronx-cc alone; a
-    release that ships no such package (2.32.0: no torch-neuronx, no NxD) never has it.
+    release that ships no such package (2.32.0: no torch-neuronx, no NxD) never has it. ``transformers``: the
+    version the host presents (:func:`installed_metadata`); default the one our table fixes for the installed
+    release's NxDI, None the venv's real one (a host whose transformers is not its NxDI's).
     """
     from tests.doubles.neuron._release import RELEASES
 
@@ -264,10 +290,11 @@ def neuron_double_env(base: Mapping[str, str] | None = None, *, behaviour: str |
     if unknown:
         raise ValueError(f"not modules of the Neuron double: {sorted(unknown)}")
     modules = tuple(m for m in RELEASES[installed].modules if m not in without)
+    presented = double_transformers(installed, transformers)
     if modules == tuple(MODULE_DISTRIBUTIONS):  # the whole SDK: the double's own directory
-        paths = os.pathsep.join([str(NEURON_DOUBLE_DIR), str(installed_metadata(installed))])
+        paths = os.pathsep.join([str(NEURON_DOUBLE_DIR), str(installed_metadata(installed, presented))])
     else:
-        paths = str(installed_site(installed, modules))
+        paths = str(installed_site(installed, modules, presented))
     env["PYTHONPATH"] = _prepend(paths, env.get("PYTHONPATH"))
     env["PATH"] = _prepend(str(NEURON_DOUBLE_DIR / "bin"), env.get("PATH"))
     if behaviour is not None:

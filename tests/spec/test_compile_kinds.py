@@ -14,15 +14,8 @@ import pytest
 
 from compilesvc.dispatch.routing import queue_name
 from compilesvc.spec.keys import compute_keys
-from compilesvc.spec.neuron_releases import (
-    KIND_PACKAGES,
-    NotShipped,
-    UnknownRelease,
-    compile_kind,
-    release_kinds,
-    require_kind,
-    table,
-)
+from compilesvc.spec.neuron_kinds import KIND_PACKAGES, NotShipped, compile_kind, release_kinds, require_kind
+from compilesvc.spec.neuron_releases import UnknownRelease, table
 from compilesvc.spec.parsing import SpecError, parse_spec
 
 SHA = "0123456789abcdef" * 4

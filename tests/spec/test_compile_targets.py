@@ -14,7 +14,7 @@ import pytest
 
 from compilesvc.dispatch.routing import queue_name
 from compilesvc.spec.keys import compute_keys
-from compilesvc.spec.neuron_releases import TargetNotSupported, release_targets, require_target
+from compilesvc.spec.neuron_kinds import TargetNotSupported, release_targets, require_target
 from compilesvc.spec.neuronx_cc_options import default_lnc, effective_lnc
 from compilesvc.spec.parsing import SpecError, parse_spec
 

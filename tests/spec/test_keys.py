@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import compilesvc.spec.keys
-from compilesvc.spec import neuron_releases
+from compilesvc.spec import neuron_releases, neuron_toolchain
 from compilesvc.spec.buckets import MAX_DIM, DType
 from compilesvc.spec.checkpoint import CheckpointMaterial
 from compilesvc.spec.compile_spec import BACKEND_FORMATS, CPU_BACKEND_FLAGS
@@ -69,7 +69,7 @@ def nxdi_toolchain_ready() -> bool:
     """Whether the release table names NxDI's packages (``toolchain_material(sdk, "nxdi", tp)``): until it does,
     nxdi specs cannot be keyed, and their golden vectors wait (docs/keys.md, "Golden vectors")."""
     try:
-        neuron_releases.toolchain_material("2.29.0", "nxdi", 1)
+        neuron_toolchain.toolchain_material("2.29.0", "nxdi", 1)
     except ValueError:
         return False
     return True
@@ -606,7 +606,7 @@ def _bump_sdk(sdk: str) -> str:
 
 
 def _toolchain(case: Case, sdk: str) -> dict[str, Any]:
-    return neuron_releases.toolchain_material(sdk, case.backend, case.tp_degree)
+    return neuron_toolchain.toolchain_material(sdk, case.backend, case.tp_degree)
 
 
 def _other_sdk(case: Case, data: st.DataObject) -> Case:

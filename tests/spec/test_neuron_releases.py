@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from compilesvc.spec import neuron_releases
-from compilesvc.spec.neuron_releases import UnknownRelease, installed_mismatches, lookup, toolchain_material
+from compilesvc.spec import neuron_kinds, neuron_releases, neuron_toolchain
+from compilesvc.spec.neuron_releases import UnknownRelease, installed_mismatches, lookup
+from compilesvc.spec.neuron_toolchain import toolchain_material
 from compilesvc.spec.neuronx_cc_options import OPTIONS, Arity
 from tests.cli.test_main import clean_env
 from tests.doubles.neuron._release import RELEASES as DOUBLE_RELEASES
@@ -188,14 +189,14 @@ def test_trace_needs_a_device_before_2_21_and_releases_sharing_a_queue_agree() -
     """cpu_backend first appears in the SDK 2.21.0 trace API reference (aws-neuron-sdk commit 752349fd); before
     it a device-less host cannot trace (aws-neuron-sdk#910). Releases whose compiles share a queue
     (toolchain_release) must agree, or a device-less worker of one would consume the other's compiles."""
-    assert "need a host with a Neuron device" in (neuron_releases.device_requirement("2.20.2", "trace", 1) or "")
-    assert "trace tp > 1" in (neuron_releases.device_requirement("2.19.0", "trace", 2) or "")
-    assert neuron_releases.device_requirement("2.21.0", "trace", 1) is None
-    assert neuron_releases.device_requirement("2.19.0", "neuronx-cc", 1) is None  # HLO needs no device
+    assert "need a host with a Neuron device" in (neuron_kinds.device_requirement("2.20.2", "trace", 1) or "")
+    assert "trace tp > 1" in (neuron_kinds.device_requirement("2.19.0", "trace", 2) or "")
+    assert neuron_kinds.device_requirement("2.21.0", "trace", 1) is None
+    assert neuron_kinds.device_requirement("2.19.0", "neuronx-cc", 1) is None  # HLO needs no device
     for release in neuron_releases.table():
         for tp_degree in (1, 2):
-            if neuron_releases.compile_kind("trace", tp_degree) not in neuron_releases.release_kinds(release):
+            if neuron_kinds.compile_kind("trace", tp_degree) not in neuron_kinds.release_kinds(release):
                 continue
-            shared = neuron_releases.toolchain_release(release, "trace", tp_degree)
-            assert (neuron_releases.device_requirement(release, "trace", tp_degree) is None) == (
-                neuron_releases.device_requirement(shared, "trace", tp_degree) is None), (release, shared)
+            shared = neuron_toolchain.toolchain_release(release, "trace", tp_degree)
+            assert (neuron_kinds.device_requirement(release, "trace", tp_degree) is None) == (
+                neuron_kinds.device_requirement(shared, "trace", tp_degree) is None), (release, shared)

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from compilesvc.dispatch.routing import queue_name
-from compilesvc.spec.neuron_releases import NotShipped, device_requirement, table, toolchain_material
+from compilesvc.spec.neuron_kinds import NotShipped, device_requirement
+from compilesvc.spec.neuron_releases import table
+from compilesvc.spec.neuron_toolchain import toolchain_material
 from compilesvc.spec.nxdi_config import NeuronConfigError, canonical_neuron_config
 from compilesvc.spec.nxdi_fields import fields, nxdi_release
 from compilesvc.spec.nxdi_models import (
@@ -96,6 +98,22 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("no neuron_config", {**llm(), "neuron_config": None}, "neuron_config", "required for an hf-checkpoint"),
     ("quantized without a path", llm({"quantized": True}), "neuron_config.quantized_checkpoints_path",
      "quantized_checkpoints_path is required"),
+    ("quantized path empty", llm({"quantized": True, "quantized_checkpoints_path": " "}),
+     "neuron_config.quantized_checkpoints_path", "is empty"),
+    ("quantized path a URL", llm({"quantized": True, "quantized_checkpoints_path": "s3://bucket/q.pt"}),
+     "neuron_config.quantized_checkpoints_path", "is a URL (s3://…)"),
+    ("quantized path with NUL", llm({"quantized": True, "quantized_checkpoints_path": "/data/q\x00.pt"}),
+     "neuron_config.quantized_checkpoints_path", "NUL or control character"),
+    ("quantized path overlong", llm({"quantized": True, "quantized_checkpoints_path": "/d/" * 1400}),
+     "neuron_config.quantized_checkpoints_path", "beyond the 4095"),
+    ("quantized path with a long name", llm({"quantized": True, "quantized_checkpoints_path": "/" + "q" * 256}),
+     "neuron_config.quantized_checkpoints_path", "longer than 255 bytes"),
+    ("quantized path escaping with ..", llm({"quantized": True, "quantized_checkpoints_path": "q/../../etc/q.pt"}),
+     "neuron_config.quantized_checkpoints_path", "climbs out"),
+    ("quantized path with ~", llm({"quantized": True, "quantized_checkpoints_path": "~/q.pt"}),
+     "neuron_config.quantized_checkpoints_path", "does not expand it"),
+    ("a bad path without quantized", llm({"quantized_checkpoints_path": "https://example.com/q"}),
+     "neuron_config.quantized_checkpoints_path", "is a URL (https://…)"),
     ("tp not divisible by cp", llm({"cp_degree": 3}), "neuron_config.cp_degree",
      "TP Degree must be evenly divisible by CP Degree"),
     ("mlp cp without sequence parallel", llm({"mlp_cp_degree": 2}), "neuron_config.mlp_cp_degree",
@@ -387,3 +405,10 @@ def test_the_field_table_is_the_research_tables_data() -> None:
                 assert found and defaults[column]["line"] == int(found.group(1)), (cls, name, column)
         rows += 1
     assert rows == sum(len(fields) for fields in data["classes"].values()) == 194
+
+
+@pytest.mark.parametrize("path", ["/data/llama-q/model.pt", "quantized/model.pt", "./q/../q.pt"])
+def test_a_local_quantized_checkpoints_path_is_kept_as_written(path: str) -> None:
+    # NxDI opens it as given at load (application_base.py checkpoint_loader_fn): kept verbatim, not normalised.
+    assert canonical({"tp_degree": 8, "batch_size": 4, "seq_len": 2048, "quantized": True,
+                      "quantized_checkpoints_path": path})["quantized_checkpoints_path"] == path

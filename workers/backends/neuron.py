@@ -27,7 +27,7 @@ Hosts without a Neuron device (compiling needs the SDK, not the chip): :func:`ne
 aws-neuron-sdk#902/#910). ``cpu_backend`` exists from SDK 2.21.0 (the keyword first appears in that release's
 trace API reference, aws-neuron-sdk commit 752349fd): for older releases it is never passed (it would be a
 TypeError), and their trace compiles run only on hosts with a device, which routing sees to
-(:func:`compilesvc.spec.neuron_releases.device_requirement`); one that arrives anyway is
+(:func:`compilesvc.spec.neuron_kinds.device_requirement`); one that arrives anyway is
 ``NEURON_DEVICE_REQUIRED``. ``NEURON_PLATFORM_TARGET_OVERRIDE`` is read once, when the Neuron libraries are
 imported (optimum-neuron #961/#988), so the runner puts the request's target in the compile child's
 environment at process start (:func:`workers.isolation.child_env.child_environment_for`); the child checks it
@@ -58,7 +58,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from compilesvc.spec.neuron_releases import device_requirement, toolchain_differences, trace_has_cpu_backend
+from compilesvc.spec.neuron_kinds import device_requirement, trace_has_cpu_backend
+from compilesvc.spec.neuron_toolchain import toolchain_differences
 from compilesvc.spec.neuronx_cc_options import LNC_OPTION, LNC_TARGETS, effective_lnc
 from workers.backends.neuron_cache import discard_compile_cache, own_compile_cache
 from workers.backends.output_tee import TAIL_LINES, OutputTee

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from compilesvc.spec import neuron_releases, nxdi_models
+from compilesvc.spec import neuron_kinds, neuron_releases, neuron_toolchain, nxdi_models
 from workers.backends.neuron import check_neuron_cc_flags, freeze_platform_target
 from workers.backends.neuron_cache import own_compile_cache
 from workers.backends.output_tee import OutputTee
@@ -158,8 +158,8 @@ def _same_toolchain(requested: str, host: str, tp_degree: int) -> list[str]:
     """How ``host``'s NxDI toolchain differs from ``requested``'s (empty: none). The release table's own answer when
     it knows NxDI compiles; else the packages an NxDI compile runs, compared here."""
     try:
-        return neuron_releases.toolchain_differences(requested, host, "nxdi", tp_degree)
-    except neuron_releases.NotShipped as exc:
+        return neuron_toolchain.toolchain_differences(requested, host, "nxdi", tp_degree)
+    except neuron_kinds.NotShipped as exc:
         return [str(exc)]
     except ValueError:  # a table without an NxDI kind: compare what it lists, and NxDI's own version
         pass

@@ -52,17 +52,15 @@ from compilesvc.spec.parsing import parse_spec
 from workers.backends.compile_child import RESULT_NAME
 from workers.backends.neuron import neuron_devices
 from workers.compiling.classify import classify
+from workers.host.capabilities import neuron_refusals
+from workers.host.capabilities import trace_unavailable as worker_trace_unavailable
 from workers.host.doctor_report import FAIL, PASS, SKIP, no_neuron_toolchain, render_text
 from workers.host.versions import (
     NEURON_SDK_ENV,
     installed_neuron_packages,
-    neuron_refusals,
     neuronx_cc_executable,
     python_version,
     torch_version,
-)
-from workers.host.versions import (
-    trace_unavailable as worker_trace_unavailable,
 )
 from workers.isolation.child_env import child_environment
 from workers.isolation.compiler_process import CompilerProcess
@@ -152,7 +150,7 @@ def host_facts(target: str, target_source: str) -> dict[str, Any]:
 
 def trace_unavailable(facts: dict[str, Any]) -> str | None:
     """Why a worker here would offer no trace compiles while it serves HLO (None: it offers them): the worker's
-    own verdict (:func:`workers.host.versions.trace_unavailable`, from the function it registers its kinds
+    own verdict (:func:`workers.host.capabilities.trace_unavailable`, from the function it registers its kinds
     with), so doctor and worker cannot disagree."""
     why = worker_trace_unavailable(facts["configured_release"])
     return None if why is None else f"{why}: a worker here serves HLO (neuronx-cc) compiles only"
@@ -174,7 +172,7 @@ def toolchain_check(facts: dict[str, Any]) -> Check:
 
 def release_check(release: str | None, installed: dict[str, str | None]) -> Check:
     """The configured release against the installed packages and this environment: the verdict a worker
-    gets before it registers (:func:`workers.host.versions.neuron_refusals`), so a FAIL here is a worker that
+    gets before it registers (:func:`workers.host.capabilities.neuron_refusals`), so a FAIL here is a worker that
     would refuse to start."""
     if release is None:
         return Check("release", SKIP, f"{NEURON_SDK_ENV} is not set: a worker on this host will offer no Neuron "

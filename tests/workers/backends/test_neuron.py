@@ -430,7 +430,7 @@ def _capabilities(env: dict[str, str], hide_torch: bool = False, hide_torch_neur
     code = ("import json, sys\n"
             + ("sys.modules['torch'] = None\n" if hide_torch else "")
             + ("sys.modules['torch_neuronx'] = None\n" if hide_torch_neuronx else "")
-            + "from workers.host.versions import detect_capabilities, capability_queues\n"
+            + "from workers.host.capabilities import detect_capabilities, capability_queues\n"
             "caps = detect_capabilities()\n"
             "caps['queues'] = capability_queues(caps)\n"
             "print(json.dumps(caps))\n")

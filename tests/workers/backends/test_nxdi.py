@@ -9,6 +9,7 @@ failure is classified; and, where a behaviour of NxDI is subtle, that the double
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 from compilesvc.spec.nxdi_config import canonical_neuron_config
-from tests.doubles import neuron_double_env
+from tests.doubles import RELEASE_TRANSFORMERS, neuron_double_env
 from tests.doubles.neuron._release import RELEASES
 from tests.fixtures.checkpoints import Checkpoints
 from tests.workers import PYTHON, REPO, run_child, run_children
@@ -276,15 +277,24 @@ def test_the_short_bucket_form_becomes_nxdis_bucket_lists(tmp_path: Path, env: d
                         "token_generation_model/_tp0_bk2"]
 
 
-@pytest.mark.parametrize(("installed", "claimed", "why"), [
-    (SDK, SDK, None),
-    ("2.32.0", "2.32.0", "Neuron SDK 2.32.0 ships no neuronx-distributed-inference"),
-    ("2.29.0", SDK, f"neuronx-distributed-inference 0.9.17334 is installed, Neuron SDK {SDK} ships {NXDI}"),
+@pytest.mark.parametrize(("installed", "claimed", "transformers", "why"), [
+    (SDK, SDK, RELEASE_TRANSFORMERS, None),
+    ("2.29.0", "2.29.0", RELEASE_TRANSFORMERS, None),
+    ("2.32.0", "2.32.0", RELEASE_TRANSFORMERS, "Neuron SDK 2.32.0 ships no neuronx-distributed-inference"),
+    ("2.29.0", SDK, RELEASE_TRANSFORMERS,
+     f"neuronx-distributed-inference 0.9.17334 is installed, Neuron SDK {SDK} ships {NXDI}"),
+    # NxDI 0.7 pins transformers==4.56.* (v0.7.14366 setup.py), our table 4.56.2: another patch is refused too.
+    (SDK, SDK, "4.56.1", f"transformers 4.56.1 is installed, neuronx-distributed-inference {NXDI} (Neuron SDK {SDK}) "
+                         "compiles with 4.56.2"),
+    (SDK, SDK, "4.57.6", f"transformers 4.57.6 is installed, neuronx-distributed-inference {NXDI} (Neuron SDK {SDK}) "
+                         "compiles with 4.56.2"),
+    ("2.29.0", "2.29.0", "4.56.2", "transformers 4.56.2 is installed, neuronx-distributed-inference 0.9.17334 "
+                                   "(Neuron SDK 2.29.0) compiles with 4.57.6"),
 ])
 def test_a_worker_offers_nxdi_only_with_its_releases_nxdi_installed(installed: str, claimed: str,
-                                                                    why: str | None) -> None:
-    env = {**neuron_double_env(sdk=claimed, installed=installed), "PYTHONPATH": os.pathsep.join(
-        [neuron_double_env(sdk=claimed, installed=installed)["PYTHONPATH"], str(REPO)])}
+                                                                    transformers: str | None, why: str | None) -> None:
+    double = neuron_double_env(sdk=claimed, installed=installed, transformers=transformers)
+    env = {**double, "PYTHONPATH": os.pathsep.join([double["PYTHONPATH"], str(REPO)])}
     probe = "from workers.host.versions import nxdi_unavailable as u; import sys; print(u(sys.argv[1]))"
     out = subprocess.run([PYTHON, "-c", probe, claimed], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(why), out.stderr
@@ -317,6 +327,20 @@ def test_a_host_with_another_releases_nxdi_is_refused_before_compiling(tmp_path:
     assert (run.returncode, run.result["code"]) == (4, "TOOLCHAIN_MISMATCH"), run.describe()
     assert (f"neuronx-distributed-inference 0.9.17334 is installed, Neuron SDK {SDK} ships {NXDI}"
             in run.result["message"])
+    assert not (run.out_dir / "model.pt").exists()
+
+
+def test_a_host_whose_transformers_is_not_its_nxdis_is_refused_before_compiling(
+        tmp_path: Path, checkpoints: dict[str, Path]) -> None:
+    # The venv's real transformers shows (4.57.6, the 0.8+ lines'), where 2.27.1's NxDI 0.7 compiles with 4.56.2:
+    # its config defaults may differ, and the key (which names NxDI 0.7.15063) would not say so.
+    env = neuron_double_env(sdk=SDK, devices=0, transformers=None)
+    real = importlib.metadata.version("transformers")
+    assert real != "4.56.2", "the venv's transformers is 2.27.1's: pick a release whose NxDI line differs"
+    run = _nxdi(tmp_path, "transformers", env, checkpoints["base"])
+    assert (run.returncode, run.result["code"]) == (4, "TOOLCHAIN_MISMATCH"), run.describe()
+    assert (f"transformers {real} is installed, neuronx-distributed-inference {NXDI} (Neuron SDK {SDK}) "
+            "compiles with 4.56.2") in run.result["message"]
     assert not (run.out_dir / "model.pt").exists()
 
 

@@ -1,5 +1,5 @@
 """Which kinds of Neuron compile a worker offers (issue 28, deliverable 1): those its release ships
-(:func:`compilesvc.spec.neuron_releases.release_kinds`, the function specs are checked with) whose packages
+(:func:`compilesvc.spec.neuron_kinds.release_kinds`, the function specs are checked with) whose packages
 the host has. Against the Neuron SDK TEST DOUBLE: SDK 2.32.0's manifest (n2-manifest.json, manifest_version
 2.32.0) lists neuronx-cc and no torch-neuronx or neuronx_distributed, and the double installs just that.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from compilesvc.dispatch.routing import queue_name
-from compilesvc.spec.neuron_releases import release_kinds
+from compilesvc.spec.neuron_kinds import release_kinds
 from tests.workers.host.test_toolchain import capabilities, host, start_worker
-from workers.host.versions import capability_queues
+from workers.host.capabilities import capability_queues
 
 TARGETS = ["inf2", "trn1", "trn2", "trn3"]  # 2.32.0's neuronx-cc supported_instances (n2-manifest.json)
 

@@ -41,7 +41,7 @@ def host(tmp_path: Path, **double: Any) -> dict[str, str]:
 
 
 def capabilities(env: dict[str, str]) -> dict[str, Any]:
-    code = ("import json\nfrom workers.host.versions import detect_capabilities\n"
+    code = ("import json\nfrom workers.host.capabilities import detect_capabilities\n"
             "print(json.dumps(detect_capabilities()))\n")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr

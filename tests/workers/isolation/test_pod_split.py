@@ -395,7 +395,7 @@ def test_a_pod_split_worker_offers_what_its_compile_containers_devices_allow(
         make_cluster: Any, spool: Path, tiny_torch_model: Path, tmp_path: Path) -> None:
     """The Helm chart gives a device pool's Neuron devices to the compile container, not the worker's: the real
     `compilesvc worker` in pod mode registers the runner's device count (its probe), so it offers a 2.19 trace
-    (which needs a device; compilesvc.spec.neuron_releases.device_requirement) and the compile runs beside it."""
+    (which needs a device; compilesvc.spec.neuron_kinds.device_requirement) and the compile runs beside it."""
     from compilesvc.dispatch.registry import live_workers
     from compilesvc.dispatch.routing import queue_name
     from tests.doubles import neuron_double_env, with_devices
