@@ -88,7 +88,7 @@ class Submitter(Preparer):
         """Submit ``spec``, or a prepared one (:meth:`prepare`; a caller may keep one while it is
         :attr:`Prepared.reusable`), for ``principal`` (recorded as the build's submitter and team). A spec is
         prepared for the principal's team; a prepared one was checked for the team its preparer chose
-        (:meth:`checked_for`).
+        (:meth:`checked_for`), and the build is that team's (a roll-forward's: the source build's team).
 
         An ``idempotency_key`` is the principal's own (Stripe's semantics): the same key with the same spec
         within ``idempotency_key_seconds`` replays the first answer; with another spec it is refused
@@ -104,9 +104,10 @@ class Submitter(Preparer):
             spec, team=principal.team if principal is not None else None)
         keys = prepared.keys
         check_callbacks(prepared.spec.callbacks, self.settings.webhook_networks)
-        team_urls = self.settings.team_webhooks.get(principal.team, []) if principal is not None else []
+        team = prepared.team if prepared.team is not None else principal.team if principal is not None else None
+        team_urls = self.settings.team_webhooks.get(team, []) if team is not None else []
         context = SubmitContext(prepared.spec, prepared.pinned, keys, principal, idempotency_key, request_hash,
-                                tuple(dict.fromkeys([*prepared.spec.callbacks, *team_urls])))
+                                tuple(dict.fromkeys([*prepared.spec.callbacks, *team_urls])), team)
         if idempotency_key or context.callbacks or keys.key in self._published_ids:
             return self._submit_alone(context, queue_anyway)  # a key or webhooks each; a hit group-commits
         joined = self.in_flight.submit(context, lambda committed: self._lead(context, queue_anyway, committed))

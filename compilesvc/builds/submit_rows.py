@@ -30,6 +30,13 @@ class SubmitContext:
     idempotency_key: str | None
     request_hash: str
     callbacks: tuple[str, ...] = ()  # the spec's and the team's webhook URLs
+    #: The build's team when it is not the principal's: a roll-forward's build is the source build's team's (whose
+    #: model sources were checked), whoever started the campaign (a policy has no principal; an admin another team).
+    team: str | None = None
+
+    @property
+    def build_team(self) -> str | None:
+        return self.team if self.team is not None else self.principal.team if self.principal else None
 
     @property
     def model_row(self) -> dict[str, Any]:
@@ -76,7 +83,7 @@ class SubmitContext:
             "artifact_id": artifact_id, "artifact_key": artifact_key,
             "state": BUILD_STATE_FOR_ARTIFACT[artifact_state], "outcome": outcome,
             "submitted_by": principal.owner if principal else None,
-            "token_id": principal.token_id if principal else None, "team": principal.team if principal else None,
+            "token_id": principal.token_id if principal else None, "team": self.build_team,
             "labels": dict(self.spec.labels),
             "spec": self.spec.document, "model_name": self.spec.model.name,
             "model_sha256": self.pinned.sha256, "target": self.spec.target, "sdk": self.spec.sdk,

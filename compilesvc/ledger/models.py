@@ -361,6 +361,8 @@ class PinJob(Base):
     lease_until: Mapped[datetime | None] = mapped_column()
     sha256: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)
+    store_failures: Mapped[int] = mapped_column(default=0, server_default="0",
+                                                doc="Reads that failed in a row (the store unavailable or refusing).")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -34,7 +34,7 @@ from compilesvc.ledger.campaigns import Campaign, CampaignItem
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Artifact, ArtifactBucket, BucketCompile, Build, BuildLabel, utcnow
 from compilesvc.lifecycle import retention
-from compilesvc.pinning.pins import ModelRefError, PinnedModel
+from compilesvc.pinning.pins import ModelPinning, ModelRefError, PinnedModel
 from compilesvc.refusals import SubmitRefused
 from compilesvc.spec.checkpoint import CheckpointMaterial
 from compilesvc.spec.parsing import SpecError
@@ -237,6 +237,11 @@ def resumable(grace_seconds: float, max_age_seconds: float) -> Select[int]:
             .order_by(Campaign.id))
 
 
+def _release_item(sessions: sessionmaker[Session], item_id: int) -> None:
+    with transaction(sessions) as session:
+        session.get_one(CampaignItem, item_id).submit_claimed_at = None
+
+
 def unsubmitted(session: Session, campaign_id: int) -> list[tuple[int, str, dict[str, Any], str | None]]:
     """The campaign's items with neither a build nor a refusal: (item id, source key, the source build's spec and
     team)."""
@@ -265,6 +270,11 @@ def submit_items(sessions: sessionmaker[Session], campaign_id: int, submit: Subm
         build_id, refusal = None, None
         try:
             build_id = submit(rolled_spec(spec, to_sdk, campaign_id), _pin_of(spec, models.get(source_key)), team)
+        except ModelPinning:
+            # Not a refusal: the model is being hashed in the background. The claim is let go, so the relay's
+            # next pass (resume / policies.start_stalled) submits the item once its pin is known.
+            _release_item(sessions, item_id)
+            continue
         except (SubmitRefused, ModelRefError, SpecError) as exc:
             refusal = refusal_text(exc)
         except Exception as exc:  # the store or ledger failed mid-campaign: the item says so, the rest go on

@@ -9,7 +9,7 @@ submitting it; its claims would keep the relay off its items anyway) and while i
 :data:`~compilesvc.lifecycle.policies.MAX_START_AGE_SECONDS` (an older one predates the relay or outlived an
 outage: start it again by hand). Each item is submitted once however many relays run and whether the request
 was only slow (:func:`compilesvc.lifecycle.campaigns.submit_items`' claims), as the request would have: for
-the campaign's recorded owner and team (the build is the campaign's team's) and token (admission counts it),
+the campaign's recorded owner and token (admission counts it; each build is its source build's team's),
 with its recorded ``queue_anyway``, the spec parsed as the API parses one (one submit function for every
 starter: :func:`compilesvc.builds.policy_submits.campaign_submit`).
 
@@ -67,7 +67,7 @@ def principal_of(session: Session, campaign: Campaign) -> tuple[Principal | None
         name = f"{row.name!r} " if row is not None else ""
         return None, (f"not submitted: the token {name}(id {campaign.token_id}) that started the campaign {why} "
                       f"before its remaining items were submitted; start the roll-forward again with a live token")
-    # The recorded owner and team, not the token's as it is now: the build is the campaign's team's.
+    # The recorded owner and team, not the token's as it is now (each build itself is its source build's team's).
     return replace(tokens.principal_of(row), owner=campaign.created_by or row.owner,
                    team=campaign.team or row.team), None
 

@@ -53,6 +53,7 @@ from compilesvc.spec.checkpoint import (
 )
 from compilesvc.spec.compile_spec import ModelRef
 from compilesvc.spec.keys import digest
+from compilesvc.store.base import StoreError
 from compilesvc.store.hashing import CHUNK_SIZE
 
 if TYPE_CHECKING:
@@ -224,6 +225,8 @@ def _archive(resolver: ModelResolver, sha256: str, *, ranged: bool) -> Iterator[
     except tarfile.TarError as exc:
         raise ModelRefError(f"blob sha256:{sha256} is not a readable tar archive of a checkpoint directory: "
                             f"{exc}") from None
+    except OSError as exc:  # a ranged read that came back short: the store changed under us or misbehaves
+        raise StoreError(f"reading blob sha256:{sha256}: {exc}") from None
 
 
 def _members(tar: tarfile.TarFile, max_files: int) -> Iterator[tuple[tarfile.TarInfo, str]]:

@@ -45,6 +45,8 @@ HASHING, DONE, FAILED = "hashing", "done", "failed"
 MAX_HASHERS = 4
 #: How often a hasher records its progress (and renews its lease, at least four times a lease).
 PROGRESS_SECONDS = 5.0
+#: Failed reads in a row after which a job fails (with the store's reason) instead of starting over.
+STORE_ATTEMPTS = 3
 #: Only for the Retry-After estimate.
 _ASSUMED_BYTES_PER_SECOND = 200 * 1024**2
 
@@ -193,9 +195,28 @@ class HashJobs:
         except ModelRefError as exc:  # access denied since it was listed
             self._update(job_id, state=FAILED, lease_until=None, error=exc.message)
             return
-        except Exception as exc:  # S3 unavailable: released at once for the next request to try again
-            log.warning("background hash failed", extra={"uri": obj.uri, "error": f"{type(exc).__name__}: {exc}"})
-            self._update(job_id, owner=None, lease_until=None, bytes_done=0)
+        except Exception as exc:  # S3 unavailable or refusing the read: see _read_failed
+            reason = f"{type(exc).__name__}: {exc}"
+            log.warning("background hash failed", extra={"uri": obj.uri, "error": reason})
+            self._read_failed(job_id, obj, reason)
             return
         self.s3.remember_pin(obj.uri, obj.version_id, obj.etag, obj.size, sha256)
-        self._update(job_id, state=DONE, sha256=sha256, bytes_done=size, lease_until=None)
+        self._update(job_id, state=DONE, sha256=sha256, bytes_done=size, lease_until=None, store_failures=0)
+
+    def _read_failed(self, job_id: int, obj: ObjectVersion, reason: str) -> None:
+        """A read that failed: released at once for the next request to try again, unless it failed
+        :data:`STORE_ATTEMPTS` times in a row. A store that keeps refusing the object (an SSE-C object, a 400)
+        would otherwise look like progress restarting from byte 0 forever to a client waiting for hours: then
+        the job fails with the reason, which the next requests answer (a 422) for a lease's time."""
+        with transaction(self.sessions) as session:
+            job = session.get(PinJob, job_id, with_for_update=True)
+            if job is None or job.owner != self.owner or job.state != HASHING:
+                return  # taken over meanwhile
+            job.store_failures += 1
+            job.lease_until, job.bytes_done, job.updated_at = None, 0, utcnow()
+            if job.store_failures >= STORE_ATTEMPTS:
+                job.state, job.store_failures = FAILED, 0
+                job.error = (f"reading {obj.uri} failed {STORE_ATTEMPTS} times in a row ({reason}); check that the "
+                             "service can read it, then submit again")
+            else:
+                job.owner = None

@@ -6,6 +6,8 @@ object too large to hash inside a request is hashed in the background (:mod:`com
 
 from __future__ import annotations
 
+import base64
+import binascii
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -91,7 +93,8 @@ class S3Models:
             # "null" (versioning suspended) is overwritable, so the ETag is always pinned as well.
             version_id = head.get("VersionId") or ref.version_id
             try:
-                sha256 = self.object_sha256(bucket, key, version_id, etag, size)
+                # S3's own full-object SHA-256 (verified by S3 at upload) spares reading the object at all.
+                sha256 = full_object_sha256(head) or self.object_sha256(bucket, key, version_id, etag, size)
             except _Changed:
                 continue  # overwritten between HEAD and GET: pin the new content instead
             fetch = {
@@ -108,7 +111,7 @@ class S3Models:
 
     def _head_model(self, bucket: str, key: str, version_id: str | None) -> dict[str, Any]:
         canonical = f"s3://{bucket}/{key}"
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "ChecksumMode": "ENABLED"}
         if version_id:
             kwargs["VersionId"] = version_id
         try:
@@ -247,3 +250,16 @@ class S3Models:
                     f"s3://{bucket}/{key} changed since it was pinned ({which} is gone); "
                     "resubmit the build to pin the current object"
                 ) from None
+
+
+def full_object_sha256(head: dict[str, Any]) -> str | None:
+    """The object's SHA-256 when S3 holds a full-object one (a HEAD with ChecksumMode ENABLED); a multipart
+    upload's is a checksum of part checksums, ``<base64>-<parts>``, and says nothing of the bytes."""
+    value = head.get("ChecksumSHA256")
+    if not isinstance(value, str) or "-" in value or head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() if len(raw) == 32 else None

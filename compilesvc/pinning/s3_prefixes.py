@@ -15,8 +15,6 @@ as it streams (and remembering it): in the request for a small one, in the backg
 
 from __future__ import annotations
 
-import base64
-import binascii
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +31,7 @@ from compilesvc.pinning.checkpoints import (
 )
 from compilesvc.pinning.hash_jobs import Progress, pinning
 from compilesvc.pinning.pins import ModelChangedError, ModelPinning, ModelRefError, PinnedModel
-from compilesvc.pinning.s3_models import ObjectChanged, parse_s3_uri
+from compilesvc.pinning.s3_models import ObjectChanged, full_object_sha256, parse_s3_uri
 from compilesvc.spec.checkpoint import CONFIG_MAX_BYTES, WEIGHT_LAYOUTS
 from compilesvc.spec.compile_spec import ModelRef
 from compilesvc.store.s3_client import error_code, http_status, is_not_found, raise_store_error
@@ -136,17 +134,12 @@ def _head(s3: S3Models, bucket: str, key: str, checksum: bool, version_id: str |
         raise_store_error(exc, f"looking up s3://{bucket}/{key}")
 
 
-def _s3_sha256(head: dict[str, Any]) -> str | None:
-    """The object's SHA-256 when S3 holds a full-object one (a multipart upload's is a checksum of part checksums,
-    ``<base64>-<parts>``, and says nothing of the bytes)."""
-    value = head.get("ChecksumSHA256")
-    if not isinstance(value, str) or "-" in value or head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
-        return None
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    return raw.hex() if len(raw) == 32 else None
+def _relative(key: str, prefix: str, canonical: str) -> str:
+    """A listed key as a path inside the checkpoint; a key outside the prefix (only a misbehaving S3-compatible
+    server lists one) is refused rather than pinned."""
+    if not key.startswith(prefix):
+        raise ModelRefError(f"the listing of {canonical} named {key!r}, which is not under it")
+    return safe_relative(key[len(prefix):], f"object {key!r} under {canonical}")
 
 
 def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: bool, max_bytes: int,
@@ -160,16 +153,18 @@ def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: b
     listed_versions = _latest_versions(s3, bucket, prefix, max_files)
     if listed_versions is not None:
         for item in listed_versions:
-            name = safe_relative(item["key"][len(prefix):], f"object {item['key']!r} under {canonical}")
+            name = _relative(str(item["key"]), prefix, canonical)
             objects[name] = {"path": name, **item, "sha256": None}
     else:
         # ListBucketVersions denied: list the keys, then HEAD each one for its version id (the slow path).
         for key in _list(s3, bucket, prefix, max_files):
-            name = safe_relative(key[len(prefix):], f"object {key!r} under {canonical}")
+            name = _relative(key, prefix, canonical)
             head = _head(s3, bucket, key, weight_digests)
-            objects[name] = {"path": name, "key": key, "version_id": head.get("VersionId"),
+            version_id = head.get("VersionId")
+            objects[name] = {"path": name, "key": key,
+                             "version_id": None if version_id in (None, "null") else str(version_id),
                              "etag": str(head["ETag"]), "size": int(head["ContentLength"]),
-                             "sha256": _s3_sha256(head) if weight_digests else None}
+                             "sha256": full_object_sha256(head) if weight_digests else None}
             headed.add(name)
     check_total_size(sum(int(e["size"]) for e in objects.values()), canonical, max_bytes)
     read: dict[str, bytes] = {}
@@ -214,7 +209,7 @@ def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: b
             if str(head["ETag"]) != entry["etag"] or int(head["ContentLength"]) != entry["size"]:
                 raise ModelChangedError(f"s3://{bucket}/{entry['key']} changed while the checkpoint was being "
                                         "pinned; retry once writes to it stop")
-            entry["sha256"] = _s3_sha256(head)
+            entry["sha256"] = full_object_sha256(head)
             headed.add(name)
         return weight_sha256(name)
 

@@ -90,8 +90,9 @@ EXTRA_FLAGS_CONTEXT = "extra_compiler_flags"
 
 
 class ModelRef(_Strict):
+    # 1024: what the ledger keeps of a model's URI (model_pins, pin_jobs); an S3 key is at most 1024 bytes itself.
     uri: str = Field(description='"blob:sha256:<64 hex>", "s3://bucket/key" or "file:///abs/path"; an hf-checkpoint '
-                     'may be "s3://bucket/prefix/" or a directory.',
+                     'may be "s3://bucket/prefix/" or a directory.', max_length=1024,
                      json_schema_extra={"pattern": _URI_PATTERN})
     format: ModelFormat
     name: str | None = Field(default=None, max_length=200, description="Display only; not in the key.")

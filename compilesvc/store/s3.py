@@ -313,6 +313,11 @@ class S3Store(ArtifactStore):
             raise_store_error(exc, what)
         except BOTO_ERRORS as exc:
             raise_store_error(exc, what)
+        if not response.get("ContentRange") or int(response.get("ContentLength", 0)) > length:
+            # A server that ignored Range answers 200 with the whole blob: never read it (it may be huge), and
+            # never take its first bytes for the range asked.
+            response["Body"].close()
+            raise StoreError(f"{what}: the store ignored the Range header (no ranged reads)")
         with BodyReader(response["Body"], what) as reader:
             return reader.read()
 

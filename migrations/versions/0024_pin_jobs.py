@@ -31,6 +31,7 @@ def upgrade() -> None:
         sa.Column('lease_until', sa.DateTime(timezone=True), nullable=True),
         sa.Column('sha256', sa.String(length=64), nullable=True),
         sa.Column('error', sa.Text(), nullable=True),
+        sa.Column('store_failures', sa.Integer(), server_default='0', nullable=False),
         sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
         sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint('id', name=op.f('pk_pin_jobs')),

@@ -26,7 +26,7 @@ from compilesvc.ledger.campaigns import Campaign, CampaignItem
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import Build
 from compilesvc.lifecycle import campaigns, policies, resume
-from compilesvc.pinning.pins import PinnedModel
+from compilesvc.pinning.pins import ModelPinning, PinnedModel
 from compilesvc.states import CampaignState
 from tests.fixtures.tokens import make_token
 from tests.web.conftest import (
@@ -156,9 +156,10 @@ def _models(documents: list[dict[str, Any]]) -> list[str]:
 def test_the_relay_submits_what_a_dead_api_request_left_as_the_campaigns_team(env: Env) -> None:
     """Killed after one item of three, while submitting the second: the relay's pass (RelayLoop.resume_campaigns,
     `compilesvc relay`) submits the third at once and the second once its claim is CLAIM_SECONDS old (the
-    request may have been slow, not dead); never the first again. Every build is the campaign's team's, its
-    owner's and token's, queued though no worker serves 2.14.0 (the request's queue_anyway, recorded). Policies'
-    pass leaves it alone. The builds ending finish the campaign."""
+    request may have been slow, not dead); never the first again. Every build is the campaign's owner's and
+    token's and its source build's team's (whose model and fleet it is, not the operator's), queued though no
+    worker serves 2.14.0 (the request's queue_anyway, recorded). Policies' pass leaves it alone. The builds
+    ending finish the campaign."""
     uris = _fleet_with_artifacts(env, 3)
     principal = _operator(env)
     loop = RelayLoop(env.services, env.services.relay)
@@ -185,8 +186,10 @@ def test_the_relay_submits_what_a_dead_api_request_left_as_the_campaigns_team(en
     assert all(build is not None and refusal is None for build, refusal in items), items
     with env.services.sessions() as session:
         builds = [session.get_one(Build, build_id) for build_id, _ in items]
+        [source_team] = set(session.scalars(select(Build.team).where(Build.sdk == "2.13.0")))
+        assert source_team != principal.team
         assert {(b.team, b.submitted_by, b.token_id) for b in builds} == {
-            ("vision", "ops@example.com", principal.token_id)}
+            (source_team, "ops@example.com", principal.token_id)}
         assert {(b.spec["sdk"], b.spec["labels"]["campaign"]) for b in builds} == {("2.14.0", str(campaign_id))}
     url = f"/v1/campaigns/{campaign_id}"
     for build_id, _ in items[:2]:
@@ -317,3 +320,31 @@ def test_a_starter_process_killed_mid_loop_is_finished_by_the_relay(env: Env, pg
     for build_id, _ in items:
         complete_build(env.services, build_id)  # type: ignore[arg-type]
     assert env.client.get(f"/v1/campaigns/{campaign_id}").json["state"] == "finished"
+
+
+def test_an_item_whose_model_is_being_hashed_is_left_for_the_relay_not_refused(env: Env) -> None:
+    """A submit that answers ModelPinning (the model hashed in the background) is no refusal: the item keeps
+    neither build nor refusal, its claim let go, and the relay's next pass submits it."""
+    _fleet_with_artifacts(env, 2)
+    principal = _operator(env)
+    submit = campaign_submit(Submitter(env.services), principal, queue_anyway=True)
+
+    def pinning_first(document: dict[str, Any], model: PinnedModel | None, team: str | None) -> int:
+        if document["model"]["uri"] == first_uri:
+            raise ModelPinning(document["model"]["uri"], 1, 10, 5)
+        return submit(document, model, team)
+
+    with env.services.sessions() as session:
+        first_uri = session.scalars(select(Build.spec).where(Build.sdk == "2.13.0").order_by(Build.id)).first()[
+            "model"]["uri"]
+    campaign_id = campaigns.start(env.services.sessions, SELECTION, pinning_first, principal, queue_anyway=True)
+    items = _items(env, campaign_id)
+    assert sorted(build is None for build, _ in items) == [False, True] and all(r is None for _, r in items), items
+    with env.services.sessions() as session:
+        claims = set(session.scalars(select(CampaignItem.submit_claimed_at).where(
+            CampaignItem.campaign_id == campaign_id, CampaignItem.build_id.is_(None))))
+    assert claims == {None}
+    with transaction(env.services.sessions) as session:
+        session.get_one(Campaign, campaign_id).created_at -= timedelta(seconds=policies.START_GRACE_SECONDS + 1)
+    assert RelayLoop(env.services, env.services.relay).resume_campaigns() == 1
+    assert all(build is not None and refusal is None for build, refusal in _items(env, campaign_id))

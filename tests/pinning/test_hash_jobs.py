@@ -19,11 +19,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from compilesvc.config.settings import Settings
 from compilesvc.ledger.engine import transaction
 from compilesvc.ledger.models import PinJob, utcnow
-from compilesvc.pinning.hash_jobs import FAILED, HASHING, HashJobs, ObjectVersion
+from compilesvc.pinning.hash_jobs import FAILED, HASHING, STORE_ATTEMPTS, HashJobs, ObjectVersion
 from compilesvc.pinning.identity import ModelResolver
 from compilesvc.pinning.pins import ModelPinning, ModelRefError, PinnedModel
 from compilesvc.spec.compile_spec import ModelRef
 from tests.fixtures.checkpoints import Checkpoints, sha256_file
+from tests.fixtures.ports import free_port
 from tests.fixtures.s3server import S3Server
 from tests.fixtures.waiting import wait_for
 
@@ -223,3 +224,27 @@ def test_a_checkpoints_large_weight_files_are_hashed_in_the_background_together(
     assert pinned.checkpoint.weights == {name: sha256_file(sharded / name) for name in weights}
     # The key without weight digests (a compile that does not pre-shard) never waits.
     assert resolver.pin(model).checkpoint is not None
+
+
+def test_a_store_that_keeps_failing_the_read_fails_the_job_with_its_reason(
+        tmp_path: Path, s3: S3Server, bucket: str, sessions: sessionmaker[Session]) -> None:
+    """A read that fails (the store unreachable here; an object the store refuses to serve alike) releases the job
+    for the next request, but not forever: after STORE_ATTEMPTS in a row the job fails with the store's reason, so a
+    waiting client gets an answer instead of progress restarting from byte 0 for hours."""
+    uri = put(s3, bucket, LARGE)
+    key = uri.split("/", 3)[3]
+    obj = ObjectVersion(bucket, key, None, s3.raw_client().head_object(Bucket=bucket, Key=key)["ETag"], len(LARGE))
+    unreachable = settings_for(tmp_path, s3, s3_endpoint_url=f"http://127.0.0.1:{free_port()}")
+    hasher = HashJobs(ModelResolver(unreachable, None, sessions).s3, sessions, lease_seconds=60)
+    now = utcnow()
+    with transaction(sessions) as session:
+        session.add(PinJob(**obj.identity(), state=HASHING, bytes_done=0, created_at=now, updated_at=now))
+    job_id = jobs_id(sessions)
+    for attempt in range(1, STORE_ATTEMPTS + 1):
+        assert hasher.claim(job_id), attempt  # released after each failure: claimable again at once
+        hasher.hash(job_id, obj)
+        (row,) = jobs(sessions)
+        assert row.state == (FAILED if attempt == STORE_ATTEMPTS else HASHING), (attempt, row)
+    assert row.error.startswith(f"reading {uri} failed {STORE_ATTEMPTS} times in a row (")
+    with pytest.raises(ModelRefError, match=f"failed {STORE_ATTEMPTS} times in a row"):
+        hasher.sha256(obj)

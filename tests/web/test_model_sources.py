@@ -217,3 +217,28 @@ def test_a_campaign_checks_the_source_builds_team_not_its_starter(make_env: EnvF
     with tightened.services.sessions() as session:
         [refusal] = session.scalars(select(CampaignItem.refusal).where(CampaignItem.campaign_id == campaign_id))
     assert refusal is not None and "a request without a team" in refusal, refusal
+
+
+def test_a_rolled_build_is_its_source_teams_so_it_rolls_forward_again(make_env: EnvFactory, sqlite_url: str,
+                                                                       s3_server: S3Server, world: World) -> None:
+    """An admin of another team rolls vision's artifact forward, then a standing policy (no principal) rolls the
+    result forward again: each rolled build is vision's (its model sources, its reads), so the second roll is
+    checked against vision's list and allowed, not refused as a request without a team or as the admin's team."""
+    env = s3_env(make_env, sqlite_url, s3_server, world.setting())
+    vision = tokens(env, "submit")["vision"]
+    _published(env, f"s3://{world.vision}/resnet/model.pt", vision)
+    moved = env.client.post("/v1/campaigns/rollforward",
+                            json={"from_sdk": "2.13.0", "to_sdk": "2.14.0", "queue_anyway": True}).json
+    assert moved["progress"]["refused"] == 0, moved
+    with env.services.sessions() as session:
+        rolled = session.scalars(select(Build).where(Build.sdk == "2.14.0")).one()
+        assert rolled.team == "vision" and rolled.submitted_by != "vision-ci", (rolled.team, rolled.submitted_by)
+        rolled_id = rolled.id
+    complete_build(env.services, rolled_id)
+
+    selection = campaigns.Selection("2.14.0", "2.15.0", None, None, {}, False, None)
+    campaign_id = campaigns.start(env.services.sessions, selection, policy_submit(Submitter(env.services)), None)
+    with env.services.sessions() as session:
+        [item] = session.scalars(select(CampaignItem).where(CampaignItem.campaign_id == campaign_id))
+        assert item.refusal is None and item.build_id is not None, item.refusal
+        assert session.get_one(Build, item.build_id).team == "vision"

@@ -15,7 +15,7 @@ from compilesvc.builds.policy_submits import campaign_submit
 from compilesvc.ledger.campaigns import Campaign
 from compilesvc.ledger.models import Artifact
 from compilesvc.lifecycle import campaigns
-from compilesvc.pinning.pins import ModelRefError
+from compilesvc.pinning.pins import ModelPinning, ModelRefError
 from compilesvc.spec.parsing import SpecError
 from web import readers
 from web.api.params import model_body, parse_for_service, respond
@@ -55,6 +55,8 @@ def _plan(ctx: WebContext, selection: campaigns.Selection) -> dict[str, Any]:
                                              team=candidate.team)
         except (SpecError, ModelRefError) as exc:
             item["refusal"] = campaigns.refusal_text(exc)
+        except ModelPinning:
+            item["state"] = "pinning"  # its model is being hashed in the background: the key is not known yet
         else:
             with ctx.services.sessions() as session:
                 state = session.scalar(select(Artifact.state).where(Artifact.key == keys.key))

@@ -94,7 +94,8 @@ class RollforwardPlanItem(_Out):
     model_name: str | None
     target: str
     key: str | None = Field(description="The new release's artifact key (null: the spec is refused).")
-    state: str | None = Field(description="What the ledger knows of that key: absent, building, published, …")
+    state: str | None = Field(description="What the ledger knows of that key: absent, building, published, …; "
+                                            "`pinning` while its model is hashed in the background (no key yet).")
     refusal: str | None
 
 
