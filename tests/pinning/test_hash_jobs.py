@@ -248,3 +248,16 @@ def test_a_store_that_keeps_failing_the_read_fails_the_job_with_its_reason(
     assert row.error.startswith(f"reading {uri} failed {STORE_ATTEMPTS} times in a row (")
     with pytest.raises(ModelRefError, match=f"failed {STORE_ATTEMPTS} times in a row"):
         hasher.sha256(obj)
+
+
+def test_an_object_with_s3s_full_object_sha256_is_never_read(
+        tmp_path: Path, s3: S3Server, bucket: str, sessions: sessionmaker[Session]) -> None:
+    """Uploaded in one part with a SHA-256 checksum (which S3 verified on the way in), a large object's pin takes
+    S3's digest from the HEAD: no background job, no GET, the same sha256 the bytes give."""
+    key = f"t-{uuid.uuid4().hex[:12]}/m.pt"
+    s3.raw_client().put_object(Bucket=bucket, Key=key, Body=LARGE, ChecksumAlgorithm="SHA256")
+    resolver = ModelResolver(settings_for(tmp_path, s3), None, sessions)
+    gets = count_gets(resolver)
+    pinned = resolver.pin(ModelRef(uri=f"s3://{bucket}/{key}", format="torchscript"))
+    assert pinned.sha256 == hashlib.sha256(LARGE).hexdigest()
+    assert gets == [0] and jobs(sessions) == []
