@@ -32,12 +32,6 @@ MIB = 1024**2
 LARGE = b"weights!" * (3 * MIB // 16)  # 1.5 MiB: above a 1 MiB threshold
 
 
-@pytest.fixture
-def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    s3_server.use_as_credential_chain(monkeypatch)
-    return s3_server
-
-
 @pytest.fixture(scope="module")
 def bucket(s3_server: S3Server) -> str:
     return s3_server.new_bucket("large")

@@ -29,13 +29,6 @@ def sha(data: bytes) -> str:
 
 
 @pytest.fixture
-def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    """The weed server, with its credentials in the environment (the resolver uses the standard chain)."""
-    s3_server.use_as_credential_chain(monkeypatch)
-    return s3_server
-
-
-@pytest.fixture
 def raw(s3: S3Server) -> Any:
     return s3.raw_client()
 

@@ -29,19 +29,6 @@ def ref(uri: str) -> ModelRef:
     return ModelRef(uri=uri, format="hf-checkpoint")
 
 
-@pytest.fixture
-def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    s3_server.use_as_credential_chain(monkeypatch)
-    return s3_server
-
-
-@pytest.fixture(scope="module")
-def versioned(s3_server: S3Server) -> str:
-    bucket = s3_server.new_bucket("ckpt")
-    s3_server.raw_client().put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-    return bucket
-
-
 def put_directory(raw: Any, bucket: str, prefix: str, directory: Path) -> None:
     for path in sorted(directory.rglob("*")):
         if path.is_file():
