@@ -15,6 +15,7 @@ as it streams (and remembering it): in the request for a small one, in the backg
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,58 +54,60 @@ def _latest_versions(s3: S3Models, bucket: str, prefix: str, max_files: int) -> 
     """Every current object under ``prefix`` with its version id (None in an unversioned bucket), ETag and size, in
     one paginated ListObjectVersions pass: no request per object. None when the bucket denies
     ListBucketVersions (a policy granting s3:ListBucket alone) or the server has no such call."""
-    canonical = f"s3://{bucket}/{prefix}"
-    found: list[dict[str, Any]] = []
+
+    def latest(page: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        # Delete markers are a separate list (DeleteMarkers): a deleted key has no latest version here.
+        for item in page.get("Versions", []):
+            if item.get("IsLatest"):
+                yield {"key": str(item["Key"]), "version_id": _version_id(item.get("VersionId")),
+                       "etag": str(item["ETag"]), "size": int(item.get("Size", 0))}
+
     try:
-        for page in s3.s3_client.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix):
-            # Delete markers are a separate list (DeleteMarkers): a deleted key has no latest version here.
-            for item in page.get("Versions", []):
-                if not item.get("IsLatest"):
-                    continue
-                version_id = item.get("VersionId")
-                # "null": an unversioned bucket's (or a pre-versioning) object, overwritable: pinned by its ETag,
-                # as a HEAD without a version id pins it.
-                _count(found, {"key": str(item["Key"]), "version_id": None if version_id in (None, "null")
-                               else str(version_id), "etag": str(item["ETag"]), "size": int(item.get("Size", 0))},
-                       canonical, max_files)
-    except ClientError as exc:
-        if http_status(exc) in (403, 501) and error_code(exc) != "NoSuchBucket":
-            return None
-        refusal = _denied_or_missing(exc, canonical)
-        if refusal is not None:
-            raise refusal from None
-        raise_store_error(exc, f"listing {canonical}")
-    except ModelRefError:
-        raise
-    except Exception as exc:
-        raise_store_error(exc, f"listing {canonical}")
-    return _nonempty(found, canonical)
-
-
-def _count(found: list[dict[str, Any]], item: dict[str, Any], canonical: str, max_files: int) -> None:
-    if str(item["key"]).endswith("/") and int(item["size"]) == 0:
-        return  # a "directory" marker, not a file
-    found.append(item)
-    if len(found) > max_files:
-        raise ModelRefError(f"{canonical} holds more than {max_files} objects, the most this service pins "
-                            "(COMPILESVC_HF_EXTRACT_MAX_FILES)")
-
-
-def _nonempty(found: list[dict[str, Any]], canonical: str) -> list[dict[str, Any]]:
-    if not found:
-        raise ModelRefError(f"{canonical} holds no objects: upload the checkpoint directory under it")
-    return found
+        return _listing(s3, "list_object_versions", bucket, prefix, max_files, latest, versions=True)
+    except _VersionsDenied:
+        return None
 
 
 def _list(s3: S3Models, bucket: str, prefix: str, max_files: int) -> list[str]:
     """The keys under ``prefix`` by ListObjectsV2 (no version ids: each object is HEADed after)."""
+
+    def contents(page: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        for item in page.get("Contents", []):
+            yield {"key": str(item["Key"]), "size": int(item.get("Size", 0))}
+
+    return [str(item["key"]) for item in _listing(s3, "list_objects_v2", bucket, prefix, max_files, contents)]
+
+
+def _version_id(version_id: Any) -> str | None:
+    """"null": an unversioned bucket's (or a pre-versioning) object, overwritable: pinned by its ETag, as a HEAD
+    without a version id pins it."""
+    return None if version_id in (None, "null") else str(version_id)
+
+
+class _VersionsDenied(Exception):
+    """ListObjectVersions refused (403, or 501 from a server without it): list without versions instead."""
+
+
+def _listing(s3: S3Models, operation: str, bucket: str, prefix: str, max_files: int,
+             entries: Callable[[dict[str, Any]], Iterable[dict[str, Any]]], *,
+             versions: bool = False) -> list[dict[str, Any]]:
+    """Every object ``operation``'s pages list under ``prefix`` (``entries`` of each page), directory markers left
+    out, refused past ``max_files`` or when there is none; a missing or forbidden bucket a ModelRefError."""
     canonical = f"s3://{bucket}/{prefix}"
     found: list[dict[str, Any]] = []
     try:
-        for page in s3.s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for item in page.get("Contents", []):
-                _count(found, {"key": str(item["Key"]), "size": int(item.get("Size", 0))}, canonical, max_files)
+        pages = s3.s3_client.get_paginator(operation).paginate(Bucket=bucket, Prefix=prefix)  # type: ignore[call-overload]
+        for page in pages:
+            for item in entries(page):
+                if item["key"].endswith("/") and item["size"] == 0:
+                    continue  # a "directory" marker, not a file
+                found.append(item)
+                if len(found) > max_files:
+                    raise ModelRefError(f"{canonical} holds more than {max_files} objects, the most this service "
+                                        "pins (COMPILESVC_HF_EXTRACT_MAX_FILES)")
     except ClientError as exc:
+        if versions and http_status(exc) in (403, 501) and error_code(exc) != "NoSuchBucket":
+            raise _VersionsDenied() from None
         refusal = _denied_or_missing(exc, canonical)
         if refusal is not None:
             raise refusal from None
@@ -113,7 +116,9 @@ def _list(s3: S3Models, bucket: str, prefix: str, max_files: int) -> list[str]:
         raise
     except Exception as exc:
         raise_store_error(exc, f"listing {canonical}")
-    return [str(item["key"]) for item in _nonempty(found, canonical)]
+    if not found:
+        raise ModelRefError(f"{canonical} holds no objects: upload the checkpoint directory under it")
+    return found
 
 
 def _head(s3: S3Models, bucket: str, key: str, checksum: bool, version_id: str | None = None) -> dict[str, Any]:
@@ -160,9 +165,7 @@ def pin_prefix(s3: S3Models, ref: ModelRef, max_files: int, *, weight_digests: b
         for key in _list(s3, bucket, prefix, max_files):
             name = _relative(key, prefix, canonical)
             head = _head(s3, bucket, key, weight_digests)
-            version_id = head.get("VersionId")
-            objects[name] = {"path": name, "key": key,
-                             "version_id": None if version_id in (None, "null") else str(version_id),
+            objects[name] = {"path": name, "key": key, "version_id": _version_id(head.get("VersionId")),
                              "etag": str(head["ETag"]), "size": int(head["ContentLength"]),
                              "sha256": full_object_sha256(head) if weight_digests else None}
             headed.add(name)
