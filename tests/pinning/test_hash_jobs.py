@@ -38,8 +38,8 @@ def bucket(s3_server: S3Server) -> str:
 
 
 def settings_for(tmp_path: Path, s3: S3Server, **overrides: Any) -> Settings:
-    return Settings(data_dir=tmp_path / "data", s3_endpoint_url=s3.endpoint_url, s3_region=s3.region,
-                    **{"pin_inline_hash_max_mb": 1, **overrides})
+    return Settings(**{"data_dir": tmp_path / "data", "s3_endpoint_url": s3.endpoint_url, "s3_region": s3.region,
+                       "pin_inline_hash_max_mb": 1, **overrides})
 
 
 def put(s3: S3Server, bucket: str, data: bytes, name: str = "m.pt") -> str:
