@@ -27,6 +27,7 @@ from tests.fixtures.checkpoints import Checkpoints, sha256_file
 from tests.fixtures.ports import free_port
 from tests.fixtures.s3server import S3Server
 from tests.fixtures.waiting import wait_for
+from tests.pinning.test_identity import count_gets
 
 MIB = 1024**2
 LARGE = b"weights!" * (3 * MIB // 16)  # 1.5 MiB: above a 1 MiB threshold
@@ -46,17 +47,6 @@ def put(s3: S3Server, bucket: str, data: bytes, name: str = "m.pt") -> str:
     key = f"t-{uuid.uuid4().hex[:12]}/{name}"
     s3.raw_client().put_object(Bucket=bucket, Key=key, Body=data)
     return f"s3://{bucket}/{key}"
-
-
-def count_gets(resolver: ModelResolver) -> list[int]:
-    """GetObject calls the resolver's client makes (botocore's own event hook, no mocking)."""
-    calls = [0]
-
-    def counted(**_: Any) -> None:
-        calls[0] += 1
-
-    resolver.s3_client.meta.events.register("before-call.s3.GetObject", counted)
-    return calls
 
 
 def jobs(sessions: sessionmaker[Session]) -> list[Any]:
