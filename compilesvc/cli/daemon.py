@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType
 
@@ -127,34 +128,37 @@ class RelayLoop:
 
     def start_stalled_policy_runs(self) -> int:
         """Start the campaigns of policy runs whose worker died between claiming and starting them."""
-        if self._submitter is None:
-            self._submitter = Submitter(self.services)
-        try:
-            started = policies.start_stalled(self.services.sessions, policy_submit(self._submitter), self.policy_grace)
-        except Exception:  # the ledger is down: the next pass retries
-            log.exception("policy run pass failed")
-            return 0
-        if started:
-            log.info("started stalled roll-forward policy runs", extra={"campaigns": started})
-        return len(started)
+        submit = policy_submit(self._submitter_once())
+        return self._campaign_pass("policy run", "started stalled roll-forward policy runs",
+                                   lambda: policies.start_stalled(self.services.sessions, submit, self.policy_grace))
 
     def resume_campaigns(self) -> int:
         """Submit the items of operators' campaigns whose API request died mid-loop, as that request would have."""
-        if self._submitter is None:
-            self._submitter = Submitter(self.services)
-        submitter = self._submitter
+        submitter = self._submitter_once()
 
         def submit_as(principal: Principal | None, queue_anyway: bool) -> SubmitDocument:
             return campaign_submit(submitter, principal, queue_anyway=queue_anyway)
 
+        return self._campaign_pass("campaign resume", "resumed campaigns whose starter died",
+                                   lambda: resume.resume_stalled(self.services.sessions, submit_as, self.policy_grace))
+
+    def _submitter_once(self) -> Submitter:
+        if self._submitter is None:
+            self._submitter = Submitter(self.services)
+        return self._submitter
+
+    @staticmethod
+    def _campaign_pass(name: str, done_message: str, run: Callable[[], list[int]]) -> int:
+        """One relay pass over campaigns; how many it started or resumed. A failed pass (the ledger down) is
+        logged and retried by the next."""
         try:
-            resumed = resume.resume_stalled(self.services.sessions, submit_as, self.policy_grace)
-        except Exception:  # the ledger is down: the next pass retries
-            log.exception("campaign resume pass failed")
+            campaigns = run()
+        except Exception:
+            log.exception("%s pass failed", name)
             return 0
-        if resumed:
-            log.info("resumed campaigns whose starter died", extra={"campaigns": resumed})
-        return len(resumed)
+        if campaigns:
+            log.info(done_message, extra={"campaigns": campaigns})
+        return len(campaigns)
 
     def _sweep_loop(self) -> None:
         while True:

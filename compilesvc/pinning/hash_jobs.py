@@ -102,19 +102,25 @@ class HashJobs:
         """``obj``'s sha256 if its job is done; else the job's progress, the job recorded and claimed here when
         nobody (alive) hashes it. A job that failed lately raises its reason as :class:`ModelRefError`."""
         now = utcnow()
-        with transaction(self.sessions) as session:
-            insert_ignore_duplicate(session, PinJob, {**obj.identity(), "state": HASHING, "bytes_done": 0,
-                                                      "created_at": now, "updated_at": now},
-                                    ["uri", "version_id", "etag", "size"])
-        with transaction(self.sessions) as session:
-            job = session.execute(select(PinJob.id, PinJob.state, PinJob.sha256, PinJob.error, PinJob.bytes_done,
-                                         PinJob.updated_at).where(*self._identity(obj))).one()
+        job = self._job(obj)
+        if job is None:  # the first request naming it (clients waiting on it poll: no write for each of those)
+            with transaction(self.sessions) as session:
+                insert_ignore_duplicate(session, PinJob, {**obj.identity(), "state": HASHING, "bytes_done": 0,
+                                                          "created_at": now, "updated_at": now},
+                                        ["uri", "version_id", "etag", "size"])
+            job = self._job(obj)
+            assert job is not None
         if job.state == DONE:
             return str(job.sha256)
         if job.state == FAILED and job.updated_at > now - timedelta(seconds=self.lease_seconds):
             raise ModelRefError(str(job.error))
         self._start(job.id, obj)
         return Progress(int(job.bytes_done) if job.state == HASHING else 0, obj.size)
+
+    def _job(self, obj: ObjectVersion) -> Any:
+        with self.sessions() as session:
+            return session.execute(select(PinJob.id, PinJob.state, PinJob.sha256, PinJob.error, PinJob.bytes_done,
+                                          PinJob.updated_at).where(*self._identity(obj))).one_or_none()
 
     @staticmethod
     def _identity(obj: ObjectVersion) -> tuple[ColumnElement[bool], ...]:
