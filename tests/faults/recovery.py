@@ -1,7 +1,8 @@
 """Recovery times of the fault suite: what an on-call engineer waits for once a fault has healed.
 
 A fault test says when the fault healed (Redis back, Postgres back, S3 back) and which milestones follow
-it: ``/readyz`` answering 200 again, the first affected build progressing, every affected build terminal.
+it: ``/readyz`` answering 200 again (the ledger) or the API's ``compilesvc_dependency_up`` gauge back at 1
+(the broker, the store), the first affected build progressing, every affected build terminal.
 A background thread polls each milestone's predicate and stamps when it first holds; the test stamps the
 ones it observes itself (:meth:`Recovery.reached`). Where the service records the event's own time (an
 error's ``at``, a build's ``finished_at``, a log record's ``ts``: one host, one clock), that time is used
@@ -24,12 +25,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import _table
 from compilesvc.cli.daemon import default_reap_interval
 from compilesvc.config.settings import Settings
 from tests.faults.scale import SCALE
 from tests.workers.conftest import Cluster
+from web.server.dependency_health import CHECK_TIMEOUT_SECONDS
 
 BENCH = "faults"
 #: docker-compose.yml's healthcheck interval for the api service (the probe of /readyz).
@@ -56,6 +59,13 @@ class Bounds:
         """The orchestrator probes /readyz every interval: ready again by its second probe after the heal."""
         return 2 * HEALTHCHECK_INTERVAL_SECONDS, \
             f"2 x the api healthcheck interval ({HEALTHCHECK_INTERVAL_SECONDS:g} s, docker-compose.yml)"
+
+    @property
+    def dependency_up(self) -> tuple[float, str]:
+        """The API checks the broker and the store when scraped, at most once per its metrics cache
+        (METRICS_CACHE_SECONDS, 5 s), each check bounded (3 s): up again by the first scrape after both."""
+        cache, check = 5.0, CHECK_TIMEOUT_SECONDS
+        return cache + check, f"the metrics cache ({cache:g} s) + one check's bound ({check:g} s)"
 
     @property
     def resend(self) -> tuple[float, str]:
@@ -106,11 +116,24 @@ class Milestone:
 
 
 def ready(base: str) -> bool:
-    """/readyz answers 200 (ledger, broker and store reachable)."""
+    """/readyz answers 200 (the ledger reachable)."""
     try:
         return requests.get(f"{base}/readyz", timeout=5).status_code == 200
     except requests.RequestException:
         return False
+
+
+def dependency_up(base: str, dependency: str) -> bool:
+    """The API's ``compilesvc_dependency_up{dependency=...}`` is 1 on its /metrics."""
+    try:
+        answer = requests.get(f"{base}/metrics", timeout=10)
+    except requests.RequestException:
+        return False
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            if sample.name == "compilesvc_dependency_up" and sample.labels.get("dependency") == dependency:
+                return sample.value == 1.0
+    return False
 
 
 class Recovery:

@@ -6,7 +6,7 @@ expired leases, and resubmitting the same spec joined the stuck build.
 
 Here both workers (one compile slot each) are kept busy by slow compiles while more builds are accepted
 (:data:`SCALE` ``.queued_builds``: 4 in CI, the incident's 12 in the bench), so their messages are in Redis
-and nowhere else when it loses them. From the fault, each test times /readyz answering 200 again, the
+and nowhere else when it loses them. From the fault, each test times the API seeing the broker again (its metric), the
 reconciler re-sending every lost compile and every build finishing (:mod:`tests.faults.recovery`).
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.faults.conftest import ApiClient, FaultCluster, summary, wait_for
-from tests.faults.recovery import Recovery, epoch, ready
+from tests.faults.recovery import Recovery, dependency_up, epoch
 from tests.faults.scale import SCALE
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -62,8 +62,9 @@ def _lose_queued_builds(faults: FaultCluster, fault: Callable[[], None], what: s
                 resent.append(min(marks))
             return max(resent)
 
-        if broker_down:  # a flush leaves Redis up: nothing to be ready again
-            recovery.watch("/readyz 200", lambda: ready(faults.api.base), recovery.bounds.readiness)
+        if broker_down:  # a flush leaves Redis up: nothing to come back
+            recovery.watch("broker up (metrics)", lambda: dependency_up(faults.api.base, "broker"),
+                           recovery.bounds.dependency_up)
         recovery.watch(f"all {QUEUED} lost compiles re-sent", every_lost_compile_resent, recovery.bounds.resend)
         recovery.watch(f"all {2 + QUEUED} builds succeeded", bound=(None, (
             f"no target: the busy compiles' rest (up to {BUSY_SECONDS} s), then {QUEUED} quick compiles on 2 "

@@ -7,6 +7,8 @@ import json
 import logging
 import re
 import shutil
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from tests.fixtures.tokens import bearer
 from tests.web.support import Env, complete_build, spec_for
 from tests.web.test_submit import assert_problem
 from web.contract.schemas import ReadyOut, WorkersOut
+from web.server.dependency_health import DependencyCollector
 
 EnvFactory = Any
 
@@ -28,24 +31,47 @@ def test_healthz_and_readyz(sqlite_env: Env) -> None:
     assert health.status_code == 200 and health.json == {"status": "ok"}
     ready = sqlite_env.client.get("/readyz")
     assert ready.status_code == 200
-    assert set(ReadyOut.model_validate(ready.json).checks) == {"database", "broker", "store"}
+    assert set(ReadyOut.model_validate(ready.json).checks) == {"database"}
 
 
-def test_readyz_lists_what_failed(make_env: EnvFactory, sqlite_url: str) -> None:
-    unreachable = make_env(sqlite_url, broker_url="redis://127.0.0.1:1/0")
-    body = assert_problem(unreachable.client.get("/readyz"), 503, "not-ready")
-    assert body["failed"] == ["broker"]
-    assert body["checks"]["broker"].startswith("failed:") and body["checks"]["database"].startswith("ok")
+def test_readiness_is_the_ledger_alone(make_env: EnvFactory, sqlite_url: str) -> None:
+    """Redis stopped or the store gone: still ready (lookups need neither; issue 38: a blip of either must not
+    take every API pod out of its Service), each reported down on /metrics instead. The ledger down: 503."""
+    no_broker = make_env(sqlite_url, broker_url="redis://127.0.0.1:1/0", config={"METRICS_CACHE_SECONDS": 0})
+    assert no_broker.client.get("/readyz").status_code == 200
+    values = samples(no_broker.client.get("/metrics").get_data(as_text=True))
+    assert values[("compilesvc_dependency_up", (("dependency", "broker"),))] == 0
+    assert values[("compilesvc_dependency_up", (("dependency", "store"),))] == 1
+
+    no_store = make_env(sqlite_url, config={"METRICS_CACHE_SECONDS": 0})
+    shutil.rmtree(no_store.settings.resolved_store_url.removeprefix("file://"))
+    assert no_store.client.get("/readyz").status_code == 200
+    values = samples(no_store.client.get("/metrics").get_data(as_text=True))
+    assert values[("compilesvc_dependency_up", (("dependency", "store"),))] == 0
 
     no_db = make_env("postgresql+psycopg://postgres@127.0.0.1:1/nothing", with_token=False)  # readyz is public
-    assert assert_problem(no_db.client.get("/readyz"), 503)["failed"] == ["database"]
+    body = assert_problem(no_db.client.get("/readyz"), 503, "not-ready")
+    assert body["failed"] == ["database"] and body["checks"]["database"].startswith("failed:")
     # And a ledger outage on a normal request, checking its token first, is a 503, not a 500 (nor a 401).
     assert_problem(no_db.client.get("/v1/builds", headers=bearer("csvc_" + "x" * 40)), 503, "ledger-unavailable")
 
-    no_store = make_env(sqlite_url)
-    store_root = no_store.settings.resolved_store_url.removeprefix("file://")
-    shutil.rmtree(store_root)
-    assert assert_problem(no_store.client.get("/readyz"), 503)["failed"] == ["store"]
+
+def test_a_hanging_dependency_reads_down_within_the_scrape_budget() -> None:
+    release = threading.Event()
+    collector = DependencyCollector({"store": lambda: release.wait(30) and None, "broker": lambda: None},
+                                    cache_seconds=0, timeout=0.3)
+    try:
+        started = time.monotonic()
+        results = collector.results()
+        assert time.monotonic() - started < 5
+        assert not results["store"].up and "no answer within 0.3 s" in results["store"].error
+        assert results["broker"].up
+        # The hung check is not started again while it runs: one thread per dependency, not one per scrape.
+        threads = sum(1 for t in threading.enumerate() if t.name == "dependency-check-store")
+        collector.results()
+        assert sum(1 for t in threading.enumerate() if t.name == "dependency-check-store") == threads == 1
+    finally:
+        release.set()
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

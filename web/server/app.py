@@ -52,6 +52,7 @@ from web.context import (
 from web.contract import problems
 from web.contract.inputs import MAX_ID, has_nul_in_query
 from web.server import ratelimit, security_headers
+from web.server.dependency_health import DependencyCollector, broker_check, store_check
 from web.server.metrics import ApiMetrics, LedgerCollector, make_registry
 
 access_log = logging.getLogger("compilesvc.web.access")
@@ -123,6 +124,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     registry = make_registry()
     registry.register(LedgerCollector(services.sessions, settings.worker_stale_seconds,
                                       cache_seconds=float(app.config["METRICS_CACHE_SECONDS"])))
+    registry.register(DependencyCollector({"broker": broker_check(services), "store": store_check(services)},
+                                          cache_seconds=float(app.config["METRICS_CACHE_SECONDS"])))
     cache = ManifestCache(services.store, int(app.config["MANIFEST_CACHE_SIZE"]),
                           float(app.config["ABSENT_ARTIFACT_SECONDS"]))
     app.extensions["compilesvc"] = WebContext(
