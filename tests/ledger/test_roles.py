@@ -153,3 +153,47 @@ def test_the_compose_init_script_makes_the_roles_and_is_idempotent(tmp_path: Pat
             for role in (api, worker):
                 conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
         admin.dispose()
+
+
+def test_the_init_script_runs_as_an_rds_master_user(tmp_path: Path) -> None:
+    """RDS's master user holds CREATEROLE and CREATEDB but is not a superuser (RDS user guide, "Master user
+    account privileges"); Postgres refuses a SUPERUSER/NOSUPERUSER clause from a non-superuser ("must be
+    superuser to alter superuser roles or change superuser attribute", src/backend/commands/user.c AlterRole,
+    REL_15). Roles are cluster-wide, so this runs on a private cluster, never on the shared one."""
+    import shutil
+
+    from tests.fixtures.private_services import PrivatePostgres
+
+    if shutil.which("psql") is None:
+        pytest.skip("psql is not installed")
+    cluster = PrivatePostgres()
+    try:
+        cluster.init()
+        admin = f"postgresql://postgres@127.0.0.1:{cluster.port}/postgres"
+        import psycopg
+
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("CREATE ROLE rds_master LOGIN CREATEROLE CREATEDB")
+        script = Path(__file__).resolve().parents[2] / "docker" / "postgres" / "roles.sh"
+        env = {"PATH": "/usr/bin:/bin", "PGHOST": "127.0.0.1", "PGPORT": str(cluster.port),
+               "POSTGRES_USER": "rds_master", "POSTGRES_DB": "postgres",
+               "POSTGRES_API_PASSWORD": "api-secret", "POSTGRES_WORKER_PASSWORD": "worker-secret"}
+        for _ in range(2):  # idempotent as the master user too
+            done = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+        with psycopg.connect(admin, autocommit=True) as conn:
+            rows = conn.execute("SELECT rolname, rolcanlogin, rolsuper, rolcreaterole, rolcreatedb, "
+                                "rolpassword IS NOT NULL FROM pg_authid WHERE rolname LIKE 'compilesvc_%' "
+                                "ORDER BY 1").fetchall()
+            assert rows == [("compilesvc_api", True, False, False, False, True),
+                            ("compilesvc_worker", True, False, False, False, True)]
+            # A role of that name that is a superuser cannot be tamed by a non-superuser: the script fails
+            # whole, in one transaction, and leaves the other role as it was.
+            conn.execute("DROP ROLE compilesvc_worker")
+            conn.execute("ALTER ROLE compilesvc_api SUPERUSER")
+        refused = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0 and "must be superuser" in refused.stderr
+        with psycopg.connect(admin, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_roles WHERE rolname = 'compilesvc_worker'").fetchone() == (0,)
+    finally:
+        cluster.close()
