@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from compilesvc.access.tokens import Principal
 from compilesvc.builds.submit_rows import SubmitContext
 from compilesvc.config.settings import Settings
-from compilesvc.dispatch.registry import live_queues
+from compilesvc.dispatch.registry import served_queues
 from compilesvc.ledger.models import ArtifactBucket, BucketCompile, Build
 from compilesvc.refusals import NoCapableWorker, SubmitRefused
 from compilesvc.spec.neuron_kinds import device_requirement
@@ -83,8 +83,8 @@ def will_compile(state: str | None, error_class: str | None) -> bool:
 
 
 def admit(session: Session, settings: Settings, ctx: SubmitContext, imported: set[str], queue_anyway: bool) -> None:
-    """Refuse a submit that would queue compiles no live worker serves (:class:`NoCapableWorker`, unless
-    ``queue_anyway``), or past its token's quota. ``imported``: bucket keys whose manifests the store has."""
+    """Refuse a submit that would queue compiles no live worker, nor a pool that scales from zero, serves
+    (:class:`NoCapableWorker`, unless ``queue_anyway``), or past its token's quota. ``imported``: bucket keys whose manifests the store has."""
     check_workers = settings.require_live_worker and not queue_anyway
     if not check_workers and (ctx.principal is None or not settings.max_compiles_per_token):
         return
@@ -95,7 +95,8 @@ def admit(session: Session, settings: Settings, ctx: SubmitContext, imported: se
     known = {key: (state, error_class) for key, state, error_class in rows}
     needed = sum(1 for key in set(ctx.keys.bucket_keys)
                  if key not in imported and will_compile(*known.get(key, (None, None))))
-    if needed and check_workers and ctx.queue not in live_queues(session, settings.worker_stale_seconds):
+    if needed and check_workers and ctx.queue not in served_queues(session, settings.worker_stale_seconds,
+                                                                   settings.scalable_queue_names):
         reason = None
         if ctx.spec.target != "cpu":  # only workers with a device consume such a queue (workers.host.versions)
             reason = device_requirement(ctx.spec.sdk, ctx.spec.backend, ctx.spec.compiler.tp_degree)

@@ -243,6 +243,10 @@ class Settings(BaseSettings):
     sandbox_read_paths: str = Field(
         default="", description="Extra read-only paths for compiles, comma-separated (e.g. /opt/aws/neuron).")
     require_live_worker: bool = True
+    scalable_queues: str = Field(
+        default="", description="Queues a pool that scales from zero serves, comma-separated: a submit to one is "
+                                "queued although no worker is alive yet, for the pool's scaler (KEDA) to wake it. "
+                                "The Helm chart renders it from its KEDA pools.")
 
     # Infrastructure retries (a requeued attempt, a failed publish) wait base * 2**(n-1), jittered, capped.
     retry_backoff_seconds: float = Field(default=5.0, ge=0, description="First retry delay (then doubling).")
@@ -326,6 +330,11 @@ class Settings(BaseSettings):
     def _model_prefixes(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         parse_model_prefixes(value)  # a ValueError names the bad team or prefix
         return value
+
+    @cached_property  # read by every submit: parsed once
+    def scalable_queue_names(self) -> frozenset[str]:
+        """:attr:`scalable_queues` as names."""
+        return frozenset(name.strip() for name in self.scalable_queues.split(",") if name.strip())
 
     @cached_property  # read by every submit: parsed once
     def model_prefixes(self) -> dict[str, tuple[S3Prefix, ...]]:

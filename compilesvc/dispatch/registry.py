@@ -4,8 +4,9 @@ Workers register on start (:func:`register`), heartbeat while they run (:func:`h
 were told to stop (:func:`mark_draining`: they take no new compile, and keep heartbeating while their running
 compiles finish or are handed back) and announce a clean stop (:func:`mark_stopped`). A worker that dies
 without stopping simply ages out: readers consider only workers that heartbeated within
-``worker_stale_seconds``. Submits consult :func:`live_queues` when ``require_live_worker`` is set, so
-registration is what lets the service accept work.
+``worker_stale_seconds``. Submits consult :func:`served_queues` when ``require_live_worker`` is set, so
+registration is what lets the service accept work — or a pool that scales from zero, named in
+``scalable_queues``, whose scaler starts a worker once work waits.
 
 Liveness here is about *capacity*, not about ownership of work: a compile belongs to whoever holds its
 lease (:mod:`compilesvc.compiles.leases`), and the reaper recovers it when that lease runs out.
@@ -13,7 +14,7 @@ lease (:mod:`compilesvc.compiles.leases`), and the reaper recovers it when that 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -82,6 +83,13 @@ def live_queues(session: Session, stale_seconds: int) -> set[str]:
     """The queues live workers will take work from: a draining one takes none (it is still listed as live)."""
     return {queue for worker in live_workers(session, stale_seconds) if worker.draining_at is None
             for queue in worker.queues}
+
+
+def served_queues(session: Session, stale_seconds: int, scalable: Iterable[str] = ()) -> set[str]:
+    """The queues whose compiles will be taken: those live workers read, and those a pool that scales from zero
+    serves (``COMPILESVC_SCALABLE_QUEUES``: its scaler counts queued compiles and starts a worker, so with
+    none alive the work is still served). Every check of "served" reads this one set."""
+    return live_queues(session, stale_seconds) | set(scalable)
 
 
 @dataclass(frozen=True)
