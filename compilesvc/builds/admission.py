@@ -84,7 +84,8 @@ def will_compile(state: str | None, error_class: str | None) -> bool:
 
 def admit(session: Session, settings: Settings, ctx: SubmitContext, imported: set[str], queue_anyway: bool) -> None:
     """Refuse a submit that would queue compiles no live worker, nor a pool that scales from zero, serves
-    (:class:`NoCapableWorker`, unless ``queue_anyway``), or past its token's quota. ``imported``: bucket keys whose manifests the store has."""
+    (:class:`NoCapableWorker`, unless ``queue_anyway``), or past its token's quota. ``imported``: bucket keys
+    whose manifests the store has."""
     check_workers = settings.require_live_worker and not queue_anyway
     if not check_workers and (ctx.principal is None or not settings.max_compiles_per_token):
         return

@@ -59,7 +59,7 @@ def test_a_pool_at_zero_accepts_a_submit_and_its_worker_compiles_it(make_cluster
     result = cluster.submit(spec)  # no worker alive, no queue_anyway
     assert result.outcome == "new" and result.buckets[0].state == BucketState.QUEUED
     other = cluster.hlo_spec("ok", sdk="2.21.0")  # a queue no pool serves: refused, naming it
-    with pytest.raises(NoCapableWorker, match="no live worker serves target inf2 with SDK 2.21.0"):
+    with pytest.raises(NoCapableWorker, match=r"no live worker serves target inf2 with SDK 2\.21\.0"):
         cluster.submit(other)
 
     with cluster.services.engine.connect() as conn:  # what KEDA's postgresql scaler runs, as the chart renders it
