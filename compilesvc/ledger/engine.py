@@ -43,6 +43,14 @@ def sqlite_timeout(url: str) -> float:
     return timeout
 
 
+CONNECT_TIMEOUT_SECONDS = 10
+TCP_USER_TIMEOUT_MS = 60_000
+PG_CONNECT_ARGS: dict[str, int] = {
+    "connect_timeout": CONNECT_TIMEOUT_SECONDS, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+    "keepalives_count": 3, "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+}
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     url = normalise_url(url)
     if url.startswith("sqlite"):
@@ -78,6 +86,15 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     # and the API answers that one request 503 with Retry-After (clients retry). Recycling keeps idle
     # connections younger than the idle timeouts of servers and proxies.
     kwargs.setdefault("pool_recycle", 1800)
+    # A server that vanished without a reset (an RDS failover, a partition) must not hang a process for the
+    # kernel's two hours: a connect gives up after CONNECT_TIMEOUT_SECONDS, an idle connection is probed by
+    # TCP keepalives, and data left unacknowledged fails the connection after TCP_USER_TIMEOUT_MS (libpq's
+    # connect_timeout, keepalives*, tcp_user_timeout: PostgreSQL docs, "Parameter Key Words", 34.1.2). What
+    # these cannot see — a proxy that keeps the socket and stops forwarding — is the relay's and the
+    # worker's liveness check's to catch.
+    connect_args = kwargs.setdefault("connect_args", {})
+    for name, value in PG_CONNECT_ARGS.items():
+        connect_args.setdefault(name, value)
     if "poolclass" not in kwargs:
         kwargs.setdefault("pool_size", 10)
         kwargs.setdefault("max_overflow", 20)
