@@ -96,7 +96,10 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/kubernetes.md", "EKS, step by step", "sh", "PGHOST=<rds endpoint> PGSSLMODE=require POSTGRES_USER=<maste"):
         "run: tests/ledger/test_roles.py::test_the_init_script_runs_as_an_rds_master_user (the script, as a CREATEROLE "
         "non-superuser owner of a private Postgres: RDS's master user; the endpoint and passwords are the reader's)",
-    ("docs/kubernetes.md", "EKS, step by step", "sql", "CREATE ROLE compilesvc_scaler LOGIN PASSWORD 'choose-one';"):
+    ("docs/kubernetes.md", "The first hour, each a command", "sh", "# 1. The signing key (EC P-256, PKCS#8): the private half st"):
+        "not run: needs an EKS cluster and its API; shell checked with bash -n; the signing-key and token commands "
+        "are docs/deploy.md's and docs/security.md's, run there",
+    ("docs/kubernetes.md", "The first hour, each a command", "sql", "CREATE ROLE compilesvc_scaler LOGIN PASSWORD 'choose-one';"):
         "run: tests/deploy/test_helm_chart.py::test_the_scaler_query_counts_queued_and_running_compiles_of_the_pool_on_a_real_ledger "
         "(under a role of the test's own name, which then runs the scaler query and is refused another table)",
     ("docs/deploy.md", "Quick start", "sh", "cp docker/env.example .env     # then replace every change-m"): DOCKER,
