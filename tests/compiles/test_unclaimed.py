@@ -1,0 +1,303 @@
+"""The relay's watch for work nobody takes (compilesvc/compiles/unclaimed.py) against a real Postgres ledger:
+compiles created by the real Submitter and dispatched to kombu's filesystem broker in the test's directory
+(whose queue folder the real reconciler reads), workers registered in the ledger, the real reaper pass, and
+the relay's metrics endpoint scraped over HTTP."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import text, update
+from sqlalchemy.dialects import postgresql
+
+from compilesvc.cli.relay_metrics import RelayMetrics, serve
+from compilesvc.compiles.reaper import ReapReport, reap
+from compilesvc.compiles.reconcile import Reconciler, broker_view
+from compilesvc.compiles.unclaimed import StuckQueue, UnclaimedReport, UnclaimedWatch, unclaimed_by_queue
+from compilesvc.dispatch import registry
+from compilesvc.ledger.engine import make_engine, transaction
+from compilesvc.ledger.models import BucketCompile, Outbox, Worker, utcnow
+from compilesvc.services import Services
+from tests.compiles.test_leases import bucket_id, claim, make_settings, submit
+from tests.compiles.test_reconcile import queue_of
+
+BOUND = 2.0  # seconds: the test moves the watch's clock past it instead of waiting
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = utcnow()
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def services(tmp_path: Path, pg_url: str) -> Iterator[Services]:
+    services = Services.from_settings(make_settings(tmp_path, pg_url, dispatch_grace_seconds=0.5))
+    yield services
+    services.close()
+
+
+class Relay:
+    """One relay's reaper state: its reconciler, its watch (on the test's clock) and its metrics."""
+
+    def __init__(self, services: Services, clock: Clock):
+        self.services = services
+        self.reconciler = Reconciler(services.sessions, broker_view(services.settings, services.producer), 0.5)
+        self.watch = UnclaimedWatch(services.sessions, unclaimed_after=BOUND, stale_seconds=90, clock=clock)
+        self.metrics = RelayMetrics()
+
+    def reap(self) -> ReapReport:
+        report = reap(self.services, reconciler=self.reconciler, watch=self.watch)
+        self.metrics.passed(report, 0.01)
+        return report
+
+    def gauge(self, name: str, queue: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, {"queue": queue})
+
+
+def register(services: Services, worker_id: str, slots: int = 1, queues: list[str] | None = None) -> None:
+    with transaction(services.sessions) as session:
+        registry.register(session, worker_id, "host", {}, queues or [queue_of(services)], slots)
+        session.execute(update(Worker).where(Worker.id == worker_id)
+                        .values(started_at=utcnow() - timedelta(seconds=60)))
+
+
+def dispatched(services: Services, buckets: int, ago: float = 60.0) -> list[int]:
+    """``buckets`` compiles queued and sent to the (filesystem) broker ``ago`` seconds ago."""
+    result = submit(services, buckets=buckets)
+    ids = [bucket_id(services, b.key) for b in result.buckets]
+    with transaction(services.sessions) as session:
+        then = utcnow() - timedelta(seconds=ago)
+        session.execute(update(BucketCompile).where(BucketCompile.id.in_(ids)).values(queued_at=then))
+        session.execute(update(Outbox).where(Outbox.bucket_compile_id.in_(ids)).values(sent_at=then))
+    return ids
+
+
+def draining(services: Services, worker_id: str) -> datetime | None:
+    with services.sessions() as session:
+        return session.get_one(Worker, worker_id).draining_at
+
+
+def test_unclaimed_work_with_an_idle_worker_is_reported_and_that_worker_told_once(services: Services) -> None:
+    clock = Clock()
+    ids = dispatched(services, 2)
+    register(services, "w1")
+    queue = queue_of(services)
+    first, second = Relay(services, clock), Relay(services, clock)
+
+    report = first.reap()  # the first look at an idle worker starts its clock: nothing yet
+    second.reap()
+    assert report.unclaimed is not None and report.unclaimed.served == {queue} and not report.unclaimed.stuck
+    assert first.gauge("compilesvc_relay_unclaimed_compiles", queue) == 0
+
+    clock.advance(BOUND + 1)
+    report = first.reap()
+    assert report.unclaimed is not None
+    stuck = report.unclaimed.stuck[queue]
+    assert (stuck.unclaimed, stuck.idle_workers, stuck.held) == (2, ("w1",), 2)  # the broker holds both messages
+    assert first.gauge("compilesvc_relay_unclaimed_compiles", queue) == 2
+    assert first.gauge("compilesvc_relay_unclaimed_oldest_age_seconds", queue) >= 60
+    assert report.unclaimed.told == ["w1"] and draining(services, "w1") is not None
+    assert first.metrics.registry.get_sample_value("compilesvc_relay_workers_told_to_stop_total") == 1
+
+    # A second relay in the same pass tells nobody (the worker is draining already), and counts nothing.
+    told_at = draining(services, "w1")
+    report = second.reap()
+    assert report.unclaimed is not None and report.unclaimed.told == [] and draining(services, "w1") == told_at
+    assert second.metrics.registry.get_sample_value("compilesvc_relay_workers_told_to_stop_total") == 0
+    assert report.unclaimed.served == set()  # a draining worker serves nothing: its queue leaves the gauges
+    assert second.gauge("compilesvc_relay_unclaimed_compiles", queue) is None
+
+    # Its successor claims them: the queue is served again and nothing is unclaimed.
+    register(services, "w2", slots=2)
+    assert all(claim(services, i, "w2") for i in ids)
+    clock.advance(BOUND + 1)
+    first.reap()
+    assert first.gauge("compilesvc_relay_unclaimed_compiles", queue) == 0
+    assert first.gauge("compilesvc_relay_unclaimed_oldest_age_seconds", queue) == 0
+
+
+def test_the_gauge_falls_once_the_compiles_are_claimed(services: Services) -> None:
+    clock = Clock()
+    ids = dispatched(services, 3)
+    register(services, "w1", slots=1)
+    relay = Relay(services, clock)
+    relay.reconciler = Reconciler(services.sessions, None, 0.5)  # a broker it cannot read: report, never tell
+    queue = queue_of(services)
+    relay.reap()
+    clock.advance(BOUND + 1)
+    report = relay.reap()
+    assert report.unclaimed is not None and report.unclaimed.stuck[queue].unclaimed == 3
+    assert report.unclaimed.told == [] and draining(services, "w1") is None
+    assert relay.gauge("compilesvc_relay_unclaimed_compiles", queue) == 3
+
+    register(services, "w2", slots=4)
+    assert claim(services, ids[0], "w2") and claim(services, ids[1], "w2")
+    clock.advance(1)
+    relay.reap()
+    assert relay.gauge("compilesvc_relay_unclaimed_compiles", queue) == 1
+    assert claim(services, ids[2], "w2")
+    relay.reap()
+    assert relay.gauge("compilesvc_relay_unclaimed_compiles", queue) == 0
+
+
+def test_no_alive_worker_a_stale_one_or_a_busy_pool_is_not_stuck(services: Services) -> None:
+    clock = Clock()
+    ids = dispatched(services, 2)
+    relay = Relay(services, clock)
+    queue = queue_of(services)
+    for _ in range(2):  # no worker at all: admission's and the scaler's case
+        report = relay.reap()
+        clock.advance(BOUND + 1)
+        assert report.unclaimed is not None and not report.unclaimed.stuck and not report.unclaimed.served
+
+    register(services, "silent")
+    with transaction(services.sessions) as session:  # registered, but its heartbeat is old
+        session.execute(update(Worker).where(Worker.id == "silent")
+                        .values(heartbeat_at=utcnow() - timedelta(seconds=600)))
+    register(services, "busy", slots=1)
+    assert claim(services, ids[0], "busy")  # its one slot is taken: it could not take the other compile
+    for _ in range(3):
+        report = relay.reap()
+        clock.advance(BOUND + 1)
+        assert report.unclaimed is not None and report.unclaimed.served == {queue}
+        assert not report.unclaimed.stuck and not report.unclaimed.told
+    assert relay.gauge("compilesvc_relay_unclaimed_compiles", queue) == 0
+    assert draining(services, "busy") is None and draining(services, "silent") is None
+
+
+def test_a_worker_that_just_freed_a_slot_or_a_fresh_resend_is_not_stuck(services: Services) -> None:
+    clock = Clock()
+    ids = dispatched(services, 2)
+    register(services, "w1", slots=1)
+    relay = Relay(services, clock)
+    queue = queue_of(services)
+    c = claim(services, ids[0], "w1")
+    assert c is not None
+    relay.reap()
+    clock.advance(BOUND + 1)
+    relay.reap()  # busy all along
+    with transaction(services.sessions) as session:  # it finishes (the compile failed): a free slot from now
+        session.execute(update(BucketCompile).where(BucketCompile.id == ids[0])
+                        .values(state="failed", finished_at=clock.now, lease_expires_at=None))
+    report = relay.reap()
+    assert report.unclaimed is not None and not report.unclaimed.stuck  # idle for no time yet
+
+    # The reconciler re-sent the other one just now (the broker had lost it): its clock restarts too.
+    with transaction(services.sessions) as session:
+        session.execute(update(Outbox).where(Outbox.bucket_compile_id == ids[1]).values(sent_at=clock.now))
+    clock.advance(BOUND - 0.5)
+    report = relay.reap()
+    assert report.unclaimed is not None and not report.unclaimed.stuck
+    clock.advance(1)
+    report = relay.reap()  # both bounds passed: a re-send left unclaimed too
+    assert report.unclaimed is not None and report.unclaimed.stuck[queue].unclaimed == 1
+    assert report.unclaimed.told == ["w1"]
+
+
+def test_a_worker_that_claimed_since_it_was_seen_idle_is_not_told(services: Services) -> None:
+    clock = Clock()
+    ids = dispatched(services, 2)
+    register(services, "w1", slots=2)
+    relay = Relay(services, clock)
+    relay.reap()
+    clock.advance(BOUND + 1)
+    relay.reconciler.run()
+    # Between the watch's read and its UPDATE the worker claims: the UPDATE's own condition refuses.
+    watch_read = relay.watch._alive
+
+    def alive_then_claim(session, now):  # type: ignore[no-untyped-def]
+        found = watch_read(session, now)
+        assert claim(services, ids[0], "w1")
+        return found
+    relay.watch._alive = alive_then_claim  # type: ignore[method-assign]
+    report = relay.watch.run(relay.reconciler.held)
+    assert queue_of(services) in report.stuck and report.told == [] and draining(services, "w1") is None
+
+
+def test_the_query_reads_queued_rows_by_index_at_a_realistic_history(services: Services, pg_url: str) -> None:
+    """100k finished compiles with a dispatch each, 500 queued: the planner's choice, after ANALYZE."""
+    queue = queue_of(services)
+    engine = make_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO bucket_compiles (key, state, target, sdk, backend, queue, model, material, inputs, attempts, "
+            "max_attempts, attempt_round, interruptions, lease_token, cancel_requested, queued_at, updated_at, "
+            "finished_at) SELECT 'k' || g, CASE WHEN g % 200 = 0 THEN 'queued' ELSE 'succeeded' END, 'inf2', "
+            "'2.20.0', 'trace', :queue, '{}', '{}', '[]', 1, 3, 0, 0, 1, false, now(), now(), "
+            "now() - g * interval '1 second' FROM generate_series(1, 100000) g"), {"queue": queue})
+        conn.execute(text(
+            "INSERT INTO outbox (bucket_compile_id, task_name, task_id, kwargs, created_at, sent_at, send_attempts) "
+            "SELECT id, 't', 'bucket-' || id || '-dispatch-1', '{}', now(), now() - interval '1 hour', 1 "
+            "FROM bucket_compiles"))
+        conn.execute(text("ANALYZE bucket_compiles"))
+        conn.execute(text("ANALYZE outbox"))
+        query = unclaimed_by_queue([queue], utcnow() - timedelta(seconds=300), {200, 400})
+        sql = str(query.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
+        plan = "\n".join(conn.scalars(text("EXPLAIN " + sql)))
+        assert "ix_bucket_compiles_active_queue" in plan, plan
+        assert "Seq Scan" not in plan, plan
+        oldest = conn.execute(text("SELECT min(sent_at) FROM outbox")).scalar()
+        assert conn.execute(text(sql)).one()[1:] == (500, oldest, 2)
+    engine.dispose()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def test_the_endpoint_serves_what_the_pass_set(services: Services, tmp_path: Path) -> None:
+    clock = Clock()
+    dispatched(services, 2)
+    register(services, "w1")
+    relay = Relay(services, clock)
+    server = serve(relay.metrics, "127.0.0.1", 0)
+    try:
+        relay.reap()
+        clock.advance(BOUND + 1)
+        relay.reap()
+        body = scrape(server.server_port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(body) for s in family.samples}
+    assert samples[("compilesvc_relay_unclaimed_compiles", (("queue", queue_of(services)),))] == 2
+    assert samples[("compilesvc_relay_workers_told_to_stop_total", ())] == 1
+    assert samples[("compilesvc_relay_reaper_pass_seconds_count", ())] == 2
+    assert samples[("compilesvc_relay_reaper_last_success_timestamp_seconds", ())] > 0
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="promtool is not installed (.ci/test-tools installs Debian's prometheus)")
+def test_promtool_accepts_the_endpoint_s_output(tmp_path: Path) -> None:
+    metrics = RelayMetrics()
+    now = utcnow()
+    stuck = StuckQueue("compile.cpu.2.13.0", 3, now - timedelta(seconds=400), ("w1",), 3)
+    metrics.passed(ReapReport(unclaimed=UnclaimedReport({"compile.cpu.2.13.0", "compile.inf2.2.20.0.trace"},
+                                                        {stuck.name: stuck}, ["w1"], now)), 0.02)
+    server = serve(metrics, "127.0.0.1", 0)
+    try:
+        body = scrape(server.server_port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    path = tmp_path / "metrics.txt"
+    path.write_text(body)
+    with path.open() as stdin:
+        check = subprocess.run([str(shutil.which("promtool")), "check", "metrics"], stdin=stdin,
+                               capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
