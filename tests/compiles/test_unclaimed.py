@@ -5,8 +5,14 @@ the relay's metrics endpoint scraped over HTTP."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -301,3 +307,54 @@ def test_promtool_accepts_the_endpoint_s_output(tmp_path: Path) -> None:
         check = subprocess.run([str(shutil.which("promtool")), "check", "metrics"], stdin=stdin,
                                capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def relay_env(services: Services, **extra: str) -> dict[str, str]:
+    settings = services.settings
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILESVC_")}
+    env.update({"COMPILESVC_DATA_DIR": str(settings.data_dir), "COMPILESVC_DATABASE_URL": settings.database_url or "",
+                "COMPILESVC_STORE_URL": settings.resolved_store_url, "COMPILESVC_BROKER_URL": "filesystem://",
+                "COMPILESVC_SECRET_KEY": "k", "COMPILESVC_RELAY_METRICS_BIND": "127.0.0.1", **extra})
+    return env
+
+
+@pytest.mark.slow
+def test_the_relay_process_serves_its_metrics(services: Services) -> None:
+    """`compilesvc relay` with COMPILESVC_RELAY_METRICS_PORT=0: it logs the port it bound, and a scrape shows a
+    reaper pass that succeeded; SIGTERM stops it with 0."""
+    command = [str(Path(sys.executable).with_name("compilesvc")), "relay", "--reap-interval", "0.2"]
+    proc = subprocess.Popen(command, env=relay_env(services, COMPILESVC_RELAY_METRICS_PORT="0"),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        started: dict[str, object] = {}
+        deadline = time.monotonic() + 60
+        while not started and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if line.startswith("{") and json.loads(line)["msg"] == "relay started":
+                started = json.loads(line)
+        assert isinstance(started.get("metrics_port"), int), started
+        value = None
+        while value is None and time.monotonic() < deadline:
+            families = text_string_to_metric_families(scrape(int(started["metrics_port"])))  # type: ignore[call-overload]
+            value = next((s.value for f in families for s in f.samples
+                          if s.name == "compilesvc_relay_reaper_last_success_timestamp_seconds" and s.value > 0), None)
+            time.sleep(0.2)
+        assert value is not None and abs(value - time.time()) < 60
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.slow
+def test_a_port_it_cannot_bind_stops_the_relay_with_one_line(services: Services) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([str(Path(sys.executable).with_name("compilesvc")), "relay"],
+                              env=relay_env(services, COMPILESVC_RELAY_METRICS_PORT=str(port)),
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: cannot serve metrics on 127.0.0.1:{port}: ") and "Traceback" not in proc.stderr
