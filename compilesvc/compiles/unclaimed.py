@@ -87,6 +87,19 @@ def _aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+def running_of(worker_ids: Collection[str]) -> Select[str | None, int, datetime | None]:
+    """``(worker_id, id, started_at)`` of the compiles these workers are running."""
+    return (select(BucketCompile.worker_id, BucketCompile.id, BucketCompile.started_at)
+            .where(BucketCompile.state == BucketState.RUNNING, BucketCompile.worker_id.in_(sorted(worker_ids))))
+
+
+def last_finishes(worker_ids: Collection[str], since: datetime) -> Select[str | None, datetime | None]:
+    """``(worker_id, latest finished_at)`` of these workers' compiles finished since ``since``."""
+    return (select(BucketCompile.worker_id, func.max(BucketCompile.finished_at))
+            .where(BucketCompile.finished_at >= since, BucketCompile.worker_id.in_(sorted(worker_ids)))
+            .group_by(BucketCompile.worker_id))
+
+
 def unclaimed_by_queue(queues: Collection[str], cutoff: datetime, held: Collection[int] | None) -> Select[Any]:
     """Per queue of ``queues``: how many queued compiles had every dispatch sent before ``cutoff``, the oldest
     latest send, and how many of them are in ``held``. Reads queued rows through the partial index of active
@@ -154,10 +167,7 @@ class UnclaimedWatch:
         if not workers:
             return []
         running: dict[str, list[tuple[int, datetime | None]]] = {}
-        for worker_id, bucket_id, started_at in session.execute(
-            select(BucketCompile.worker_id, BucketCompile.id, BucketCompile.started_at)
-            .where(BucketCompile.state == BucketState.RUNNING, BucketCompile.worker_id.in_([w.id for w in workers]))
-        ):
+        for worker_id, bucket_id, started_at in session.execute(running_of([w.id for w in workers])):
             running.setdefault(str(worker_id), []).append((bucket_id, started_at))
         alive = []
         for worker in workers:
@@ -173,10 +183,7 @@ class UnclaimedWatch:
         if not worker_ids:
             return {}
         return {str(worker_id): _aware(at) for worker_id, at in session.execute(
-            select(BucketCompile.worker_id, func.max(BucketCompile.finished_at))
-            .where(BucketCompile.finished_at >= now - self._bound, BucketCompile.worker_id.in_(worker_ids))
-            .group_by(BucketCompile.worker_id)
-        ) if at is not None}
+            last_finishes(worker_ids, now - self._bound)) if at is not None}
 
     def _idle(self, alive: list[_Alive], finished: dict[str, datetime], now: datetime) -> list[_Alive]:
         seen: dict[str, tuple[frozenset[int], datetime]] = {}
