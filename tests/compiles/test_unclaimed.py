@@ -1,4 +1,5 @@
-"""The relay's watch for work nobody takes (compilesvc/compiles/unclaimed.py) against a real Postgres ledger:
+"""The relay's watch for work nobody takes (compilesvc/compiles/unclaimed.py) against a real Postgres ledger (and
+the shared Redis, under a key prefix of the test's own, where the broker matters):
 compiles created by the real Submitter and dispatched to kombu's filesystem broker in the test's directory
 (whose queue folder the real reconciler reads), workers registered in the ledger, the real reaper pass, and
 the relay's metrics endpoint scraped over HTTP."""
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -39,7 +41,8 @@ from compilesvc.ledger.engine import make_engine, transaction
 from compilesvc.ledger.models import BucketCompile, Outbox, Worker, utcnow
 from compilesvc.services import Services
 from tests.compiles.test_leases import bucket_id, claim, make_settings, submit
-from tests.compiles.test_reconcile import queue_of
+from tests.compiles.test_reconcile import queue_of, redis_services
+from tests.workers.conftest import delete_redis_keys
 
 BOUND = 2.0  # seconds: the test moves the watch's clock past it instead of waiting
 
@@ -60,6 +63,14 @@ def services(tmp_path: Path, pg_url: str) -> Iterator[Services]:
     services = Services.from_settings(make_settings(tmp_path, pg_url, dispatch_grace_seconds=0.5))
     yield services
     services.close()
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A key prefix of this test's own on the shared Redis."""
+    value = f"compilesvc-test-{os.getpid()}-{uuid.uuid4().hex[:10]}:"
+    yield value
+    delete_redis_keys(value)
 
 
 class Relay:
@@ -218,6 +229,35 @@ def test_a_worker_that_just_freed_a_slot_or_a_fresh_resend_is_not_stuck(services
     report = relay.reap()  # both bounds passed: a re-send left unclaimed too
     assert report.unclaimed is not None and report.unclaimed.stuck[queue].unclaimed == 1
     assert report.unclaimed.told == ["w1"]
+
+
+def test_on_redis_a_lost_message_is_re_sent_before_any_worker_is_told(tmp_path: Path, pg_url: str,
+                                                                      redis_prefix: str) -> None:
+    """A pool of two idle workers, and Redis restarted without the queue (as in issue 37): the relay re-sends
+    rather than stopping the pool; only once the re-sent messages wait in Redis for the whole bound, unclaimed,
+    is each idle worker told (the wedged-consumer case)."""
+    services = redis_services(tmp_path, pg_url, redis_prefix)
+    try:
+        clock = Clock()
+        ids = dispatched(services, 2)
+        register(services, "w1")
+        register(services, "w2")
+        delete_redis_keys(redis_prefix)  # the broker lost every message
+        relay = Relay(services, clock)
+        relay.reap()  # the reconciler's first look, the watch's first sight of the idle pool
+        clock.advance(BOUND + 1)
+        time.sleep(0.6)  # the reconciler's second look, its grace (0.5 s) later
+        report = relay.reap()
+        assert sorted(report.resent) == sorted(ids) and report.relayed == 2
+        assert report.unclaimed is not None and not report.unclaimed.stuck and report.unclaimed.told == []
+        assert draining(services, "w1") is None and draining(services, "w2") is None
+        clock.advance(BOUND + 1)  # the re-sent messages wait in Redis, and nobody takes them
+        report = relay.reap()
+        assert report.unclaimed is not None and report.unclaimed.stuck[queue_of(services)].held == 2
+        assert report.unclaimed.told == ["w1", "w2"]
+    finally:
+        services.producer.close()
+        services.close()
 
 
 def test_a_worker_that_claimed_since_it_was_seen_idle_is_not_told(services: Services) -> None:
