@@ -242,5 +242,6 @@ class UnclaimedWatch:
                 "idle_workers": list(queue.idle_workers), "held_by_broker": queue.held,
                 "unclaimed_after_seconds": self._bound.total_seconds()})
         for name in sorted(self._reported - report.stuck.keys()):
-            log.info("compiles claimed again", extra={"queue": name})
+            # Claimed, cancelled, or its idle workers told to stop (a queue nobody serves is admission's case).
+            log.info("unclaimed compiles no longer reported", extra={"queue": name, "served": name in report.served})
         self._reported = set(report.stuck)

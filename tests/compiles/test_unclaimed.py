@@ -7,6 +7,7 @@ the relay's metrics endpoint scraped over HTTP."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -114,7 +115,9 @@ def draining(services: Services, worker_id: str) -> datetime | None:
         return session.get_one(Worker, worker_id).draining_at
 
 
-def test_unclaimed_work_with_an_idle_worker_is_reported_and_that_worker_told_once(services: Services) -> None:
+def test_unclaimed_work_with_an_idle_worker_is_reported_and_that_worker_told_once(
+        services: Services, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="compilesvc.compiles.unclaimed")
     clock = Clock()
     ids = dispatched(services, 2)
     register(services, "w1")
@@ -135,6 +138,12 @@ def test_unclaimed_work_with_an_idle_worker_is_reported_and_that_worker_told_onc
     assert first.gauge("compilesvc_relay_unclaimed_oldest_age_seconds", queue) >= 60
     assert report.unclaimed.told == ["w1"] and draining(services, "w1") is not None
     assert first.metrics.registry.get_sample_value("compilesvc_relay_workers_told_to_stop_total") == 1
+    lines = {r.getMessage(): r.__dict__ for r in caplog.records if r.name == "compilesvc.compiles.unclaimed"}
+    noticed = lines["compiles dispatched and not claimed"]
+    assert (noticed["queue"], noticed["unclaimed"], noticed["idle_workers"]) == (queue, 2, ["w1"])
+    assert noticed["oldest_age_seconds"] >= 60
+    told = lines["told a worker to stop: it takes no work"]
+    assert told["worker"] == "w1" and told["queue"] == queue and "sat unclaimed" in told["reason"]
 
     # A second relay in the same pass tells nobody (the worker is draining already), and counts nothing.
     told_at = draining(services, "w1")
@@ -142,6 +151,9 @@ def test_unclaimed_work_with_an_idle_worker_is_reported_and_that_worker_told_onc
     assert report.unclaimed is not None and report.unclaimed.told == [] and draining(services, "w1") == told_at
     assert second.metrics.registry.get_sample_value("compilesvc_relay_workers_told_to_stop_total") == 0
     assert report.unclaimed.served == set()  # a draining worker serves nothing: its queue leaves the gauges
+    first.reap()
+    gone = [r for r in caplog.records if r.getMessage() == "unclaimed compiles no longer reported"]
+    assert [(r.__dict__["queue"], r.__dict__["served"]) for r in gone] == [(queue, False)]
     assert second.gauge("compilesvc_relay_unclaimed_compiles", queue) is None
 
     # Its successor claims them: the queue is served again and nothing is unclaimed.
