@@ -6,6 +6,8 @@ after commit; this catches what a crash or a broker outage left behind), runs th
 uploads (:meth:`compilesvc.store.ArtifactStore.sweep_incomplete_uploads`) and starts the campaigns of standing
 roll-forward policies whose worker died before it could (:func:`compilesvc.lifecycle.policies.start_stalled`)
 and submits what operators' campaigns whose API request died left (:func:`compilesvc.lifecycle.resume.resume_stalled`).
+With ``COMPILESVC_RELAY_METRICS_PORT`` set it serves the metrics each reaper pass sets
+(:mod:`compilesvc.cli.relay_metrics`); a port it cannot bind stops the start with exit status 1.
 Any number of these processes may run: outbox rows and expired leases are taken with ``SKIP LOCKED``, a
 policy run gets one campaign however many relays start it (a unique index), and a campaign's item is
 submitted once (a claim). SIGTERM/SIGINT finish the current
@@ -33,8 +35,10 @@ from compilesvc.access import idempotency
 from compilesvc.access.tokens import Principal
 from compilesvc.builds.policy_submits import campaign_submit, policy_submit
 from compilesvc.builds.submit import Submitter
+from compilesvc.cli.relay_metrics import RelayMetrics, serve
 from compilesvc.compiles.reaper import ReapReport, reap
 from compilesvc.compiles.reconcile import Reconciler, broker_view
+from compilesvc.compiles.unclaimed import UnclaimedWatch
 from compilesvc.config.settings import Settings
 from compilesvc.dispatch.outbox import OutboxRelay
 from compilesvc.ledger.engine import transaction
@@ -75,6 +79,9 @@ class RelayLoop:
         settings = services.settings
         self.reconciler = Reconciler(services.sessions, broker_view(settings, services.producer),
                                      settings.dispatch_grace_seconds)
+        self.watch = UnclaimedWatch(services.sessions, unclaimed_after=settings.unclaimed_after_seconds,
+                                    stale_seconds=settings.worker_stale_seconds)
+        self.metrics = RelayMetrics()
         self.webhooks = Sender(services.sessions, secret=settings.resolved_webhook_secret,
                                public_url=settings.public_url, allowed=settings.webhook_networks,
                                max_attempts=settings.webhook_max_attempts,
@@ -87,7 +94,13 @@ class RelayLoop:
             if sent:
                 log.info("relayed outbox rows", extra={"sent": sent})
             return None
-        report = reap(self.services, relay=self.relay, reconciler=self.reconciler)
+        started = time.monotonic()
+        try:
+            report = reap(self.services, relay=self.relay, reconciler=self.reconciler, watch=self.watch)
+        except Exception:
+            self.metrics.failed(time.monotonic() - started)
+            raise
+        self.metrics.passed(report, time.monotonic() - started)
         if report.changed:
             log.info("reaper pass", extra={
                 "requeued": report.requeued, "failed": report.failed, "cancelled": report.cancelled,
@@ -222,6 +235,15 @@ def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
     services = Services.from_settings(settings, pre_ping=True)
     _ = services.signer  # a signing key that cannot be used stops the start, not the first publish
     loop = RelayLoop(services, services.relay, reap_interval=reap_interval)
+    metrics_port = None
+    if settings.relay_metrics_port is not None and not once:
+        try:
+            metrics_port = serve(loop.metrics, settings.relay_metrics_bind, settings.relay_metrics_port).server_port
+        except OSError as exc:  # the port is taken or the address is not this host's: say so, exit 1
+            services.producer.close()
+            services.close()
+            raise click.ClickException(f"cannot serve metrics on {settings.relay_metrics_bind}:"
+                                       f"{settings.relay_metrics_port}: {exc.strerror or exc}") from None
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         log.info("stopping", extra={"signal": signal.Signals(signum).name})
@@ -230,7 +252,7 @@ def relay(once: bool, reap_interval: float | None, loglevel: str) -> None:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     log.info("relay started", extra={"relay_interval": loop.relay_interval, "reap_interval": loop.reap_interval,
-                                     "pid": os.getpid()})
+                                     "pid": os.getpid(), "metrics_port": metrics_port})
     try:
         if once:
             loop.run_once()

@@ -9,7 +9,10 @@ several processes at once (each ``compilesvc relay`` process runs it).
    ignore them already, and their compiles come back through their leases, not through the registry.
 4. Queued compiles whose message the broker lost (restarted empty, flushed): re-sent
    (:class:`compilesvc.compiles.reconcile.Reconciler`, given by the relay loop, which keeps its state across passes).
-5. Outbox rows not yet sent and due (including the requeues of step 1 and the re-sends of step 4): relayed.
+5. Compiles dispatched and left unclaimed while a worker of their queue idles with a free slot: reported, and
+   that worker told to stop when the broker holds their messages
+   (:class:`compilesvc.compiles.unclaimed.UnclaimedWatch`, given by the relay loop, which keeps its state too).
+6. Outbox rows not yet sent and due (including the requeues of step 1 and the re-sends of step 4): relayed.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from sqlalchemy.orm import Session
 from compilesvc.compiles import leases
 from compilesvc.compiles.publishing import publish_if_complete
 from compilesvc.compiles.reconcile import Reconciler
+from compilesvc.compiles.unclaimed import UnclaimedReport, UnclaimedWatch
 from compilesvc.dispatch.outbox import OutboxRelay
 from compilesvc.dispatch.registry import stale_workers
 from compilesvc.ledger.engine import transaction
@@ -43,6 +47,7 @@ class ReapReport:
     stale_workers: list[str] = field(default_factory=list)
     resent: list[int] = field(default_factory=list)
     relayed: int = 0
+    unclaimed: UnclaimedReport | None = None  # None: no watch given, or its pass failed
 
     @property
     def changed(self) -> bool:
@@ -79,7 +84,7 @@ def complete_unpublished(session: Session, limit: int) -> list[int]:
 
 
 def reap(services: Services, *, relay: OutboxRelay | None = None, reconciler: Reconciler | None = None,
-         limit: int = 100) -> ReapReport:
+         watch: UnclaimedWatch | None = None, limit: int = 100) -> ReapReport:
     """One pass of every recovery step; returns what it did."""
     report = ReapReport()
     settings = services.settings
@@ -121,6 +126,13 @@ def reap(services: Services, *, relay: OutboxRelay | None = None, reconciler: Re
             report.resent = reconciler.run()
         except Exception as exc:  # the broker is down: nothing can be concluded about its messages now
             log.warning("reconciler pass failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+    if watch is not None:
+        held = reconciler.held if reconciler is not None else None
+        try:
+            report.unclaimed = watch.run(held)
+        except Exception as exc:  # the ledger hiccuped: the other steps' work stands, the next pass looks again
+            log.warning("unclaimed-work pass failed", extra={"error": f"{type(exc).__name__}: {exc}"})
 
     report.relayed = relay.relay_all(limit)
     return report

@@ -206,17 +206,24 @@ class Reconciler:
         self._clock = clock
         self._limit = limit
         self._missing_since: dict[int, float] = {}
+        #: What the broker held of the candidates in the last pass; None when that pass did not read it (no
+        #: view, or the broker failed). The unclaimed-work watch takes it as evidence
+        #: (:mod:`compilesvc.compiles.unclaimed`).
+        self.held: set[int] | None = None
 
     def run(self) -> list[int]:
         """One pass; returns the ids of the compiles re-sent (the relay sends them)."""
+        self.held = None
         if self._view is None:
             return []
         with self._sessions() as session:
             candidates = sent_and_queued(session, timedelta(seconds=self._grace), self._limit)
         if not candidates:
             self._missing_since.clear()
+            self.held = set()
             return []
         held = self._view.held_bucket_ids({queue for _, queue in candidates})
+        self.held = held
         now = self._clock()
         missing = {bucket_id: self._missing_since.get(bucket_id, now)
                    for bucket_id, _ in candidates if bucket_id not in held}

@@ -266,6 +266,17 @@ class Settings(BaseSettings):
     # The reconciler (in `compilesvc relay`) re-sends a queued compile whose message is in neither the
     # queue nor the broker's unacked set for this long: a broker that restarted empty or was flushed.
     dispatch_grace_seconds: float = Field(default=30.0, ge=0.5)
+    # The relay's watch for work nobody takes (compilesvc/compiles/unclaimed.py): well above the reconciler's
+    # re-send (two looks dispatch_grace_seconds apart) and its claim window (ledger retry + grace + 60 s), so
+    # only a re-send that is itself left unclaimed this long tells a worker to stop.
+    unclaimed_after_seconds: float = Field(
+        default=300.0, ge=1,
+        description="A compile dispatched this long ago and still unclaimed, while a worker of its queue has had "
+                    "a free slot and claimed nothing for as long, is reported; that worker is told to stop.")
+    relay_metrics_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="`compilesvc relay` serves Prometheus metrics on this port (unset: no endpoint).")
+    relay_metrics_bind: str = Field(default="0.0.0.0", description="The address the relay's metrics endpoint binds.")
     broker_visibility_timeout_seconds: int | None = Field(
         default=None, ge=60,
         description="Redis redelivers an unacked message after this; default: the hard task limit + 1 h. "
@@ -279,7 +290,7 @@ class Settings(BaseSettings):
     )
 
     @field_validator("database_url", "store_url", "s3_endpoint_url", "broker_url", "secret_key", "bootstrap_token",
-                     "webhook_secret", mode="before")
+                     "webhook_secret", "relay_metrics_port", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         # Compose files and shells pass "" for "not set"; boto3 and SQLAlchemy reject an empty URL.

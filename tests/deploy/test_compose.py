@@ -288,6 +288,7 @@ CREDENTIALS = {"COMPILESVC_DATABASE_URL", "PGPASSWORD", "AWS_ACCESS_KEY_ID", "AW
 WORKERS = ("worker-cpu", "worker-neuron")
 #: Settings only a worker reads (a worker-only environment, written once in x-worker-env).
 WORKER_SETTINGS = {"COMPILESVC_DRAIN_SECONDS"}
+RELAY_SETTINGS = {"COMPILESVC_RELAY_METRICS_PORT"}
 
 
 def test_compilesvc_services_share_one_environment(raw: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
@@ -296,7 +297,7 @@ def test_compilesvc_services_share_one_environment(raw: dict[str, Any], services
     for name in COMPILESVC_SERVICES:
         env = environment(services[name])
         assert {k: v for k, v in env.items() if k in base} == base, name
-        only_theirs = WORKER_SETTINGS if name in WORKERS else set()
+        only_theirs = WORKER_SETTINGS if name in WORKERS else RELAY_SETTINGS if name == "relay" else set()
         assert set(env) - set(base) <= CREDENTIALS | {"COMPILESVC_NEURON_SDK"} | only_theirs, name
     assert set(environment(services["worker-neuron"])) - set(environment(services["worker-cpu"])) == \
         {"COMPILESVC_NEURON_SDK"}
@@ -503,3 +504,11 @@ def test_the_publishing_services_and_only_they_get_the_signing_key(raw: dict[str
         assert environment(services[name])["COMPILESVC_SIGNING_KEY_FILE"] == "/run/secrets/signing_key", name
     for name, service in services.items():
         assert not [v for v in environment(service).values() if "PRIVATE KEY" in str(v)], name
+
+
+def test_the_relay_serves_its_metrics_on_the_compose_network_only(services: dict[str, dict[str, Any]]) -> None:
+    relay = services["relay"]
+    port = environment(relay)["COMPILESVC_RELAY_METRICS_PORT"]
+    assert relay["expose"] == [port] and "ports" not in relay  # `--scale relay=2` must not fight over a host port
+    assert not any("COMPILESVC_RELAY_METRICS_PORT" in environment(services[n]) for n in COMPILESVC_SERVICES
+                   if n != "relay")

@@ -186,7 +186,8 @@ CHECKOV_ACCEPTED = {
     "CKV_K8S_15": "IfNotPresent with digest-pinned images is the same image",
     "CKV_K8S_35": "PGPASSWORD and the broker URL are read from the environment (libpq, Settings)",
     "CKV_K8S_40": "nginx-unprivileged's fixed uid is 101",
-    "CKV_K8S_8": "relay and workers serve no HTTP: their liveness is their ledger heartbeat (the reaper acts on it)",
+    "CKV_K8S_8": "relay and workers: their liveness is their ledger heartbeat (the reaper acts on it); the relay's "
+                 "metrics port is no liveness signal",
     "CKV_K8S_9": "as CKV_K8S_8",
 }
 
@@ -754,3 +755,18 @@ def test_the_pod_protection_policy_admits_the_workers_own_patch_and_nothing_else
     # Anyone else (the ReplicaSet controller, an operator) is not the policy's business.
     kubectl = {**request, "userInfo": {"username": "admin", "groups": ["system:masters"], "extra": {}}}
     assert admission(policy, kubectl, busy, relabelled) == []
+
+
+def relay_container(values: dict[str, Any]) -> dict[str, Any]:
+    relay = next(d for d in render(values) if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-relay"))
+    return dict(next(c for c in relay["spec"]["template"]["spec"]["containers"] if c["name"] == "relay"))
+
+
+def test_the_relay_serves_its_metrics_on_its_named_port_unless_turned_off() -> None:
+    values = values_of("minimal")
+    container = relay_container(values)
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9102, "protocol": "TCP"}]
+    assert {"name": "COMPILESVC_RELAY_METRICS_PORT", "value": "9102"} in container["env"]
+    values["relay"] = {**values.get("relay", {}), "metricsPort": 0}
+    off = relay_container(values)
+    assert "ports" not in off and not any(e["name"] == "COMPILESVC_RELAY_METRICS_PORT" for e in off["env"])
