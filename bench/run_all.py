@@ -11,7 +11,7 @@ upload) ~2 min, fleet_fetch (256 MiB, then 2 x 10 s of wrk) ~2 min, llm_artifact
 published into a local and an S3 store, then 3 cold fetches beside curl; ~9 GiB of disk at the peak) 4-7 min,
 history_scale (1,000,000 builds) several minutes, soak 10 min, fault_recovery (the fault suite's heavy variant:
 60 s S3 outages, 12 builds lost with Redis) ~6 min, fuzz (5,000 schemathesis cases per ledger) ~3 min, signing
-(64 MiB cached artifact) ~10 s.
+(64 MiB cached artifact) ~10 s, archive_headers (the API refusing archives whose header declares 1 GiB) ~2 s.
 ``--quick`` passes smaller sizes (:data:`QUICK`) for a smoke run of a few minutes in all.
 
 Ctrl-C or SIGTERM is passed on to the running bench once (each bench runs in its own process group, so it is
@@ -34,7 +34,8 @@ from bench import _table
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ("api_throughput", "pipeline", "stream_memory", "fleet_fetch", "llm_artifact", "history_scale",
-           "scaler_query", "db_preping", "soak", "fault_recovery", "fuzz", "sandbox_cost", "signing")
+           "scaler_query", "db_preping", "soak", "fault_recovery", "fuzz", "sandbox_cost", "signing",
+           "archive_headers")
 QUICK: dict[str, list[str]] = {
     "api_throughput": ["--duration", "2", "--rounds", "1"],
     "pipeline": ["--rounds", "1", "--skip-aoti", "--double-seconds", "5", "--submits", "50", "--client-processes",
@@ -50,6 +51,7 @@ QUICK: dict[str, list[str]] = {
     "fuzz": ["--cases", "300"],
     "sandbox_cost": ["--starts", "10", "--rounds", "1"],
     "signing": ["--size-mib", "16", "--rounds", "5"],
+    "archive_headers": [],
 }
 
 

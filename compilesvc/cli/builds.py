@@ -27,6 +27,7 @@ from compilesvc.cli.connection import API_OPTION, connect
 from compilesvc.cli.main import SpecUsageError
 from compilesvc.client.api import Api, ApiError
 from compilesvc.client.follow import Exit, Follower, bucket_detail, bucket_name, failure_report, outcome
+from compilesvc.client.terminal_text import visible
 from compilesvc.spec.parsing import SpecError, load_spec_file
 from compilesvc.states import BucketState, BuildState
 
@@ -139,7 +140,8 @@ def log_tails(client: Api, build: dict[str, Any], keys: set[str]) -> dict[str, l
             break
         for entry in page.get("lines", []):
             if entry.get("bucket_key") in tails and entry.get("stream") == "compiler":
-                tails[entry["bucket_key"]] = [*tails[entry["bucket_key"]][-(LOG_TAIL_LINES - 1):], entry["line"]]
+                tails[entry["bucket_key"]] = [*tails[entry["bucket_key"]][-(LOG_TAIL_LINES - 1):],
+                                              visible(entry["line"])]
         after = page.get("next_after", after)
         if page.get("finished") or not page.get("lines"):
             break
@@ -168,7 +170,8 @@ def follow(client: Api, build: dict[str, Any], *, timeout: float, poll: float, l
             if logs:
                 page = client.request("GET", f"/v1/builds/{build['build_id']}/logs?after={after}&limit=1000")
                 for entry in page.get("lines", []):
-                    reporter.line(f"[bucket {positions.get(entry.get('bucket_key', ''), '?')}] {entry['line']}")
+                    position = positions.get(entry.get("bucket_key", ""), "?")
+                    reporter.line(f"[bucket {position}] {visible(entry['line'])}")
                 after = page.get("next_after", after)
             build = client.request("GET", f"/v1/builds/{build['build_id']}")
         except ApiError as exc:
@@ -304,7 +307,7 @@ def status(build_id: int, api: str | None, wait: bool, as_json: bool, timeout: f
     if result != Exit.OK:
         failed = {str(b.get("key")) for b in build.get("buckets", []) if b.get("state") == BucketState.FAILED}
         for line in failure_report(build, log_tails(client, build, failed))[1:]:
-            reporter.line(line)
+            reporter.line(visible(line))  # error messages quote the compiler too
         raise Failed(f"build {build_id} {build['state']} ({RESULTS[result]})", result)
 
 
@@ -313,8 +316,11 @@ def status(build_id: int, api: str | None, wait: bool, as_json: bool, timeout: f
 @API_OPTION
 @click.option("--follow", "-f", "follow_", is_flag=True, help="Keep printing lines until the build ends.")
 @click.option("--bucket", type=click.IntRange(min=0), help="Only this bucket (its position).")
-def logs(build_id: int, api: str | None, follow_: bool, bucket: int | None) -> None:
-    """Print build ID's compile log, each line labelled with its bucket's position."""
+@click.option("--raw", is_flag=True, help="Print the lines as logged, terminal control sequences and all (by "
+                                          "default each control character but tab is shown as \\xNN).")
+def logs(build_id: int, api: str | None, follow_: bool, bucket: int | None, raw: bool) -> None:
+    """Print build ID's compile log, each line labelled with its bucket's position. The compile wrote the lines:
+    control characters (escape sequences, carriage returns) are shown as ``\\xNN`` text unless ``--raw``."""
     client = connect(api)
     build = call(client, "GET", f"/v1/builds/{build_id}")
     positions = {str(b["key"]): int(b["position"]) for b in build.get("buckets", [])}
@@ -324,7 +330,8 @@ def logs(build_id: int, api: str | None, follow_: bool, bucket: int | None) -> N
         for entry in page.get("lines", []):
             position = positions.get(entry.get("bucket_key", ""))
             if bucket is None or position == bucket:
-                click.echo(f"[bucket {position}] {entry['line']}")
+                # color=True: click would strip CSI sequences (not OSC) from a non-terminal's output; raw is raw.
+                click.echo(f"[bucket {position}] {entry['line'] if raw else visible(entry['line'])}", color=raw or None)
         after = page.get("next_after", after)
         if page.get("finished") or (not follow_ and len(page.get("lines", [])) < 1000):
             return

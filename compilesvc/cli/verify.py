@@ -11,13 +11,14 @@ the server.
 
 Exit status: 0 verified; 1 something could not be read (the API, the cache, the directory); 2 the
 argument is neither a key nor a directory; 3 not trusted: no signature, a signature that does not
-verify, a key that is not trusted, a file that differs from the signed manifest, no trusted key
-configured. The message names the file and the key id.
+verify, a key that is not trusted, a file that differs from the signed manifest, a symbolic link in DIR (the
+signature says ``allow_symlinks: false``), no trusted key configured. The message names the file and the key id.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -86,6 +87,7 @@ def verify_directory(directory: Path, trusted: TrustedKeys) -> tuple[ArtifactMan
     for bucket in manifest.buckets:
         logs = [bucket.log] if bucket.log is not None else []
         expected.update(bucket.placed(e) for e in [*bucket.files, *logs])
+    _refuse_symlinks(directory, manifest.key)
     # As the standard verifier does: a file the signature does not cover is refused, not ignored (a serving
     # process may load what lies beside the model).
     for found in sorted(directory.rglob("*")):
@@ -105,6 +107,21 @@ def verify_directory(directory: Path, trusted: TrustedKeys) -> tuple[ArtifactMan
                 raise NotTrusted(f"refused: {relative} of artifact {manifest.key} {state}; signed by key {key_id}")
             checked += 1
     return manifest, key_id, checked
+
+
+def _refuse_symlinks(directory: Path, key: str) -> None:
+    """:class:`NotTrusted` at the first symbolic link under ``directory`` (a file or a directory replaced by one):
+    the signed statement says ``allow_symlinks: false`` (:mod:`compilesvc.signing.artifacts`), and model_signing's
+    verifier refuses a link then (sigstore/model-transparency, ``model_signing._serialization.serialization.
+    check_file_or_directory(path, allow_symlinks=False)``). A link's target is whatever its writer chose: reading
+    through it would check bytes the signature never named, and a serving process would load them."""
+    for root, dirnames, filenames in os.walk(directory):  # followlinks=False: a linked directory is not entered
+        for name in sorted([*dirnames, *filenames]):
+            path = Path(root) / name
+            if path.is_symlink():
+                relative = path.relative_to(directory).as_posix()
+                raise NotTrusted(f"refused: {relative} in {directory} is a symbolic link (to {os.readlink(path)}); "
+                                 f"the signature of artifact {key} allows none (allow_symlinks: false)")
 
 
 @click.command("verify")

@@ -17,6 +17,7 @@ serving arguments (docs/fleet.md, "LLM artifacts for vLLM").
 """
 
 from compilesvc.fleet._artifact_set import ArtifactSet, LocalBucket
+from compilesvc.fleet._binding import NotTheSpec
 from compilesvc.fleet._cache import ArtifactCache, CacheError, FilesDiffer, Verify, default_cache_dir
 from compilesvc.fleet._fetch import Fetcher, FetchReport, NotCached, Progress, ServedDiffers
 from compilesvc.fleet._host import HostCheck, HostReport, VersionMismatch, VersionMismatchWarning
@@ -53,6 +54,7 @@ __all__ = [
     "NotAnLLMArtifact",
     "NotCached",
     "NotPublished",
+    "NotTheSpec",
     "Progress",
     "Remote",
     "ServedDiffers",

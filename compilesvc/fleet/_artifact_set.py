@@ -125,8 +125,8 @@ class ArtifactSet:
         remote = None if offline else _remote(api_url, token)
         fetcher = Fetcher(cache, remote, trusted=trusted_keys, verify=Verify(verify), parallel=parallel,
                           progress=progress)
-        key = _key_of(ref, fetcher)
-        report = fetcher.fetch(key, with_logs=with_logs)
+        key, spec, key_source = _key_of(ref, fetcher)
+        report = fetcher.fetch(key, with_logs=with_logs, spec=spec, key_source=key_source)
         policy = HostCheck(host_check or os.environ.get(HOST_CHECK_ENV) or HostCheck.REFUSE)
         host = enforce(key, (b.versions for b in report.manifest.buckets), policy)
         buckets = tuple(_bucket(report.directory, b) for b in report.manifest.buckets)
@@ -167,14 +167,19 @@ def _remote(api_url: str | None, token: str | None) -> Remote:
     return Remote(Api(config.api_url, token=token or config.token, retries=BOOT_RETRIES))
 
 
-def _key_of(ref: Any, fetcher: Fetcher) -> str:
+def _key_of(ref: Any, fetcher: Fetcher) -> tuple[str, dict[str, Any] | None, str]:
+    """The key ``ref`` names, and for a spec the spec and where its key came from (the artifact is then checked to
+    be the spec's: neither the API's answer nor the cache's ``specs/`` entry is signed)."""
     if isinstance(ref, str) and _is_key(ref):
-        return ref
+        return ref, None, ""
     spec = _spec_document(ref)
-    remembered = fetcher.cache.key_for_spec(spec_digest(spec))
+    digest = spec_digest(spec)
+    remembered = fetcher.cache.key_for_spec(digest)
     if remembered is not None and fetcher.cache.artifact_dir(remembered).is_dir():
-        return remembered  # fetched before: no question to ask the API
-    return fetcher.key_for(spec)
+        # Fetched before: no question to ask the API.
+        return remembered, spec, f"the cache's entry {fetcher.cache.base / 'specs' / digest}"
+    key, source = fetcher.key_and_source(spec)
+    return key, spec, source
 
 
 def _spec_document(ref: Any) -> dict[str, Any]:

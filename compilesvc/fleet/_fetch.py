@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compilesvc.fleet._binding import check_binding
 from compilesvc.fleet._cache import ArtifactCache, CacheError, FilesDiffer, Placed, Verify, file_matches, placed_files
 from compilesvc.fleet._download import ContentDiffers, DownloadError, download
 from compilesvc.fleet._remote import FleetError, NotPublished, Published, Remote, Unreachable, Untrusted
@@ -99,29 +100,37 @@ class Fetcher:
 
     def key_for(self, spec: dict[str, Any]) -> str:
         """The key ``spec`` resolves to: asked of the API (and remembered), else remembered from last time."""
+        return self.key_and_source(spec)[0]
+
+    def key_and_source(self, spec: dict[str, Any]) -> tuple[str, str]:
+        """:meth:`key_for`, and where the key came from (for :func:`check_binding`'s refusal)."""
         digest = spec_digest(spec)
+        remembered = f"the cache's entry {self.cache.base / 'specs' / digest}"
         if self.remote is None:
             key = self.cache.key_for_spec(digest)
             if key is None:
                 raise NotCached(f"offline, and this spec was never fetched into {self.cache.root}")
-            return key
+            return key, remembered
         try:
             key, state = self.remote.resolve(spec)
         except FleetError as exc:
             key_remembered = self.cache.key_for_spec(digest)
             if key_remembered is None or not isinstance(exc, Unreachable):
                 raise
-            return key_remembered
+            return key_remembered, remembered
         if state != "published" and not self.cache.artifact_dir(key).is_dir():
             raise NotPublished(f"the spec resolves to key {key}, which is {state}, not published: build it "
                                "first (compilesvc submit SPEC --wait)", state)
         with contextlib.suppress(OSError):
             if self.cache.writable():
                 self.cache.remember_spec(digest, key)
-        return key
+        return key, "the API's resolve answer"
 
-    def fetch(self, key: str, *, with_logs: bool = False) -> FetchReport:
-        """``key``'s verified directory in the cache, fetching what is missing or damaged."""
+    def fetch(self, key: str, *, with_logs: bool = False, spec: dict[str, Any] | None = None,
+              key_source: str = "") -> FetchReport:
+        """``key``'s verified directory in the cache, fetching what is missing or damaged. With ``spec`` (the key was
+        the answer of ``key_source`` for it), the signed manifest must be that spec's artifact
+        (:func:`~compilesvc.fleet._binding.check_binding`), checked before anything is downloaded or used."""
         try:
             manifest = self.cache.read(key)
         except CacheError:
@@ -131,6 +140,8 @@ class Fetcher:
             manifest = None
         if manifest is not None:
             signature = self._cached_signature(key, manifest)
+            if spec is not None:
+                check_binding(spec, manifest, source=key_source)
             placed = placed_files(manifest, with_logs=with_logs)
             damaged = self.cache.damaged(key, placed, self.verify)
             report = self._report(key, manifest, placed, signature)
@@ -153,6 +164,8 @@ class Fetcher:
         published = self._published(key)
         bundle = self.remote.signature(key)
         signature = self._check(bundle, published.manifest)  # before a byte of any file is downloaded
+        if spec is not None:
+            check_binding(spec, published.manifest, source=key_source)
         placed = placed_files(published.manifest, with_logs=with_logs)
         report = self._report(key, published.manifest, placed, signature)
         self._download_all(report, published, placed)

@@ -15,30 +15,25 @@ the document names it) or finishes the campaign. Both are subscribers of
 try recorded in ``webhook_attempts``, retrying a failure (no answer, a non-2xx) with backoff until
 ``webhook_max_attempts``.
 
-Every delivery is the same bytes on every try, with ``Compilesvc-Webhook-Id`` (the delivery, for the
-receiver's dedupe), ``Compilesvc-Webhook-Timestamp`` and ``Compilesvc-Webhook-Signature: v1=<hex>``, the
-HMAC-SHA256 of ``"<timestamp>.<body>"`` under the deployment's webhook secret (docs/api.md shows how to
-check it). URLs are http(s) and must not resolve to loopback, link-local (the cloud metadata service),
-private, multicast or unspecified addresses, unless an operator allows those networks
-(``COMPILESVC_WEBHOOK_ALLOW_NETWORKS``); the check is made at submit and again before every try.
+Every delivery is the same bytes on every try, signed per Standard Webhooks (``webhook-id``, the delivery, for
+the receiver's dedupe; ``webhook-timestamp``; ``webhook-signature``), and for this release also with the deprecated
+``Compilesvc-Webhook-*`` headers (:mod:`compilesvc.notify.signatures`; docs/api.md shows how to check them). URLs
+are http(s) and must not resolve to an address of a blocked kind (:mod:`compilesvc.notify.destinations`: loopback,
+private, link-local, CGNAT, cloud metadata, special-purpose, IPv4 embedded in IPv6 …), unless an operator allows
+those networks (``COMPILESVC_WEBHOOK_ALLOW_NETWORKS``); the check is made at submit and again before every try, and
+a try connects to the address it checked (resolved once), following no redirect.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
 import json
 import logging
 import random
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 from sqlalchemy import Table, insert, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -49,15 +44,19 @@ from compilesvc.ledger.events import Subscriber, Transition
 from compilesvc.ledger.models import Artifact, Build, UTCDateTime, utcnow
 from compilesvc.ledger.webhooks import EventSubscription, Webhook, WebhookAttempt, WebhookDelivery
 from compilesvc.lifecycle import campaigns
+from compilesvc.notify import signatures
+from compilesvc.notify.destinations import post, resolve_checked
+from compilesvc.notify.signatures import ID_HEADER as ID_HEADER
+from compilesvc.notify.signatures import SIGNATURE_HEADER as SIGNATURE_HEADER
+from compilesvc.notify.signatures import TIMESTAMP_HEADER as TIMESTAMP_HEADER
+from compilesvc.notify.signatures import sign as sign
+from compilesvc.notify.signatures import verify as verify
 from compilesvc.refusals import SubmitRefused
 from compilesvc.states import ArtifactState, BuildState, CampaignState, ServiceEvent
 
 log = logging.getLogger(__name__)
 
 TERMINAL = frozenset({BuildState.SUCCEEDED, BuildState.FAILED, BuildState.CANCELLED})
-SIGNATURE_HEADER = "Compilesvc-Webhook-Signature"
-TIMESTAMP_HEADER = "Compilesvc-Webhook-Timestamp"
-ID_HEADER = "Compilesvc-Webhook-Id"
 SEND_TIMEOUT_SECONDS = 10.0
 #: A delivery being sent is not picked by another relay for this long.
 CLAIM_SECONDS = 60.0
@@ -77,35 +76,9 @@ class CallbackRefused(SubmitRefused):
         super().__init__(f"{self.field}: {reason}")
 
 
-def _blocked(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    for name in ("is_loopback", "is_link_local", "is_private", "is_multicast", "is_unspecified", "is_reserved"):
-        if getattr(address, name):
-            return name.removeprefix("is_").replace("_", "-")
-    return None
-
-
 def check_url(url: str, allowed: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()) -> None:
-    """Refuse (ValueError) a URL compilesvc must not call: not http(s), no host, or a host that resolves
-    to an address of a blocked kind outside the ``allowed`` networks."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("expected an http:// or https:// URL with a host")
-    if parts.username or parts.password:
-        raise ValueError("credentials in the URL are not accepted; the signature authenticates compilesvc")
-    try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
-                                   type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
-        raise ValueError(f"cannot resolve {parts.hostname}: {exc}") from None
-    allowed = tuple(allowed)
-    for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-        kind = _blocked(address)
-        if kind and not any(address in network for network in allowed):
-            raise ValueError(f"{parts.hostname} resolves to {address}, a {kind} address; an operator may allow "
-                             "its network with COMPILESVC_WEBHOOK_ALLOW_NETWORKS")
+    """Refuse (ValueError) a URL compilesvc must not call (:func:`compilesvc.notify.destinations.resolve_checked`)."""
+    resolve_checked(url, allowed)
 
 
 def check_callbacks(urls: Iterable[str], allowed: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> None:
@@ -195,25 +168,6 @@ def enqueue_event(session: Session, event: ServiceEvent, subject_id: int) -> Non
         select(EventSubscription.id, literal(subject_id), literal(str(event)), literal("pending"), literal(0),
                literal(now, UTCDateTime()), literal(now, UTCDateTime())).where(EventSubscription.event == str(event)),
     ))
-
-
-def sign(secret: bytes, timestamp: int, body: bytes) -> str:
-    """The signature header's value: ``v1=`` and the hex HMAC-SHA256 of ``b"<timestamp>." + body``."""
-    return "v1=" + hmac.new(secret, str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
-
-
-def verify(secret: bytes, headers: dict[str, str], body: bytes, *, tolerance: float = 300.0,
-           now: float | None = None) -> bool:
-    """What a receiver checks (docs/api.md has the same in a few lines): the signature, and a timestamp
-    within ``tolerance`` seconds (a captured delivery cannot be replayed later)."""
-    try:
-        timestamp = int(headers[TIMESTAMP_HEADER])
-    except (KeyError, ValueError):
-        return False
-    if abs((time.time() if now is None else now) - timestamp) > tolerance:
-        return False
-    expected = sign(secret, timestamp, body)
-    return any(hmac.compare_digest(expected, part.strip()) for part in headers.get(SIGNATURE_HEADER, "").split(","))
 
 
 def payload(session: Session, delivery: WebhookDelivery, public_url: str) -> bytes:
@@ -350,28 +304,17 @@ class Sender:
 
     def _post(self, url: str, delivery_id: int, body: bytes) -> tuple[int | None, str | None]:
         try:
-            check_url(url, self.allowed)  # again: what a name resolves to may have changed since the submit
+            # Again (what a name resolves to may have changed since the submit), and once: the try connects to
+            # the address checked here, never to what a second lookup would answer.
+            destination = resolve_checked(url, self.allowed)
         except ValueError as exc:
             return None, f"refused: {exc}"
         timestamp = int(time.time())
-        request = urllib.request.Request(url, data=body, method="POST", headers={
-            "Content-Type": "application/json", "User-Agent": "compilesvc-webhooks/1",
-            ID_HEADER: f"whd_{delivery_id}", TIMESTAMP_HEADER: str(timestamp),
-            SIGNATURE_HEADER: sign(self.secret, timestamp, body)})
-        try:
-            with _NO_REDIRECTS.open(request, timeout=SEND_TIMEOUT_SECONDS) as response:
-                return int(response.status), None
-        except urllib.error.HTTPError as exc:
-            return int(exc.code), f"HTTP {exc.code}"
-        except (urllib.error.URLError, OSError) as exc:
-            return None, f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"[:500]
-
-
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect could lead anywhere the URL check would refuse: a 3xx is a failed try."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirects)
+        try:  # a whsec_ secret that is not base64 is a ValueError: a failed try, named
+            sent = {"Content-Type": "application/json", "User-Agent": "compilesvc-webhooks/1",
+                    **signatures.headers(self.secret, f"whd_{delivery_id}", timestamp, body)}
+            status = post(destination, body, sent, SEND_TIMEOUT_SECONDS)
+        except (OSError, ValueError) as exc:
+            return None, f"{type(exc).__name__}: {exc}"[:500]
+        # A redirect could lead anywhere the check would refuse: a 3xx is a failed try, as any non-2xx.
+        return status, None if 200 <= status < 300 else f"HTTP {status}"

@@ -55,6 +55,7 @@ from compilesvc.spec.compile_spec import ModelRef
 from compilesvc.spec.keys import digest
 from compilesvc.store.base import StoreError
 from compilesvc.store.hashing import CHUNK_SIZE
+from compilesvc.store.tar_caps import ArchiveHeaderTooLarge, open_capped
 
 if TYPE_CHECKING:
     from compilesvc.pinning.identity import ModelResolver
@@ -213,15 +214,17 @@ def _archive(resolver: ModelResolver, sha256: str, *, ranged: bool) -> Iterator[
     assert store is not None
     try:
         if ranged and store.read_blob_range(sha256, _TAR_MAGIC_AT, len(_TAR_MAGIC)) == _TAR_MAGIC:
-            with store.open_blob_ranged(sha256) as blob, tarfile.open(fileobj=blob, mode="r:") as tar:
+            with store.open_blob_ranged(sha256) as blob, open_capped(fileobj=blob, mode="r:") as tar:
                 yield tar, True
             return
         with store.open_blob(sha256) as blob:
             seekable = _seekable(blob)
-            with tarfile.open(fileobj=blob, mode="r:*" if seekable else "r|*") as tar:
+            with open_capped(fileobj=blob, mode="r:*" if seekable else "r|*") as tar:
                 yield tar, seekable
     except CheckpointError as exc:
         raise ModelRefError(f"not a checkpoint NxD Inference can compile: {exc}") from None
+    except ArchiveHeaderTooLarge as exc:  # before any payload past the cap was read (compilesvc.store.tar_caps)
+        raise ModelRefError(f"blob sha256:{sha256} is refused: {exc} (archive header cap: {exc.cap})") from None
     except tarfile.TarError as exc:
         raise ModelRefError(f"blob sha256:{sha256} is not a readable tar archive of a checkpoint directory: "
                             f"{exc}") from None

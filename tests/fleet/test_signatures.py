@@ -266,3 +266,33 @@ def test_an_unsigned_artifact_is_refused_until_the_migration_signs_it(fleet_api:
     assert fleet_api.fetch(key).returncode == 0
     again = cli(fleet_api, "sign-artifacts", key, env=env)
     assert again.returncode == 0 and "already signed" in again.stdout
+
+
+def test_a_file_replaced_by_a_symlink_to_the_same_bytes_is_refused_as_model_signing_refuses_it(
+        fleet_api: FleetApi, tmp_path: Path) -> None:
+    model_signing = shutil.which("model_signing", path=str(Path(sys.executable).parent))
+    assert model_signing is not None, "model-signing is a dev dependency"
+    key = fleet_api.publish(size=2048)
+    dest = tmp_path / "dest"
+    assert fleet_api.fetch(key, "--dest", str(dest)).returncode == 0
+    model = dest / "bucket-0" / "model.pt"
+    elsewhere = tmp_path / "elsewhere.pt"  # the same bytes today; whatever its writer puts there tomorrow
+    elsewhere.write_bytes(model.read_bytes())
+    model.unlink()
+    model.symlink_to(elsewhere)
+    ours = cli(fleet_api, "verify", str(dest))
+    assert ours.returncode == NOT_TRUSTED, ours.stderr
+    assert ours.stderr == (f"error: refused: bucket-0/model.pt in {dest} is a symbolic link (to {elsewhere}); the "
+                           f"signature of artifact {key} allows none (allow_symlinks: false)\n")
+    standard = subprocess.run([model_signing, "verify", "key", "--signature", str(dest / "model.sig"),
+                               "--public_key", str(public_key_of(fleet_api.env.services)), str(dest)],
+                              capture_output=True, text=True, timeout=120)
+    assert standard.returncode != 0 and "symlink" in (standard.stdout + standard.stderr).lower()
+    # A linked directory too (its files are not walked into).
+    model.unlink()
+    model.write_bytes(elsewhere.read_bytes())
+    assert cli(fleet_api, "verify", str(dest)).returncode == 0
+    (dest / "bucket-0").rename(tmp_path / "bucket-0")
+    (dest / "bucket-0").symlink_to(tmp_path / "bucket-0")
+    linked = cli(fleet_api, "verify", str(dest))
+    assert linked.returncode == NOT_TRUSTED and "bucket-0 in" in linked.stderr and "symbolic link" in linked.stderr

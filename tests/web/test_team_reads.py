@@ -363,3 +363,23 @@ def test_on_an_s3_store_only_the_team_gets_download_urls(make_env: EnvFactory, s
     assert answer is not None
     url = answer["buckets"][0]["files"][0]["url"]
     assert url.startswith(s3_server.endpoint_url) and "Signature" in url
+
+
+def test_an_upload_answers_alike_whether_or_not_another_team_holds_the_bytes(make_env: EnvFactory,
+                                                                             sqlite_url: str) -> None:
+    env = make_env(sqlite_url, team_reads=True)
+    vision = bearer(make_token(env.services.sessions, "submit", team="vision"))
+    nlp = bearer(make_token(env.services.sessions, "submit", team="nlp"))
+
+    def upload(data: bytes, headers: dict[str, str]) -> dict[str, Any]:
+        answer = env.client.post("/v1/models", data=data, content_type="application/octet-stream", headers=headers)
+        assert answer.status_code == 201, answer.get_data(as_text=True)
+        return dict(answer.json)  # type: ignore[arg-type]
+
+    held = upload(b"vision's private model", vision)
+    assert held["created"] is True
+    theirs = upload(b"vision's private model", nlp)
+    fresh = upload(b"nlp's own model", nlp)
+    assert theirs.keys() == fresh.keys() and theirs["created"] is fresh["created"] is True
+    # An admin (no boundary) still learns what the store holds.
+    assert upload(b"vision's private model", {})["created"] is False

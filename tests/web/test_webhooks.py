@@ -153,7 +153,10 @@ def test_a_delivery_waits_for_its_backoff(make_env: EnvFactory, ledger_url: str,
 
 
 @pytest.mark.parametrize(("url", "words"), [
-    ("http://169.254.169.254/latest/meta-data/", "link-local"),
+    ("http://169.254.169.254/latest/meta-data/", "cloud-metadata"),
+    ("http://100.100.100.200/latest/meta-data/", "cloud-metadata"),
+    ("http://100.64.0.7/hook", "CGNAT"),
+    ("http://[2002:a9fe:a9fe::]/hook", "6to4 (carrying 169.254.169.254"),
     ("http://127.0.0.1:6379/", "loopback"),
     ("http://10.1.2.3/hook", "private"),
     ("http://user:pw@example.com/hook", "credentials"),

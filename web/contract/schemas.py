@@ -287,7 +287,9 @@ class UploadOut(_Out):
     uri: str = Field(description='Use as the spec\'s model.uri: "blob:sha256:<hex>".')
     sha256: str
     size: int
-    created: bool = Field(description="False when identical content was already stored.")
+    created: bool = Field(description="False when identical content was already stored; always true for a "
+                                      "non-admin token under the team boundary (COMPILESVC_TEAM_READS), so an upload "
+                                      "never tells one team that another holds the same bytes.")
 
 
 class WorkerOut(_Out):

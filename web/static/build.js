@@ -7,6 +7,14 @@
   var after = log ? parseInt(log.dataset.after || "0", 10) : 0;  // the server picked the tail's start
   var positions = log ? JSON.parse(log.dataset.positions || "{}") : {};
 
+  // The compile wrote the line: each control character but tab (C0, DEL, C1; escape sequences lose their ESC) is
+  // shown as \xNN text, as compilesvc/client/terminal_text.py does for the command line and the page.
+  function visible(text) {
+    return text.replace(/[\x00-\x08\x0b-\x1f\x7f-\x9f]/g, function (c) {
+      return "\\x" + ("0" + c.charCodeAt(0).toString(16)).slice(-2);
+    });
+  }
+
   function append(entry) {
     var atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
     var bucket = document.createElement("span");
@@ -14,7 +22,7 @@
     bucket.textContent = "[" + (entry.bucket_key in positions ? positions[entry.bucket_key] : "?") + "] ";
     var span = document.createElement("span");
     span.className = "stream-" + entry.stream;
-    span.textContent = entry.line + "\n";
+    span.textContent = visible(entry.line) + "\n";
     log.appendChild(bucket);
     log.appendChild(span);
     if (atBottom) { log.scrollTop = log.scrollHeight; }

@@ -18,6 +18,7 @@ from compilesvc.access import team_reads
 from compilesvc.access.tokens import Permission, Principal
 from compilesvc.builds.control import cancel_build, retry_build
 from compilesvc.builds.provenance import How, cache_outcome
+from compilesvc.client.terminal_text import visible
 from compilesvc.compiles.bucket_compiles import positioned_buckets
 from compilesvc.compiles.logs import bucket_tail, read_build_logs, tail_after
 from compilesvc.insights.history import (
@@ -192,8 +193,10 @@ def _at(value: str) -> datetime:
 @bp.get("/builds/<ledger_id:build_id>/log.txt")
 @access(Permission.READ)
 def full_log(build_id: int) -> Response:
-    """The whole central log of a build as text, every line labelled with its bucket and attempt."""
+    """The whole central log of a build as text, every line labelled with its bucket and attempt, each control
+    character shown as ``\\xNN`` (the file is read in terminals: ``curl …/log.txt``); ``?raw=1``: as logged."""
     ctx = web()
+    shown: Callable[[str], str] = str if request.args.get("raw") in ("1", "true") else visible
     with ctx.services.sessions() as session:
         artifact_id = readers.require_build(session, build_id).artifact_id
         positions = {bucket.key: position for bucket, position in positioned_buckets(session, artifact_id)}
@@ -205,7 +208,7 @@ def full_log(build_id: int) -> Response:
                 entries = read_build_logs(session, build_id, after=after, limit=1000)
             for entry in entries:
                 yield (f"{entry.at.strftime('%H:%M:%S')} [{positions.get(entry.bucket_key, '?')}] "
-                       f"#{entry.attempt} {entry.line}\n")
+                       f"#{entry.attempt} {shown(entry.line)}\n")
             if len(entries) < 1000:
                 return
             after = entries[-1].id

@@ -9,6 +9,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
+from compilesvc.client.terminal_text import visible
 from compilesvc.spec.keys import shape_text
 from web.ui import bp
 
@@ -87,3 +88,10 @@ def seconds_between(end: str | datetime | None, start: str | datetime) -> float:
     """Seconds from ``start`` to ``end`` (to now when ``end`` is None: a running build's age)."""
     finish = _moment(end) if end is not None else datetime.now(UTC)
     return max((finish - _moment(start)).total_seconds(), 0.0)
+
+
+@bp.app_template_filter("log_text")
+def log_text(line: str | None) -> str:
+    """A compiler line with its control characters as ``\\xNN`` text (:mod:`compilesvc.client.terminal_text`): a
+    page shows what the compile wrote, and a copy pasted into a terminal carries no escape sequence."""
+    return visible(line or "")

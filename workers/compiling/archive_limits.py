@@ -18,6 +18,7 @@ import tarfile
 from pathlib import Path, PurePosixPath
 
 from compilesvc.spec.checkpoint import CheckpointError, add_member, archive_member_path
+from compilesvc.store.tar_caps import ArchiveHeaderTooLarge, open_capped
 from workers.compiling.contract import CompileFailure, ExtractLimits
 
 #: Below this many extracted bytes the ratio is not checked: a small archive cannot hurt, and a tiny test
@@ -30,6 +31,8 @@ DEFAULT_EXTRACT_LIMITS = ExtractLimits()
 TOO_LARGE = "HF_DIR_TOO_LARGE"
 TOO_MANY_FILES = "HF_DIR_TOO_MANY_FILES"
 RATIO = "HF_DIR_COMPRESSION_RATIO"
+#: An extension header (pax, GNU long name, sparse map) past a cap of :mod:`compilesvc.store.tar_caps`.
+HEADER_TOO_LARGE = "HF_DIR_HEADER_TOO_LARGE"
 
 
 class ArchiveLimitExceeded(CompileFailure):
@@ -87,7 +90,7 @@ def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = DEFAULT_EXTR
     """
     dest.mkdir(parents=True, exist_ok=True)
     try:
-        with tarfile.open(archive) as tar:
+        with open_capped(archive) as tar:
             members = check_archive(tar, archive, limits)
             for member in members:
                 # The data filter would strip a leading "/" and extract inside dest; a model archive with
@@ -97,6 +100,9 @@ def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = DEFAULT_EXTR
             if checkpoint:
                 _check_checkpoint_members(members)
             tar.extractall(dest, members=members, filter="data")
+    except ArchiveHeaderTooLarge as exc:  # refused before tarfile read the header's payload
+        raise ArchiveLimitExceeded(HEADER_TOO_LARGE, f"the hf-dir archive is refused: {exc} (archive header cap: "
+                                                     f"{exc.cap}); nothing was extracted") from exc
     except (tarfile.FilterError, CheckpointError) as exc:
         raise CompileFailure("HF_DIR_UNSAFE_ARCHIVE", f"refusing to extract the model archive: {exc}") from exc
     except (tarfile.ReadError, tarfile.CompressionError, EOFError) as exc:

@@ -12,11 +12,20 @@ import pytest
 
 from compilesvc.config.settings import Settings
 from compilesvc.states import ErrorClass
+from compilesvc.store.tar_caps import MAX_CHAINED_HEADERS, ArchiveHeaderTooLarge, open_capped
+from tests.fixtures.archive_bombs import header_block, long_chain, pax_bomb, truncated_bomb
 from tests.workers import run_child, text_inputs
-from workers.compiling.archive_limits import RATIO, RATIO_FLOOR_BYTES, TOO_LARGE, TOO_MANY_FILES, ArchiveLimitExceeded
+from workers.compiling.archive_limits import (
+    HEADER_TOO_LARGE,
+    RATIO,
+    RATIO_FLOOR_BYTES,
+    TOO_LARGE,
+    TOO_MANY_FILES,
+    ArchiveLimitExceeded,
+    safe_extract,
+)
 from workers.compiling.classify import classify
 from workers.compiling.contract import CompileFailure, ExtractLimits
-from workers.compiling.model_loading import safe_extract
 
 MiB = 1024**2
 
@@ -117,3 +126,43 @@ def test_caps_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (settings.hf_extract_max_bytes, settings.hf_extract_max_files, settings.hf_extract_max_ratio) == (
         5 * MiB, 7, 3.5)
     assert issubclass(ArchiveLimitExceeded, CompileFailure)
+
+
+@pytest.mark.parametrize("archive, cap", [
+    (pax_bomb(), "pax-header"),
+    (truncated_bomb(kind=tarfile.GNUTYPE_LONGLINK), "long-name"),
+    (long_chain(MAX_CHAINED_HEADERS + 1), "chained-headers"),
+    (header_block(tarfile.GNUTYPE_SPARSE, 0, "holes.bin") + bytes(1024), "sparse"),
+], ids=["gzip-pax-1GiB", "tar-longlink-1GiB", "pax-chain", "gnu-sparse"])
+def test_an_extension_header_past_its_cap_is_refused_before_its_payload_is_read(
+        tmp_path: Path, archive: bytes, cap: str) -> None:
+    path = tmp_path / "model.tar"
+    path.write_bytes(archive)
+    with pytest.raises(ArchiveLimitExceeded) as refused:
+        safe_extract(path, tmp_path / "out", checkpoint=True)
+    assert refused.value.code == HEADER_TOO_LARGE
+    assert f"archive header cap: {cap}" in str(refused.value)
+    assert not any((tmp_path / "out").iterdir())
+
+
+def test_a_pax_sparse_member_is_refused_and_small_headers_pass(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("w.bin")
+        info.size = 3
+        info.pax_headers = {"GNU.sparse.map": "0,3", "GNU.sparse.size": "3"}
+        tar.addfile(info, io.BytesIO(b"abc"))
+    with pytest.raises(ArchiveHeaderTooLarge, match="sparse"):
+        open_capped(fileobj=io.BytesIO(buffer.getvalue())).getmembers()
+    # A real long name and a pax header under the caps read as tarfile reads them.
+    fine = io.BytesIO()
+    long_name = "d/" + "n" * 300 + "/config.json"
+    for fmt in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        fine.seek(0)
+        fine.truncate()
+        with tarfile.open(fileobj=fine, mode="w", format=fmt) as tar:
+            info = tarfile.TarInfo(long_name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"{}"))
+        with open_capped(fileobj=io.BytesIO(fine.getvalue())) as tar:
+            assert tar.getnames() == [long_name]
