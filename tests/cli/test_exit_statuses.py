@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from click.testing import CliRunner
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from compilesvc.cli.main import main
+from compilesvc.client.api import RETRY_BUDGET_SECONDS
 from compilesvc.services import Services
 from tests.fixtures.settings import make_settings
 from tests.fixtures.tokens import make_token
@@ -107,6 +109,7 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
     "retry": (["retry", "{missing_id}"], "submit"),
     "builds": (["builds"], "read"),
     "campaigns": (["campaigns", "{missing_id}"], "admin"),
+    "rollforward": (["rollforward", "--from-sdk", "2.13.0", "--to-sdk", "2.13.0", "--dry-run"], "admin"),
     "rollforward-policies": (["rollforward-policies", "remove", "nosuch"], "admin"),
     "pins": (["pins", "remove", "{missing_id}"], "admin"),
     "tokens": (["tokens", "list"], "admin"),
@@ -116,14 +119,14 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
 #: A token that may do none of it: (the command's scope) -> a scope below it.
 WEAKER = {"submit": "read", "read": "fleet", "admin": "submit", "fleet": "read"}
 
-#: What each command is refused with (422 and 409: the API's), where the CLI lets it reach the API.
+#: A request each command sends that the API refuses (400, 422), where the command line lets one through.
 BAD_INPUT: dict[str, list[str]] = {
-    "submit": ["submit", "{bad_spec}", "--no-wait"],
-    "builds": ["builds", "--state", "bogus"],
-    "rollforward-policies": ["rollforward-policies", "add", "p1", "--target", "inf2", "--from-sdk", "0.0.1",
-                             "--to-sdk", "bogus"],
-    "pins": ["pins", "add", "--label", "=x"],
-    "tokens": ["tokens", "create", "--name", "n", "--owner", "o", "--scope", "bogus"],
+    "submit": ["submit", "{spec}", "--no-wait"],  # a blob that was never uploaded: 422
+    "builds": ["builds", "--state", "bogus"],  # 400
+    "rollforward": ["rollforward", "--from-sdk", "2.13.0", "--to-sdk", "bogus", "--dry-run"],  # 422
+    "rollforward-policies": ["rollforward-policies", "add", "p1", "--target", "inf2", "--from-sdk", "bogus"],
+    "pins": ["pins", "add", "--artifact", "not-a-key"],
+    "tokens": ["tokens", "create", "--name", "n" * 101, "--owner", "o", "--scope", "read"],  # 422: name too long
 }
 
 #: Commands whose "not found" is their own documented status: fetch's not-published is 1 (docs/fleet.md).
@@ -146,7 +149,7 @@ CASES = [
     *[pytest.param(name, "wrong-scope", id=f"{name}-wrong-scope") for name in COMMANDS if name != "fetch"],
     *[pytest.param(name, "no-scheme", id=f"{name}-no-scheme") for name in COMMANDS],
     *[pytest.param(name, "not-found", id=f"{name}-not-found") for name in COMMANDS
-      if name not in ("upload", "builds", "tokens")],
+      if name not in ("upload", "builds", "rollforward", "tokens")],
     *[pytest.param(name, "bad-input", id=f"{name}-bad-input") for name in BAD_INPUT],
 ]
 
@@ -175,6 +178,8 @@ def test_every_command_exits_as_docs_ci_says(live: Live, closed_port: str, tmp_p
     assert len(error_lines) == 1 and "Traceback" not in stderr, stderr
     if failure == "no-scheme":
         assert "http:// or https://" in error_lines[0]
+    if failure == "bad-input":  # refused by the API, not by the command line
+        assert re.search(r"HTTP 4\d\d", error_lines[0]), error_lines[0]
 
 
 def test_the_first_retry_of_an_unreachable_api_is_said_once(closed_port: str, tmp_path: Path,
@@ -183,7 +188,9 @@ def test_the_first_retry_of_an_unreachable_api_is_said_once(closed_port: str, tm
     code, stderr = run_cli(["builds"], api=closed_port, token="csvc_x", cache=tmp_path)
     warnings = [line for line in stderr.splitlines() if line.startswith("warning: ")]
     assert code == 3
-    assert len(warnings) == 1 and "retrying for up to 15.5 s" in warnings[0], stderr
+    assert len(warnings) == 1 and f"retrying for up to {RETRY_BUDGET_SECONDS:g} s" in warnings[0], stderr
+    ci = (Path(__file__).resolve().parents[2] / "docs" / "ci.md").read_text()
+    assert f"{RETRY_BUDGET_SECONDS:g} s in all" in ci  # the budget docs/ci.md promises is the client's
 
 
 def test_submit_gives_up_on_an_outage_after_its_tolerance(live: Live, sqlite_template: Path,
