@@ -18,7 +18,7 @@ import click
 
 from compilesvc.cli.main import BadInput
 from compilesvc.client import config as client_config
-from compilesvc.client.api import RETRY_BUDGET_SECONDS, Api
+from compilesvc.client.api import Api
 from compilesvc.client.checkpoint_archive import ArchiveRefused, write_archive
 
 API_OPTION = click.option(
@@ -42,7 +42,7 @@ def connect(api: str | None, timeout: float = 30.0) -> Api:
 
 class _RetryNotice:
     """One stderr line the first time the client retries: otherwise an unreachable API is
-    :data:`RETRY_BUDGET_SECONDS` of silence before its error."""
+    :data:`compilesvc.client.api.RETRY_BUDGET_SECONDS` of silence before its error."""
 
     def __init__(self) -> None:
         self.said = False
@@ -50,7 +50,7 @@ class _RetryNotice:
     def __call__(self, why: str) -> None:
         if not self.said:
             self.said = True
-            click.echo(f"warning: {why}; retrying for up to {RETRY_BUDGET_SECONDS:g} s", err=True)
+            click.echo(f"warning: {why}", err=True)
 
 
 @click.command("upload")

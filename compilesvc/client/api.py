@@ -165,7 +165,7 @@ class Api:
         #: ``retries`` times, and ``on_pinning`` is told each such answer (its problem document).
         self.pinning_wait = pinning_wait
         self.on_pinning = on_pinning
-        #: Told, before the first retry of a request, why it is retried (a person waiting sees why).
+        #: Told, before the first retry of a request, why it is retried and for how long (one sentence).
         self.on_retry = on_retry
         self.token = token
         #: Where the command line's token came from (COMPILESVC_TOKEN, the config file): with it, a 401 or
@@ -217,7 +217,8 @@ class Api:
                 passing = exc.code in (429, 502, 503, 504) and kind not in _VERDICTS
                 if passing and attempt < self.retries:
                     if attempt == 0 and self.on_retry is not None:
-                        self.on_retry(f"the API at {self.base} answered HTTP {exc.code}")
+                        self.on_retry(f"the API at {self.base} answered HTTP {exc.code}; retrying up to "
+                                      f"{self.retries} times, after its Retry-After or the backoff")
                     time.sleep(_retry_after(exc, attempt))
                     attempt += 1
                     continue
@@ -234,7 +235,8 @@ class Api:
                     raise ApiError(f"cannot reach the API at {self.base}: {reason}; check the address{where}, or "
                                    "try again later") from None
                 if attempt == 0 and self.on_retry is not None:
-                    self.on_retry(f"cannot reach the API at {self.base}: {getattr(exc, 'reason', exc)}")
+                    self.on_retry(f"cannot reach the API at {self.base}: {getattr(exc, 'reason', exc)}; retrying for "
+                                  f"up to {sum(backoff(a) for a in range(self.retries)):g} s")
                 time.sleep(backoff(attempt))
                 attempt += 1
 
