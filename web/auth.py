@@ -120,7 +120,7 @@ class TokenCache:
 
 def unauthorized(detail: str, *, invalid: bool = False, scope: str | None = None) -> Problem:
     challenge = 'Bearer realm="compilesvc"' + (', error="invalid_token"' if invalid else "")
-    extra = {"required_scope": scope} if scope else {}
+    extra: dict[str, Any] = {"required_scope": scope} if scope else {}
     return Problem("unauthorized", detail, headers={"WWW-Authenticate": challenge}, **extra)
 
 

@@ -28,8 +28,9 @@ import base64
 import binascii
 from typing import Any
 
-import http_sfv
 from gunicorn.http.errors import ParseException
+from http_sfv.dictionary import Dictionary
+from http_sfv.item import Item
 from werkzeug.exceptions import ClientDisconnected
 
 from compilesvc.store import ContentMismatch, DigestMismatch, SizeMismatch
@@ -75,7 +76,7 @@ class RequestBody:
 
 def _content_digest(value: str) -> list[str]:
     field = "header Content-Digest"
-    members = http_sfv.Dictionary()
+    members = Dictionary()
     try:
         members.parse(value.encode("latin-1"))
     except ValueError:
@@ -84,7 +85,7 @@ def _content_digest(value: str) -> list[str]:
     if member is None:
         return []  # only algorithms this service does not verify
     digest = getattr(member, "value", None)
-    if not isinstance(member, http_sfv.Item) or not isinstance(digest, bytes) or len(digest) != _SHA256_BYTES:
+    if not isinstance(member, Item) or not isinstance(digest, bytes) or len(digest) != _SHA256_BYTES:
         raise invalid(field, "sha-256 must be a byte sequence of 32 bytes, :<base64>:")
     return [digest.hex()]
 
@@ -138,6 +139,7 @@ def refusal(exc: BodyCutOff | ContentMismatch, declared_length: int | None) -> P
         return Problem("digest-mismatch",
                        f"the body's sha256 is {exc.actual}, not the declared {exc.expected}; nothing was stored",
                        expected_sha256=exc.expected, actual_sha256=exc.actual)
+    expected: int | None
     if isinstance(exc, SizeMismatch):
         received, expected = exc.received, exc.expected
     elif isinstance(exc, BodyCutOff):

@@ -14,6 +14,7 @@ The token comes from ``COMPILESVC_TOKEN`` or the config file (:mod:`compilesvc.c
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import time
@@ -32,6 +33,9 @@ from compilesvc.spec.parsing import SpecError, load_spec_file
 from compilesvc.states import BucketState, BuildState
 
 LOG_TAIL_LINES = 30
+#: How long ``--wait`` waits through an API that does not answer before it exits 3 (docs/ci.md).
+DEFAULT_OUTAGE_TOLERANCE = 300.0
+OUTAGE_ENV = "COMPILESVC_OUTAGE_TOLERANCE"
 RESULTS = {Exit.OK: "succeeded", Exit.COMPILE_ERROR: "compile_error", Exit.BAD_INPUT: "refused",
            Exit.INFRA: "infrastructure", Exit.CANCELLED: "cancelled"}
 
@@ -45,19 +49,12 @@ class Failed(click.ClickException):
         self.exit_code = int(code)  # type: ignore[misc]
 
 
-def api_exit(exc: ApiError) -> Exit:
-    """An API refusal is the caller's to fix (2); no answer, 5xx, 429 after retries: the service's (3)."""
-    if exc.status is None or exc.status >= 500 or exc.status in (408, 429):
-        return Exit.INFRA
-    return Exit.BAD_INPUT
-
-
 def call(client: Api, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, *,
          pinning_wait: float | None = None) -> Any:
     try:
         return client.request(method, path, body, headers, pinning_wait=pinning_wait)
     except ApiError as exc:
-        raise Failed(exc.message, api_exit(exc)) from None
+        raise Failed(exc.message, Exit(exc.exit_code)) from None
 
 
 class Reporter:
@@ -149,11 +146,17 @@ def log_tails(client: Api, build: dict[str, Any], keys: set[str]) -> dict[str, l
 
 
 def follow(client: Api, build: dict[str, Any], *, timeout: float, poll: float, logs: bool,
-           reporter: Reporter) -> tuple[dict[str, Any], bool]:
-    """Poll the build until it ends or ``timeout`` passes; (the last document, whether it timed out)."""
+           reporter: Reporter, outage_tolerance: float = DEFAULT_OUTAGE_TOLERANCE) -> tuple[dict[str, Any], bool]:
+    """Poll the build until it ends or ``timeout`` passes; (the last document, whether it timed out). An
+    outage (no answer, 5xx) is waited through, said once, for ``outage_tolerance`` seconds; then exit 3."""
     follower = Follower()
     positions: dict[str, int] = {}
     deadline = time.monotonic() + timeout
+    outage_since: float | None = None
+    # Each poll is tried once: this loop is the retry, bounded by the tolerance rather than by the client's
+    # own retry budget on every poll.
+    poller = copy.copy(client)
+    poller.retries = 0
     after = 0
     while True:
         for line in follower.changes(build):
@@ -168,16 +171,28 @@ def follow(client: Api, build: dict[str, Any], *, timeout: float, poll: float, l
         time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
         try:
             if logs:
-                page = client.request("GET", f"/v1/builds/{build['build_id']}/logs?after={after}&limit=1000")
+                page = poller.request("GET", f"/v1/builds/{build['build_id']}/logs?after={after}&limit=1000")
                 for entry in page.get("lines", []):
                     position = positions.get(entry.get("bucket_key", ""), "?")
                     reporter.line(f"[bucket {position}] {visible(entry['line'])}")
                 after = page.get("next_after", after)
-            build = client.request("GET", f"/v1/builds/{build['build_id']}")
+            build = poller.request("GET", f"/v1/builds/{build['build_id']}")
+            if outage_since is not None:
+                reporter.line(f"the API answers again after {time.monotonic() - outage_since:.0f} s")
+                outage_since = None
         except ApiError as exc:
-            if api_exit(exc) != Exit.INFRA:
-                raise Failed(exc.message, api_exit(exc)) from None
-            reporter.line(f"warning: {exc.message}; still waiting")  # a passing outage: the build goes on
+            if exc.exit_code != Exit.INFRA:
+                raise Failed(exc.message, Exit(exc.exit_code)) from None
+            now = time.monotonic()
+            if outage_since is None:  # a passing outage: the build goes on; said once, not every poll
+                outage_since = now
+                reporter.line(f"warning: {exc.message}; still waiting, for up to {outage_tolerance:g} s "
+                              "(--outage-tolerance)")
+            elif now - outage_since >= outage_tolerance:
+                reporter.done()
+                raise Failed(f"the API has not answered for {now - outage_since:.0f} s (--outage-tolerance "
+                             f"{outage_tolerance:g}): {exc.message}; build {build.get('build_id')} may still be "
+                             f"running (`compilesvc status {build.get('build_id')} --wait`)", Exit.INFRA) from None
     reporter.done()
     return build, False
 
@@ -205,6 +220,13 @@ def finish(client: Api, build: dict[str, Any], *, as_json: bool, timed_out: bool
                  result)
 
 
+OUTAGE_OPTION = click.option(
+    "--outage-tolerance", type=click.FloatRange(min=0), default=DEFAULT_OUTAGE_TOLERANCE, show_default=True,
+    envvar=OUTAGE_ENV, show_envvar=True, metavar="SECONDS",
+    help="While waiting, how long the API may not answer (unreachable, 5xx) before the command gives up with "
+         "exit 3; the build keeps running.")
+
+
 @click.command("submit")
 @click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=str))
 @API_OPTION
@@ -215,11 +237,12 @@ def finish(client: Api, build: dict[str, Any], *, as_json: bool, timed_out: bool
 @click.option("--poll", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
               help="Seconds between status checks.")
 @click.option("--logs", is_flag=True, help="Print the compiler log to stderr while waiting.")
+@OUTAGE_OPTION
 @click.option("--idempotency-key", help="Same key, same build (default: one random key per invocation).")
 @click.option("--queue-anyway", is_flag=True, help="Queue even when no live worker serves the spec yet.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines; errors only.")
 def submit(spec_path: str, api: str | None, wait: bool, as_json: bool, timeout: float, poll: float, logs: bool,
-           idempotency_key: str | None, queue_anyway: bool, quiet: bool) -> None:
+           outage_tolerance: float, idempotency_key: str | None, queue_anyway: bool, quiet: bool) -> None:
     """Submit SPEC (.json, .yaml) and, by default, wait for the build.
 
     stdout: the artifact key once published (with --no-wait: the build id; with --json: one document).
@@ -255,7 +278,7 @@ def submit(spec_path: str, api: str | None, wait: bool, as_json: bool, timeout: 
         reporter.line(f"warning: {exc.message}; following from the submit's answer")
     if wait:
         build, timed_out = follow(client, accepted, timeout=max(0.0, deadline - time.monotonic()), poll=poll,
-                                  logs=logs, reporter=reporter)
+                                  logs=logs, reporter=reporter, outage_tolerance=outage_tolerance)
         finish(client, build, as_json=as_json, timed_out=timed_out, reporter=reporter)
         return
     # --no-wait: stdout is the build id, whatever the build's state; the key is a key only once published.
@@ -276,13 +299,16 @@ def submit(spec_path: str, api: str | None, wait: bool, as_json: bool, timeout: 
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=6 * 3600, show_default=True)
 @click.option("--poll", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
-def status(build_id: int, api: str | None, wait: bool, as_json: bool, timeout: float, poll: float) -> None:
+@OUTAGE_OPTION
+def status(build_id: int, api: str | None, wait: bool, as_json: bool, timeout: float, poll: float,
+           outage_tolerance: float) -> None:
     """Show build ID: its state and every bucket's. Exit status as for submit once it ended; 0 while building."""
     client = connect(api)
     reporter = Reporter()
     build = call(client, "GET", f"/v1/builds/{build_id}")
     if wait:
-        build, timed_out = follow(client, build, timeout=timeout, poll=poll, logs=False, reporter=reporter)
+        build, timed_out = follow(client, build, timeout=timeout, poll=poll, logs=False, reporter=reporter,
+                                  outage_tolerance=outage_tolerance)
         finish(client, build, as_json=as_json, timed_out=timed_out, reporter=reporter)
         return
     ended = build["state"] != BuildState.BUILDING

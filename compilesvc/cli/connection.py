@@ -29,13 +29,28 @@ API_OPTION = click.option(
 
 
 def connect(api: str | None, timeout: float = 30.0) -> Api:
-    """The client of the API named by ``--api`` (or the environment, or the config file), with the token."""
+    """The client of the API named by ``--api`` (or the environment, or the config file), with the token.
+    Its failures exit as :mod:`compilesvc.client.exits` says (an :class:`ApiError` carries its status; a
+    bad config or API URL is exit 2 here), and its first retry of a request says so on stderr, once."""
     try:
         config = client_config.load(api)
     except client_config.ConfigError as exc:
         raise BadInput(str(exc)) from None
     return Api(config.api_url, timeout, token=config.token,
-               token_source=config.token_source or client_config.TOKEN_ENV)
+               token_source=config.token_source or client_config.TOKEN_ENV, on_retry=_RetryNotice())
+
+
+class _RetryNotice:
+    """One stderr line the first time the client retries: otherwise an unreachable API is
+    :data:`compilesvc.client.api.RETRY_BUDGET_SECONDS` of silence before its error."""
+
+    def __init__(self) -> None:
+        self.said = False
+
+    def __call__(self, why: str) -> None:
+        if not self.said:
+            self.said = True
+            click.echo(f"warning: {why}", err=True)
 
 
 @click.command("upload")

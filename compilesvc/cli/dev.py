@@ -195,10 +195,11 @@ def run_demo(base: str, children: Children, log_dir: Path, token: str) -> dict[s
     return dict(build)
 
 
-def worker_summary(workers: list[dict[str, Any]]) -> str | None:
+def worker_summary(workers: list[dict[str, Any]], neuron_sdk: str | None = None) -> str | None:
     """What the registered workers compile, in one line (None: none registered yet). A Neuron compile (an LLM's
     above all) needs a worker started in the Neuron SDK's environment with ``COMPILESVC_NEURON_SDK``; without one
-    the first submit would be the first to say so (a 503), so the launcher says it at start."""
+    the first submit would be the first to say so (a 503), so the launcher says it at start. ``neuron_sdk``: the
+    ``COMPILESVC_NEURON_SDK`` dev was started with, when set (then the SDK is what is missing, not the setting)."""
     if not workers:
         return None
     by_sdk: dict[str, list[str]] = {}
@@ -216,7 +217,11 @@ def worker_summary(workers: list[dict[str, Any]]) -> str | None:
     parts += [f"{', '.join(sorted(set(targets)))} (Neuron SDK {sdk}: {', '.join(sorted(kinds[sdk]))})"
               for sdk, targets in sorted(by_sdk.items())]
     line = "worker compiles for: " + ("; ".join(parts) or "nothing")
-    if not by_sdk:
+    if not by_sdk and neuron_sdk:
+        line += (f"; no Neuron target: COMPILESVC_NEURON_SDK is {neuron_sdk}, but the worker found no Neuron SDK of "
+                 "that release in its environment: start dev inside the SDK's virtualenv (`compilesvc doctor` says "
+                 "what is missing; docs/llm.md, 'Trying it locally')")
+    elif not by_sdk:
         line += ("; no Neuron target: start dev in the Neuron SDK's environment with COMPILESVC_NEURON_SDK set "
                  "(docs/llm.md, 'Trying it locally')")
     return line
@@ -281,7 +286,8 @@ def _run(demo: bool, port: int, data_dir: Path, log_dir: Path, exit_after_demo: 
             children.check(log_dir)
             if not said:  # once, when the worker has registered: what it serves
                 try:
-                    summary = worker_summary(polling.request("GET", "/v1/workers").get("workers") or [])
+                    summary = worker_summary(polling.request("GET", "/v1/workers").get("workers") or [],
+                                             os.environ.get("COMPILESVC_NEURON_SDK", "").strip() or None)
                 except ApiError:
                     summary = None
                 if summary:

@@ -12,7 +12,8 @@ config file's ``trusted_keys``) before any file is used, from the cache (offline
 Exit status: 0 written and verified; 1 the API, a download, the cache or the file system failed, the
 artifact is not published, this host cannot load it (``--check-host``), or another fetch into DEST is
 running; 2 the command line is wrong (KEY malformed, no KEY and no --spec, a spec that does not
-validate, a DEST that is not empty or not an earlier fetch's); 3 the artifact is not trusted: its
+validate, a DEST that is not empty or not an earlier fetch's, an API URL that is not http(s)), or the API
+refused the token (401, 403); 3 the artifact is not trusted: its
 signature is missing or does not verify (its manifest was changed), it was signed by a key that is not
 trusted, or no trusted key is configured. A file that differs from the (signed) manifest is refused as
 before, naming it, with status 1: downloaded, it is not installed; cached, it is fetched again, or offline
@@ -35,6 +36,7 @@ import click
 from compilesvc.cli import fetch_dest
 from compilesvc.cli.connection import API_OPTION
 from compilesvc.cli.main import BadInput, CommandFailed, SpecUsageError
+from compilesvc.client import config as client_config
 from compilesvc.client.next_steps import NEXT_STEPS
 from compilesvc.fleet import (
     ArtifactSet,
@@ -103,6 +105,11 @@ def _open(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, veri
 def open_set(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, verify: str, check_host: bool,
              with_logs: bool, parallel: int, progress: Progress) -> ArtifactSet:
     """``ArtifactSet.open`` with its failures as this command's exit statuses (shared with ``serve-env``)."""
+    if not offline:
+        try:  # a wrong API URL or config file is the command line's mistake (exit 2), as for every command
+            client_config.load(api)
+        except client_config.ConfigError as exc:
+            raise BadInput(str(exc)) from None
     try:
         artifact = ArtifactSet.open(ref, cache_dir=cache_dir, api_url=api, offline=offline, verify=verify,
                                     host_check=HostCheck.REFUSE if check_host else HostCheck.OFF,
@@ -112,7 +119,11 @@ def open_set(ref: Any, cache_dir: Path | None, api: str | None, offline: bool, v
     except NotPublished as exc:  # what to do differs: no such key, or a build not done yet
         step = NEXT_STEPS["artifact-not-published" if exc.state else "artifact-not-found"]
         raise CommandFailed(f"{exc}; {step}") from None
-    except (FleetError, CacheError) as exc:
+    except FleetError as exc:
+        if exc.status in (401, 403):  # the token: exit 2, as for every command (docs/ci.md)
+            raise BadInput(str(exc)) from None
+        raise CommandFailed(str(exc)) from None
+    except CacheError as exc:
         raise CommandFailed(str(exc)) from None
     except OSError as exc:
         raise _cannot("the cache cannot be written", exc) from None
@@ -189,7 +200,8 @@ def fetch(key: str | None, spec_path: Path | None, dest: Path | None, replace: b
     The manifest's signature is checked against the trusted keys ($COMPILESVC_TRUSTED_KEYS) first.
 
     Exit status: 0 verified; 1 the API, a download, the cache or the file system failed (a file that differs
-    from the signed manifest included), or the artifact is not published; 2 the command line is wrong; 3 not
+    from the signed manifest included), or the artifact is not published; 2 the command line, the API URL or
+    the token is wrong; 3 not
     trusted: no signature or one that does not verify, an unknown key, no trusted key (see docs/fleet.md).
     """
     if (key is None) == (spec_path is None):

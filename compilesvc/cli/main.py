@@ -7,7 +7,8 @@ plugin costs one warning line instead of the whole CLI.
 
 Every failure is reported as one ``error: …`` line on stderr, never a traceback. Exit status 2 means the
 command line or the spec is wrong (usage, unreadable or invalid spec file, spec validation); 1 means the
-work itself failed (model file unreadable, model lookup, database migration).
+work itself failed (model file unreadable, model lookup, database migration). A command that talks to the API
+exits as :mod:`compilesvc.client.exits` says (docs/ci.md): an :class:`ApiError` that escapes carries its status.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 ``--ledger`` directly against the ledger database (the first admin token of a deployment).
 
 ``create`` prints the new token's secret alone on stdout (``TOKEN=$(compilesvc tokens create …)``) and
-what it is on stderr; the secret is never shown again. Exit status: 0 done; 1 the API or the ledger
-failed; 2 the command line is wrong (a bad scope, duration or name; an unknown token id).
+what it is on stderr; the secret is never shown again. Exit status: 0 done; 1 the ledger failed (``--ledger``);
+2 the command line is wrong (a bad scope, duration or name; an unknown token id) or the API refused it; 3 the
+API did not answer or failed (docs/ci.md, "Exit statuses").
 """
 
 from __future__ import annotations

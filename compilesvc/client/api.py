@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from compilesvc.client.exits import for_status
 from compilesvc.client.next_steps import next_step
 
 TRANSPORT_RETRIES = 5  # 0.5 + 1 + 2 + 4 + 8 s of backoff: a network blip or an API restart
@@ -29,16 +30,18 @@ PINNING_WAIT_SECONDS = 1800.0
 
 class ApiError(Exception):
     """The API answered with a problem (``status``, ``problem``: its document), or could not be reached
-    (``status`` None). The CLI prints it as one line with exit status 1; the build commands map it to their
-    own (:mod:`compilesvc.cli.builds`)."""
-
-    exit_code = 1
+    (``status`` None). The CLI prints it as one line, and every command exits with :attr:`exit_code`
+    (:mod:`compilesvc.client.exits`: 3 for no answer or a passing outage, 2 for a refusal)."""
 
     def __init__(self, message: str, status: int | None = None, problem: dict[str, Any] | None = None):
         super().__init__(message)
         self.message = message
         self.status = status
         self.problem = problem or {}
+
+    @property
+    def exit_code(self) -> int:
+        return int(for_status(self.status))
 
     @property
     def problem_type(self) -> str:
@@ -135,6 +138,10 @@ def backoff(attempt: int) -> float:
     return float(min(0.5 * 2**attempt, 8.0))
 
 
+#: Seconds of backoff before a request gives up on an unreachable API (15.5; docs/ci.md says it).
+RETRY_BUDGET_SECONDS = sum(backoff(attempt) for attempt in range(TRANSPORT_RETRIES))
+
+
 def _retry_after(exc: urllib.error.HTTPError, attempt: int) -> float:
     """The server's Retry-After (seconds, at most a minute), else the backoff."""
     value = exc.headers.get("Retry-After", "") if exc.headers else ""
@@ -148,7 +155,8 @@ class Api:
     def __init__(self, base: str, timeout: float = 30.0, *, retries: int = TRANSPORT_RETRIES,
                  token: str | None = None, token_source: str | None = None,
                  pinning_wait: float = PINNING_WAIT_SECONDS,
-                 on_pinning: Callable[[dict[str, Any]], None] | None = None):
+                 on_pinning: Callable[[dict[str, Any]], None] | None = None,
+                 on_retry: Callable[[str], None] | None = None):
         self.base = base.rstrip("/")
         self.timeout = timeout
         self.retries = retries
@@ -157,6 +165,8 @@ class Api:
         #: ``retries`` times, and ``on_pinning`` is told each such answer (its problem document).
         self.pinning_wait = pinning_wait
         self.on_pinning = on_pinning
+        #: Told, before the first retry of a request, why it is retried and for how long (one sentence).
+        self.on_retry = on_retry
         self.token = token
         #: Where the command line's token came from (COMPILESVC_TOKEN, the config file): with it, a 401 or
         #: 403 says what to set or ask for. None: a program's own client, told the API's words.
@@ -206,6 +216,9 @@ class Api:
                         continue
                 passing = exc.code in (429, 502, 503, 504) and kind not in _VERDICTS
                 if passing and attempt < self.retries:
+                    if attempt == 0 and self.on_retry is not None:
+                        self.on_retry(f"the API at {self.base} answered HTTP {exc.code}; retrying up to "
+                                      f"{self.retries} times, after its Retry-After or the backoff")
                     time.sleep(_retry_after(exc, attempt))
                     attempt += 1
                     continue
@@ -221,6 +234,9 @@ class Api:
                     where = " (--api, COMPILESVC_API_URL or the config file)" if self.token_source else ""
                     raise ApiError(f"cannot reach the API at {self.base}: {reason}; check the address{where}, or "
                                    "try again later") from None
+                if attempt == 0 and self.on_retry is not None:
+                    self.on_retry(f"cannot reach the API at {self.base}: {getattr(exc, 'reason', exc)}; retrying for "
+                                  f"up to {sum(backoff(a) for a in range(self.retries)):g} s")
                 time.sleep(backoff(attempt))
                 attempt += 1
 

@@ -21,6 +21,7 @@ import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 DEFAULT_API = "http://127.0.0.1:8080"
 TOKEN_ENV = "COMPILESVC_TOKEN"
@@ -29,7 +30,8 @@ CONFIG_ENV = "COMPILESVC_CONFIG"
 
 
 class ConfigError(ValueError):
-    """The config file cannot be used (unreadable, not TOML, wrong types, readable by others)."""
+    """The config file cannot be used (unreadable, not TOML, wrong types, readable by others), or the API
+    URL is not an http(s) URL."""
 
 
 def config_path() -> Path:
@@ -89,6 +91,7 @@ def load(api_option: str | None = None) -> ClientConfig:
         api, api_source = str(file["api_url"]), str(path)
     else:
         api, api_source = DEFAULT_API, "default"
+    _check_url(api, api_source)
     token: str | None
     if env_token:
         token, token_source = env_token, TOKEN_ENV
@@ -97,6 +100,19 @@ def load(api_option: str | None = None) -> ClientConfig:
     else:
         token, token_source = None, None
     return ClientConfig(api_url=api, token=token, api_source=api_source, token_source=token_source)
+
+
+def _check_url(url: str, source: str) -> None:
+    """An API URL the client can use: http or https, with a host. ``api.example.com:8080`` would otherwise
+    fail as an unreachable address after the retries (exit 3, "try again") when it is a typo to fix."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (a port that is not a number raises here)
+    except ValueError as exc:
+        raise ConfigError(f"the API URL {url!r} (from {source}) is not a URL: {exc}") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"the API URL {url!r} (from {source}) needs http:// or https:// and a host, "
+                          f"e.g. https://compilesvc.example.com")
 
 
 def trusted_key_paths() -> tuple[list[str], str] | None:

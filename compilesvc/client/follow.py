@@ -4,28 +4,20 @@ build's end means for a CI job (its exit status).
 :class:`Follower` turns successive ``GET /v1/builds/{id}`` documents into lines: one per build state
 change and one per bucket state change, naming buckets by position and shape (``bucket 1 (input_ids:
 int64[2, 128])``; an NxD Inference compile's one bucket, which has no inputs: ``bucket 0 (the whole NxDI
-model)``), never by a key prefix. :func:`outcome` maps a finished build to an :class:`Exit`;
+model)``), never by a key prefix. :func:`outcome` maps a finished build to an :class:`compilesvc.client.exits.Exit`;
 :func:`failure_report` is what a failed build says, with each failed bucket's whole compiler message.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
 
+from compilesvc.client.exits import Exit
 from compilesvc.spec.keys import shape_text
 from compilesvc.states import BucketState, BuildState
 
-
-class Exit(IntEnum):
-    """The CLI's exit statuses for build commands (docs/ci.md)."""
-
-    OK = 0             # built, or a hit
-    COMPILE_ERROR = 1  # the model does not compile (the compiler said so, or failed the same way every try)
-    BAD_INPUT = 2      # the spec, a flag or the command line is wrong, or the service refused the request
-    INFRA = 3          # timed out waiting, or the service or its infrastructure failed: retrying may help
-    CANCELLED = 4      # someone cancelled the build
+__all__ = ["EXIT_FOR_ERROR_CLASS", "Exit", "Follower", "bucket_detail", "bucket_name", "failure_report", "outcome"]
 
 
 #: How a failed bucket's error class decides the exit status.

@@ -16,7 +16,10 @@ from compilesvc.spec.manifest import ArtifactManifest, ManifestMismatch, parse_a
 
 
 class FleetError(Exception):
-    """The fleet library could not hand out an artifact; the message says why and what to do."""
+    """The fleet library could not hand out an artifact; the message says why and what to do. ``status``:
+    the API's HTTP status when it refused (401 and 403 are the token's), else None."""
+
+    status: int | None = None
 
 
 class Unreachable(FleetError):
@@ -55,7 +58,9 @@ def _failure(exc: ApiError, what: str) -> FleetError:
     if exc.status == 404:
         state = exc.problem.get("state")
         return NotPublished(f"{what}: {exc.problem.get('detail') or exc}", str(state) if state else None)
-    return FleetError(f"{what}: {exc}")
+    error = FleetError(f"{what}: {exc}")
+    error.status = exc.status
+    return error
 
 
 class Remote:

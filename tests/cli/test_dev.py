@@ -133,3 +133,7 @@ def test_dev_says_what_its_worker_compiles_for_and_how_to_get_neuron() -> None:
     assert worker_summary([{"capabilities": caps}]) == (
         f"worker compiles for: cpu (torch {caps['sdk']['cpu']}); no Neuron target: start dev in the Neuron SDK's "
         "environment with COMPILESVC_NEURON_SDK set (docs/llm.md, 'Trying it locally')")
+    # Set, with no SDK behind it: the SDK is what is missing, not the setting.
+    said = worker_summary([{"capabilities": caps}], "2.27.1")
+    assert said is not None and "COMPILESVC_NEURON_SDK is 2.27.1, but the worker found no Neuron SDK" in said
+    assert "with COMPILESVC_NEURON_SDK set" not in said

@@ -714,7 +714,7 @@ def test_the_pod_protection_policy_validates_for_every_version_we_support(versio
 
 def test_the_pod_protection_policy_admits_the_workers_own_patch_and_nothing_else() -> None:
     """The policy's CEL, evaluated offline (cel-python) on requests as the API server builds them from the
-    worker's merge patch (workers/host/pod_protection.py annotations(), applied as RFC 7386 says)."""
+    worker's merge patch (workers/host/pod_protection.py pod_annotations(), applied as RFC 7386 says)."""
     docs = rendered("minimal")
     policy = _policy(docs)
     mine, other = "compilesvc-worker-cpu-7d9f8c6b5-x2k4p", "compilesvc-worker-cpu-7d9f8c6b5-q9w3z"
@@ -723,7 +723,7 @@ def test_the_pod_protection_policy_admits_the_workers_own_patch_and_nothing_else
     request = the_workers_request(mine)
 
     def patched(old: dict[str, Any], running: int) -> dict[str, Any]:
-        return merge_patch(old, {"metadata": {"annotations": pod_protection.annotations(running)}})
+        return merge_patch(old, {"metadata": {"annotations": pod_protection.pod_annotations(running)}})
 
     busy = patched(pod, 1)
     assert busy["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"

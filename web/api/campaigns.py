@@ -3,6 +3,7 @@ started by an admin, followed by anyone who may read builds."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from flask import Blueprint, Response
@@ -102,7 +103,8 @@ def list_campaigns(query: CampaignListQuery) -> Response:
     ctx = web()
     with ctx.services.sessions() as session:
         shown = team_reads.may_read_campaigns(readers.reader())
-        rows = session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(query.limit)) if shown else []
+        rows: Iterable[Campaign] = (
+            session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(query.limit)) if shown else [])
         return respond(CampaignList, {"items": [campaign_json(ctx, session, row) for row in rows]})
 
 

@@ -4,6 +4,7 @@ release. Managed by an admin; read by anyone who may read campaigns."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from flask import Blueprint, Response
@@ -81,7 +82,8 @@ def list_policies() -> Response:
     ctx = web()
     with ctx.services.sessions() as session:
         shown = team_reads.may_read_campaigns(readers.reader())
-        rows = session.scalars(select(RollforwardPolicy).order_by(RollforwardPolicy.id)) if shown else []
+        rows: Iterable[RollforwardPolicy] = (
+            session.scalars(select(RollforwardPolicy).order_by(RollforwardPolicy.id)) if shown else [])
         return respond(PolicyList, {"items": [policy_json(ctx, session, row) for row in rows]})
 
 

@@ -26,8 +26,10 @@ def build_webhooks(build_id: int) -> Response:
     g.build_id = build_id
     with web().services.sessions() as session:
         readers.require_build(session, build_id)
-        hooks = {h.id: h.url for h in session.scalars(select(Webhook).where(Webhook.build_id == build_id)
-                                                       .order_by(Webhook.id))}
+        # A delivery of a service-wide subscription has no webhook row (webhook_id None): no URL here.
+        hooks: dict[int | None, str] = {
+            h.id: h.url for h in session.scalars(select(Webhook).where(Webhook.build_id == build_id)
+                                                 .order_by(Webhook.id))}
         deliveries = list(session.scalars(select(WebhookDelivery).where(WebhookDelivery.build_id == build_id)
                                           .order_by(WebhookDelivery.id)))
         tries: dict[int, list[WebhookAttempt]] = {}

@@ -41,7 +41,7 @@ def declared_access(endpoint: str, view: Callable[..., Any] | None) -> Access:
     op = getattr(view, "_openapi", None)
     if op is not None and op.access is not None:
         return op.access  # type: ignore[no-any-return]
-    return getattr(view, "_access", Permission.ADMIN)  # type: ignore[no-any-return]
+    return getattr(view, "_access", Permission.ADMIN)
 
 
 #: What ``open_reads`` opens to requests without a token.

@@ -312,7 +312,7 @@ class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
             self.log.debug("Failed to send error message.")
 
 
-class AppLogsRequests(glogging.Logger):
+class AppLogsRequests(glogging.Logger):  # type: ignore[misc]  # gunicorn ships no type hints
     """gunicorn's logger without its access log: the app logs each request itself (``web.server.app``, with the
     build id and artifact key), and gunicorn's own line, though silenced by level, was still formatted for
     every request (its atoms: a few percent of a cache-hit submit's CPU in a profile)."""

@@ -85,10 +85,16 @@ class SubmitLimiter:
         uri = storage_uri(settings)
         # A Redis that hangs must not hang submits: its commands time out like the broker's publishes. Its keys
         # are all under the deployment's prefix.
-        options = {} if uri == "memory://" else {
-            "socket_timeout": settings.broker_socket_timeout_seconds, "socket_connect_timeout": 2.0,
-            "key_prefix": f"{settings.broker_key_prefix}compilesvc-limits"}
-        storage: Storage = _MemoryCounters() if uri == "memory://" else storage_from_string(uri, **options)
+        storage: Storage
+        if uri == "memory://":
+            storage = _MemoryCounters()
+        else:
+            made = storage_from_string(uri, socket_timeout=settings.broker_socket_timeout_seconds,
+                                       socket_connect_timeout=2.0,
+                                       key_prefix=f"{settings.broker_key_prefix}compilesvc-limits")
+            if not isinstance(made, Storage):  # storage_uri names only synchronous storages: never taken
+                raise TypeError(f"the rate limits' storage {uri.split(':', 1)[0]}:// is not a synchronous one")
+            storage = made
         self.strategy = SlidingWindowCounterRateLimiter(storage)
         self._down_until = 0.0
         self._lock = threading.Lock()

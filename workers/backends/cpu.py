@@ -145,7 +145,7 @@ def trace_bucket(model: torch.nn.Module, tensors: Sequence[torch.Tensor], flags:
     with torch.no_grad(), silenced(harmless), kept_tracer_warnings():
         # strict=False lets models return dicts/lists, as Hugging Face-style heads do.
         traced = (model if isinstance(model, torch.jit.ScriptModule)
-                  else torch.jit.trace(model, tuple(tensors), strict=False))
+                  else torch.jit.trace(model, tuple(tensors), strict=False))  # type: ignore[no-untyped-call]
         traced.eval()
         if "--freeze" in flags:
             traced = torch.jit.freeze(traced)
@@ -173,7 +173,8 @@ class TorchScriptBackend(Backend):
 
         out = request.out_dir / "model.pt"
         torch.jit.save(traced, str(out))
-        verify_outputs(lambda: torch.jit.load(str(out), map_location="cpu")(*tensors), eager, "CPU_TRACE_ERROR")
+        verify_outputs(lambda: torch.jit.load(str(out), map_location="cpu")(*tensors),  # type: ignore[no-untyped-call]
+                       eager, "CPU_TRACE_ERROR")
         log(f"saved {out.name} ({out.stat().st_size} bytes); reloaded output matches eager")
         return CompileResult(files=[ArtifactFile("model.pt", "model")],
                              versions={**_versions(), "backend": self.name})

@@ -45,7 +45,8 @@ class HarmlessWarning:
 #: any computation. The filter is scoped to that warning issued by the module ``torch`` itself (where
 #: ``torch._assert`` lives), so the same warning from the model's own code is still shown.
 GUARDS_TRACER_WARNING = HarmlessWarning(
-    torch.jit.TracerWarning, r"Converting a tensor to a Python boolean might cause the trace to be incorrect",
+    torch.jit.TracerWarning,  # type: ignore[attr-defined]  # torch.jit exports it at run time, not in its stubs
+    r"Converting a tensor to a Python boolean might cause the trace to be incorrect",
     r"torch\Z",
     "silenced torch's TracerWarning from the exported program's own input-shape guards (torch._assert in its "
     "_guards_fn): the trace is of this bucket's shapes, which passed the guards; it records no computation "
@@ -95,7 +96,7 @@ def kept_tracer_warnings() -> Iterator[None]:
             yield
         finally:
             held = list(caught)
-    if any(issubclass(w.category, torch.jit.TracerWarning) for w in held):
+    if any(issubclass(w.category, torch.jit.TracerWarning) for w in held):  # type: ignore[attr-defined]  # as above
         log(TRACER_WARNING_EXPLAINED)
     for w in held:
         warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)

@@ -221,7 +221,7 @@ def raise_for_trace_failure(exc: BaseException, lines: Sequence[str]) -> NoRetur
     # A traceback prints the exceptions an exception was raised from; so does the evidence. torch_neuronx's
     # hlo_compile re-raises a failed `import neuronxcc` as RuntimeError("neuronx-cc is not installed")
     # (huggingface/optimum-neuron#68): the ModuleNotFoundError behind it is what says "host".
-    causes = []
+    causes: list[str] = []
     cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     while cause is not None and len(causes) < 5:
         causes.append(f"{type(cause).__name__}: {cause}")

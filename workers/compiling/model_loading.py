@@ -213,7 +213,7 @@ def load_model(path: Path, model_format: str, work_dir: Path, input_names: Seque
         raise InfraError("MODEL_FILE_MISSING", f"model file {path} does not exist on this worker")
     try:
         if model_format == "torchscript":
-            model: nn.Module = torch.jit.load(str(path), map_location="cpu")
+            model: nn.Module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
         elif model_format == "exported-program":
             model = torch.export.load(str(path)).module()
         elif model_format == "hf-dir":

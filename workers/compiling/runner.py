@@ -57,6 +57,7 @@ from compilesvc.pinning.pins import ModelRefError
 from compilesvc.services import Services
 from compilesvc.spec import nxdi_models
 from compilesvc.spec.manifest import BucketManifest
+from compilesvc.states import ErrorClass
 from compilesvc.store import StoreError, bucket_manifest_name
 from workers.compiling.checkpoint_dirs import materialise_checkpoint
 from workers.compiling.classify import Outcome, classify
@@ -151,7 +152,7 @@ def run_compile(services: Services, bucket_compile_id: int, worker_id: str) -> R
         logger.exception("compile attempt crashed")
         if keeper.lost:
             return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
-        outcome = Outcome("infra", "WORKER_ERROR", shorten(f"{type(exc).__name__}: {exc}"))
+        outcome = Outcome(ErrorClass.INFRA, "WORKER_ERROR", shorten(f"{type(exc).__name__}: {exc}"))
         return _record_failure(services, claim, outcome, logger, phase=Phase.WORKER)
     finally:
         keeper.close()
@@ -186,14 +187,14 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
         try:
             retry_store(services, claim, stop, Phase.FETCH, fetch_model, logger)
         except ModelRefError as exc:  # gone or changed since it was pinned: only a new submit's new pin helps
-            return _fail(services, claim, Outcome("model", "MODEL_UNAVAILABLE", str(exc)), logs, logger,
+            return _fail(services, claim, Outcome(ErrorClass.MODEL, "MODEL_UNAVAILABLE", str(exc)), logs, logger,
                          phase=Phase.FETCH)
         except CompileFailure as exc:  # a checkpoint archive past the extraction caps, or unsafe: the model's
             return _fail(services, claim, Outcome(exc.error_class, exc.code, exc.message), logs, logger,
                          phase=Phase.FETCH)
         except (StoreRetriesExhausted, StoreError, OSError) as exc:
             error = str(exc) if isinstance(exc, StoreRetriesExhausted) else f"{type(exc).__name__}: {exc}"
-            return _fail(services, claim, Outcome("infra", "MODEL_FETCH_FAILED", error), logs, logger,
+            return _fail(services, claim, Outcome(ErrorClass.INFRA, "MODEL_FETCH_FAILED", error), logs, logger,
                          phase=Phase.FETCH)
         except Interrupted:
             return _stopped(services, claim, worker_id, keeper, drained, logs, logger)
@@ -241,7 +242,7 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
         if settings.sandbox != "off" and not outcome.ok:
             outcome = limit_outcome(outcome, child.limit, returncode, list(logs.tail), policy.limits)
         if child.lost is not None and not (keeper.cancelled or timed_out):  # the runner's failing, not the model's
-            outcome = Outcome("infra", "COMPILE_RUNNER_LOST", child.lost)
+            outcome = Outcome(ErrorClass.INFRA, "COMPILE_RUNNER_LOST", child.lost)
         outcome = for_release(outcome, claim.sdk)  # a code the release notes call non-deterministic: one retry
         logger.info("compiler finished", extra={"returncode": returncode, "seconds": round(wall, 2),
                                                 "error_class": outcome.error_class, "code": outcome.code})
@@ -254,7 +255,8 @@ def _run_claimed(services: Services, claim: leases.Claim, worker_id: str, keeper
             try:  # publish the worker's own copy: no link the compile left is followed, no file changes later
                 out_dir = copy_outputs(out_dir, result, tmp / "out")
             except OSError as exc:
-                return _fail(services, claim, Outcome("compile", "BAD_OUTPUT", shorten(str(exc))), logs, logger)
+                return _fail(services, claim, Outcome(ErrorClass.COMPILE, "BAD_OUTPUT", shorten(str(exc))), logs,
+                             logger)
         return _succeed(services, claim, worker_id, out_dir, result, keeper, logs, logger)
     finally:
         DRAIN.release(drained)
@@ -269,7 +271,7 @@ def _stopped(services: Services, claim: leases.Claim, worker_id: str, keeper: Le
     if drained.interrupted and not keeper.cancelled:
         logs.service("stopped before the compiler started: the worker is draining")
         return _hand_back(services, claim, worker_id, logs, logger)
-    return _fail(services, claim, Outcome("cancelled", "CANCELLED", "cancelled before the compiler started"),
+    return _fail(services, claim, Outcome(ErrorClass.CANCELLED, "CANCELLED", "cancelled before the compiler started"),
                  logs, logger)
 
 
@@ -306,16 +308,16 @@ def _succeed(services: Services, claim: leases.Claim, worker_id: str, out_dir: P
         # attempt would compile again (hours, for Neuron).
         manifest = retry_store(services, claim, keeper.stop, Phase.PUBLISH, publish, logger)
     except PublishError as exc:
-        return _record_failure(services, claim, Outcome("infra", "BAD_RESULT", str(exc)), logger,
+        return _record_failure(services, claim, Outcome(ErrorClass.INFRA, "BAD_RESULT", str(exc)), logger,
                                phase=Phase.PUBLISH)
     except (StoreRetriesExhausted, StoreError, OSError) as exc:
         error = str(exc) if isinstance(exc, StoreRetriesExhausted) else f"{type(exc).__name__}: {exc}"
-        return _record_failure(services, claim, Outcome("infra", "PUBLISH_FAILED", error), logger,
+        return _record_failure(services, claim, Outcome(ErrorClass.INFRA, "PUBLISH_FAILED", error), logger,
                                phase=Phase.PUBLISH)
     except Interrupted:
         if keeper.lost:
             return RunResult(claim.bucket_id, "lease-lost", claim.attempt)
-        cancelled = Outcome("cancelled", "CANCELLED", "cancelled while publishing")
+        cancelled = Outcome(ErrorClass.CANCELLED, "CANCELLED", "cancelled while publishing")
         return _record_failure(services, claim, cancelled, logger, phase=Phase.PUBLISH)
     name = bucket_manifest_name(claim.key)
     manifest_uri = services.store.document_location(name)

@@ -388,8 +388,8 @@ def doctor(target: str | None, as_json: bool, keep: Path | None, flags: tuple[st
             else:
                 checks.append(Check("load", SKIP, "nothing traced to load (see trace)"))
         failed = any(c.status == FAIL for c in checks)
-        report = {"status": "fail" if failed else "pass", "exit_code": EXIT_FAILED if failed else EXIT_OK,
-                  "checks": [asdict(c) for c in checks], "host": facts,
-                  "work_dir": str(root) if keep is not None else None}
+        report: dict[str, Any] = {
+            "status": "fail" if failed else "pass", "exit_code": EXIT_FAILED if failed else EXIT_OK,
+            "checks": [asdict(c) for c in checks], "host": facts, "work_dir": str(root) if keep is not None else None}
     click.echo(json.dumps(report, indent=2) if as_json else render_text(report))
     click.get_current_context().exit(report["exit_code"])

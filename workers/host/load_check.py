@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
 
     inputs = [InputDesc(i["name"], tuple(i["shape"]), i["dtype"]) for i in json.loads(Path(argv[1]).read_text())]
     started = time.monotonic()
-    model = torch.jit.load(argv[0])
+    model = torch.jit.load(argv[0])  # type: ignore[no-untyped-call]  # torch.jit.load is unannotated
     loaded = time.monotonic() - started
     tensors = example_inputs(order_inputs(model, inputs))
     started = time.monotonic()

@@ -34,7 +34,7 @@ FIELD_MANAGER = "compilesvc-worker"
 RETRY_SECONDS = 10.0
 
 
-def annotations(running: int) -> dict[str, str | None]:
+def pod_annotations(running: int) -> dict[str, str | None]:
     """What the pod carries with ``running`` compiles (None removes an annotation: JSON merge patch)."""
     return {DELETION_COST: str(running), DO_NOT_DISRUPT: "true" if running else None}
 
@@ -99,7 +99,7 @@ class PodProtection:
                 # In the pod: the mounted service-account token, CA and namespace (re-read as the token rotates);
                 # elsewhere KUBECONFIG.
                 self._client = Client(field_manager=FIELD_MANAGER)
-            self._client.patch(Pod, self.pod, {"metadata": {"annotations": annotations(running)}},
+            self._client.patch(Pod, self.pod, {"metadata": {"annotations": pod_annotations(running)}},
                                namespace=self.namespace, patch_type=PatchType.MERGE)
         except Exception as exc:  # the API is away or refuses: the next change tries again
             log.warning("could not annotate the pod", extra={"pod": self.pod, "running": running,
