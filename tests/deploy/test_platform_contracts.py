@@ -97,6 +97,15 @@ def test_with_the_webhook_the_compile_container_gets_no_credential_and_the_worke
         assert variables and tokens, name
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_the_plain_manifest_s_compile_container_gets_no_credential_either(mode: platform.Mode) -> None:
+    manifest = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "compile-worker-pod.yaml"
+    deployment = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and d["kind"] == "Deployment")
+    mutated = platform.pod_identity_webhook(copy.deepcopy(deployment["spec"]["template"]), mode)
+    by_name = {c["name"]: c for c in containers(mutated["spec"])}
+    assert credentials_of(by_name["compile"]) == ([], []) and credentials_of(by_name["worker"])[1]
+
+
 def test_a_pool_s_own_skip_containers_names_are_kept_with_the_compile_container() -> None:
     values = values_of("minimal")
     values["workers"] = {"pools": [{"name": "cpu", "target": "cpu", "release": "2.13.0",
