@@ -301,6 +301,30 @@ def test_only_a_bwrap_worker_needs_a_privileged_namespace() -> None:
         "worker: seccompProfile Unconfined", "worker: appArmorProfile Unconfined", "worker: procMount Unmasked"]
 
 
+def test_bwrap_pools_render_as_a_release_of_workers_alone() -> None:
+    """The second release of docs/kubernetes.md's "bwrap pools": its namespace is privileged, so it holds
+    nothing but the bwrap workers (no API, proxy, relay, gc or migration hook)."""
+    values = values_of("minimal")
+    values.update({"api": {"enabled": False}, "proxy": {"enabled": False}, "relay": {"enabled": False},
+                   "migrations": {"enabled": False}, "gc": {"enabled": False},
+                   "workers": {"pools": [{"name": "bwrap", "target": "cpu", "release": "2.13.0",
+                                          "queues": ["compile.cpu.2.13.0"], "sandbox": "bwrap"}]}})
+    docs = render(values)
+    for doc in docs:
+        validate(doc)
+    assert set(pod_specs(docs)) == {"compilesvc-worker-bwrap"}
+    accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
+    assert accounts == {"compilesvc-worker"}
+    assert not [d for d in docs if d["kind"] in ("Service", "PodDisruptionBudget", "ServiceMonitor")]
+    egress = next(d for d in docs if d["metadata"]["name"] == "compilesvc-egress")["spec"]["egress"]
+    to_api = [rule for rule in egress for peer in rule["to"]
+              if peer.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component") == "api"]
+    assert to_api == []  # no rule to an API this release lacks
+    values["proxy"] = {"enabled": True}
+    with pytest.raises(helm.HelmRenderError, match=r"proxy\.enabled needs api\.enabled"):
+        render(values)
+
+
 def test_the_docs_say_how_each_item_was_checked() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md").read_text()
     for phrase in ("eks.amazonaws.com/skip-containers", "Ephemeral storage", "restartOnConfigChange",
