@@ -93,6 +93,9 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/kubernetes.md", "EKS, step by step", "sh", "kubectl create namespace compilesvc"):
         "not run: needs an EKS cluster; shell checked with bash -n; the values file it names is rendered and checked "
         "by tests/deploy/test_helm_chart.py",
+    ("docs/kubernetes.md", "bwrap pools", "sh", "helm upgrade --install compilesvc-bwrap deploy/helm/compiles"):
+        "not run: needs a cluster; shell checked with bash -n; the release it makes (workers alone) is rendered by "
+        "tests/deploy/test_platform_contracts.py::test_bwrap_pools_render_as_a_release_of_workers_alone",
     ("docs/kubernetes.md", "EKS, step by step", "sql", "CREATE ROLE compilesvc_scaler LOGIN PASSWORD 'choose-one';"):
         "run: tests/deploy/test_helm_chart.py::test_the_scaler_query_counts_queued_and_running_compiles_of_the_pool_on_a_real_ledger "
         "(under a role of the test's own name, which then runs the scaler query and is refused another table)",
