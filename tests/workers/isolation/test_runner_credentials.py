@@ -6,6 +6,10 @@ addEnvToContainer; main.go's container-credentials flags), naming the fix: the s
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +52,42 @@ def test_the_webhook_s_variables_are_refused_naming_the_annotation(monkeypatch: 
     result = CliRunner().invoke(compile_runner.compile_runner, ["--spool", "/nonexistent"])
     assert result.exit_code == 78
     assert "AWS_WEB_IDENTITY_TOKEN_FILE" in result.output and "eks.amazonaws.com/skip-containers" in result.output
+
+
+def _bwrap(tmp_path: Path, token: Path | None) -> list[str]:
+    """The runner as a real process, the webhook's token (if any) bound read-only at its path under a fresh
+    /run (never written to the host's /var/run), the rest of the host as it is."""
+    # /var/run is a link to /run (_bwrap_works checks), which bwrap will not follow for a bind's target.
+    bind = [] if token is None else ["--ro-bind", str(tmp_path / "token"), str(token).replace("/var/run/", "/run/", 1)]
+    return ["bwrap", "--dev-bind", "/", "/", "--tmpfs", "/run", *bind, "--",
+            sys.executable, "-m", "workers.isolation.compile_runner", "--spool", str(tmp_path / "spool")]
+
+
+def _bwrap_works() -> bool:
+    if shutil.which("bwrap") is None or Path("/var/run").resolve() != Path("/run"):
+        return False
+    return subprocess.run(["bwrap", "--dev-bind", "/", "/", "--tmpfs", "/run", "true"],
+                          capture_output=True, timeout=30, check=False).returncode == 0
+
+
+@pytest.mark.skipif(not _bwrap_works(), reason="bubblewrap cannot make a mount namespace here")
+@pytest.mark.parametrize("which", [0, 1], ids=["irsa", "pod-identity"])
+def test_the_real_runner_refuses_a_token_bound_at_the_webhook_s_path(which: int, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("eyJhbGciOi.secret-token-value")
+    (tmp_path / "spool").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "COMPILESVC_", "PG"))}
+    done = subprocess.run(_bwrap(tmp_path, compile_runner.TOKEN_FILES[which]), env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 78, done.stderr
+    assert str(compile_runner.TOKEN_FILES[which]) in done.stderr and "skip-containers" in done.stderr
+    assert "secret-token-value" not in done.stderr + done.stdout
+    # The same container skipped by the webhook (no token): the runner starts and beats.
+    runner = subprocess.Popen(_bwrap(tmp_path, None), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "spool" / "runner" / "heartbeat").exists():
+            assert runner.poll() is None and time.monotonic() < deadline, runner.stderr and runner.stderr.read()
+            time.sleep(0.1)
+    finally:
+        runner.terminate()
+        runner.wait(30)
