@@ -337,7 +337,8 @@ CHART_ONLY = {"POD_NAME",  # the worker's name in the registry
               "COMPILESVC_COMPILE_TIMEOUT_SECONDS",  # set explicitly: the grace periods follow it
               "COMPILESVC_SANDBOX", "COMPILESVC_COMPILE_SPOOL",  # the pod split
               "COMPILESVC_KUBERNETES_PROTECT", "POD_NAMESPACE",  # a compiling worker annotates its pod
-              "COMPILESVC_SCALABLE_QUEUES"}  # the KEDA pools' queues: compose has no pool that scales from zero
+              "COMPILESVC_SCALABLE_QUEUES",  # the KEDA pools' queues: compose has no pool that scales from zero
+              "COMPILESVC_SANDBOX_MAX_DISK_MB"}  # below the work directory's emptyDir (compilesvc.sandboxDisk)
 COMPOSE_ONLY: set[str] = set()
 PAIRS = {"compilesvc-api": ("api", "api"), "compilesvc-relay": ("relay", "relay"),
          "compilesvc-worker-cpu": ("worker", "worker-cpu"), "compilesvc-migrate": ("migrate", "migrate")}

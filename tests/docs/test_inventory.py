@@ -93,6 +93,9 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/kubernetes.md", "EKS, step by step", "sh", "kubectl create namespace compilesvc"):
         "not run: needs an EKS cluster; shell checked with bash -n; the values file it names is rendered and checked "
         "by tests/deploy/test_helm_chart.py",
+    ("docs/kubernetes.md", "bwrap pools", "sh", "helm upgrade --install compilesvc-bwrap deploy/helm/compiles"):
+        "not run: needs a cluster; shell checked with bash -n; the release it makes (workers alone) is rendered by "
+        "tests/deploy/test_platform_contracts.py::test_bwrap_pools_render_as_a_release_of_workers_alone",
     ("docs/kubernetes.md", "EKS, step by step", "sh", "PGHOST=<rds endpoint> PGSSLMODE=require POSTGRES_USER=<maste"):
         "run: tests/ledger/test_roles.py::test_the_init_script_runs_as_an_rds_master_user (the script, as a CREATEROLE "
         "non-superuser owner of a private Postgres: RDS's master user; the endpoint and passwords are the reader's)",

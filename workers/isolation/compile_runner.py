@@ -13,8 +13,9 @@ death with the runner, the sandbox's rlimits (processes, open files, file size, 
 and output limits, and the time limit; plus a network namespace of its own where unprivileged user
 namespaces exist (``unshare``), so it cannot use the pod's network at all.
 
-It refuses to start (exit 78, EX_CONFIG) when its environment holds service settings or credentials: a
-runner that sees them would hand them to the compile, which is what the split is for. After each attempt
+It refuses to start (exit 78, EX_CONFIG) when its environment holds service settings or credentials, or
+when an EKS web-identity or Pod Identity token file is mounted into its container: a runner that sees them
+would hand them to the compile, which is what the split is for. After each attempt
 no process of it is left: as PID 1 of its container it kills every other process of the PID namespace,
 otherwise the child's process group (a compile that left its group is then the container's to reap:
 run it as PID 1, as the manifest does). ``--once`` exits after one attempt (a Job per attempt).
@@ -33,7 +34,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
 
 import click
 
@@ -77,6 +78,18 @@ SERVICE_SETTINGS = frozenset({
     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN",
 })
 _SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY")
+#: Where the EKS pod-identity webhook mounts a service-account token that trades for AWS credentials
+#: (aws/amazon-eks-pod-identity-webhook: IRSA, handler.go NewModifier's MountPath + "token"; Pod Identity,
+#: main.go's container-credentials-token-mount-path + -token-path defaults). The webhook mounts it into every
+#: container the pod annotation eks.amazonaws.com/skip-containers does not name: a file here is a credential
+#: the compile could read even with the variables gone.
+TOKEN_FILES = (
+    Path("/var/run/secrets/eks.amazonaws.com/serviceaccount/token"),
+    Path("/var/run/secrets/pods.eks.amazonaws.com/serviceaccount/eks-pod-identity-token"),
+)
+#: What to do about either refusal: the chart names the compile container in that annotation.
+CREDENTIALS_FIX = ("name this container in the pod annotation eks.amazonaws.com/skip-containers (the Helm chart "
+                   "renders it for its compile container; a pod of your own must carry it too)")
 
 
 def refused_environment(environ: Mapping[str, str]) -> list[str]:
@@ -86,6 +99,11 @@ def refused_environment(environ: Mapping[str, str]) -> list[str]:
     return sorted(name for name in environ
                   if name.upper() in SERVICE_SETTINGS
                   or (any(word in name.upper() for word in _SECRET_WORDS) and not allowed(name)))
+
+
+def mounted_credentials(paths: tuple[Path, ...] | None = None) -> list[str]:
+    """The token files of :data:`TOKEN_FILES` this container can see (mounted by the pod-identity webhook)."""
+    return [str(path) for path in (TOKEN_FILES if paths is None else paths) if path.exists()]
 
 
 def own_network_namespace() -> list[str]:
@@ -257,6 +275,12 @@ def serve(spool: Path, once: bool) -> None:
     stop.set()
 
 
+def _refuse(message: str) -> NoReturn:
+    log.error(message)
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EX_CONFIG)
+
+
 @click.command("compile-runner")
 @click.option("--spool", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="The spool directory shared with the worker container.")
@@ -269,10 +293,14 @@ def compile_runner(spool: Path, once: bool) -> None:
     refused = refused_environment(os.environ)
     if refused:
         message = ("refusing to start: the compile container's environment holds service settings or "
-                   f"credentials ({', '.join(refused)}); give them to the worker container only")
-        log.error(message)
-        click.echo(f"error: {message}", err=True)
-        sys.exit(EX_CONFIG)
+                   f"credentials ({', '.join(refused)}); give them to the worker container only"
+                   + (f"; AWS_* from the EKS pod-identity webhook: {CREDENTIALS_FIX}"
+                      if any(name.startswith("AWS_") for name in refused) else ""))
+        _refuse(message)
+    tokens = mounted_credentials()
+    if tokens:
+        _refuse(f"refusing to start: a token that trades for AWS credentials is mounted here ({', '.join(tokens)}); "
+                f"{CREDENTIALS_FIX}")
     # PID 1 of a container gets no default signal actions: stop on SIGTERM like any other process.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     serve(spool, once)

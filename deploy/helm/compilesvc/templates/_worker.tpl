@@ -30,9 +30,7 @@ tolerations:
   - {key: aws.amazon.com/neuron, operator: Exists, effect: NoSchedule}
   {{- end }}
 {{- end }}
-{{- with $pool.affinity }}
-affinity: {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- include "compilesvc.podScheduling" $pool }}
 {{- if $pod }}
 initContainers:
   # deploy/kubernetes/compile-worker-pod.yaml: no env, no secret, no token; PID 1 of its container. A native
@@ -58,13 +56,9 @@ initContainers:
       - {name: spool, mountPath: /spool/attempts, subPath: attempts}
       - {name: spool, mountPath: /spool/runner, subPath: runner}
       - {name: spool, mountPath: /spool/models, subPath: models, readOnly: true}
-    resources:
-      requests: {{- toYaml $pool.compileResources.requests | nindent 8 }}
-      limits:
-        {{- toYaml $pool.compileResources.limits | nindent 8 }}
-        {{- if gt (int $pool.neuronDevices) 0 }}
-        aws.amazon.com/neuron: {{ $pool.neuronDevices }}
-        {{- end }}
+    {{- $resources := include "compilesvc.resources" (dict "name" (printf "workers.pools[%s].compileResources" $pool.name) "resources" $pool.compileResources "volumes" (dict "spool" $pool.workSizeLimit)) | fromYaml }}
+    {{- if gt (int $pool.neuronDevices) 0 }}{{ $_ := set $resources.limits "aws.amazon.com/neuron" $pool.neuronDevices }}{{ end }}
+    resources: {{- toYaml $resources | nindent 6 }}
     securityContext: {{- include "compilesvc.containerSecurityContext" $root | nindent 6 }}
 {{- end }}
 containers:
@@ -87,18 +81,15 @@ containers:
       {{- if $neuron }}
       - {name: COMPILESVC_NEURON_SDK, value: {{ $pool.release | quote }}}
       {{- end }}
+      - {name: COMPILESVC_SANDBOX_MAX_DISK_MB, value: {{ include "compilesvc.sandboxDisk" (dict "root" $root "pool" $pool) | quote }}}
       {{- if $pod }}
       - {name: COMPILESVC_SANDBOX, value: pod}
       - {name: COMPILESVC_COMPILE_SPOOL, value: /spool}
       {{- end }}
       {{- include "compilesvc.secretEnv" (dict "root" $root "component" "worker" "aws" true "required" (list "COMPILESVC_BROKER_URL" "PGPASSWORD") "optional" list) | indent 6 }}
-    resources:
-      requests: {{- toYaml $pool.resources.requests | nindent 8 }}
-      limits:
-        {{- toYaml $pool.resources.limits | nindent 8 }}
-        {{- if and (not $pod) (gt (int $pool.neuronDevices) 0) }}
-        aws.amazon.com/neuron: {{ $pool.neuronDevices }}
-        {{- end }}
+    {{- $resources := include "compilesvc.resources" (dict "name" (printf "workers.pools[%s].resources" $pool.name) "resources" $pool.resources "volumes" (merge (dict "work" $pool.workSizeLimit) (include "compilesvc.scratchSizes" $root | fromYaml))) | fromYaml }}
+    {{- if and (not $pod) (gt (int $pool.neuronDevices) 0) }}{{ $_ := set $resources.limits "aws.amazon.com/neuron" $pool.neuronDevices }}{{ end }}
+    resources: {{- toYaml $resources | nindent 6 }}
     securityContext:
       allowPrivilegeEscalation: false
       readOnlyRootFilesystem: true
@@ -144,4 +135,27 @@ volumes:
         - configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}
         - downwardAPI: {items: [{path: namespace, fieldRef: {fieldPath: metadata.namespace}}]}
   {{- end }}
+{{- end -}}
+
+
+{{/* COMPILESVC_SANDBOX_MAX_DISK_MB of a pool: what one compile may leave on disk, below what the kubelet lets the
+compile's work directory hold (its emptyDir's sizeLimit: work with bwrap, spool with the pod split; past it the
+kubelet evicts the pod without grace, eviction_manager.go emptyDirLimitEviction) shared by the pool's
+concurrent compiles, each with its model (up to config.maxUploadBytes) and 1 GiB of headroom. Then the
+sandbox's own SANDBOX_DISK_LIMIT fires first. */}}
+{{- define "compilesvc.sandboxDisk" -}}
+{{- $pool := .pool -}}
+{{- if hasKey .root.Values.config.extra "COMPILESVC_SANDBOX_MAX_DISK_MB" -}}
+{{- fail "config.extra.COMPILESVC_SANDBOX_MAX_DISK_MB: set workers.pools[].sandboxMaxDiskMb instead (the chart derives it per pool from workSizeLimit)" -}}
+{{- end -}}
+{{- $upload := include "compilesvc.mib" (.root.Values.config.maxUploadBytes | int64) | int64 -}}
+{{- $bound := sub (div (include "compilesvc.mib" $pool.workSizeLimit | int64) (int64 $pool.concurrency)) (add $upload 1024) -}}
+{{- if lt $bound 1 -}}
+{{- fail (printf "workers.pools[%s].workSizeLimit (%s) leaves no disk for a compile: each of its %d concurrent compiles needs its model (config.maxUploadBytes, %d MiB) plus 1 GiB plus what it writes" $pool.name (toString $pool.workSizeLimit) (int $pool.concurrency) $upload) -}}
+{{- end -}}
+{{- $wanted := $pool.sandboxMaxDiskMb | default 0 | int64 -}}
+{{- if gt $wanted $bound -}}
+{{- fail (printf "workers.pools[%s].sandboxMaxDiskMb (%d) is more than its work directory can hold (%d MiB of workSizeLimit %s per compile, less the model and 1 GiB): the kubelet would evict the pod before the sandbox's SANDBOX_DISK_LIMIT fires" $pool.name $wanted $bound (toString $pool.workSizeLimit)) -}}
+{{- end -}}
+{{- if gt $wanted 0 }}{{ $wanted }}{{ else }}{{ $bound }}{{ end -}}
 {{- end -}}
