@@ -93,6 +93,11 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
     ("docs/kubernetes.md", "EKS, step by step", "sh", "kubectl create namespace compilesvc"):
         "not run: needs an EKS cluster; shell checked with bash -n; the values file it names is rendered and checked "
         "by tests/deploy/test_helm_chart.py",
+    ("docs/api.md", "Webhooks", "python", "from standardwebhooks import Webhook"):
+        "run: tests/web/test_webhook_destinations.py::test_the_standard_webhooks_library_verifies_our_signature "
+        "(the same library and calls, on a delivery the relay sent)",
+    ("docs/fleet.md", "Signed artifacts, trusted keys", "text", "error: refused: 5b1e… (the API's resolve answer) is a validl"):
+        OUTPUT + "; the refusals are tests/fleet/test_spec_binding.py's",
     ("docs/kubernetes.md", "bwrap pools", "sh", "helm upgrade --install compilesvc-bwrap deploy/helm/compiles"):
         "not run: needs a cluster; shell checked with bash -n; the release it makes (workers alone) is rendered by "
         "tests/deploy/test_platform_contracts.py::test_bwrap_pools_render_as_a_release_of_workers_alone",
