@@ -10,13 +10,16 @@ LOCK := requirements/server.lock
 .PHONY: dev test test-quick test-upstream test-tools sandbox-tools lint install lock bench screenshots
 
 # The lock first, hash-checked; then the `dev` extra (test and lint tools, unlocked) constrained by the lock so
-# it cannot move a server package; then the project itself, which brings nothing new.
+# it cannot move a server package; then the project itself, which brings nothing new. The constraints are the
+# lock's pins without their hashes: pip turns a hash in a constraints file into hash-checking of every
+# requirement, which the unlocked dev tools cannot pass.
 $(BIN)/compilesvc: pyproject.toml $(LOCK)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --require-hashes -r $(LOCK)
+	sed -n 's/^\([a-z0-9][^ ]*==[^ ]*\).*/\1/p' $(LOCK) > $(VENV)/lock-constraints.txt
 	$(BIN)/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["dev"]))' > $(VENV)/dev-requirements.txt
-	$(BIN)/pip install -q -c $(LOCK) -r $(VENV)/dev-requirements.txt
+	$(BIN)/pip install -q -c $(VENV)/lock-constraints.txt -r $(VENV)/dev-requirements.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 

@@ -113,6 +113,11 @@ def dev_requirements() -> list[str]:
     return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"])
 
 
+def lock_constraints(lock: Path = LOCK) -> str:
+    """The lock's pins without their hashes, for pip -c (a hashed constraint makes pip demand every hash)."""
+    return "".join(f"{name}=={version}\n" for name, version in locked_versions(lock).items())
+
+
 def base_steps(python: str, base: Path, dev_file: Path) -> list[Step]:
     """What `make install` does, into `base`."""
     pip = [str(base / "bin" / "python"), "-m", "pip", "install", "-q"]
@@ -122,7 +127,7 @@ def base_steps(python: str, base: Path, dev_file: Path) -> list[Step]:
         Step("pip", [*pip, "--upgrade", "pip"]),
         Step("the lock, hash-checked", [*pip, "--require-hashes", "-r", str(LOCK)]),
         Step(f"the dev extra, constrained by the lock ({dev_file.name}: {len(dev)} requirements)",
-             [*pip, "-c", str(LOCK), "-r", str(dev_file)]),
+             [*pip, "-c", str(dev_file.with_name("lock-constraints.txt")), "-r", str(dev_file)]),
         Step("the project", [*pip, "--no-deps", "-e", str(ROOT)]),
     ]
 
@@ -196,6 +201,7 @@ def execute(args: argparse.Namespace, workdir: Path) -> list[Row]:
     locked = locked_versions()
     log = workdir / "test-upstream.log"
     (workdir / "dev-requirements.txt").write_text("\n".join(dev_requirements()) + "\n")
+    (workdir / "lock-constraints.txt").write_text(lock_constraints())
     rows: list[Row] = []
     for name, steps in plan(args, workdir):
         print(f"== {name or 'base venv'} (log: {log})", flush=True)

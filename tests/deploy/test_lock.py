@@ -103,12 +103,15 @@ def test_make_install_installs_the_lock_with_hashes_then_dev_then_the_project() 
     # The stamp is remade when the lock changes, not only pyproject.toml.
     assert prerequisites.split() == ["pyproject.toml", "$(LOCK)"]
     pip = [line for line in recipe if line.startswith("$(BIN)/pip install")]
+    dev = "-c $(VENV)/lock-constraints.txt -r $(VENV)/dev-requirements.txt"
     steps = [
         next(i for i, line in enumerate(pip) if "--require-hashes -r $(LOCK)" in line),
-        next(i for i, line in enumerate(pip) if "-c $(LOCK)" in line and "dev-requirements" in line),
+        next(i for i, line in enumerate(pip) if dev in line),
         next(i for i, line in enumerate(pip) if "--no-deps -e ." in line),
     ]
     assert steps == sorted(steps), "lock, then dev constrained by it, then the project"
+    # The constraints are the lock's pins, hashes dropped (pip would demand hashes of the dev tools too).
+    assert any(line.startswith("sed ") and line.endswith("$(LOCK) > $(VENV)/lock-constraints.txt") for line in recipe)
     assert not any(re.search(r"-e '?\.\[", line) for line in pip), "an install that resolves the server set anew"
     # make dev and make test both go through that venv.
     assert "install" in _make_rule("dev")[0].split() and "install" in _make_rule("test")[0].split()
@@ -128,6 +131,7 @@ def test_the_cpu_image_installs_the_same_lock_with_hashes() -> None:
 def test_the_neuron_image_takes_the_lock_as_constraints() -> None:
     text = DOCKERFILE_NEURON.read_text()
     assert "requirements/server.lock /src/" in text and "-c /tmp/lock-constraints.txt" in text
+    assert "--hash" not in text  # pins only: a hash in a constraints file would demand one of every package
     assert "!requirements/server.lock" in (ROOT / "docker" / "Dockerfile.neuron.dockerignore").read_text().split()
 
 

@@ -38,7 +38,7 @@ def test_default_packages_are_the_broker_then_the_ledger_then_the_store(tmp_path
     base = groups[0][1]
     # The base is what `make install` makes: the lock hash-checked, dev constrained by it, the project alone.
     assert any(f"--require-hashes -r {upstream.LOCK}" in step for step in base)
-    assert any(f"-c {upstream.LOCK} -r {tmp_path}/dev-requirements.txt" in step for step in base)
+    assert any(f"-c {tmp_path}/lock-constraints.txt -r {tmp_path}/dev-requirements.txt" in step for step in base)
     assert base[-1].endswith(f"--no-deps -e {ROOT}")
     for name, steps in groups[2:]:
         assert steps[0].endswith(f"-m venv {tmp_path / name}")
@@ -74,6 +74,8 @@ def test_locked_versions_are_the_lock_pins() -> None:
     locked = upstream.locked_versions()
     assert locked["torch"] == "2.13.0+cpu"
     assert set(upstream.DEFAULT_PACKAGES) <= locked.keys()
+    constraints = upstream.lock_constraints().splitlines()
+    assert "celery==" + locked["celery"] in constraints and not any("--hash" in line for line in constraints)
 
 
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path) -> None:
