@@ -244,8 +244,9 @@ def table(rows: list[Row]) -> str:
     lines = ["| upgrade | locked | newest | also moved | fault suite | failed tests | s |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
-        lines.append(f"| {row.package} | {row.locked} | {row.newest} | {', '.join(row.moved) or '-'} | {row.result} "
-                     f"| {'<br>'.join(row.failed) or '-'} | {row.seconds:.0f} |")
+        cells = [row.package, row.locked or "-", row.newest or "-", ", ".join(row.moved) or "-", row.result,
+                 "<br>".join(row.failed) or "-", f"{row.seconds:.0f}"]
+        lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
