@@ -467,7 +467,7 @@ def test_cpu_image_installs_the_pinned_torch_from_the_cpu_index() -> None:
     assert _arg_default(DOCKERFILE, "PYTHON_IMAGE") == "python:3.11-slim"
     assert re.search(r"^USER compilesvc$", text, re.MULTILINE)
     assert 'ENTRYPOINT ["tini", "-s", "--", "compilesvc"]' in text  # PID 1 reaps, also on Kubernetes
-    assert "p['optional-dependencies']['server']" in text  # the image runs the service, not only the client
+    assert "-r /tmp/build/server.lock" in text  # the image runs the service, not only the client (test_lock.py)
 
 
 def test_neuron_image_defaults_agree_with_compose(services: dict[str, dict[str, Any]]) -> None:

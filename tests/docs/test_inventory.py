@@ -128,6 +128,9 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
         f"run: {OPERATOR}::test_operator_blocks" + FIRST_HOUR + " (the dry run)",
     ("docs/deploy.md", "Retention", "sh", 'compilesvc pins add --artifact KEY --note "fleet search-prod'):
         f"run: {OPERATOR}::test_operator_blocks",
+    ("docs/deploy.md", "Dependencies", "sh", "make test-upstream                                        #"):
+        "check: tests/deploy/test_upstream.py::test_dry_run_prints_the_plan_and_runs_nothing (its plan, and its "
+        "arguments in the same file; a real run takes a full install and the fault suite once per package)",
     ("docs/deploy.md", "Operations", "sh", "docker compose logs -f api relay worker-cpu        # JSON li"): DOCKER,
     ("docs/deploy.md", "Checking the file", "sh", "docker compose config -q                             # Compo"):
         f"{DOCKER}; its last line is tests/deploy/test_compose.py, which the suite runs",
