@@ -8,6 +8,11 @@ broker: the file says everything. The process is not alive when the file is miss
 ``fresh_until`` has passed (the process stopped writing: frozen, or its checking thread died), when the pid
 it names is gone, or when its state is ``dead``.
 
+Probes run ``python -m compilesvc.liveness worker`` (stdlib only: a probe every few seconds must not load
+SQLAlchemy and Celery); ``compilesvc worker --check-alive`` is the same check for a person. Both read
+``COMPILESVC_LIVENESS_FILE``, else :func:`default_path`: one file per process name and host, so workers
+sharing a volume (compose's ``--scale``) do not write each other's.
+
 A process that found itself broken but still has work to finish (a worker that stopped consuming, with
 compiles running) writes ``stopping``: still alive to the probe, so the orchestrator does not kill the
 compiles, and it exits by itself once they end (``fresh_until`` bounds that too).
@@ -17,12 +22,26 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 #: What a process found the last time it checked itself.
 STATES = ("starting", "alive", "busy", "stopping", "dead")
+
+
+def default_path(process: str) -> Path:
+    """Where ``process`` (``worker``) on this host writes when ``COMPILESVC_LIVENESS_FILE`` is unset: the temp
+    directory (the image's TMPDIR), named by the host, which is the container's in compose and the pod's."""
+    return Path(tempfile.gettempdir()) / f"compilesvc-{process}.{socket.gethostname()}.alive"
+
+
+def configured_path(process: str) -> Path:
+    """The file of ``process``: ``COMPILESVC_LIVENESS_FILE`` (the setting ``liveness_file``), else the default."""
+    return Path(os.environ.get("COMPILESVC_LIVENESS_FILE") or default_path(process))
 
 
 @dataclass(frozen=True)
@@ -80,3 +99,18 @@ def check(path: Path, now: float | None = None) -> Status:
     if not _pid_running(pid):
         return Status(False, f"{path}: pid {pid} is not running")
     return Status(True, f"{state}{': ' + detail if detail else ''}")
+
+
+def main(argv: list[str]) -> int:
+    """``python -m compilesvc.liveness PROCESS``: exit 0 alive, 1 not, 2 usage; one line saying why."""
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print("usage: python -m compilesvc.liveness worker", file=sys.stderr)
+        return 2
+    status = check(configured_path(argv[0]))
+    print(("alive: " if status.alive else "not alive: ") + status.detail,
+          file=sys.stdout if status.alive else sys.stderr)
+    return 0 if status.alive else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

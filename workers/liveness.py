@@ -41,7 +41,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -49,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from compilesvc.config.settings import Settings
-from compilesvc.liveness import LivenessFile
+from compilesvc.liveness import LivenessFile, default_path
 
 log = logging.getLogger("compilesvc.worker.liveness")
 
@@ -67,7 +66,7 @@ def canary_queue(worker_id: str) -> str:
 
 
 def liveness_path(settings: Settings) -> Path:
-    return settings.liveness_file or Path(tempfile.gettempdir()) / "compilesvc-worker.alive"
+    return settings.liveness_file or default_path("worker")
 
 
 def reserved() -> int:

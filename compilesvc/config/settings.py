@@ -206,7 +206,8 @@ class Settings(BaseSettings):
     liveness_file: Path | None = Field(
         default=None,
         description="Where the worker writes its liveness (compilesvc/liveness.py), which `compilesvc worker "
-                    "--check-alive` reads (default: compilesvc-worker.alive in the system's temp directory).")
+                    "--check-alive` and `python -m compilesvc.liveness worker` read (default: "
+                    "compilesvc-worker.<hostname>.alive in the temp directory, compilesvc/liveness.py).")
     imds_url: str = Field(default="http://169.254.169.254", description="The EC2 instance metadata service.")
     kubernetes_protect: bool = Field(
         default=False, description="On Kubernetes: while compiling, annotate this worker's pod (pod-deletion-cost, "

@@ -503,3 +503,11 @@ def test_the_publishing_services_and_only_they_get_the_signing_key(raw: dict[str
         assert environment(services[name])["COMPILESVC_SIGNING_KEY_FILE"] == "/run/secrets/signing_key", name
     for name, service in services.items():
         assert not [v for v in environment(service).values() if "PRIVATE KEY" in str(v)], name
+
+
+def test_workers_report_consuming_and_are_restarted(services: dict[str, dict[str, Any]]) -> None:
+    """Healthy = consuming (the worker's liveness file, workers/liveness.py); a worker that stops consuming
+    exits 75, and `restart: unless-stopped` starts a fresh one (compose does not restart an unhealthy one)."""
+    for name in ("worker-cpu", "worker-neuron"):
+        assert services[name]["healthcheck"]["test"] == ["CMD", "python", "-m", "compilesvc.liveness", "worker"]
+        assert services[name]["restart"] == "unless-stopped"

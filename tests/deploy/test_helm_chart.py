@@ -753,3 +753,14 @@ def test_the_pod_protection_policy_admits_the_workers_own_patch_and_nothing_else
     # Anyone else (the ReplicaSet controller, an operator) is not the policy's business.
     kubectl = {**request, "userInfo": {"username": "admin", "groups": ["system:masters"], "extra": {}}}
     assert admission(policy, kubectl, busy, relabelled) == []
+
+
+def test_every_worker_is_probed_for_consuming() -> None:
+    """The worker's livenessProbe reads the liveness file its canary check writes (workers/liveness.py), with
+    the stdlib-only probe (compilesvc/liveness.py), the same signal as compose's healthcheck."""
+    specs = pod_specs(rendered("eks-neuron-keda"))
+    for pool in pools("eks-neuron-keda"):
+        worker = next(c for c in specs[f"compilesvc-worker-{pool['name']}"]["containers"] if c["name"] == "worker")
+        probe = worker["livenessProbe"]
+        assert probe["exec"]["command"] == ["python", "-m", "compilesvc.liveness", "worker"], pool["name"]
+        assert probe["timeoutSeconds"] < probe["periodSeconds"]

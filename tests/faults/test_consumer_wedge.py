@@ -18,6 +18,7 @@ queue, workers/liveness.py), exit 75, and its successor must consume.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
@@ -126,7 +127,7 @@ def test_broker_restarted_at_a_wedging_moment(faults: FaultCluster, moment: str)
         assert all(code == EXIT_NOT_CONSUMING for code in exits), exits
         for worker in workers:
             if worker.exits:  # its successor consumes: it logged the canary's arrival, or ran a compile
-                wait_for(lambda w=worker: _alive(w), 30, f"{worker.name}'s successor to consume", interval=0.2)
+                wait_for(functools.partial(_alive, worker), 30, f"{worker.name}'s successor to consume", interval=0.2)
                 assert worker.lives[-1].proc.poll() is None
         print(f"{moment}: worker exits {exits}; lives {[len(w.lives) for w in workers]}")
     finally:
