@@ -5,8 +5,9 @@ finished left both workers alive, heartbeating and never consuming again (celery
 #9054, #8030). Here the broker (the fault cluster's private redis-server) is SIGKILLed and restarted empty on
 the same port at three moments, each triggered by what the service records, never by timing:
 
-- ``acks``: when a compile finishes; the ledger's bucket row commits ``succeeded`` before the task acks
-  (workers/compiling/runner.py), so the test polls the ledger and kills Redis the moment it sees it;
+- ``acks``: killed while both workers compile, and restarted only once the ledger shows both compiles
+  ``succeeded``, which the runner commits before the task acks (workers/compiling/runner.py): every ack
+  meets a dead connection, as in the incident (``Couldn't ack``);
 - ``idle``: with the workers idle in ``BRPOP`` (both logged the canary's arrival, nothing queued);
 - ``unacked``: while both compiles run, their messages in kombu's unacked set.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import pytest
 from sqlalchemy import func, select
@@ -101,9 +103,12 @@ def _break_broker(faults: FaultCluster, moment: str, workers: list[Supervisor]) 
 
     wait_for(both_running, 30, "both workers to be busy", interval=0.1)
     queued = [faults.api.submit(faults.hlo_spec("ok", seq_lens=(16 * (i + 1),)))["build_id"] for i in range(4)]
-    if moment == "acks":  # the first compile is recorded succeeded; its ack is about to go out
-        wait_for(lambda: _succeeded(faults) > 0, BUSY_SECONDS + 30, "a compile to succeed", interval=0.02)
     faults.redis.kill()
+    if moment == "acks":
+        # Down until the ledger records both busy compiles succeeded, which the runner commits before the task
+        # acks: each ack then meets a dead connection ("Couldn't ack ..., reason:network:ConnectionError").
+        wait_for(lambda: _succeeded(faults) >= 2, BUSY_SECONDS + 30, "both busy compiles to succeed", interval=0.05)
+        time.sleep(0.5)  # not a trigger: the ack that follows the commit by milliseconds has failed by now
     faults.redis.restart()
     return busy + queued
 
