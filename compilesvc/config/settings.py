@@ -199,8 +199,11 @@ class Settings(BaseSettings):
         description="How often a worker with a free compile slot proves it still consumes: it sends a canary "
                     "message to a queue only it reads (compile.canary.<worker id>) and must receive it "
                     "(workers/liveness.py). With every slot busy the check is skipped.")
+    # Above kombu's longest wait between reconnect attempts (30 s: Connection._ensure_connection's interval_max,
+    # kombu/connection.py:469 in 5.7.0, which Celery's consumer uses, celery/worker/consumer/consumer.py:690):
+    # a consumer reconnecting after a long outage is slow, not wedged.
     liveness_bound_seconds: float = Field(
-        default=30.0, gt=0,
+        default=60.0, gt=0,
         description="A canary (or any message) must arrive within this long, or the worker stops advertising "
                     "itself, lets its running compiles finish and exits 75 for its supervisor to restart it.")
     liveness_file: Path | None = Field(

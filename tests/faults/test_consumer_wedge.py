@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import func, select
@@ -113,6 +114,15 @@ def _break_broker(faults: FaultCluster, moment: str, workers: list[Supervisor]) 
     return busy + queued
 
 
+def _received_since(worker: Supervisor, since: datetime) -> bool:
+    """Celery's consumer logged a message received (a compile or a canary) after ``since``."""
+    for record in worker.lives[-1].records():
+        if record.get("logger") == "celery.worker.strategy" and str(record.get("msg", "")).endswith(" received") \
+                and datetime.fromisoformat(record["ts"].replace("Z", "+00:00")) > since:
+            return True
+    return False
+
+
 def _alive(worker: Supervisor) -> bool:
     from compilesvc import liveness
 
@@ -125,15 +135,18 @@ def test_broker_restarted_at_a_wedging_moment(faults: FaultCluster, moment: str)
     workers = [Supervisor(faults, f"w{i}").start() for i in (1, 2)]
     try:
         builds = _break_broker(faults, moment, workers)
+        healed = datetime.now(UTC)
         done = faults.api.wait_builds(builds, timeout=BUSY_SECONDS + RECOVERY_SECONDS)
         assert [b["state"] for b in done] == ["succeeded"] * len(builds), [summary(b) for b in done]
         exits = [code for w in workers for code in w.exits]
         # A worker either kept consuming, or noticed it did not and exited 75 for its supervisor.
         assert all(code == EXIT_NOT_CONSUMING for code in exits), exits
         for worker in workers:
-            if worker.exits:  # its successor consumes: it logged the canary's arrival, or ran a compile
-                wait_for(functools.partial(_alive, worker), 30, f"{worker.name}'s successor to consume", interval=0.2)
-                assert worker.lives[-1].proc.poll() is None
+            # Every worker consumes after the fault, itself or its successor: not only the one that did the
+            # work (on the code before issue 37 the other stayed wedged and this one ran every build).
+            wait_for(functools.partial(_received_since, worker, healed), 30,
+                     f"{worker.name} (life {len(worker.lives)}) to receive a message after the fault", interval=0.2)
+            assert worker.lives[-1].proc.poll() is None
         print(f"{moment}: worker exits {exits}; lives {[len(w.lives) for w in workers]}")
     finally:
         for worker in workers:
