@@ -8,13 +8,15 @@ in-process. The first worker of an SDK release new to the fleet starts the campa
 roll-forward policies covering it (:mod:`compilesvc.lifecycle.policies`), from a thread.
 Told to stop (SIGTERM), it drains (:mod:`workers.compiling.drain`): it takes no new compile, says
 so in the registry, gives running compiles ``drain_seconds`` to finish and hands back those that do not, then
-marks itself stopped and exits.
+marks itself stopped and exits. A worker that stops consuming (its canary does not arrive), or whose
+``draining_at`` another process set, stops the same way but waits for its running compiles and exits 75
+for its supervisor to restart it (:mod:`workers.liveness`); ``--check-alive`` reads what that check found.
 
 A host that claims a Neuron SDK release (``COMPILESVC_NEURON_SDK``) whose installed packages are another
 release's, that the release table does not know, or whose environment holds a variable that changes compiler
 output does not start: one ``error:`` line naming every problem, exit status 78
 (:func:`workers.host.capabilities.detect_capabilities`, ``neuron.refused``). Exit 2: bad options or settings, or
-nothing to compile.
+nothing to compile. Exit 75: stopped consuming (see above).
 
 Why a thread pool by default: a task's thread does no compiling itself; it supervises the compiler's own
 process (:mod:`workers.compiling.runner`), so threads are all the concurrency it needs. Prefork would fork a parent
