@@ -30,6 +30,7 @@ from sqlalchemy import func, select
 from compilesvc.ledger.models import BucketCompile
 from compilesvc.states import BucketState
 from tests.faults.conftest import FaultCluster, summary, wait_for
+from tests.faults.scale import SCALE
 from tests.workers.conftest import ServiceProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -133,7 +134,14 @@ def _alive(worker: Supervisor) -> bool:
     return status.alive and status.detail == "alive"
 
 
-@pytest.mark.parametrize("moment", ["acks", "idle", "unacked"])
+#: The ack moment is the one that wedges (on the code before issue 37: 4 of 6 builds stuck, both workers
+#: silent after "Couldn't ack"); idle and unacked did not wedge here, and cost about a minute of the CI suite's
+#: budget between them, so they run at the heavy scale (``COMPILESVC_FAULT_SCALE=heavy``, the bench).
+HEAVY_ONLY = pytest.mark.skipif(SCALE.name != "heavy", reason="heavy scale only (COMPILESVC_FAULT_SCALE=heavy)")
+
+
+@pytest.mark.parametrize("moment", ["acks", pytest.param("idle", marks=HEAVY_ONLY),
+                                    pytest.param("unacked", marks=HEAVY_ONLY)])
 def test_broker_restarted_at_a_wedging_moment(faults: FaultCluster, moment: str) -> None:
     workers = [Supervisor(faults, f"w{i}").start() for i in (1, 2)]
     try:
