@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -61,8 +62,10 @@ EXIT_GRACE_SECONDS = 30.0
 
 def canary_queue(worker_id: str) -> str:
     """The queue only this worker consumes: under ``compile.*``, so the broker users' key rules cover it
-    (docker/redis/users.sh); never registered, so the registry, admission and the reconciler never see it."""
-    return f"compile.canary.{worker_id}"
+    (docker/redis/users.sh); never registered, so the registry, admission and the reconciler never see it.
+    Characters other than ``A-Za-z0-9._-`` become ``-``: kombu's filesystem transport (the embedded broker)
+    refuses any other in a queue's exchange name (kombu/transport/filesystem.py, ``EXCHANGE_NAME_RE``, 5.7.0)."""
+    return "compile.canary." + re.sub(r"[^A-Za-z0-9._-]", "-", worker_id)
 
 
 def liveness_path(settings: Settings) -> Path:

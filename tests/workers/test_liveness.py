@@ -39,7 +39,7 @@ def test_a_canary_that_arrives_proves_consuming(tmp_path: Path, monkeypatch: pyt
     monitor.liveness = received
     monitor._check()
     state = received
-    assert sent == ["compile.canary.w1@test"] and not stopped and not state.stopping.is_set()
+    assert sent == ["compile.canary.w1-test"] and not stopped and not state.stopping.is_set()
     assert liveness.check(tmp_path / "w.alive") == liveness.Status(True, "alive")
 
 
@@ -132,3 +132,11 @@ def test_the_canary_queue_is_covered_by_the_broker_users_rules() -> None:
     """docker/redis/users.sh grants the queues as ~compile.*: a canary queue is one of them."""
     rules = (Path(__file__).parents[2] / "docker" / "redis" / "users.sh").read_text()
     assert "QUEUES='~compile.*'" in rules and canary_queue("w1@host").startswith("compile.")
+
+
+def test_the_canary_queue_is_a_name_the_embedded_broker_accepts() -> None:
+    """kombu's filesystem transport takes only A-Za-z0-9._- in an exchange name; worker ids hold '@'."""
+    import re
+
+    assert canary_queue("compilesvc-123@my host") == "compile.canary.compilesvc-123-my-host"
+    assert re.fullmatch(r"[A-Za-z0-9._-]+", canary_queue("w1@test"))
