@@ -8,13 +8,15 @@ in-process. The first worker of an SDK release new to the fleet starts the campa
 roll-forward policies covering it (:mod:`compilesvc.lifecycle.policies`), from a thread.
 Told to stop (SIGTERM), it drains (:mod:`workers.compiling.drain`): it takes no new compile, says
 so in the registry, gives running compiles ``drain_seconds`` to finish and hands back those that do not, then
-marks itself stopped and exits.
+marks itself stopped and exits. A worker that stops consuming (its canary does not arrive), or whose
+``draining_at`` another process set, stops the same way but waits for its running compiles and exits 75
+for its supervisor to restart it (:mod:`workers.liveness`); ``--check-alive`` reads what that check found.
 
 A host that claims a Neuron SDK release (``COMPILESVC_NEURON_SDK``) whose installed packages are another
 release's, that the release table does not know, or whose environment holds a variable that changes compiler
 output does not start: one ``error:`` line naming every problem, exit status 78
 (:func:`workers.host.capabilities.detect_capabilities`, ``neuron.refused``). Exit 2: bad options or settings, or
-nothing to compile.
+nothing to compile. Exit 75: stopped consuming (see above).
 
 Why a thread pool by default: a task's thread does no compiling itself; it supervises the compiler's own
 process (:mod:`workers.compiling.runner`), so threads are all the concurrency it needs. Prefork would fork a parent
@@ -71,11 +73,12 @@ class RegistryHeartbeat:
 
     def register(self) -> None:
         from workers.compiling.drain import DRAIN
+        from workers.liveness import LIVENESS
 
         with transaction(self.services.sessions) as session:
             registry.register(session, self.worker_id, socket.gethostname(), self.capabilities, self.queues,
                               self.slots)
-            if DRAIN.draining:  # re-registered while draining: still draining
+            if DRAIN.draining or LIVENESS.stopping.is_set():  # re-registered while draining: still draining
                 registry.mark_draining(session, self.worker_id)
             # In the registration's transaction: the first worker of a release claims its policies' runs.
             claims = policies.claim(session, self.worker_id, self.capabilities)
@@ -91,13 +94,20 @@ class RegistryHeartbeat:
             log.warning("could not mark the worker draining", extra={"error": f"{type(exc).__name__}: {exc}"})
 
     def _run(self) -> None:
+        from workers.compiling.drain import DRAIN
+        from workers.liveness import LIVENESS
+
         while not self.stop.wait(self.interval):
             try:
                 with transaction(self.services.sessions) as session:
-                    alive = registry.heartbeat(session, self.worker_id)
-                if not alive:
+                    beat = registry.heartbeat(session, self.worker_id)
+                if beat is None:
                     log.warning("registry row missing or marked stopped: registering again")
                     self.register()
+                elif beat.draining and not DRAIN.draining and not LIVENESS.stopping.is_set():
+                    # Not this process's own drain (that sets DRAIN before writing): another process (the
+                    # relay, finding work this worker does not take) told it to stop through the ledger.
+                    LIVENESS.stop("told to stop through the ledger (workers.draining_at set by another process)")
             except Exception as exc:  # the database is away; running compiles have their own leases
                 log.warning("registry heartbeat failed", extra={"error": f"{type(exc).__name__}: {exc}"})
 
@@ -215,6 +225,20 @@ def _drain_on_spot_notice(settings: Settings, beat: RegistryHeartbeat) -> None:
         watcher.start()
 
 
+def _check_alive() -> None:
+    """``--check-alive``: read the liveness file (compilesvc/liveness.py); exit 0 alive, 1 not, 2 bad settings."""
+    from compilesvc import liveness
+    from workers.liveness import liveness_path
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise click.UsageError(f"invalid COMPILESVC_* settings: {exc}") from None
+    status = liveness.check(liveness_path(settings))
+    click.echo(("alive: " if status.alive else "not alive: ") + status.detail, err=not status.alive)
+    sys.exit(0 if status.alive else 1)
+
+
 def default_worker_name() -> str:
     return f"compilesvc-{os.getpid()}@{socket.gethostname()}"
 
@@ -235,10 +259,16 @@ def default_worker_name() -> str:
 @click.option("--max-compiles", type=click.IntRange(min=1), default=None,
               help="Stop (draining, as on SIGTERM) once this many compiles have ended here: 1 for a Kubernetes "
                    "Job per compile (the Helm chart's ScaledJob mode).")
+@click.option("--check-alive", is_flag=True,
+              help="Start nothing: exit 0 if this host's worker proves it consumes (its liveness file, "
+                   "COMPILESVC_LIVENESS_FILE), 1 if not, with one line saying why. For liveness probes.")
 def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str, pool: str,
-           max_compiles: int | None) -> None:
+           max_compiles: int | None, check_alive: bool) -> None:
     """Run a compile worker for the targets this host can compile."""
     from workers.host.capabilities import capability_queues, detect_capabilities
+
+    if check_alive:
+        _check_alive()
 
     worker_id = name or default_worker_name()
     # `kill -USR1 <pid>` prints every thread's Python stack to the log: the first thing to look at when a
@@ -286,6 +316,11 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     services = Services.from_settings(settings)
     _ = services.signer  # a signing key that cannot be used stops the start, not the first publish
     beat = RegistryHeartbeat(services, worker_id, capabilities, queue_list, concurrency)
+    from workers.liveness import EXIT_NOT_CONSUMING, LIVENESS, canary_queue, install
+
+    # Stopping to be restarted: say so in the registry (admission and the queue depths count it out).
+    monitor = install(settings, worker_id, concurrency, lambda: threading.Thread(
+        target=beat.mark_draining, name="mark-draining", daemon=True).start())
     beat.register()
     beat.thread.start()
     log.info("worker registered", extra={"queues": queue_list, "slots": concurrency})
@@ -293,7 +328,9 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     # --quiet drops Celery's multi-line banner on stdout: every line a worker prints is JSON, and the
     # "worker registered" line above already names the queues and slots. No gossip, mingle or event
     # heartbeats: the ledger is the registry (RegistryHeartbeat), and the broker user may not publish events.
-    argv = ["--quiet", "worker", "-Q", ",".join(queue_list), "-c", str(concurrency), "--prefetch-multiplier=1",
+    # The canary's queue is consumed, never registered (workers/liveness.py).
+    consumed = ",".join([*queue_list, canary_queue(worker_id)])
+    argv = ["--quiet", "worker", "-Q", consumed, "-c", str(concurrency), "--prefetch-multiplier=1",
             "-n", nodename, "--without-gossip", "--without-mingle", "--without-heartbeat", "-O", "fair",
             "-l", loglevel.upper(), "--pool", pool]
     _drain_on_shutdown(settings, beat)
@@ -303,6 +340,7 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
     try:
         exit_code = worker_app().worker_main(argv)
     finally:
+        monitor.stop_event.set()
         beat.stop.set()
         beat.thread.join(5)
         try:
@@ -311,6 +349,8 @@ def worker(concurrency: int, queues: str | None, name: str | None, loglevel: str
         except Exception:  # the row ages out anyway
             log.exception("could not mark the worker stopped")
         services.close()
+        if LIVENESS.stopping.is_set():
+            exit_code = EXIT_NOT_CONSUMING  # for the supervisor to start a fresh one (workers/liveness.py)
         log.info("worker stopped", extra={"exit_code": exit_code})
     sys.exit(exit_code or 0)
 

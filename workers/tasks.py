@@ -26,6 +26,7 @@ from workers.celery_app import worker_app
 from workers.compiling.drain import DRAIN
 from workers.compiling.runner import ClaimNotRecorded, run_compile
 from workers.host.pod_protection import PodProtection
+from workers.liveness import CANARY_TASK, LIVENESS
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sd
                    isa: str | None = None, queue: str | None = None) -> str:
     if DRAIN.draining:  # told to stop: a compile started now would only be handed back (workers.compiling.drain)
         raise Reject("the worker is draining", requeue=True)
+    if LIVENESS.stopping.is_set():  # stopping to be restarted (workers.liveness): a fresh worker takes it
+        raise Reject(f"the worker is stopping: {LIVENESS.why}", requeue=True)
     if _protection is not None:
         _protection.started()
     try:
@@ -98,6 +101,11 @@ def compile_bucket(self: Task[Any, Any], bucket_compile_id: int, target: str, sd
     if result.status != "nothing-to-claim":
         _count_ended()
     return result.status
+
+
+@shared_task(name=CANARY_TASK, acks_late=False, ignore_result=True)  # type: ignore[untyped-decorator]
+def canary() -> None:
+    """Nothing: its arrival is the proof (the consumer's ``task_received``, :mod:`workers.liveness`)."""
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]

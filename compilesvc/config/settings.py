@@ -194,6 +194,23 @@ class Settings(BaseSettings):
         default=90.0, ge=0, le=110,
         description="The drain window after a spot interruption notice: inside EC2's two minutes, with time "
                     "left to hand back what is still compiling.")
+    liveness_check_seconds: float = Field(
+        default=60.0, gt=0,
+        description="How often a worker with a free compile slot proves it still consumes: it sends a canary "
+                    "message to a queue only it reads (compile.canary.<worker id>) and must receive it "
+                    "(workers/liveness.py). With every slot busy the check is skipped.")
+    # Above kombu's longest wait between reconnect attempts (30 s: Connection._ensure_connection's interval_max,
+    # kombu/connection.py:469 in 5.7.0, which Celery's consumer uses, celery/worker/consumer/consumer.py:690):
+    # a consumer reconnecting after a long outage is slow, not wedged.
+    liveness_bound_seconds: float = Field(
+        default=60.0, gt=0,
+        description="A canary (or any message) must arrive within this long, or the worker stops advertising "
+                    "itself, lets its running compiles finish and exits 75 for its supervisor to restart it.")
+    liveness_file: Path | None = Field(
+        default=None,
+        description="Where the worker writes its liveness (compilesvc/liveness.py), which `compilesvc worker "
+                    "--check-alive` and `python -m compilesvc.liveness worker` read (default: "
+                    "compilesvc-worker.<hostname>.alive in the temp directory, compilesvc/liveness.py).")
     imds_url: str = Field(default="http://169.254.169.254", description="The EC2 instance metadata service.")
     kubernetes_protect: bool = Field(
         default=False, description="On Kubernetes: while compiling, annotate this worker's pod (pod-deletion-cost, "

@@ -2,7 +2,9 @@
 
 Workers register on start (:func:`register`), heartbeat while they run (:func:`heartbeat`), say when they
 were told to stop (:func:`mark_draining`: they take no new compile, and keep heartbeating while their running
-compiles finish or are handed back) and announce a clean stop (:func:`mark_stopped`). A worker that dies
+compiles finish or are handed back; a worker whose heartbeat finds ``draining_at`` set by another process
+stops as one that stopped consuming does, :mod:`workers.liveness`) and announce a clean stop
+(:func:`mark_stopped`). A worker that dies
 without stopping simply ages out: readers consider only workers that heartbeated within
 ``worker_stale_seconds``. Submits consult :func:`served_queues` when ``require_live_worker`` is set, so
 registration is what lets the service accept work — or a pool that scales from zero, named in
@@ -37,16 +39,24 @@ def register(session: Session, worker_id: str, hostname: str, capabilities: dict
     upsert(session, Worker, values, ["id"])
 
 
-def heartbeat(session: Session, worker_id: str) -> bool:
-    """Refresh a worker's heartbeat; False when its row is gone or marked stopped (re-register then)."""
-    updated = session.execute(
+@dataclass(frozen=True)
+class Beat:
+    """A heartbeat that found the worker's row: whether someone set its ``draining_at`` (the worker itself on
+    SIGTERM, or another process telling it to stop, e.g. the relay finding work it does not take)."""
+
+    draining: bool
+
+
+def heartbeat(session: Session, worker_id: str) -> Beat | None:
+    """Refresh a worker's heartbeat; None when its row is gone or marked stopped (re-register then)."""
+    row = session.execute(
         update(Worker)
         .where(Worker.id == worker_id, Worker.stopped_at.is_(None))
         .values(heartbeat_at=utcnow())
-        .returning(Worker.id)
+        .returning(Worker.id, Worker.draining_at)
         .execution_options(synchronize_session=False)
-    ).scalar_one_or_none()
-    return updated is not None
+    ).one_or_none()
+    return None if row is None else Beat(draining=row.draining_at is not None)
 
 
 def mark_draining(session: Session, worker_id: str) -> None:

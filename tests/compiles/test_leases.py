@@ -735,3 +735,16 @@ def test_relay_command_runs_one_pass(tmp_path: Path, pg_services: Services) -> N
     records = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
     assert any(r["msg"] == "reaper pass" and r["requeued"] == [bid] and r["relayed"] == 1 for r in records)
     assert row(pg_services, bid).state == "queued" and unsent(pg_services) == 0
+
+
+def test_a_heartbeat_reads_whether_the_worker_was_told_to_stop(services: Services) -> None:
+    """The worker's heartbeat thread learns from its own beat that another process set ``draining_at``
+    (workers/liveness.py stops the worker then)."""
+    with transaction(services.sessions) as session:
+        registry.register(session, "w9", "host", {}, ["compile.cpu.x"], 1)
+    with transaction(services.sessions) as session:
+        assert registry.heartbeat(session, "w9") == registry.Beat(draining=False)
+        registry.mark_draining(session, "w9")
+    with transaction(services.sessions) as session:
+        assert registry.heartbeat(session, "w9") == registry.Beat(draining=True)
+        assert "compile.cpu.x" not in registry.live_queues(session, 60)  # admission counts it out

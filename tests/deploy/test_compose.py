@@ -512,3 +512,11 @@ def test_the_relay_serves_its_metrics_on_the_compose_network_only(services: dict
     assert relay["expose"] == [port] and "ports" not in relay  # `--scale relay=2` must not fight over a host port
     assert not any("COMPILESVC_RELAY_METRICS_PORT" in environment(services[n]) for n in COMPILESVC_SERVICES
                    if n != "relay")
+
+
+def test_workers_report_consuming_and_are_restarted(services: dict[str, dict[str, Any]]) -> None:
+    """Healthy = consuming (the worker's liveness file, workers/liveness.py); a worker that stops consuming
+    exits 75, and `restart: unless-stopped` starts a fresh one (compose does not restart an unhealthy one)."""
+    for name in ("worker-cpu", "worker-neuron"):
+        assert services[name]["healthcheck"]["test"] == ["CMD", "python", "-m", "compilesvc.liveness", "worker"]
+        assert services[name]["restart"] == "unless-stopped"

@@ -771,3 +771,14 @@ def test_the_relay_serves_its_metrics_on_its_named_port_unless_turned_off() -> N
     values["relay"] = {**values.get("relay", {}), "metricsPort": 0}
     off = relay_container(values)
     assert "ports" not in off and not any(e["name"] == "COMPILESVC_RELAY_METRICS_PORT" for e in off["env"])
+
+
+def test_every_worker_is_probed_for_consuming() -> None:
+    """The worker's livenessProbe reads the liveness file its canary check writes (workers/liveness.py), with
+    the stdlib-only probe (compilesvc/liveness.py), the same signal as compose's healthcheck."""
+    specs = pod_specs(rendered("eks-neuron-keda"))
+    for pool in pools("eks-neuron-keda"):
+        worker = next(c for c in specs[f"compilesvc-worker-{pool['name']}"]["containers"] if c["name"] == "worker")
+        probe = worker["livenessProbe"]
+        assert probe["exec"]["command"] == ["python", "-m", "compilesvc.liveness", "worker"], pool["name"]
+        assert probe["timeoutSeconds"] < probe["periodSeconds"]

@@ -167,11 +167,12 @@ class FaultCluster:
         return spec
 
     def broker_depth(self) -> int:
-        """Messages waiting in the private Redis's compile queues."""
+        """Messages waiting in the private Redis's compile queues (not the workers' liveness canaries,
+        workers/liveness.py: a canary sent just before a compile took the slot waits behind it)."""
         client = self.redis.client()
         try:
             return sum(int(client.llen(key)) for key in client.scan_iter(match="compile.*")
-                       if client.type(key) == b"list")
+                       if not key.startswith(b"compile.canary.") and client.type(key) == b"list")
         finally:
             client.close()
 

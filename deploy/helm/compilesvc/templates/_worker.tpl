@@ -66,6 +66,16 @@ containers:
     image: {{ include "compilesvc.imageRef" (merge (dict "appVersion" $root.Chart.AppVersion) ($pool.image | default dict) $root.Values.image) }}
     imagePullPolicy: {{ $root.Values.image.pullPolicy }}
     args: ["worker", "--concurrency", {{ $pool.concurrency | quote }}, "--queues", {{ join "," $pool.queues | quote }}, "--name", "{{ $pool.name }}@$(POD_NAME)"{{ if eq $pool.scaling.mode "scaledJob" }}, "--max-compiles", "1"{{ end }}]
+    # Alive = consuming (workers/liveness.py): the worker's canary check, read from its liveness file. A worker
+    # that stops consuming exits 75 by itself once its compiles end, and stays alive to this probe meanwhile;
+    # the probe restarts one whose checking stopped (frozen) after 3 x 30 s.
+    livenessProbe:
+      exec:
+        command: ["python", "-m", "compilesvc.liveness", "worker"]
+      initialDelaySeconds: 60
+      periodSeconds: 30
+      timeoutSeconds: 10
+      failureThreshold: 3
     envFrom: [{configMapRef: {name: {{ include "compilesvc.fullname" $root }}-config}}]
     env:
       - name: POD_NAME
