@@ -145,7 +145,9 @@ class CanaryMonitor:
                 self._check()
             except Exception:  # the check must outlive its own bugs; a stale file then says so
                 log.exception("liveness check failed")
-            self.stop_event.wait(self.interval)
+            # Woken at once by a stop (the heartbeat thread reads a draining_at the relay set between checks):
+            # waiting out the interval would keep a told worker idle and advertised as stopping for that long.
+            self.liveness.stopping.wait(self.interval)
 
     def _check(self) -> None:
         held = reserved()

@@ -25,12 +25,15 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from compilesvc.ledger.models import BucketCompile
 from compilesvc.states import BucketState
 from tests.faults.conftest import FaultCluster, summary, wait_for
 from tests.faults.scale import SCALE
+from tests.fixtures.ports import free_port
 from tests.workers.conftest import ServiceProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -54,9 +57,10 @@ class Supervisor:
     """A restart loop (compose ``restart: unless-stopped``): starts a worker again whenever it exits, under the
     same name and liveness file, until the test ends. Records every exit code."""
 
-    def __init__(self, faults: FaultCluster, name: str):
+    def __init__(self, faults: FaultCluster, name: str, env: dict[str, str] | None = None):
         self.faults, self.name = faults, name
-        self.env = {**LIVENESS_ENV, "COMPILESVC_LIVENESS_FILE": str(faults.cluster.tmp / f"{name}.alive")}
+        self.env = {**LIVENESS_ENV, **(env or {}),
+                    "COMPILESVC_LIVENESS_FILE": str(faults.cluster.tmp / f"{name}.alive")}
         self.lives: list[ServiceProcess] = []
         self.exits: list[int] = []
         self._stop = threading.Event()
@@ -164,22 +168,46 @@ def test_broker_restarted_at_a_wedging_moment(faults: FaultCluster, moment: str)
             worker.close()
 
 
-def test_a_worker_told_to_stop_through_the_ledger_exits_and_is_replaced(faults: FaultCluster) -> None:
-    """The relay's way to stop a worker that takes nothing (workers.draining_at): it stops and exits 75."""
-    from sqlalchemy import update
+def _unclaimed(port: int) -> tuple[float, float]:
+    """The relay's endpoint: compiles dispatched and not claimed (summed over queues), workers told to stop."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    unclaimed = told = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "compilesvc_relay_unclaimed_compiles":
+                unclaimed += sample.value
+            elif sample.name == "compilesvc_relay_workers_told_to_stop_total":
+                told += sample.value
+    return unclaimed, told
 
-    from compilesvc.ledger.engine import transaction
-    from compilesvc.ledger.models import Worker, utcnow
 
-    worker = Supervisor(faults, "w1").start()
+def test_the_relay_sees_the_wedge_and_tells_the_workers_to_stop(faults: FaultCluster) -> None:
+    """The same ack moment with the workers' own canary out of the picture (a check an hour apart): the relay
+    sees the re-sent compiles sit unclaimed while both workers idle (its metric rises), tells them through the
+    ledger (``workers.draining_at``), they exit 75, their successors consume, and the metric falls to 0."""
+    port = free_port()
+    faults.cluster._start("relay-metrics", ["relay", "-l", "INFO"], {  # a second relay is safe (SKIP LOCKED)
+        "COMPILESVC_RELAY_METRICS_PORT": str(port), "COMPILESVC_UNCLAIMED_AFTER_SECONDS": "2"}).wait_ready()
+    workers = [Supervisor(faults, f"w{i}", env={"COMPILESVC_LIVENESS_CHECK_SECONDS": "3600"}).start()
+               for i in (1, 2)]
+    peak = 0.0
     try:
-        with transaction(faults.cluster.services.sessions) as session:
-            session.execute(update(Worker).where(Worker.id == "w1@test").values(draining_at=utcnow()))
-        wait_for(lambda: worker.exits, 30, "the worker to exit", interval=0.2)
-        assert worker.exits == [EXIT_NOT_CONSUMING]
-        wait_for(lambda: _alive(worker), 30, "its successor to consume", interval=0.2)
-        build = faults.api.submit(faults.hlo_spec("ok"))["build_id"]
-        assert faults.api.wait_builds([build], timeout=30)[0]["state"] == "succeeded"
-    finally:
-        worker.close()
+        builds = _break_broker(faults, "acks", workers)
 
+        def seen_and_told() -> bool:
+            nonlocal peak
+            unclaimed, told = _unclaimed(port)
+            peak = max(peak, unclaimed)
+            return peak > 0 and told >= 1
+
+        wait_for(seen_and_told, RECOVERY_SECONDS, "the relay to report unclaimed compiles and tell a worker",
+                 interval=0.2)
+        done = faults.api.wait_builds(builds, timeout=BUSY_SECONDS + RECOVERY_SECONDS)
+        assert [b["state"] for b in done] == ["succeeded"] * len(builds), [summary(b) for b in done]
+        assert all(code == EXIT_NOT_CONSUMING for w in workers for code in w.exits), [w.exits for w in workers]
+        assert any(w.exits for w in workers)
+        wait_for(lambda: _unclaimed(port)[0] == 0, 30, "the unclaimed gauge to fall to 0", interval=0.2)
+        print(f"relay: peak unclaimed {peak:g}; worker exits {[w.exits for w in workers]}")
+    finally:
+        for worker in workers:
+            worker.close()
