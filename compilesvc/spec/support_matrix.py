@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compilesvc.spec.neuron_kinds import KIND_TITLES, release_kinds, release_targets
+from compilesvc.spec.neuron_kinds import KIND_TITLES, nxdi_targets, release_kinds, release_targets
 from compilesvc.spec.neuron_releases import from_docs, table, version_tuple
 
 #: The lines around the generated table in docs/neuron-hosts.md.
@@ -89,12 +89,20 @@ def announcements(release: str) -> list[Announcement]:
     return [a for a in ANNOUNCEMENTS if a.applies(release)]
 
 
+def _kind_cell(release: str, kind: str) -> str:
+    """A kind as the matrix shows it; NxD Inference with its own targets where they are narrower than the
+    compiler's (:func:`compilesvc.spec.neuron_kinds.nxdi_targets`)."""
+    if kind == "nxdi" and (only := nxdi_targets(release)) != release_targets(release):
+        return f"`nxdi` ({', '.join(only)} only)"
+    return f"`{kind}`"
+
+
 def rows() -> list[tuple[str, ...]]:
     """(release, neuronx-cc, torch-neuronx, neuronx-distributed, targets, kinds, SDK status) per release, newest
     first; kinds as queue names spell them (``compile.<target>.<release>.<kind>``), each status a link."""
     out: list[tuple[str, ...]] = []
     for label, entry in reversed(table().items()):
-        kinds = ", ".join(f"`{kind}`" for kind in release_kinds(label))
+        kinds = ", ".join(_kind_cell(label, kind) for kind in release_kinds(label))
         status = "; ".join(f"[{a.short}]({a.url})" for a in announcements(label)) or "—"
         if label in from_docs():
             status = f"{status}; from docs, not the manifest" if status != "—" else "from docs, not the manifest"
