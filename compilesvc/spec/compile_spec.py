@@ -35,7 +35,7 @@ from compilesvc.spec.flags import (
     model_builder_problems,
     uses_model_builder,
 )
-from compilesvc.spec.neuron_kinds import NotShipped, TargetNotSupported, require_target
+from compilesvc.spec.neuron_kinds import NotShipped, TargetNotSupported, require_nxdi_target, require_target
 from compilesvc.spec.neuron_releases import TARGET_FAMILIES, UnknownRelease
 from compilesvc.spec.neuron_toolchain import toolchain_material
 from compilesvc.spec.nxdi_config import NeuronConfigError, canonical_neuron_config
@@ -299,7 +299,7 @@ class CompileSpec(_Strict):
         context = info.context if isinstance(info.context, dict) else {}
         try:
             toolchain_material(self.sdk, "nxdi", 1)
-            require_target(self.sdk, self.target)
+            require_nxdi_target(self.sdk, self.target)
         except (UnknownRelease, NotShipped, TargetNotSupported) as exc:
             if context.get(EXTRA_FLAGS_CONTEXT, frozenset()) is None:
                 # A client leaves what its own release table cannot tell to the service (as _check_neuron_flags

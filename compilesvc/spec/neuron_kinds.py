@@ -14,10 +14,10 @@ from compilesvc.spec.neuron_releases import Release, lookup, version_tuple
 class TargetNotSupported(ValueError):
     """The release's compiler does not support the spec's target (``release``, ``target``)."""
 
-    def __init__(self, release: str, target: str, supported: tuple[str, ...]):
+    def __init__(self, release: str, target: str, supported: tuple[str, ...], reason: str = ""):
         self.release, self.target = release, target
-        super().__init__(f"Neuron SDK {release} does not support target {target}: its neuronx-cc lists the instance "
-                         f"families {', '.join(supported) or 'none'} (the SDK's release manifest)")
+        super().__init__(reason or f"Neuron SDK {release} does not support target {target}: its neuronx-cc lists "
+                         f"the instance families {', '.join(supported) or 'none'} (the SDK's release manifest)")
 
 
 class NotShipped(ValueError):
@@ -103,6 +103,49 @@ def require_target(release: str, target: str) -> None:
     supported = release_targets(release)
     if target not in supported:
         raise TargetNotSupported(release, target, supported)
+
+
+# -- NxD Inference targets: narrower than the compiler's ---------------------------------------------------------
+
+#: From this release NxDI runs on Trn2 and newer only: "NxD Inference models are now only supported on Trn2 and
+#: newer hardware. Customers who require NxD Inference kernel support on Trn1 or Inf2 instances should pin to
+#: release 2.28." (aws-neuron/aws-neuron-sdk@81ce03ae release-notes/components/nxd-inference.rst:61, NxD Inference
+#: 0.9.17334, Neuron 2.29.0, Breaking Changes). The manifest still lists inf2/trn1 for its package; the notes win.
+NXDI_TRN2_AND_NEWER_SINCE = "2.29.0"
+NXDI_TRN2_AND_NEWER = ("trn2", "trn3")
+#: Releases whose NxDI package the manifest lists for fewer families than their compiler: n2-manifest.json
+#: (aws-neuron-sdk@81ce03ae) gives neuronx_distributed_inference 0.1.0 (2.21.0) and 0.2.0 (2.22.0)
+#: ``supported_instances: ["inf2", "trn2"]``, where their neuronx-cc lists trn1 too (2.21.1's 0.1.1 lists trn1).
+NXDI_MANIFEST_INSTANCES: dict[str, tuple[str, ...]] = {"2.21.0": ("inf2", "trn2"), "2.22.0": ("inf2", "trn2")}
+
+
+def nxdi_targets(release: str) -> tuple[str, ...]:
+    """The targets an NxD Inference compile of ``release`` may name: its compiler's, narrowed by NxDI's own
+    support statements (:data:`NXDI_TRN2_AND_NEWER_SINCE`, :data:`NXDI_MANIFEST_INSTANCES`)."""
+    targets = release_targets(release)
+    if version_tuple(release) >= version_tuple(NXDI_TRN2_AND_NEWER_SINCE):
+        return tuple(t for t in targets if t in NXDI_TRN2_AND_NEWER)
+    if release in NXDI_MANIFEST_INSTANCES:
+        return tuple(t for t in targets if t in NXDI_MANIFEST_INSTANCES[release])
+    return targets
+
+
+def require_nxdi_target(release: str, target: str) -> None:
+    """Raise :class:`TargetNotSupported`, with NxDI's own reason, unless an NxD Inference compile of ``release``
+    may target ``target`` (the compiler's support first: :func:`require_target`)."""
+    require_target(release, target)
+    supported = nxdi_targets(release)
+    if target in supported:
+        return
+    if version_tuple(release) >= version_tuple(NXDI_TRN2_AND_NEWER_SINCE):
+        why = (f"NxD Inference of Neuron SDK {release} does not support target {target}: from SDK "
+               f"{NXDI_TRN2_AND_NEWER_SINCE} NxD Inference models are only supported on Trn2 and newer hardware "
+               f"(NxD Inference 0.9.17334 release notes, Breaking Changes); use trn2 or trn3, or SDK 2.28.x for "
+               f"{target}")
+    else:
+        why = (f"NxD Inference of Neuron SDK {release} does not support target {target}: the SDK's release "
+               f"manifest lists its neuronx_distributed_inference for {', '.join(supported)} only")
+    raise TargetNotSupported(release, target, supported, why)
 
 
 # -- trace without a device: what a compile host must have ----------------------------------------------------

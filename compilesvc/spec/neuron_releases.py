@@ -133,6 +133,17 @@ def table() -> dict[str, Release]:
     return {label: _release_of(label, releases[label]) for label in sorted(releases, key=version_tuple)}
 
 
+@functools.lru_cache(maxsize=1)
+def from_docs() -> dict[str, str]:
+    """Releases whose entry was built from the SDK's release pages, not its manifest, with the citation.
+
+    The manifest reachable here can lag the SDK's docs (2.33.0/2.33.1: the snapshot stops at 2.32.0); such an
+    entry is provisional until ``refresh`` reads a manifest that carries it.
+    """
+    document = json.loads(table_path().read_text(encoding="utf-8"))
+    return dict(document.get("from_docs") or {})
+
+
 def lookup(release: str) -> Release:
     """The packages of ``release``; :class:`UnknownRelease` (naming the refresh command) if not listed."""
     releases = table()

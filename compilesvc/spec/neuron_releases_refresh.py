@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from compilesvc.spec.neuron_releases import MULTI, PACKAGES, TABLE_FORMAT, table, version_tuple
+from compilesvc.spec.neuron_releases import MULTI, PACKAGES, TABLE_FORMAT, from_docs, table, version_tuple
 
 
 def from_sdk_manifest(document: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -66,12 +66,19 @@ def refreshed_document(current: Mapping[str, Any] | None, sdk_document: Mapping[
 
     Returns (document, added release labels, changed release labels). Releases missing from the SDK's file
     are kept: a release, once published, does not change, and dropping it would refuse its specs.
+
+    Entries the table marks ``from_docs`` (built from the SDK's release pages while the manifest reachable
+    here lagged them, e.g. 2.33.0/2.33.1) are provisional: the SDK's own manifest replaces them without
+    counting as a change, and the mark goes; the others keep it.
     """
     new = from_sdk_manifest(sdk_document)
     old: dict[str, Any] = dict((current or {}).get("releases") or {})
+    from_docs: dict[str, str] = dict((current or {}).get("from_docs") or {})
     added = sorted((label for label in new if label not in old), key=version_tuple)
-    changed = sorted((label for label in new if label in old and old[label] != new[label]), key=version_tuple)
+    changed = sorted((label for label in new if label in old and old[label] != new[label]
+                      and label not in from_docs), key=version_tuple)
     merged = {**old, **new}
+    still_from_docs = {label: why for label, why in from_docs.items() if label not in new}
     document = {
         "format": TABLE_FORMAT,
         "source": {
@@ -84,6 +91,7 @@ def refreshed_document(current: Mapping[str, Any] | None, sdk_document: Mapping[
                  "exact versions of the packages compilesvc checks and keys by (multi-build packages newest "
                  "first; aws-neuronx-runtime-lib is the non-inf1 build), and the instance families its "
                  "neuronx-cc supports (supported_instances)."),
+        **({"from_docs": still_from_docs} if still_from_docs else {}),
         "releases": {label: merged[label] for label in sorted(merged, key=version_tuple)},
     }
     return document, added, changed
@@ -93,3 +101,4 @@ def write_table(document: Mapping[str, Any], path: Path) -> None:
     """Write a table document the way it is committed (stable order, one release per line group)."""
     path.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n", encoding="utf-8")
     table.cache_clear()
+    from_docs.cache_clear()

@@ -28,6 +28,7 @@ from compilesvc.spec.neuronx_cc_options import LNC_TARGETS, default_lnc
 from compilesvc.spec.nxdi_buckets import SHORT_FORM as _SHORT_FORM
 from compilesvc.spec.nxdi_buckets import expand_buckets
 from compilesvc.spec.nxdi_fields import (
+    REPO,
     TOP_CLASSES,
     Field,
     NeuronConfigError,
@@ -39,6 +40,12 @@ from compilesvc.spec.nxdi_fields import (
 )
 
 __all__ = ["NeuronConfigError", "canonical_neuron_config", "normalise_dtype", "resolved_lnc"]
+
+#: NxDI columns whose NeuronBaseForCausalLM (every model of the hub) raises NotImplementedError("Chunked Prefill is
+#: not available in NxDI for now") in __init__; absent from v0.7.14366 (2.27) and earlier.
+CHUNKED_PREFILL_REFUSED = {"2.28": f"{REPO}@cd3abf3 models/model_base.py:L3097",
+                           "2.29.0": f"{REPO}@c63afe0 models/model_base.py",
+                           "2.29-v2": f"{REPO}@ef2731e models/model_base.py:L3054-L3055"}
 
 
 #: torch dtypes NxDI's ``to_torch_dtype`` accepts, by release column (v0.1.0 config.py:L14-L21: float32,
@@ -333,9 +340,21 @@ def _check_combinations(out: dict[str, Any], rel: NxdiRelease, target: str) -> N
         if out["tp_degree"] % dp:
             refuse("attention_dp_degree", "TP Degree must be evenly divisible by DP Degree",
                    "TP Degree must be evenly divisible by DP Degree")
-        if out["batch_size"] % dp:
-            refuse("attention_dp_degree", "Batch Size must be evenly divisible by DP Degree",
-                   "Batch Size must be evenly divisible by DP Degree")
+        # NXDI@ef2731e config.py:L700-L721 checks tkg_batch_size (the token-generation batch), not batch_size.
+        if out.get("tkg_batch_size", out["batch_size"]) % dp:
+            refuse("attention_dp_degree", f"tkg_batch_size {out.get('tkg_batch_size', out['batch_size'])} must be "
+                   "evenly divisible by attention_dp_degree", "Batch Size must be evenly divisible by DP Degree")
+        cp = out.get("cp_degree", 1)
+        if cp > 1 and cp < dp:
+            refuse("attention_dp_degree", "Running DP Degree > CP Degree is not supported when CP and DP is enabled",
+                   "Running DP Degree > CP Degree is not supported")
+        if cp > 1 and cp % dp:
+            refuse("attention_dp_degree", "CP Degree % DP Degree should be 0 when CP and DP is enabled",
+                   "CP Degree % DP Degree should be 0")
+        if out.get("attn_block_tkg_nki_kernel_cache_update") and not out.get("kv_cache_update_with_kernel"):
+            refuse("kv_cache_update_with_kernel", "kv_cache_update_with_kernel must be set to enable "
+                   "attn_block_tkg_nki_kernel_cache_update when DP is used",
+                   "kv_cache_update_with_kernel must be set to enable attn_block_tkg_nki_kernel_cache_update")
         if not out["is_continuous_batching"]:
             refuse("attention_dp_degree", "is_continuous_batching must be enabled when running DP",
                    "is-continuous-batching must be enabled when running DP")
@@ -345,6 +364,22 @@ def _check_combinations(out: dict[str, Any], rel: NxdiRelease, target: str) -> N
         if isinstance(largest, int) and largest > out["tkg_batch_size"]:
             refuse("token_generation_batches", f"Token generation batch buckets {batches} should be <= token "
                    f"generation batch size ({out['tkg_batch_size']})", "Token generation batch buckets")
+    if out.get("ep_dispatch_cc_option") == "RS_AG" and out["tp_degree"] > out.get("tkg_batch_size", out["batch_size"]):
+        refuse("ep_dispatch_cc_option", "EP Dispatch option RS_AG not supported when TP degree > batch size",
+               "EP Dispatch option RS_AG not supported")
+    if out.get("enable_fused_speculation") or out.get("enable_eagle_speculation"):
+        # Our rule: fused (and EAGLE, which turns it on: config.py:L255-L256) speculation builds the draft model
+        # from config.fused_spec_config (NXDI@ef2731e models/model_base.py:L1607-L1609), which a spec cannot give:
+        # the compile would always fail.
+        field = "enable_fused_speculation" if out.get("enable_fused_speculation") else "enable_eagle_speculation"
+        raise NeuronConfigError((field,), f"{field} needs a draft model (NxDI's fused_spec_config), which a spec "
+                                "cannot carry: NxDI builds the draft from it (models/model_base.py:L1607-L1609 at "
+                                f"{REPO}@ef2731e) and the compile would fail")
+    if (out.get("chunked_prefill_config") is not None or out.get("is_chunked_prefill")) \
+            and rel.column in CHUNKED_PREFILL_REFUSED:
+        raise NeuronConfigError(("chunked_prefill_config",), "chunked prefill is not available for causal LMs in "
+                                f"this NxD Inference: NeuronBaseForCausalLM raises 'Chunked Prefill is not "
+                                f"available in NxDI for now' ({CHUNKED_PREFILL_REFUSED[rel.column]})")
     if out.get("chunked_prefill_config") is not None or out.get("is_chunked_prefill"):
         if not out.get("is_block_kv_layout"):
             refuse("is_block_kv_layout", "is_block_kv_layout has to be true for chunked prefill because it depends "

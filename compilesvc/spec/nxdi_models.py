@@ -146,9 +146,26 @@ _HUB: dict[str, dict[str, tuple[str, str, int]]] = {
 }
 
 
+#: Image-to-text models, in NxDI's source but refused here: their InferenceConfig takes two NeuronConfigs, one for
+#: the text model and one for the vision encoder (NXDI@ef2731e models/image_to_text_model_base.py:L34-L38
+#: ``ImageToTextInferenceConfig(text_neuron_config, vision_neuron_config, ...)``; from_json_string builds both,
+#: L105-L106), where a spec has one ``neuron_config`` and the worker builds one: such a compile would fail with a
+#: TypeError hours into the queue. Compiling them needs a request shape for both configs (issue 41 chose removal
+#: until one exists). Mllama keeps one NeuronConfig (MultimodalVisionNeuronConfig) and stays.
+IMAGE_TO_TEXT = frozenset({"Llama4ForConditionalGeneration", "LlavaForConditionalGeneration",
+                           "Qwen2VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"})
+_IMAGE_TO_TEXT_NOTE = (" (an image-to-text model: NxDI builds it from a text and a vision NeuronConfig, "
+                       "models/image_to_text_model_base.py:L34-L38, and a spec carries one neuron_config; for its "
+                       "text model alone use the text architecture, e.g. Llama4ForCausalLM)")
+
+
+def _hub(column: str) -> dict[str, tuple[str, str, int]]:
+    return {name: entry for name, entry in _HUB[column].items() if name not in IMAGE_TO_TEXT}
+
+
 def supported_architectures(sdk: str) -> list[str]:
     """The HF architectures ``sdk``'s NxDI can compile, sorted (NotShipped for a release without NxDI)."""
-    return sorted(_HUB[nxdi_release(sdk).column])
+    return sorted(_hub(nxdi_release(sdk).column))
 
 
 def architecture_class(sdk: str, architectures: Any) -> tuple[str, str]:
@@ -157,11 +174,13 @@ def architecture_class(sdk: str, architectures: Any) -> tuple[str, str]:
     :class:`UnsupportedArchitecture` naming the architecture and the release's supported list.
     """
     rel = nxdi_release(sdk)
-    hub = _HUB[rel.column]
+    hub = _hub(rel.column)
     if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
         raise UnsupportedArchitecture(sdk, repr(architectures), sorted(hub), " (config.json must list the model's "
                                       "architecture in \"architectures\", e.g. [\"LlamaForCausalLM\"])")
     name = architectures[0]
+    if name in IMAGE_TO_TEXT:
+        raise UnsupportedArchitecture(sdk, name, sorted(hub), _IMAGE_TO_TEXT_NOTE)
     if name not in hub:
         later = [column for column, table in _HUB.items() if name in table]
         first = {"2.29-v2": "2.29.0"}.get(later[0], later[0] if later[0].count(".") == 2 else f"{later[0]}.0") \

@@ -163,7 +163,7 @@ def llm_spec(api: FleetApi, tmp_path: Path) -> Path:
     with tarfile.open(fileobj=archive, mode="w") as tar:
         tar.add(checkpoint, arcname="llama")
     spec = {"model": {"uri": api.env.upload(archive.getvalue()), "format": "hf-checkpoint", "name": "llama"},
-            "target": "inf2", "sdk": "2.29.0",
+            "target": "inf2", "sdk": "2.28.0",  # NxDI on inf2: SDK <= 2.28 (2.29 notes: Trn2 and newer)
             "neuron_config": {"tp_degree": 1, "batch_size": 2, "seq_len": 1024, "save_sharded_checkpoint": True}}
     path = tmp_path / "llm.json"
     path.write_text(json.dumps(spec))

@@ -29,6 +29,7 @@ from compilesvc.spec.checkpoint import (
     weight_layouts,
 )
 from compilesvc.spec.keys import KEY_SCHEMA, compute_keys, explain, presharded
+from compilesvc.spec.neuron_kinds import nxdi_targets
 from compilesvc.spec.parsing import parse_spec
 from tests.doubles import neuron_double_env
 from tests.spec.test_keys import PROPERTY_SETTINGS, load_golden, needs_nxdi_toolchain
@@ -228,9 +229,11 @@ def nxdi_cases(draw: st.DrawFn) -> dict[str, Any]:
                                                                                                           "4.57.6"]))}
     names = draw(st.lists(st.sampled_from(["model-00001.safetensors", "model-00002.safetensors"]), unique=True,
                           min_size=1))
+    sdk = draw(st.sampled_from(NXDI_RELEASES))
     return {"doc": {"model": {"uri": "s3://models/llama/", "format": "hf-checkpoint"},
-                    "target": draw(st.sampled_from(["inf2", "trn1", "trn2"])),
-                    "sdk": draw(st.sampled_from(NXDI_RELEASES)),
+                    # NxDI's own targets: 2.29.0's runs on Trn2 and newer only (neuron_kinds.nxdi_targets).
+                    "target": draw(st.sampled_from(nxdi_targets(sdk))),
+                    "sdk": sdk,
                     "neuron_config": neuron_config, "labels": draw(st.dictionaries(st.text(min_size=1, max_size=5),
                                                                                    st.text(max_size=5), max_size=2))},
             "config": config, "weights": {name: draw(SHAS) for name in ["model.safetensors.index.json", *names]},

@@ -79,6 +79,8 @@ UNKEYED_ENV = ("NXD_LAYOUT_TRANSFORMATION_OPTIONS", "NEURON_LOGICAL_NC_CONFIG")
 #: neuron_config field they are about, where the text does not name it.
 _MESSAGE_FIELDS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^Unsupported dtype"), "torch_dtype"),
+    # NXDI@ef2731e models/mixtral/modeling_mixtral.py:L56, asserted while building the model's weights/modules.
+    (re.compile(r"^Only GLU MLP is supported"), "glu_mlp"),
     (re.compile(r"^Context bucket"), "context_encoding_buckets"),
     (re.compile(r"^Token generation bucket"), "token_generation_buckets"),
     (re.compile(r"^Token generation batch buckets|^Batch bucketing"), "token_generation_batches"),
@@ -107,10 +109,50 @@ def _config_failure(exc: BaseException, given: dict[str, Any]) -> NoReturn:
                                               f"{type(exc).__name__}: {text}") from exc
 
 
+_LNC_FLAG = re.compile(r"(?:^|\s)(?:--lnc|-lnc|--logical-nc-config)(?:[=\s]|$)")
+
+
+def with_lnc_flag(cls: Any, lnc: int) -> Any:
+    """``cls``, or a subclass whose compiler flags name ``--lnc=<lnc>`` where the model's own omit it.
+
+    NxDI's default flags pass ``--lnc`` (models/model_wrapper.py; the double's ``_default_flags``), but models
+    that override ``get_compiler_args`` with a fixed string (Qwen2: NXDI@ef2731e models/qwen2/modeling_qwen2.py
+    L237-L242; Mixtral: models/mixtral/modeling_mixtral.py:L321-L330) pass none, and the compile child removes
+    ``NEURON_LOGICAL_NC_CONFIG`` (workers/isolation/child_env.py): neuronx-cc then compiles at its default, LNC 2
+    on trn2/trn3, while NxD lays the graph out for ``logical_nc_config``. The key's LNC must be what reaches the
+    compiler, so the flag is added. A subclass, not a patched instance: NxDI reads the flags while building its
+    model wrappers in ``__init__`` (application_base.py / model_base.py ``enable_context_encoding``)."""
+    own = cls.get_compiler_args
+
+    def get_compiler_args(self: Any) -> Any:
+        flags = own(self)
+        if flags is None or _LNC_FLAG.search(flags):
+            return flags  # None: the wrapper's default flags, which carry --lnc
+        return f"{flags} --lnc={lnc}"
+
+    return type(cls.__name__, (cls,), {"get_compiler_args": get_compiler_args, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})
+
+
+def _service_bug(cls: Any, what: str, exc: BaseException) -> NoReturn:
+    """NxDI could not build ``what`` from a configuration the service validated: the service's bug (it admitted
+    or built something NxDI cannot take), never the model's and never worth a retry. Final, with a code that
+    says so and a log line alerting can match (``SERVICE BUG``)."""
+    message = (f"SERVICE BUG: NxD Inference could not build {what} of {cls.__name__} from the validated "
+               f"neuron_config: {type(exc).__name__}: {exc}")
+    log(message)
+    raise CompileFailure("NXDI_SERVICE_BUG", message) from exc
+
+
 def nxdi_kwargs(neuron_config: dict[str, Any]) -> dict[str, Any]:
     """The NeuronConfig keywords of the request's canonical ``neuron_config`` (the key's: bucket short form already
     expanded, :mod:`compilesvc.spec.nxdi_buckets`), as a deep copy: NxDI sorts bucket lists in place."""
     kwargs: dict[str, Any] = json.loads(json.dumps(neuron_config))
+    # quantize_clamp_bound's default is float("inf") (NXDI@ef2731e models/config.py:L551), which JSON cannot hold:
+    # the canonical form writes null for it. Passing None would defeat Llama's fallback to 1200 for the quantized
+    # MLP kernel, which tests ``== float("inf")`` (models/llama/modeling_llama.py:L339-L345): leave it to NxDI.
+    if "quantize_clamp_bound" in kwargs and kwargs["quantize_clamp_bound"] is None:
+        del kwargs["quantize_clamp_bound"]
     return kwargs
 
 
@@ -241,8 +283,20 @@ class NxdiBackend(Backend):
         except ImportError as exc:
             raise InfraError("NXDI_MISSING", f"NxD Inference is not importable on this worker: {exc}") from exc
 
+        # The model's own NeuronConfig class, as NxDI's demo and vLLM's loaders build it (NXDI@ef2731e
+        # inference_demo.py:L489 ``model_cls.get_neuron_config_cls()(**config_kwargs)``; application_base.py
+        # L224-L226, in every release since v0.1.0 L131): MoENeuronConfig for Mixtral / Qwen3-MoE / Llama4 text,
+        # own classes for DBRX, GPT-OSS, Qwen2/3, Gemma3. The base NeuronConfig lacks the fields their modules read
+        # (capacity_factor, glu_mlp, router_config, blockwise_matmul_config): an AttributeError while building.
         try:
-            neuron_config = NeuronConfig(**nxdi_kwargs(given))
+            neuron_config_cls = cls.get_neuron_config_cls()
+        except NotImplementedError as exc:  # ImageToTextInferenceConfig's (image_to_text_model_base.py:L114-L115)
+            raise CompileFailure("NXDI_UNSUPPORTED_ARCHITECTURE", f"{cls.__name__}: NxD Inference builds it from "
+                                                                  f"two NeuronConfigs: not supported") from exc
+        if not issubclass(neuron_config_cls, NeuronConfig):  # pragma: no cover - NxDI's classes all are
+            raise InfraError("NXDI_MISSING", f"{cls.__name__}.get_neuron_config_cls() is not a NeuronConfig")
+        try:
+            neuron_config = neuron_config_cls(**nxdi_kwargs(given))
         except (ValueError, AssertionError, TypeError, NotImplementedError) as exc:
             _config_failure(exc, given)
         try:
@@ -252,10 +306,17 @@ class NxdiBackend(Backend):
                                                       f"{exc}") from exc
         except (OSError, ValueError, KeyError) as exc:  # transformers could not read or does not know config.json
             raise CompileFailure("NXDI_CHECKPOINT_CONFIG", f"model config.json: {type(exc).__name__}: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            _service_bug(cls, "its InferenceConfig", exc)
+        lnc = int(getattr(neuron_config, "logical_nc_config", None)  # 2.21: logical_neuron_cores only
+                  or getattr(neuron_config, "logical_neuron_cores", None) or 1)
+        cls = with_lnc_flag(cls, lnc)
         try:
             model = cls(str(checkpoint), config)
         except (ValueError, AssertionError, NotImplementedError) as exc:
             _config_failure(exc, given)
+        except (AttributeError, TypeError) as exc:
+            _service_bug(cls, "the model", exc)
         log(f"NxD Inference {neuronx_distributed_inference_version()}: {cls.__name__}.compile({request.out_dir}) "
             f"tp_degree={neuron_config.tp_degree} save_sharded_checkpoint={neuron_config.save_sharded_checkpoint}")
 
@@ -267,6 +328,12 @@ class NxdiBackend(Backend):
         except FileNotFoundError as exc:  # pre-sharding reads the weights: the checkpoint lacks them
             raise CompileFailure("NXDI_WEIGHTS_MISSING", f"model weights: {exc} (neuron_config.save_sharded_checkpoint"
                                                          " reads them at compile time)") from exc
+        except (AttributeError, TypeError) as exc:  # building the modules from the config, before any compiler
+            _service_bug(cls, "its modules", exc)
+        except AssertionError as exc:
+            if _field_of(str(exc), given) in given:  # a module's own check of a field (Mixtral: glu_mlp, L56)
+                _config_failure(exc, given)
+            _raise_for_compile_failure(exc, [*tee.lines, *str(exc).splitlines()])
         except Exception as exc:
             _raise_for_compile_failure(exc, [*tee.lines, *str(exc).splitlines()])
         log(f"NxD Inference compiled in {time.monotonic() - started:.2f} s")

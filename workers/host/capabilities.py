@@ -264,6 +264,8 @@ def capability_queues(caps: dict[str, Any]) -> list[str]:
                 queues.add(queue_name(target, caps["sdk"][target], backend, isa))
             continue
         for kind in caps["neuron"]["kinds"]:  # one queue per kind: "trace-tp" is trace at tp_degree > 1
+            if kind == "nxdi" and target not in neuron_kinds.nxdi_targets(caps["sdk"][target]):
+                continue  # the API refuses such specs (NxDI 2.29+: Trn2 and newer only): no queue to listen on
             backend, tp_degree = neuron_kinds.kind_request(kind)
             queues.add(queue_name(target, caps["sdk"][target], backend, tp_degree=tp_degree))
     return sorted(queues)

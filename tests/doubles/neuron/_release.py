@@ -111,6 +111,14 @@ RELEASES: dict[str, Release] = {r.release: r for r in (
     # has no release after 2.31: announce-nxdi-maintenance-support-2-31.rst). A host of it has the compiler
     # alone. Python: unverified (no torch-neuronx DLC of 2.32.0 to read it from); the double does not use it.
     Release("2.32.0", "2.27.5334.0", None, None, "2.34.10.0", "3.12"),
+    # 2.33.0/2.33.1: from the SDK's release pages, not the manifest (the snapshot reachable here stops at
+    # 2.32.0; compilesvc/spec/neuron_releases.json "from_docs" cites them). 2.33.0 lists torch-neuronx again
+    # (2.9.0.2.15.32035, v2.33.0 release-notes/releasecontent.html) and no NxD. Python 3.14: "Starting with
+    # Neuron 2.33.0, Neuron DLC images are published on Ubuntu 26.04 only ... (Python 3.14)"
+    # (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/setup/pytorch/update-dlc.html). 2.33.1 repeats
+    # 2.33.0's packages (unverified: no page lists them).
+    Release("2.33.0", "2.28.7631.0", "2.9.0.2.15.32035", None, "2.35.30.0", "3.14"),
+    Release("2.33.1", "2.28.7631.0", "2.9.0.2.15.32035", None, "2.35.30.0", "3.14"),
 )}
 
 # Release-dependent behaviour, each with its source:

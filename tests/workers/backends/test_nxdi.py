@@ -425,3 +425,98 @@ def test_nxdi_2_29_sets_the_platform_override_itself(
         kwargs: dict[str, Any], expected: str) -> None:
     out = neuron_config_probe(release, devices, override, kwargs)
     assert expected in out, out
+
+
+MIXTRAL = "neuronx_distributed_inference.models.mixtral.modeling_mixtral:NeuronMixtralForCausalLM"
+LLAMA4_TEXT = "neuronx_distributed_inference.models.llama4.modeling_llama4_text:NeuronLlama4TextForCausalLM"
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory: pytest.TempPathFactory, checkpoints: dict[str, Path]) -> Path:
+    """The tiny Llama checkpoint with the MoE attributes Mixtral's and Llama4's configs require."""
+    moe = tmp_path_factory.mktemp("moe")
+    for item in checkpoints["base"].iterdir():
+        (moe / item.name).symlink_to(item)
+    (moe / "config.json").unlink()
+    config = json.loads((checkpoints["base"] / "config.json").read_text())
+    (moe / "config.json").write_text(json.dumps({**config, "num_local_experts": 4, "num_experts_per_tok": 2}))
+    return moe
+
+
+@pytest.mark.parametrize("model", [MIXTRAL, LLAMA4_TEXT])
+def test_moe_models_compile_with_their_own_neuron_config_class(tmp_path: Path, env: dict[str, str],
+                                                              moe_checkpoint: Path, model: str) -> None:
+    # NxDI's demo builds model_cls.get_neuron_config_cls() (NXDI@ef2731e inference_demo.py:L489); Mixtral's and
+    # Llama4 text's is MoENeuronConfig (modeling_mixtral.py:L156-L158, modeling_llama4_text.py:L258-L260), whose
+    # fields their MoE modules read (modules/moe_v2.py:L34-L79). The base NeuronConfig has none of them.
+    run = _nxdi(tmp_path, "moe", env, moe_checkpoint, nxdi_model=model, capacity_factor=2.0, glu_mlp=True,
+                router_config={"act_fn": "softmax"})
+    assert run.returncode == 0, run.describe()
+    saved = json.loads((run.out_dir / "neuron_config.json").read_text())["neuron_config"]
+    assert saved["capacity_factor"] == 2.0 and saved["glu_mlp"] is True
+    assert not any("Unexpected keyword arguments" in line for line in run.lines), run.describe()
+
+
+def test_mixtral_with_glu_mlp_false_is_the_models_refusal(tmp_path: Path, env: dict[str, str],
+                                                          moe_checkpoint: Path) -> None:
+    # modeling_mixtral.py:L56 asserts glu_mlp is True while building: a configuration NxDI refuses, final.
+    run = _nxdi(tmp_path, "moe", env, moe_checkpoint, nxdi_model=MIXTRAL, glu_mlp=False)
+    assert run.returncode == 3, run.describe()
+    assert run.result["code"] == "NXDI_CONFIG_ERROR" and "glu_mlp" in run.result["message"]
+
+
+def test_a_config_nxdi_cannot_build_modules_from_is_a_service_bug_never_unknown(
+        tmp_path: Path, env: dict[str, str], moe_checkpoint: Path) -> None:
+    # blockwise_matmul_config given as a string (the spec's field table refuses it at submit: this is what gets
+    # through if the service ever admits it): MoENeuronConfig keeps a non-dict as given (config.py:L837-L839) and
+    # the MoE module reads .parallelize_token_to_block_mapping (modules/moe_v2.py:L77): AttributeError. The
+    # service's bug: final (not retried as unknown), named so, with a line alerting can match.
+    run = _nxdi(tmp_path, "moe", env, moe_checkpoint, nxdi_model=MIXTRAL, blockwise_matmul_config="fast")
+    assert run.returncode == 3, run.describe()
+    assert run.result["code"] == "NXDI_SERVICE_BUG"
+    assert "AttributeError" in run.result["message"] and "parallelize_token_to_block_mapping" in run.result["message"]
+    assert any("SERVICE BUG" in line for line in run.lines)
+    assert _outcome(run).error_class != "unknown"
+
+
+QWEN2 = "neuronx_distributed_inference.models.qwen2.modeling_qwen2:NeuronQwen2ForCausalLM"
+
+
+@pytest.mark.parametrize("model", [QWEN2, MIXTRAL])
+def test_lnc_1_on_trn2_reaches_the_compiler_where_the_models_flags_omit_it(
+        tmp_path: Path, env: dict[str, str], checkpoints: dict[str, Path], moe_checkpoint: Path, model: str) -> None:
+    # Qwen2's and Mixtral's get_compiler_args are fixed strings without --lnc (NXDI@ef2731e modeling_qwen2.py
+    # L237-L242, modeling_mixtral.py:L321-L330) and the child drops NEURON_LOGICAL_NC_CONFIG: before issue 41
+    # neuronx-cc compiled at its trn2 default, 2, while NxD laid out for 1. The double records both.
+    checkpoint = moe_checkpoint if model == MIXTRAL else checkpoints["base"]
+    run = _nxdi(tmp_path, "lnc1", env, checkpoint, target="trn2", nxdi_model=model, logical_nc_config=1)
+    assert run.returncode == 0, run.describe()
+    for tag in ("context_encoding_model", "token_generation_model"):
+        neff = _neff(run, tag)
+        assert (neff["target"], neff["lnc"], neff["nxd_logical_nc_config"]) == ("trn2", "1", "1"), neff
+        assert "--lnc=1" in neff["flags"].split() and neff["flags"].count("lnc") == 1, neff["flags"]
+
+
+def test_a_model_whose_flags_name_the_lnc_is_left_alone(tmp_path: Path) -> None:
+    from workers.backends.nxdi import with_lnc_flag
+
+    class Model:
+        def get_compiler_args(self) -> str | None:
+            return self.flags  # type: ignore[attr-defined, no-any-return]
+
+    patched = with_lnc_flag(Model, 1)
+    for flags, expected in [(None, None), ("-O1 --lnc=2", "-O1 --lnc=2"), ("-O1 -lnc 2", "-O1 -lnc 2"),
+                            ("--logical-nc-config 2 -O1", "--logical-nc-config 2 -O1"), ("-O1", "-O1 --lnc=1")]:
+        model = patched()
+        model.flags = flags
+        assert model.get_compiler_args() == expected
+    assert patched.__name__ == "Model" and issubclass(patched, Model)
+
+
+def test_an_unbounded_quantize_clamp_bound_is_left_to_nxdis_default() -> None:
+    from workers.backends.nxdi import nxdi_kwargs
+
+    # Canonical null stands for NxDI's float("inf") default (NXDI@ef2731e models/config.py:L551); passed as None it
+    # would defeat Llama's `quantize_clamp_bound == float("inf")` -> 1200 fallback (modeling_llama.py:L339-L345).
+    assert "quantize_clamp_bound" not in nxdi_kwargs({"tp_degree": 8, "quantize_clamp_bound": None})
+    assert nxdi_kwargs({"tp_degree": 8, "quantize_clamp_bound": 600.0})["quantize_clamp_bound"] == 600.0

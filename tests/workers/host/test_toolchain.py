@@ -180,3 +180,19 @@ def test_manifest_versions_name_the_exact_toolchain_and_the_releases_runtime(tmp
     assert compiled.result["versions"]["neuronx_cc"] == f"{installed.neuronx_cc}+{installed.build_hash}"
     assert compiled.result["versions"]["aws_neuronx_runtime_lib"] == "2.29.40.0"
     assert compiled.result["versions"]["neuron_sdk"] == "2.27.1"
+
+
+def test_a_2_33_worker_registers_with_trace_and_hlo_but_no_nxdi(tmp_path: Path) -> None:
+    # SDK 2.33.0/2.33.1 (from the SDK's pages, not the manifest: compilesvc/spec/neuron_releases.json
+    # "from_docs"): neuronx-cc 2.28.7631.0 and torch-neuronx 2.9.0.2.15.32035 again, no NxD. Before issue 41 the
+    # table stopped at 2.32.0 and this host exited 78.
+    for claim in ("2.33.0", "2.33.1"):
+        caps = capabilities(host(tmp_path, sdk=claim, installed="2.33.0"))
+        assert caps["neuron"]["refused"] == [], caps["warnings"]
+        assert {"inf2", "trn1", "trn2", "trn3"} <= set(caps["targets"]) and caps["sdk"]["trn3"] == claim
+        assert caps["neuron"]["release_packages"]["neuronx-cc"] == "2.28.7631.0"
+        assert caps["neuron"]["packages"]["torch-neuronx"].startswith("2.9.0.2.15.32035")
+    # A 2.32.0 install claiming 2.33.0 is refused, naming the compiler.
+    caps = capabilities(host(tmp_path, sdk="2.33.0", installed="2.32.0"))
+    assert any("neuronx-cc: installed 2.27.5334.0" in line and "2.33.0 ships 2.28.7631.0" in line
+               for line in caps["neuron"]["refused"]), caps["neuron"]["refused"]

@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 import torch
-from _release import current, detected_platform
+from _release import current, default_lnc, detected_platform
 
 from neuronx_distributed_inference.models import _claims
 from neuronx_distributed_inference.models.config import InferenceConfig, NeuronConfig, nxdi_minor, to_dict
@@ -105,7 +105,11 @@ class _Builder:
             with open(os.path.join(bucket_dir, "model", "graph.hlo")) as handle:
                 hlo = handle.read()
             release = current()
-            neff = (b"NEFF\0TESTDOUBLE\n" + f"target={target}\nlnc={neuron_config.logical_nc_config}\n"
+            # The LNC the compiler was told (flags, else the environment, else its default for the target), next
+            # to the one NxD laid the graph out for (the config's): they can differ when a model's flags override
+            # omits --lnc (issue 41).
+            neff = (b"NEFF\0TESTDOUBLE\n" + f"target={target}\nlnc={_compiled_lnc(flags, target)}\n"
+                    f"nxd_logical_nc_config={neuron_config.logical_nc_config}\n"
                     f"neuronx_cc={release.neuronx_cc}\nflags={_without_logfile(flags)}\nhlo_sha256="
                     f"{hashlib.sha256(hlo.encode()).hexdigest()}\n".encode())
             with open(os.path.join(bucket_dir, "model", "graph.neff"), "wb") as handle:
@@ -138,6 +142,21 @@ class _Builder:
                     tensor = tensor.chunk(tp, dim=0)[rank % tp]
                 shard[name] = tensor.contiguous()
             save_file(shard, os.path.join(serialize_path, f"tp{rank}_sharded_checkpoint.safetensors"))
+
+
+def _compiled_lnc(flags: str, target: str) -> int:
+    """The logical NeuronCore config neuronx-cc compiles for: ``--lnc``/``-lnc``/``--logical-nc-config`` in the
+    flags (compiler CLI reference; the right-most wins), else ``NEURON_LOGICAL_NC_CONFIG`` (same meaning, per
+    NCC_EARG001's doc), else the compiler's default for the target (2 on trn2/trn3, 1 elsewhere: _release)."""
+    words = shlex.split(flags)
+    found: str | None = None
+    for index, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name in ("--lnc", "-lnc", "--logical-nc-config"):
+            found = value if eq else (words[index + 1] if index + 1 < len(words) else None)
+    if found is None:
+        found = os.environ.get("NEURON_LOGICAL_NC_CONFIG") or None
+    return int(found) if found else default_lnc(target)
 
 
 def _target(flags: str) -> str:
@@ -184,6 +203,15 @@ class NeuronApplicationBase(torch.nn.Module):
     def get_config_cls(cls) -> type[InferenceConfig]:
         raise NotImplementedError("get_config_cls is not implemented")
 
+    @classmethod
+    def get_neuron_config_cls(cls) -> type[NeuronConfig]:
+        """NXDI@ef2731e application_base.py:L224-L226 (v0.1.0 L131): the model's config class says."""
+        return cls.get_config_cls().get_neuron_config_cls()
+
+    def build_modules(self) -> None:
+        """What the model's modules read from its config when NxDI builds them for tracing (the real classes build
+        them inside the model wrappers' trace; the double does it first thing in compile). Models override it."""
+
     def get_compiler_args(self) -> str | None:
         return None  # L236-L238: the model wrapper's default flags
 
@@ -209,6 +237,7 @@ class NeuronApplicationBase(torch.nn.Module):
         if dry_run and nxdi_minor() < "0.3":
             raise TypeError("compile() got an unexpected keyword argument 'dry_run'")
         compiled_model_path = normalize_path(compiled_model_path)
+        self.build_modules()
         self.config.save(compiled_model_path)
         logger.info(f"Saving the neuron_config to {compiled_model_path}")
         traced_model = self.get_builder(debug).trace(initialize_model_weights=False, dry_run=dry_run)

@@ -271,6 +271,54 @@ class NeuronConfig:
         return get_platform_lnc()
 
 
+class BlockwiseMatmulConfig:
+    """NxD's ``neuronx_distributed.modules.moe.moe_configs.BlockwiseMatmulConfig`` as NxDI's MoE modules read it
+    (NXDI@ef2731e modules/moe_v2.py:L77: ``blockwise_matmul_config.parallelize_token_to_block_mapping``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.parallelize_token_to_block_mapping = kwargs.pop("parallelize_token_to_block_mapping", True)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> BlockwiseMatmulConfig:
+        return cls(**kwargs)
+
+
+class RouterConfig:
+    """NxD's ``RouterConfig`` as NxDI reads it (modules/moe_v2.py:L42-L43 ``router_config.dtype``/``act_fn``;
+    llama4/modeling_llama4_text.py:L345-L346 sets both)."""
+
+    def __init__(self, dtype: Any = "float32", act_fn: str = "softmax", **_: Any) -> None:
+        self.dtype, self.act_fn = dtype, act_fn
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> RouterConfig:
+        return cls()
+
+
+class MoENeuronConfig(NeuronConfig):
+    """NXDI@ef2731e config.py:L798-L846: ``capacity_factor`` and ``glu_mlp`` are named parameters (L805-L806),
+    the other MoE fields popped (``blockwise_matmul_config`` into BlockwiseMatmulConfig L837-L839,
+    ``router_config`` into RouterConfig L841-L845) before NeuronConfig's own fields (L846)."""
+
+    def __init__(self, capacity_factor: float | None = None, glu_mlp: bool = True, **kwargs: Any) -> None:
+        self.capacity_factor = float(capacity_factor) if capacity_factor is not None else None
+        self.glu_mlp = glu_mlp
+        for name, default in (("glu_type", "glu"), ("hidden_act_scaling_factor", 1.0), ("hidden_act_bias", 0.0),
+                              ("early_expert_affinity_modulation", False), ("fused_shared_experts", False),
+                              ("transpose_shared_experts_weights", False), ("moe_tp_degree", 1),
+                              ("moe_ep_degree", 1), ("hybrid_sharding_config", None)):
+            setattr(self, name, kwargs.pop(name, default))
+        self.normalize_top_k_affinities = not kwargs.pop("disable_normalize_top_k_affinities", False)
+        blockwise = kwargs.pop("blockwise_matmul_config", {})
+        self.blockwise_matmul_config = (BlockwiseMatmulConfig.from_kwargs(**blockwise) if isinstance(blockwise, dict)
+                                        else blockwise)
+        router = kwargs.pop("router_config", None)
+        self.router_config = RouterConfig(**router) if isinstance(router, dict) else RouterConfig.from_kwargs(**kwargs)
+        super().__init__(**kwargs)
+
+
 class InferenceConfig:
     """NXDI@ef2731e config.py:L850-L1010 (the parts compile uses)."""
 
