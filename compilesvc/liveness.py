@@ -1,12 +1,12 @@
 """A process's liveness, as a file another process reads: the signal a liveness probe checks.
 
-A long-running process (the worker today; the relay can reuse it) proves for itself that it still does its
-job, and writes what it found to a small JSON file (:class:`LivenessFile`): its pid, its state, when it wrote,
-and until when that statement holds (``fresh_until``). A probe (``compilesvc worker --check-alive``, compose's
-healthcheck, the chart's livenessProbe) reads it with :func:`check`, which needs no settings, no ledger and no
-broker: the file says everything. The process is not alive when the file is missing or unreadable, when
-``fresh_until`` has passed (the process stopped writing: frozen, or its checking thread died), when the pid
-it names is gone, or when its state is ``dead``.
+A long-running process (the worker: it consumes; the relay: its loop comes round) proves for itself that it still
+does its job, and writes what it found to a small JSON file (:class:`LivenessFile`): its pid, its state, when it
+wrote, and until when that statement holds (``fresh_until``). A probe (``compilesvc worker --check-alive``,
+compose's healthcheck, the chart's livenessProbe) reads it with :func:`check`, which needs no settings, no ledger
+and no broker: the file says everything. The process is not alive when the file is missing or unreadable, when
+``fresh_until`` has passed (the process stopped writing: frozen, or its checking thread died), when the pid it
+names is gone, or when its state is ``dead``.
 
 Probes run ``python -m compilesvc.liveness worker`` (stdlib only: a probe every few seconds must not load
 SQLAlchemy and Celery); ``compilesvc worker --check-alive`` is the same check for a person. Both read
@@ -104,7 +104,7 @@ def check(path: Path, now: float | None = None) -> Status:
 def main(argv: list[str]) -> int:
     """``python -m compilesvc.liveness PROCESS``: exit 0 alive, 1 not, 2 usage; one line saying why."""
     if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python -m compilesvc.liveness worker", file=sys.stderr)
+        print("usage: python -m compilesvc.liveness worker|relay", file=sys.stderr)
         return 2
     status = check(configured_path(argv[0]))
     print(("alive: " if status.alive else "not alive: ") + status.detail,

@@ -44,6 +44,7 @@ from compilesvc.dispatch.outbox import OutboxRelay
 from compilesvc.ledger.engine import transaction
 from compilesvc.lifecycle import policies, resume
 from compilesvc.lifecycle.campaigns import SubmitDocument
+from compilesvc.liveness import LivenessFile, default_path
 from compilesvc.notify.webhooks import Sender
 from compilesvc.services import Services
 from compilesvc.store import StoreError
@@ -82,6 +83,8 @@ class RelayLoop:
         self.watch = UnclaimedWatch(services.sessions, unclaimed_after=settings.unclaimed_after_seconds,
                                     stale_seconds=settings.worker_stale_seconds)
         self.metrics = RelayMetrics()
+        self.liveness = LivenessFile(settings.liveness_file or default_path("relay"))
+        self.liveness_seconds = settings.relay_liveness_seconds
         self.webhooks = Sender(services.sessions, secret=settings.resolved_webhook_secret,
                                public_url=settings.public_url, allowed=settings.webhook_networks,
                                max_attempts=settings.webhook_max_attempts,
@@ -204,6 +207,7 @@ class RelayLoop:
         notifier.start()
         next_reap = 0.0
         failures = 0
+        self.liveness.write("starting", self.liveness_seconds, "first pass")
         while not self.stop.is_set():
             now = time.monotonic()
             try:
@@ -214,7 +218,12 @@ class RelayLoop:
                 log.exception("relay pass failed", extra={"consecutive_failures": failures})
             if now >= next_reap:
                 next_reap = now + self.reap_interval
-            self.stop.wait(min(self.relay_interval * (2 ** min(failures, 5)), 30.0))
+            wait = min(self.relay_interval * (2 ** min(failures, 5)), 30.0)
+            # Alive = the loop comes round, failing or not (a restart does not bring a ledger back); a pass hung
+            # on a socket no timeout sees stops these writes, and the probe restarts the process.
+            self.liveness.write("alive", self.liveness_seconds + wait,
+                                f"{failures} pass(es) failed in a row" if failures else "")
+            self.stop.wait(wait)
         sweeper.join(5)
         notifier.join(5)
 

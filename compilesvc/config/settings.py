@@ -208,9 +208,14 @@ class Settings(BaseSettings):
                     "itself, lets its running compiles finish and exits 75 for its supervisor to restart it.")
     liveness_file: Path | None = Field(
         default=None,
-        description="Where the worker writes its liveness (compilesvc/liveness.py), which `compilesvc worker "
-                    "--check-alive` and `python -m compilesvc.liveness worker` read (default: "
-                    "compilesvc-worker.<hostname>.alive in the temp directory, compilesvc/liveness.py).")
+        description="Where this worker or relay writes its liveness (compilesvc/liveness.py), which `compilesvc "
+                    "worker --check-alive` and `python -m compilesvc.liveness worker|relay` read (default: "
+                    "compilesvc-<process>.<hostname>.alive in the temp directory, compilesvc/liveness.py).")
+    relay_liveness_seconds: float = Field(
+        default=120.0, gt=0,
+        description="A relay whose loop has not come round within this long (plus its back-off wait) is not alive "
+                    "to `python -m compilesvc.liveness relay`: a pass hung on a ledger or broker socket that "
+                    "no timeout sees (a proxy that stopped forwarding). A pass that fails and backs off is alive.")
     imds_url: str = Field(default="http://169.254.169.254", description="The EC2 instance metadata service.")
     kubernetes_protect: bool = Field(
         default=False, description="On Kubernetes: while compiling, annotate this worker's pod (pod-deletion-cost, "

@@ -92,9 +92,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     # connect_timeout, keepalives*, tcp_user_timeout: PostgreSQL docs, "Parameter Key Words", 34.1.2). What
     # these cannot see — a proxy that keeps the socket and stops forwarding — is the relay's and the
     # worker's liveness check's to catch.
+    # The URL's own (?connect_timeout=3) win: SQLAlchemy lets connect_args override the URL's query.
     connect_args = kwargs.setdefault("connect_args", {})
+    given = make_url(url).query
     for name, value in PG_CONNECT_ARGS.items():
-        connect_args.setdefault(name, value)
+        if name not in given:
+            connect_args.setdefault(name, value)
     if "poolclass" not in kwargs:
         kwargs.setdefault("pool_size", 10)
         kwargs.setdefault("max_overflow", 20)
