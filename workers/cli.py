@@ -156,11 +156,32 @@ def _check_sandbox(settings: Settings) -> int | None:
             return None
         with tempfile.TemporaryDirectory(prefix="sandbox-probe-", dir=work_root()) as scratch:
             probe(policy, child_environment(os.environ), Path(scratch))
+        _check_sandbox_egress(settings, policy)
     except SandboxUnavailable as exc:
         log.error("refusing to start", extra={"detail": str(exc)})
         raise SandboxRefused(f"refusing to start: {exc}") from None
     log.info("compile sandbox ready", extra={"sandbox": "bwrap", "user": policy.user if os.geteuid() == 0 else None})
     return None
+
+
+def _check_sandbox_egress(settings: Settings, policy: Any) -> None:
+    """bwrap mode: the egress proof (workers.isolation.egress) from inside the sandbox, once at start. Every
+    compile gets the same bubblewrap argv and so a fresh network namespace of its own, which nothing outside
+    the process can change later (unlike a pod's NetworkPolicy): one proof per start covers them."""
+    from workers.compiling.workdirs import work_root
+    from workers.isolation import egress
+    from workers.isolation.child_env import child_environment
+    from workers.isolation.sandbox import SandboxUnavailable
+
+    environ = {egress.CANARIES_ENV: settings.egress_canaries,
+               egress.ACKNOWLEDGED_ENV: "1" if settings.egress_acknowledged else ""}
+    with tempfile.TemporaryDirectory(prefix="egress-probe-", dir=work_root()) as scratch:
+        refused = egress.sandbox_refusal(policy, child_environment(os.environ), Path(scratch), environ)
+    if refused:
+        raise SandboxUnavailable(refused)
+    if settings.egress_acknowledged:
+        log.warning("EGRESS ACKNOWLEDGED (COMPILESVC_EGRESS_ACKNOWLEDGED=1): compiles are not refused if "
+                    "their network reaches a canary")
 
 
 def _check_compile_runner(settings: Settings, policy: Any) -> int:

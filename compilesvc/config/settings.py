@@ -254,6 +254,15 @@ class Settings(BaseSettings):
         default=30.0, gt=0, description="pod mode: an attempt the runner has not taken within this is infra.")
     compile_runner_stale_seconds: float = Field(
         default=15.0, gt=0, description="pod mode: a runner heartbeat older than this means the runner is gone.")
+    # The egress proof (workers/isolation/egress.py): endpoints a compile's network must not reach.
+    egress_canaries: str = Field(
+        default="", description="host:port endpoints of the service (API, ledger, broker, S3), comma-separated, "
+                                "that a compile's network must not reach: probed from inside the sandbox at "
+                                "worker start (bwrap) and by the compile runner before every compile (pod); "
+                                "one reached refuses to start or compile (exit 78).")
+    egress_acknowledged: bool = Field(
+        default=False, description="Compile even if a canary of COMPILESVC_EGRESS_CANARIES is reachable from the "
+                                   "compile's network (logged loudly); docs/deploy.md, 'Compile isolation'.")
     sandbox_user: str = Field(default="nobody", description="Whom a root worker runs compiles as (name or uid[:gid]).")
     sandbox_memory_mb: int = Field(default=0, ge=0, description="Address space of one compile process; 0: host RAM.")
     sandbox_max_processes: int = Field(default=1024, ge=16, description="Processes of the sandbox user.")

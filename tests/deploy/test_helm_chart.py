@@ -601,8 +601,9 @@ def test_only_the_worker_container_gets_a_token_to_annotate_its_pod(example: str
             if container["name"] == "worker":
                 assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts
                 assert {"COMPILESVC_KUBERNETES_PROTECT", "POD_NAME", "POD_NAMESPACE"} <= env
-            else:
-                assert "/var/run/secrets/kubernetes.io/serviceaccount" not in mounts and not env, container["name"]
+            else:  # the compile container: the egress proof's settings only (tests/deploy/test_egress_chart.py)
+                assert "/var/run/secrets/kubernetes.io/serviceaccount" not in mounts, container["name"]
+                assert env <= {"COMPILESVC_EGRESS_CANARIES", "COMPILESVC_EGRESS_ACKNOWLEDGED"}, container["name"]
 
     values = values_of(example)
     values.setdefault("workers", {})["protectPods"] = False

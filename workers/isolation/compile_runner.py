@@ -19,6 +19,10 @@ would hand them to the compile, which is what the split is for. After each attem
 no process of it is left: as PID 1 of its container it kills every other process of the PID namespace,
 otherwise the child's process group (a compile that left its group is then the container's to reap:
 run it as PID 1, as the manifest does). ``--once`` exits after one attempt (a Job per attempt).
+
+The egress proof (:mod:`workers.isolation.egress`): at start and before every compile the runner dials the
+configured canaries (``COMPILESVC_EGRESS_CANARIES``) from the compile's network (its own, or the namespace
+``unshare`` makes) and, if one answers, refuses (exit 78, naming it) unless ``COMPILESVC_EGRESS_ACKNOWLEDGED=1``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import IO, NoReturn
 
 import click
 
+from workers.isolation import egress
 from workers.isolation.child_env import allowed, child_environment
 from workers.isolation.compiler_process import CompilerProcess
 from workers.isolation.sandbox import Limits, Mounts, Policy, Sandbox, device_nodes, output_limit_why
@@ -77,6 +82,9 @@ SERVICE_SETTINGS = frozenset({
     "AWS_CONFIG_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN",
 })
+#: The runner's own settings, allowed in its container whatever the rules above say: the egress proof's
+#: canaries and its acknowledgement (workers.isolation.egress; the chart renders both).
+RUNNER_SETTINGS = frozenset({"COMPILESVC_EGRESS_CANARIES", "COMPILESVC_EGRESS_ACKNOWLEDGED"})
 _SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY")
 #: Where the EKS pod-identity webhook mounts a service-account token that trades for AWS credentials
 #: (aws/amazon-eks-pod-identity-webhook: IRSA, handler.go NewModifier's MountPath + "token"; Pod Identity,
@@ -96,9 +104,9 @@ def refused_environment(environ: Mapping[str, str]) -> list[str]:
     """The names in ``environ`` a compile container must not hold: the service's connection settings and
     credentials (:data:`SERVICE_SETTINGS`), and anything named like a secret that the compile child would
     not get anyway."""
-    return sorted(name for name in environ
-                  if name.upper() in SERVICE_SETTINGS
-                  or (any(word in name.upper() for word in _SECRET_WORDS) and not allowed(name)))
+    return sorted(name for name in environ if name.upper() not in RUNNER_SETTINGS and (
+                  name.upper() in SERVICE_SETTINGS
+                  or (any(word in name.upper() for word in _SECRET_WORDS) and not allowed(name))))
 
 
 def mounted_credentials(paths: tuple[Path, ...] | None = None) -> list[str]:
@@ -174,13 +182,37 @@ def _leave_nothing(child: CompilerProcess) -> None:
         child.signal_group(signal.SIGKILL)
 
 
+def egress_refusal(netns: list[str]) -> str | None:
+    """The egress proof (:mod:`workers.isolation.egress`) from the compile's network: this process's, or the
+    namespace ``netns`` makes. None: no canary reached, or the operator acknowledged it (logged loudly here,
+    so at start and at every compile); else the refusal."""
+    targets = egress.configured_targets(os.environ)  # resolved in the pod's network, dialled from the compile's
+    try:
+        reached = egress.reached_from(netns, targets)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        return f"refusing to compile: {exc}"
+    if not reached:
+        return None
+    if egress.acknowledged(os.environ):
+        log.warning("EGRESS ACKNOWLEDGED: the compile's network reaches service endpoints; compiling anyway "
+                    f"({egress.ACKNOWLEDGED_ENV}=1)", extra={"reached": reached})
+        return None
+    return f"refusing to compile: {egress.refusal(reached)}"
+
+
 def run_attempt(directory: Path, netns: list[str]) -> bool:
-    """Run the attempt in ``directory`` if no runner took it yet; True if this one did."""
+    """Run the attempt in ``directory`` if no runner took it yet; True if this one did. Before it runs, the
+    egress proof: a compile that could reach a canary is not run, and the runner exits 78."""
     run = directory / RUN
     try:
         os.close(os.open(run / CLAIMED, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
     except OSError:  # taken, or not an attempt
         return False
+    refused = egress_refusal(netns)
+    if refused:
+        with contextlib.suppress(OSError):  # the worker reports it at once instead of waiting for a status
+            write_document(run / STATUS, {"error": refused[:500]})
+        _refuse(refused)
     try:
         _run_claimed(directory, netns)
     except Exception as exc:  # a malformed attempt (or one a compile planted) must not stop the runner
@@ -255,6 +287,9 @@ def serve(spool: Path, once: bool) -> None:
     if not netns:
         log.warning("no network namespace for compiles (unprivileged user namespaces are not available): "
                     "a compile shares the pod's network, which its NetworkPolicy bounds")
+    refused = egress_refusal(netns)
+    if refused:
+        _refuse(refused)
     stop = threading.Event()
 
     def heartbeat() -> None:

@@ -228,3 +228,30 @@ margin: the render refuses it), else that sum plus 10 minutes for the pod to sta
 {{- end -}}
 {{- $deadline -}}
 {{- end -}}
+
+{{/* The egress proof's canaries (COMPILESVC_EGRESS_CANARIES, workers/isolation/egress.py): endpoints of the
+service a compile's network must not reach. Rendered from this chart's own values: the API Service, the ledger
+(database.host:port), the store (config.s3EndpointUrl's host:port, else S3's regional endpoint), then
+workers.egress.canaries (the broker, whose URL is in a Secret the chart does not read; anything else). */}}
+{{- define "compilesvc.egressCanaries" -}}
+{{- $v := .Values -}}
+{{- $list := list (printf "%s-api:%d" (include "compilesvc.fullname" .) (int $v.api.service.port)) (printf "%s:%d" $v.database.host (int $v.database.port)) -}}
+{{- with $v.config.s3EndpointUrl -}}
+{{- $u := urlParse . -}}
+{{- $port := ternary "443" "80" (eq $u.scheme "https") -}}
+{{- $list = append $list (ternary $u.host (printf "%s:%s" $u.host $port) (contains ":" $u.host)) -}}
+{{- else -}}
+{{- $list = append $list (printf "s3.%s.amazonaws.com:443" $v.config.s3Region) -}}
+{{- end -}}
+{{- range (($v.workers.egress | default dict).canaries | default list) }}{{ $list = append $list . }}{{ end -}}
+{{- join "," (uniq $list) -}}
+{{- end -}}
+
+{{/* The env entries of the container whose network is the compile's (pod: the compile runner's; bwrap: the
+worker's, which probes from inside its sandbox). */}}
+{{- define "compilesvc.egressEnv" -}}
+- {name: COMPILESVC_EGRESS_CANARIES, value: {{ include "compilesvc.egressCanaries" . | quote }}}
+{{- if (.Values.workers.egress | default dict).acknowledged }}
+- {name: COMPILESVC_EGRESS_ACKNOWLEDGED, value: "1"}
+{{- end }}
+{{- end -}}

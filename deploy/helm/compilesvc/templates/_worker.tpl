@@ -42,6 +42,10 @@ initContainers:
     image: {{ include "compilesvc.imageRef" (merge (dict "appVersion" $root.Chart.AppVersion) ($pool.image | default dict) $root.Values.image) }}
     imagePullPolicy: {{ $root.Values.image.pullPolicy }}
     command: ["python", "-m", "workers.isolation.compile_runner", "--spool", "/spool"]
+    # The runner's own settings only (it refuses service settings): the egress proof's canaries, which it dials
+    # from the compile's network at start and before every compile (workers/isolation/egress.py).
+    env:
+      {{- include "compilesvc.egressEnv" $root | nindent 6 }}
     livenessProbe:
       exec:
         command: ["python", "-c", "import os, sys, time; sys.exit(time.time() - os.stat('/spool/runner/heartbeat').st_mtime > 30)"]
@@ -95,6 +99,8 @@ containers:
       {{- if $pod }}
       - {name: COMPILESVC_SANDBOX, value: pod}
       - {name: COMPILESVC_COMPILE_SPOOL, value: /spool}
+      {{- else }}
+      {{- include "compilesvc.egressEnv" $root | nindent 6 }}
       {{- end }}
       {{- include "compilesvc.secretEnv" (dict "root" $root "component" "worker" "aws" true "required" (list "COMPILESVC_BROKER_URL" "PGPASSWORD") "optional" list) | indent 6 }}
     {{- $resources := include "compilesvc.resources" (dict "name" (printf "workers.pools[%s].resources" $pool.name) "resources" $pool.resources "volumes" (merge (dict "work" $pool.workSizeLimit) (include "compilesvc.scratchSizes" $root | fromYaml))) | fromYaml }}
