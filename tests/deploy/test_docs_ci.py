@@ -19,7 +19,7 @@ CHECK_JSONSCHEMA = Path(sys.executable).with_name("check-jsonschema")
 
 #: Every CI job the docs show: (document, heading, the CI system's schema).
 CI_JOBS = [("ci.md", "## GitHub Actions", "vendor.github-workflows"), ("ci.md", "## GitLab CI", "vendor.gitlab-ci"),
-           ("llm.md", "## Compiling in CI, for inf2 and trn2", "vendor.github-workflows")]
+           ("llm.md", "## Compiling in CI, for trn2 and trn3", "vendor.github-workflows")]
 GITHUB_JOBS = [(doc, heading) for doc, heading, schema in CI_JOBS if schema == "vendor.github-workflows"]
 
 
@@ -68,7 +68,7 @@ def test_the_ci_jobs_bound_their_time_beyond_the_submit_timeout() -> None:
     gitlab = yaml.safe_load(doc_block("ci.md", "## GitLab CI", lang="yaml"))["compile"]
     assert github["timeout-minutes"] * 60 > 14400 and gitlab["timeout"] == "4h 10m"
     assert "--timeout 14400" in str(github["steps"]) and "--timeout 14400" in str(gitlab["script"])
-    llm = yaml.safe_load(doc_block("llm.md", "## Compiling in CI, for inf2 and trn2", lang="yaml"))["jobs"]["compile"]
+    llm = yaml.safe_load(doc_block("llm.md", "## Compiling in CI, for trn2 and trn3", lang="yaml"))["jobs"]["compile"]
     assert llm["timeout-minutes"] * 60 > 14400 and "--timeout 14400" in str(llm["steps"])
 
 

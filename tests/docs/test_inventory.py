@@ -146,7 +146,7 @@ BLOCKS: dict[tuple[str, str, str, str], str] = {
         f"run: {FLEET}::test_fleet_blocks" + FIRST_HOUR,
     ("docs/llm.md", "The spec", "yaml", "model:"):
         "run: tests/docs/test_llm_doc.py::test_the_llm_spec_validates_and_keys (parsed and keyed as a submit would)",
-    ("docs/llm.md", "Compiling in CI, for inf2 and trn2", "yaml", "name: llm-artifacts"):
+    ("docs/llm.md", "Compiling in CI, for trn2 and trn3", "yaml", "name: llm-artifacts"):
         "check: tests/deploy/test_docs_ci.py::test_the_ci_jobs_validate_against_their_schemas (and actionlint); needs "
         "GitHub and a Neuron fleet to run",
     ("docs/llm.md", "A vLLM fleet that boots offline", "sh", "compilesvc fetch --spec /etc/serving/llama.yaml          # o"):
