@@ -51,7 +51,15 @@ def helm_values() -> set[str]:
     import yaml
 
     values = yaml.safe_load((ROOT / "deploy" / "helm" / "compilesvc" / "values.yaml").read_text())
-    return {f"workers.{key}" for key in values["workers"]}
+
+    def paths(prefix: str, node: object) -> set[str]:
+        found = {prefix}
+        if isinstance(node, dict):
+            for key, child in node.items():
+                found |= paths(f"{prefix}.{key}", child)
+        return found
+
+    return paths("workers", values["workers"]) - {"workers"}
 
 
 @pytest.mark.parametrize("dotted", PUBLIC + named_in_docs())

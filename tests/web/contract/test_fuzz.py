@@ -128,6 +128,7 @@ def fuzz(env: Env, examples: int) -> None:
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(request=requests(uri, build_ids, keys))
     @example(request=plain_submit)  # the run always reaches an accepted submit, whatever else it draws
+    @example(request={**plain_submit, "body": b'{"model": '})  # and a malformed body (400), however it draws
     def check(request: dict[str, Any]) -> None:
         # Closed as a WSGI server would: an open log stream holds one of the process's stream slots.
         with env.client.open(request["path"], method=request["method"], query_string=request["query"],
