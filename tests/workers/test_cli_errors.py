@@ -42,7 +42,7 @@ def test_each_refusal_names_the_next_step(make_cluster: MakeCluster, tmp_path: P
         (["fetch", "not-a-key"], {}, 2, "64 lowercase hex digits"),
         (["verify", "not-a-key-or-dir"], {}, 2, "nor a directory"),
         (["campaigns", "999"], {}, 2, "`compilesvc campaigns` lists them"),
-        (["pins", "remove", "999"], {}, 1, "`compilesvc pins list`"),
+        (["pins", "remove", "999"], {}, 2, "`compilesvc pins list`"),  # a 404: exit 2 (docs/ci.md)
         (["tokens", "revoke", "999"], {}, 2, "`compilesvc tokens list --all`"),
         (["upload", "missing.pt2"], {}, 2, "see 'compilesvc upload --help'"),
     ]
