@@ -6,10 +6,10 @@ answers what the store holds), so a Redis or S3 blip must not take every API pod
 process, is the store — is exported here as ``compilesvc_dependency_up{dependency}`` and the check's duration,
 for alerts to act on.
 
-Each check runs in its own thread, at most one in flight per dependency, and a scrape waits at most
-``timeout`` for it: a store whose HEAD hangs for its client's connect timeout reads as down within the scrape's
-budget instead of stalling the scrape. Results are cached for ``cache_seconds`` so several scrapers cost one
-round of checks.
+Each check runs in its own thread, at most one in flight per dependency, all at once, and a scrape waits at most
+``timeout`` for them together: a store whose HEAD hangs for its client's connect timeout reads as down within
+the scrape's budget instead of stalling the scrape. Results are cached for ``cache_seconds`` so several scrapers
+cost one round of checks.
 """
 
 from __future__ import annotations
@@ -56,26 +56,31 @@ class _Result:
 class _Probe:
     """One dependency's check: one thread at a time, its last result kept."""
 
-    def __init__(self, name: str, check: Check) -> None:
+    def __init__(self, name: str, check: Check, timeout: float) -> None:
         self.name = name
+        self.timeout = timeout
         self._check = check
         self._thread: threading.Thread | None = None
         self._result: _Result | None = None
         self._lock = threading.Lock()
 
-    def run(self, timeout: float) -> _Result:
+    def start(self) -> threading.Thread:
+        """The check's thread: a new one unless the last is still running."""
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._result = None
                 self._thread = threading.Thread(target=self._run, name=f"dependency-check-{self.name}", daemon=True)
                 self._thread.start()
-            thread = self._thread
+            return self._thread
+
+    def wait(self, thread: threading.Thread, deadline: float) -> _Result:
+        timeout = max(0.0, deadline - time.monotonic())
         thread.join(timeout)
         with self._lock:
             if self._result is not None and not thread.is_alive():
                 return self._result
         # Still running: a check that outlives the scrape's budget is a dependency that is not answering.
-        return _Result(up=False, seconds=timeout, error=f"no answer within {timeout:g} s")
+        return _Result(up=False, seconds=self.timeout, error=f"no answer within {self.timeout:g} s")
 
     def _run(self) -> None:
         started = time.perf_counter()
@@ -95,7 +100,7 @@ class DependencyCollector(Collector):
 
     def __init__(self, checks: Mapping[str, Check], cache_seconds: float = 5.0,
                  timeout: float = CHECK_TIMEOUT_SECONDS) -> None:
-        self._probes = [_Probe(name, check) for name, check in checks.items()]
+        self._probes = [_Probe(name, check, timeout) for name, check in checks.items()]
         self._cache_seconds = cache_seconds
         self._timeout = timeout
         self._lock = threading.Lock()
@@ -108,7 +113,10 @@ class DependencyCollector(Collector):
         with self._lock:
             now = time.monotonic()
             if self._cached is None or now - self._cached[0] > self._cache_seconds:
-                results = {probe.name: probe.run(self._timeout) for probe in self._probes}
+                # Every check at once, all bounded by one deadline: a scrape waits at most one timeout.
+                threads = [(probe, probe.start()) for probe in self._probes]
+                deadline = time.monotonic() + self._timeout
+                results = {probe.name: probe.wait(thread, deadline) for probe, thread in threads}
                 for name, result in results.items():
                     if not result.up:
                         log.warning("dependency check failed", extra={"dependency": name, "error": result.error})
